@@ -1,0 +1,46 @@
+"""Model builders of the attention zoo.
+
+`zoo.build(name, **kwargs)` builds a registered model; `zoo.names()` lists them.
+Importing `zoo` imports `layers` and every zoo model module, so that
+`keras.models.load_model` finds all registered classes after `import zoo`.
+"""
+
+import importlib
+import importlib.util
+
+import layers  # noqa: F401  (registers the layers that saved models refer to)
+
+_BUILDERS = {}
+
+# Model modules register their builders on import. Modules that other issues add later
+# are imported when present, so this file need not change for each new model.
+_MODEL_MODULES = ("zoo.tagger", "zoo.seq2seq", "zoo.universal_transformer", "zoo.sagan")
+
+
+def register(name):
+    """Decorator registering `builder(**kwargs) -> keras.Model` under `name`."""
+
+    def decorator(builder):
+        if name in _BUILDERS and _BUILDERS[name] is not builder:
+            raise ValueError(f"zoo model name already registered: {name!r}")
+        _BUILDERS[name] = builder
+        return builder
+
+    return decorator
+
+
+def names():
+    """Sorted names accepted by `build`."""
+    return sorted(_BUILDERS)
+
+
+def build(name, **kwargs):
+    """Builds the zoo model `name` (see `names()`) from keyword arguments."""
+    if name not in _BUILDERS:
+        raise ValueError(f"unknown zoo model name: {name!r}; known: {', '.join(names())}")
+    return _BUILDERS[name](**kwargs)
+
+
+for _module in _MODEL_MODULES:
+    if importlib.util.find_spec(_module) is not None:
+        importlib.import_module(_module)
