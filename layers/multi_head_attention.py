@@ -1,0 +1,385 @@
+"""Multi-head attention with pluggable scoring, masks and a static KV cache."""
+
+import math
+
+import keras
+from keras import ops
+from keras.layers import EinsumDense
+
+from layers import attention_ops
+from layers.masks import combine_masks, structural_mask
+from layers.validation import check_choice, check_int, check_rank, check_rate
+
+
+@keras.saving.register_keras_serializable(package="layers")
+class MultiHeadAttention(keras.layers.Layer):
+    """Multi-head self- and cross-attention, as in "Attention Is All You Need".
+
+    Each head projects the inputs to its own queries, keys and values
+    (`Q = W^q I`, `K = W^k I`, `V = W^v I`), scores every query against every
+    key, normalises the scores and mixes the values; the heads are concatenated
+    and projected by `W^O`. With `score="scaled_dot"` and `normalize="softmax"`
+    it computes exactly what `keras.layers.MultiHeadAttention` computes (the
+    weights have the same names and shapes and can be copied across), and
+    fixes that layer's defects:
+
+    - an explicit `query_mask` is honoured (Keras silently ignores it);
+    - the symbolic shape of returned cross-attention scores is right;
+    - one rule for query rows that may attend to nothing (fully masked), on
+      every code path: their weights and their output are zero;
+    - causal and window masks are built from range comparisons, so they stay
+      TFLite-builtin at any length.
+
+    It also adds a static-shape KV cache for incremental decoding (the KerasHub
+    layout `[batch, 2, max_length, num_heads, key_dim]`, written at
+    `cache_index`), local windows, additive scoring, ReLU normalisation and
+    rotary position embeddings.
+
+    Args:
+        num_heads: int, number of attention heads.
+        key_dim: int, size of each head's queries and keys.
+        value_dim: int, size of each head's values. Defaults to `key_dim`.
+        output_dim: int, size of the output. Defaults to the query's last
+            dimension.
+        score: `"scaled_dot"` (`q.k / sqrt(key_dim)`, default), `"dot"`
+            (`q.k`) or `"additive"` (`w^T tanh(q + k)`, Bahdanau).
+        normalize: `"softmax"` (default) or `"relu"`.
+        include_self: bool, whether query `i` may attend to key `i`.
+        window: `None` or int `>= 0`; query `i` only attends to keys `j` with
+            `|i - j| <= window` (local attention).
+        causal: bool, query `i` only attends to keys `j <= i`.
+        dropout: float in `[0, 1)`, dropout on the attention weights.
+        use_bias: bool, whether the projections have biases.
+        rotary: bool, apply rotary position embeddings to queries and keys.
+        kernel_initializer: initializer of the projection kernels.
+        bias_initializer: initializer of the projection biases.
+        seed: optional int, seed of the dropout.
+        **kwargs: other `keras.layers.Layer` arguments (`name`, `dtype`).
+
+    Call arguments:
+        query: `[batch, target_length, query_features]`.
+        value: `[batch, source_length, value_features]`; defaults to `query`
+            (self-attention).
+        key: `[batch, source_length, key_features]`; defaults to `value`.
+        query_mask: `[batch, target_length]` padding mask of the queries.
+            Defaults to the Keras mask of `query`.
+        value_mask: `[batch, source_length]` padding mask of the keys and
+            values. Defaults to the Keras mask of `value` (of `query` for
+            self-attention without a cache).
+        key_mask: `[batch, source_length]`, an extra key padding mask.
+        attention_mask: boolean `[batch, target_length, source_length]`;
+            `True` where a query may attend to a key.
+        cache: `None` or `[batch, 2, max_length, num_heads, key_dim]`. With
+            `cache_index`, the new keys/values are written into it at
+            `cache_index` and the queries attend to all written positions
+            (self-attention decoding). Without `cache_index`, the cache is
+            used as precomputed keys/values (cross-attention decoding, see
+            `compute_cache`).
+        cache_index: int or scalar int tensor, position of the first query.
+        return_attention_scores: bool, also return the attention weights
+            `[batch, num_heads, target_length, source_length]`.
+        training: bool, dropout is active only when training.
+
+    Returns:
+        `output`, followed by the attention weights if
+        `return_attention_scores`, followed by the updated cache if `cache`
+        was given.
+
+    Example:
+
+    >>> import numpy as np
+    >>> from layers import MultiHeadAttention
+    >>> layer = MultiHeadAttention(num_heads=2, key_dim=4, causal=True)
+    >>> x = np.random.rand(3, 5, 8).astype("float32")
+    >>> y, w = layer(x, return_attention_scores=True)
+    >>> tuple(y.shape), tuple(w.shape)
+    ((3, 5, 8), (3, 2, 5, 5))
+
+    Incremental decoding with the cache gives the output of full attention:
+
+    >>> cache = np.zeros((3, 2, 5, 2, 4), "float32")
+    >>> y0, cache = layer(x[:, :1], cache=cache, cache_index=0)
+    >>> bool(np.allclose(y0, y[:, :1], atol=1e-5))
+    True
+
+    References:
+        - [Vaswani et al., 2017](https://arxiv.org/abs/1706.03762)
+        - [Bahdanau et al., 2015](https://arxiv.org/abs/1409.0473)
+        - [Su et al., 2021](https://arxiv.org/abs/2104.09864) (rotary)
+    """
+
+    def __init__(
+        self,
+        num_heads,
+        key_dim,
+        value_dim=None,
+        output_dim=None,
+        score="scaled_dot",
+        normalize="softmax",
+        include_self=True,
+        window=None,
+        causal=False,
+        dropout=0.0,
+        use_bias=True,
+        rotary=False,
+        kernel_initializer="glorot_uniform",
+        bias_initializer="zeros",
+        seed=None,
+        **kwargs,
+    ):
+        super().__init__(**kwargs)
+        self.num_heads = check_int("num_heads", num_heads)
+        self.key_dim = check_int("key_dim", key_dim)
+        self.value_dim = check_int("value_dim", value_dim, allow_none=True) or self.key_dim
+        self.output_dim = check_int("output_dim", output_dim, allow_none=True)
+        self.score = check_choice("score", score, attention_ops.SCORES)
+        self.normalize = check_choice("normalize", normalize, attention_ops.NORMALIZATIONS)
+        self.include_self = bool(include_self)
+        self.window = check_int("window", window, minimum=0, allow_none=True)
+        self.causal = bool(causal)
+        self.dropout = check_rate("dropout", dropout)
+        self.use_bias = bool(use_bias)
+        self.rotary = bool(rotary)
+        if self.rotary and self.key_dim % 2:
+            raise ValueError(
+                "`key_dim` must be even when `rotary=True`. "
+                f"Received: key_dim={key_dim}"
+            )
+        self.kernel_initializer = keras.initializers.get(kernel_initializer)
+        self.bias_initializer = keras.initializers.get(bias_initializer)
+        self.seed = seed
+        self.supports_masking = True
+        self._dropout_layer = (
+            keras.layers.Dropout(self.dropout, seed=seed, dtype=self.dtype_policy)
+            if self.dropout
+            else None
+        )
+        self._rotary_layer = None
+        if self.rotary:
+            from layers.position import RotaryEmbedding
+
+            self._rotary_layer = RotaryEmbedding(dtype=self.dtype_policy)
+
+    def _dense(self, equation, output_shape, bias_axes, name):
+        return EinsumDense(
+            equation,
+            output_shape=output_shape,
+            bias_axes=bias_axes if self.use_bias else None,
+            kernel_initializer=self.kernel_initializer.__class__.from_config(
+                self.kernel_initializer.get_config()
+            ),
+            bias_initializer=self.bias_initializer.__class__.from_config(
+                self.bias_initializer.get_config()
+            ),
+            dtype=self.dtype_policy,
+            name=name,
+        )
+
+    def build(self, query_shape, value_shape=None, key_shape=None):
+        check_rank("query", query_shape, 3)
+        value_shape = query_shape if value_shape is None else value_shape
+        check_rank("value", value_shape, 3)
+        key_shape = value_shape if key_shape is None else key_shape
+        check_rank("key", key_shape, 3)
+        for name, shape in (("query", query_shape), ("value", value_shape), ("key", key_shape)):
+            if shape[-1] is None:
+                raise ValueError(
+                    f"The last dimension of `{name}` must be known. "
+                    f"Received: {name}.shape={tuple(shape)}"
+                )
+        if (
+            value_shape[1] is not None
+            and key_shape[1] is not None
+            and value_shape[1] != key_shape[1]
+        ):
+            raise ValueError(
+                "`key` and `value` must have the same sequence length. "
+                f"Received: key.shape={tuple(key_shape)}, value.shape={tuple(value_shape)}"
+            )
+        h = self.num_heads
+        self.query_dense = self._dense("abc,cde->abde", (None, h, self.key_dim), "de", "query")
+        self.query_dense.build(query_shape)
+        self.key_dense = self._dense("abc,cde->abde", (None, h, self.key_dim), "de", "key")
+        self.key_dense.build(key_shape)
+        self.value_dense = self._dense("abc,cde->abde", (None, h, self.value_dim), "de", "value")
+        self.value_dense.build(value_shape)
+        out_dim = self.output_dim or query_shape[-1]
+        self.output_dense = self._dense("abcd,cde->abe", (None, out_dim), "e", "attention_output")
+        self.output_dense.build((query_shape[0], query_shape[1], h, self.value_dim))
+        if self.score == "additive":
+            self.score_vector = self.add_weight(
+                name="score_vector",
+                shape=(h, self.key_dim),
+                initializer=self.kernel_initializer.__class__.from_config(
+                    self.kernel_initializer.get_config()
+                ),
+            )
+        self.built = True
+
+    def compute_cache(self, value, key=None):
+        """Projects encoder outputs once into a cross-attention cache.
+
+        Args:
+            value: `[batch, source_length, value_features]`.
+            key: optional `[batch, source_length, key_features]`.
+
+        Returns:
+            `[batch, 2, source_length, num_heads, key_dim]`, to pass as `cache`
+            (without `cache_index`) at every decoding step.
+        """
+        self._check_cache_dims()
+        key = value if key is None else key
+        if not self.built:
+            self.build(value.shape, value.shape, key.shape)
+        return ops.stack([self.key_dense(key), self.value_dense(value)], axis=1)
+
+    def _check_cache_dims(self):
+        if self.value_dim != self.key_dim:
+            raise ValueError(
+                "A KV cache needs `value_dim == key_dim`. Received: "
+                f"key_dim={self.key_dim}, value_dim={self.value_dim}"
+            )
+
+    def call(
+        self,
+        query,
+        value=None,
+        key=None,
+        query_mask=None,
+        value_mask=None,
+        key_mask=None,
+        attention_mask=None,
+        cache=None,
+        cache_index=None,
+        return_attention_scores=False,
+        training=None,
+    ):
+        self_attention = value is None
+        if self_attention:
+            value = query
+            if value_mask is None and cache is None:
+                value_mask = query_mask
+        key = value if key is None else key
+
+        q = self.query_dense(query)
+        offset = 0 if cache_index is None else cache_index
+        key_valid_length = None
+        if cache is not None:
+            self._check_cache_dims()
+            if cache_index is None:
+                k, v = cache[:, 0], cache[:, 1]
+            else:
+                k_new, v_new = self.key_dense(key), self.value_dense(value)
+                if self._rotary_layer is not None:
+                    k_new = self._rotary_layer(k_new, start_index=cache_index)
+                zero = ops.zeros((), "int32")
+                start = [zero, ops.cast(cache_index, "int32"), zero, zero]
+                k = ops.slice_update(cache[:, 0], start, ops.cast(k_new, cache.dtype))
+                v = ops.slice_update(cache[:, 1], start, ops.cast(v_new, cache.dtype))
+                cache = ops.stack([k, v], axis=1)
+                key_valid_length = ops.cast(cache_index, "int32") + ops.shape(query)[1]
+                # Padding masks of the step's tokens describe queries only: the
+                # cached keys' padding must come from `attention_mask`.
+                value_mask = key_mask = None
+        else:
+            k, v = self.key_dense(key), self.value_dense(value)
+            if self._rotary_layer is not None:
+                k = self._rotary_layer(k, start_index=0)
+        if self._rotary_layer is not None:
+            q = self._rotary_layer(q, start_index=offset)
+        if self.score == "scaled_dot":
+            q = ops.multiply(q, ops.cast(1.0 / math.sqrt(self.key_dim), q.dtype))
+
+        structural = structural_mask(
+            ops.shape(q)[1],
+            ops.shape(k)[1],
+            causal=self.causal,
+            window=self.window,
+            include_self=self.include_self,
+            query_offset=offset,
+            key_valid_length=key_valid_length,
+        )
+        if key_mask is not None and value_mask is not None:
+            key_mask = ops.logical_and(
+                ops.cast(key_mask, "bool"), ops.cast(value_mask, "bool")
+            )
+        elif key_mask is None:
+            key_mask = value_mask
+        mask = combine_masks(structural, query_mask, key_mask, attention_mask)
+        context, weights = attention_ops.attention_context(
+            q,
+            ops.cast(k, q.dtype),
+            ops.cast(v, q.dtype),
+            mask,
+            score=self.score,
+            normalize=self.normalize,
+            score_vector=getattr(self, "score_vector", None),
+            dropout=self._dropout_layer,
+            training=training,
+        )
+        output = self.output_dense(context)
+        if mask is not None:
+            output = output * ops.cast(attention_ops.query_has_keys(mask), output.dtype)
+
+        results = [output]
+        if return_attention_scores:
+            results.append(ops.cast(weights, self.compute_dtype))
+        if cache is not None:
+            results.append(cache)
+        return results[0] if len(results) == 1 else tuple(results)
+
+    def compute_mask(self, query, value=None, key=None, query_mask=None, **kwargs):
+        # The output is aligned with the queries, so it keeps their padding.
+        return query_mask
+
+    def compute_output_shape(self, query_shape, value_shape=None, key_shape=None):
+        return (*query_shape[:-1], self.output_dim or query_shape[-1])
+
+    def compute_output_spec(
+        self,
+        query,
+        value=None,
+        key=None,
+        cache=None,
+        return_attention_scores=False,
+        **kwargs,
+    ):
+        source = query if value is None else value
+        source_length = source.shape[1] if cache is None else cache.shape[2]
+        out = keras.KerasTensor(
+            self.compute_output_shape(query.shape), dtype=self.compute_dtype
+        )
+        results = [out]
+        if return_attention_scores:
+            results.append(
+                keras.KerasTensor(
+                    (query.shape[0], self.num_heads, query.shape[1], source_length),
+                    dtype=self.compute_dtype,
+                )
+            )
+        if cache is not None:
+            results.append(keras.KerasTensor(cache.shape, dtype=cache.dtype))
+        return results[0] if len(results) == 1 else tuple(results)
+
+    def get_config(self):
+        config = super().get_config()
+        config.update(
+            {
+                "num_heads": self.num_heads,
+                "key_dim": self.key_dim,
+                "value_dim": self.value_dim,
+                "output_dim": self.output_dim,
+                "score": self.score,
+                "normalize": self.normalize,
+                "include_self": self.include_self,
+                "window": self.window,
+                "causal": self.causal,
+                "dropout": self.dropout,
+                "use_bias": self.use_bias,
+                "rotary": self.rotary,
+                "kernel_initializer": keras.initializers.serialize(self.kernel_initializer),
+                "bias_initializer": keras.initializers.serialize(self.bias_initializer),
+                "seed": self.seed,
+            }
+        )
+        return config

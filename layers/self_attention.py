@@ -1,0 +1,216 @@
+"""Single-head self-attention exactly as taught."""
+
+import math
+
+import keras
+from keras import ops
+
+from layers import attention_ops
+from layers.masks import combine_masks, structural_mask
+from layers.validation import check_choice, check_int, check_rank, check_rate
+
+
+@keras.saving.register_keras_serializable(package="layers")
+class SelfAttention(keras.layers.Layer):
+    """Single-head self-attention, the layer of the lecture.
+
+    For input vectors `a^1 .. a^T` it computes `q^i = W^q a^i`,
+    `k^i = W^k a^i`, `v^i = W^v a^i`, the relevance of every key to every
+    query `alpha_{i,j} = q^i . k^j`, normalises each row to `alpha'_{i,j}` and
+    outputs `b^i = sum_j alpha'_{i,j} v^j`. In matrix form: `Q = W^q I`,
+    `K = W^k I`, `V = W^v I`, `A = K^T Q`, `A' = softmax(A)`, `O = V A'`.
+    Only `W^q`, `W^k`, `W^v` (and, for additive scoring, `w`) are learned;
+    there is no output projection.
+
+    Args:
+        units: int, size of the queries and keys.
+        value_units: int, size of the values and of the output. Defaults to
+            `units`.
+        score: `"scaled_dot"` (`q.k / sqrt(units)`, default), `"dot"` (`q.k`)
+            or `"additive"` (`w^T tanh(q + k)`, Bahdanau; `W^q`, `W^k` play
+            the roles of `W1`, `W2`).
+        normalize: `"softmax"` (default) or `"relu"` (`alpha' = relu(alpha)`,
+            which the lecture notes report works about as well).
+        include_self: bool, whether a query may attend to its own key.
+        window: `None` or int `>= 0`: attend only to `|i - j| <= window`.
+        causal: bool, attend only to `j <= i`.
+        dropout: float in `[0, 1)`, dropout on the attention weights.
+        use_bias: bool, biases in the projections (the formulas have none).
+        kernel_initializer: initializer of `W^q`, `W^k`, `W^v`.
+        seed: optional int, seed of the dropout.
+        **kwargs: other `keras.layers.Layer` arguments.
+
+    Call arguments:
+        inputs: `[batch, length, features]`.
+        mask: `[batch, length]` padding mask; defaults to the Keras mask of
+            `inputs`. Padded positions are never attended to, and their own
+            output is zero.
+        attention_mask: boolean `[batch, length, length]`, `True` where `i`
+            may attend to `j`.
+        return_attention_scores: bool, also return `alpha'` as
+            `[batch, length, length]`.
+        training: bool, dropout is active only when training.
+
+    Returns:
+        `[batch, length, value_units]`, and the weights if requested. A query
+        that may attend to nothing (all keys masked) outputs zeros.
+
+    Example:
+
+    >>> import numpy as np
+    >>> from layers import SelfAttention
+    >>> layer = SelfAttention(units=4, window=1)
+    >>> x = np.random.rand(2, 6, 3).astype("float32")
+    >>> b, alpha = layer(x, return_attention_scores=True)
+    >>> tuple(b.shape), float(alpha[0, 0, 3])
+    ((2, 6, 4), 0.0)
+
+    References:
+        - Hung-yi Lee, Machine Learning lectures, "Self-attention".
+        - [Vaswani et al., 2017](https://arxiv.org/abs/1706.03762)
+        - [Bahdanau et al., 2015](https://arxiv.org/abs/1409.0473)
+    """
+
+    def __init__(
+        self,
+        units,
+        value_units=None,
+        score="scaled_dot",
+        normalize="softmax",
+        include_self=True,
+        window=None,
+        causal=False,
+        dropout=0.0,
+        use_bias=False,
+        kernel_initializer="glorot_uniform",
+        seed=None,
+        **kwargs,
+    ):
+        super().__init__(**kwargs)
+        self.units = check_int("units", units)
+        self.value_units = check_int("value_units", value_units, allow_none=True) or self.units
+        self.score = check_choice("score", score, attention_ops.SCORES)
+        self.normalize = check_choice("normalize", normalize, attention_ops.NORMALIZATIONS)
+        self.include_self = bool(include_self)
+        self.window = check_int("window", window, minimum=0, allow_none=True)
+        self.causal = bool(causal)
+        self.dropout = check_rate("dropout", dropout)
+        self.use_bias = bool(use_bias)
+        self.kernel_initializer = keras.initializers.get(kernel_initializer)
+        self.seed = seed
+        self.supports_masking = True
+        self._dropout_layer = (
+            keras.layers.Dropout(self.dropout, seed=seed, dtype=self.dtype_policy)
+            if self.dropout
+            else None
+        )
+
+    def _dense(self, units, name):
+        return keras.layers.Dense(
+            units,
+            use_bias=self.use_bias,
+            kernel_initializer=self.kernel_initializer.__class__.from_config(
+                self.kernel_initializer.get_config()
+            ),
+            dtype=self.dtype_policy,
+            name=name,
+        )
+
+    def build(self, inputs_shape):
+        check_rank("inputs", inputs_shape, 3)
+        if inputs_shape[-1] is None:
+            raise ValueError(
+                "The last dimension of `inputs` must be known. "
+                f"Received: inputs.shape={tuple(inputs_shape)}"
+            )
+        self.query_dense = self._dense(self.units, "query")
+        self.key_dense = self._dense(self.units, "key")
+        self.value_dense = self._dense(self.value_units, "value")
+        for dense in (self.query_dense, self.key_dense, self.value_dense):
+            dense.build(inputs_shape)
+        if self.score == "additive":
+            self.score_vector = self.add_weight(
+                name="score_vector",
+                shape=(1, self.units),
+                initializer=self.kernel_initializer.__class__.from_config(
+                    self.kernel_initializer.get_config()
+                ),
+            )
+        self.built = True
+
+    def call(
+        self,
+        inputs,
+        mask=None,
+        attention_mask=None,
+        return_attention_scores=False,
+        training=None,
+    ):
+        # One head: [B, T, d] -> [B, T, 1, d] for the shared attention path.
+        q = ops.expand_dims(self.query_dense(inputs), 2)
+        k = ops.expand_dims(self.key_dense(inputs), 2)
+        v = ops.expand_dims(self.value_dense(inputs), 2)
+        if self.score == "scaled_dot":
+            q = ops.multiply(q, ops.cast(1.0 / math.sqrt(self.units), q.dtype))
+        length = ops.shape(inputs)[1]
+        structural = structural_mask(
+            length,
+            length,
+            causal=self.causal,
+            window=self.window,
+            include_self=self.include_self,
+        )
+        full_mask = combine_masks(structural, mask, mask, attention_mask)
+        context, weights = attention_ops.attention_context(
+            q,
+            k,
+            v,
+            full_mask,
+            score=self.score,
+            normalize=self.normalize,
+            score_vector=getattr(self, "score_vector", None),
+            dropout=self._dropout_layer,
+            training=training,
+        )
+        output = ops.squeeze(context, 2)
+        if full_mask is not None:
+            output = output * ops.cast(
+                attention_ops.query_has_keys(full_mask), output.dtype
+            )
+        if return_attention_scores:
+            return output, ops.cast(ops.squeeze(weights, 1), self.compute_dtype)
+        return output
+
+    def compute_mask(self, inputs, mask=None):
+        return mask
+
+    def compute_output_shape(self, inputs_shape):
+        return (*inputs_shape[:-1], self.value_units)
+
+    def compute_output_spec(self, inputs, return_attention_scores=False, **kwargs):
+        out = keras.KerasTensor(
+            self.compute_output_shape(inputs.shape), dtype=self.compute_dtype
+        )
+        if not return_attention_scores:
+            return out
+        batch, length = inputs.shape[0], inputs.shape[1]
+        return out, keras.KerasTensor((batch, length, length), dtype=self.compute_dtype)
+
+    def get_config(self):
+        config = super().get_config()
+        config.update(
+            {
+                "units": self.units,
+                "value_units": self.value_units,
+                "score": self.score,
+                "normalize": self.normalize,
+                "include_self": self.include_self,
+                "window": self.window,
+                "causal": self.causal,
+                "dropout": self.dropout,
+                "use_bias": self.use_bias,
+                "kernel_initializer": keras.initializers.serialize(self.kernel_initializer),
+                "seed": self.seed,
+            }
+        )
+        return config
