@@ -113,3 +113,13 @@ def attention_context(
         mixed = dropout(weights, training=training)
     context = weighted_sum(ops.cast(mixed, value.dtype), value)
     return context, weights
+
+
+def without_keras_mask(x):
+    """`x` without its attached Keras mask, so that projection sub-layers
+    (which do not support masking) neither warn nor drop it; the attention
+    layer handles masks itself. A copy (tf.identity) is free after graph optimisation
+    and, unlike deleting the attribute, leaves the caller's tensor intact."""
+    if x is None or getattr(x, "_keras_mask", None) is None:
+        return x
+    return ops.copy(x)

@@ -254,8 +254,10 @@ class MultiHeadAttention(keras.layers.Layer):
         return_attention_scores=False,
         training=None,
     ):
-        self_attention = value is None
-        if self_attention:
+        query = attention_ops.without_keras_mask(query)
+        value = attention_ops.without_keras_mask(value)
+        key = attention_ops.without_keras_mask(key)
+        if value is None:
             value = query
             if value_mask is None and cache is None:
                 value_mask = query_mask

@@ -146,6 +146,7 @@ class SelfAttention(keras.layers.Layer):
         return_attention_scores=False,
         training=None,
     ):
+        inputs = attention_ops.without_keras_mask(inputs)
         # One head: [B, T, d] -> [B, T, 1, d] for the shared attention path.
         q = ops.expand_dims(self.query_dense(inputs), 2)
         k = ops.expand_dims(self.key_dense(inputs), 2)
