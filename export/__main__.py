@@ -1,0 +1,148 @@
+"""python -m export {savedmodel,tflite,check,verify,bench} ...
+
+Exit codes: 0 success; 1 export failed, model incompatible (check) or an
+unexpected error (traceback only with --debug); 2 bad input (one line).
+"""
+
+import argparse
+import os
+import sys
+
+
+class _Parser(argparse.ArgumentParser):
+    def error(self, message):
+        self.exit(2, f"{self.prog}: error: {message}\n")
+
+
+def _positive_int(text):
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"not an integer: {text!r}")
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"must be >= 1, got {value}")
+    return value
+
+
+def build_parser():
+    from export.check import TARGETS
+    from export.tflite import QUANTIZE
+
+    p = _Parser(prog="python -m export", description="Export zoo models with proof.")
+    p.add_argument("--debug", action="store_true", help="show tracebacks")
+    sub = p.add_subparsers(dest="command", required=True, parser_class=_Parser)
+
+    s = sub.add_parser("savedmodel", help="TF Serving SavedModel: BASE/NAME/<version>/")
+    s.add_argument("source", metavar="RUN_DIR_OR_MODEL")
+    s.add_argument("--out", required=True, metavar="BASE/NAME")
+    s.add_argument("--version", type=_positive_int)
+    s.add_argument("--debug", action="store_true", default=argparse.SUPPRESS, help=argparse.SUPPRESS)
+
+    t = sub.add_parser("tflite", help="builtin-ops-only .tflite, checked against Keras")
+    t.add_argument("source", metavar="RUN_DIR_OR_MODEL")
+    t.add_argument("--out", required=True, metavar="FILE.tflite")
+    t.add_argument("--quantize", default="none", choices=QUANTIZE)
+    t.add_argument("--static-shape", action="store_true", help="batch 1, fixed length (GPU/NPU)")
+    t.add_argument("--length", type=_positive_int, help="fixed length for --static-shape")
+    t.add_argument("--tolerance", type=float, help="max abs diff allowed vs Keras")
+    t.add_argument("--min-agreement", type=float, help="min argmax agreement vs Keras")
+    t.add_argument("--debug", action="store_true", default=argparse.SUPPRESS, help=argparse.SUPPRESS)
+
+    c = sub.add_parser("check", help="delegate compatibility of a .tflite")
+    c.add_argument("file", metavar="FILE.tflite")
+    c.add_argument("--target", default="gpu", choices=TARGETS)
+    c.add_argument("--debug", action="store_true", default=argparse.SUPPRESS, help=argparse.SUPPRESS)
+
+    v = sub.add_parser("verify", help="Keras vs SavedModel (clean process) vs LiteRT")
+    v.add_argument("run_dir", metavar="RUN_DIR")
+    v.add_argument("--savedmodel", metavar="DIR")
+    v.add_argument("--tflite", metavar="FILE")
+    v.add_argument("--samples", type=_positive_int, default=64)
+    v.add_argument("--json", action="store_true", help="print the report as JSON")
+    v.add_argument("--debug", action="store_true", default=argparse.SUPPRESS, help=argparse.SUPPRESS)
+
+    b = sub.add_parser("bench", help="latency at batch 1 and 32, LiteRT vs Keras; size")
+    b.add_argument("target", metavar="FILE.tflite|SAVEDMODEL")
+    b.add_argument("--run", metavar="RUN_DIR", help="Keras model to compare (default: sidecar's source)")
+    b.add_argument("--threads", type=_positive_int)
+    b.add_argument("--runs", type=_positive_int, default=50)
+    b.add_argument("--json", action="store_true")
+    b.add_argument("--debug", action="store_true", default=argparse.SUPPRESS, help=argparse.SUPPRESS)
+    return p
+
+
+def _run(args):
+    import json
+
+    if args.command == "savedmodel":
+        from export.savedmodel import export_savedmodel
+
+        path = export_savedmodel(args.source, args.out, version=args.version)
+        print(f"wrote {path} (signatures: {os.path.join(path, 'signature.json')})")
+        return 0
+    if args.command == "tflite":
+        from export.tflite import export_tflite
+
+        r = export_tflite(args.source, args.out, quantize=args.quantize, static_shape=args.static_shape,
+                          length=args.length, tolerance=args.tolerance, min_agreement=args.min_agreement)
+        diffs = ", ".join(f"{k} {v:.3g}" for k, v in r.report["max_abs_diff"].items())
+        agree = "" if r.report["agreement"] is None else f", argmax agreement {r.report['agreement']:.2%}"
+        print(f"wrote {r.path} ({r.size_bytes / 1e6:.3f} MB) and {r.sidecar}; "
+              f"LiteRT vs Keras on {r.report['samples']} samples: max abs diff {diffs}{agree}")
+        return 0
+    if args.command == "check":
+        from export.check import check_file
+
+        problems = check_file(args.file, args.target)
+        for p in problems:
+            print(p)
+        if problems:
+            print(f"{args.file}: NOT compatible with --target {args.target} ({len(problems)} problems)")
+            return 1
+        print(f"{args.file}: compatible with --target {args.target}")
+        return 0
+    if args.command == "verify":
+        from export.verify import format_report, verify
+
+        report = verify(args.run_dir, savedmodel=args.savedmodel, tflite=args.tflite, samples=args.samples)
+        print(json.dumps(report, indent=2) if args.json else format_report(report))
+        return 0
+    if args.command == "bench":
+        from export.bench import bench, format_report
+
+        report = bench(args.target, run_dir=args.run, threads=args.threads, runs=args.runs)
+        print(json.dumps(report, indent=2) if args.json else format_report(report))
+        return 0
+    raise AssertionError(args.command)
+
+
+def main(argv=None):
+    os.environ.setdefault("KERAS_BACKEND", "tensorflow")
+    os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
+    args = build_parser().parse_args(argv)
+    from export.errors import ExportError, UsageError
+
+    try:
+        return _run(args)
+    except UsageError as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 2
+    except ExportError as e:
+        if args.debug:
+            raise
+        print(f"export failed: {e}", file=sys.stderr)
+        return 1
+    except KeyboardInterrupt:
+        print("interrupted", file=sys.stderr)
+        return 130
+    except Exception as e:  # noqa: BLE001 - the CLI's last line of defence
+        if args.debug:
+            raise
+        first = str(e).strip().splitlines()[0] if str(e).strip() else ""
+        print(f"unexpected error: {type(e).__name__}: {first} (rerun with --debug for the traceback)",
+              file=sys.stderr)
+        return 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())

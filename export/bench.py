@@ -1,0 +1,111 @@
+"""bench: latency percentiles at batch 1 and 32, LiteRT (or SavedModel) vs Keras."""
+
+import json
+import os
+import time
+
+import numpy as np
+
+from export import kinds, runtime, rundir, verify
+from export.errors import UsageError
+
+
+def _size(path):
+    if os.path.isfile(path):
+        return os.path.getsize(path)
+    return sum(os.path.getsize(os.path.join(d, f)) for d, _, fs in os.walk(path) for f in fs)
+
+
+def _time(call, runs, warmup):
+    for _ in range(warmup):
+        call()
+    times = []
+    for _ in range(runs):
+        t = time.perf_counter()
+        call()
+        times.append((time.perf_counter() - t) * 1e3)
+    p = np.percentile(times, [50, 90, 99])
+    return {"p50_ms": float(p[0]), "p90_ms": float(p[1]), "p99_ms": float(p[2]),
+            "mean_ms": float(np.mean(times)), "runs": runs}
+
+
+def _batch(inputs, b):
+    reps = -(-b // len(next(iter(inputs.values()))))
+    return {k: np.concatenate([v] * reps)[:b] for k, v in inputs.items()}
+
+
+def bench(target, run_dir=None, threads=None, runs=50, warmup=5, batches=(1, 32)):
+    """Returns {"size_bytes", "litert"|"savedmodel": {batch: stats}, "keras": {...}}."""
+    import tensorflow as tf
+
+    if not os.path.exists(target):
+        raise UsageError(f"no such .tflite file or SavedModel: {target}")
+    is_tflite = os.path.isfile(target)
+    if is_tflite and not target.endswith(".tflite"):
+        raise UsageError(f"not a .tflite file or SavedModel directory: {target}")
+    sidecar = {}
+    if is_tflite and os.path.exists(target + ".json"):
+        with open(target + ".json") as f:
+            sidecar = json.load(f)
+    run_dir = run_dir or sidecar.get("source")
+    src = rundir.resolve(run_dir) if run_dir and os.path.exists(run_dir) else None
+    kind = kinds.get(src.kind) if src else None
+    report = {"target": target, "size_bytes": _size(target), "threads": threads}
+
+    if is_tflite:
+        interp = runtime.interpreter(target, threads)
+        runner, _ = runtime.signature_runner(interp)
+        details = runner.get_input_details()
+        specs = [tf.TensorSpec([None] + [int(x) for x in d["shape"][1:]], d["dtype"], name=k)
+                 for k, d in details.items()]
+        static_one = all(int(d["shape_signature"][0]) == 1 for d in details.values())
+    else:
+        saved = verify.resolve_version_dir(target)
+        loaded = tf.saved_model.load(saved)
+        sig_name = kind.id_signature if kind else "serving_default"
+        signature = loaded.signatures[sig_name]
+        specs = [tf.TensorSpec(s.shape, s.dtype, name=k)
+                 for k, s in signature.structured_input_signature[1].items()]
+        report["size_bytes"] = _size(saved)
+    if src:
+        base = kind.sample_inputs(src, 32, specs=specs)
+    else:
+        base = kinds.ExportKind().sample_inputs(rundir.Source("", "keras"), 32, specs=specs)
+
+    key = "litert" if is_tflite else "savedmodel"
+    report[key] = {}
+    for b in batches:
+        x = _batch(base, b)
+        if is_tflite:
+            if static_one:
+                rows = [{k: v[i : i + 1] for k, v in x.items()} for i in range(b)]
+                call = lambda rows=rows: [runner(**r) for r in rows]  # noqa: E731
+            else:
+                call = lambda x=x: runner(**x)  # noqa: E731
+        else:
+            feed = {k: tf.constant(v) for k, v in x.items()}
+            call = lambda feed=feed: signature(**feed)  # noqa: E731
+        report[key][b] = _time(call, runs, warmup)
+    if src:
+        core = kind.core(src)
+        names = [s.name for s in specs]
+        report["keras"] = {}
+        for b in batches:
+            x = {k: tf.constant(v) for k, v in _batch(base, b).items()}
+            arg = x[names[0]] if len(names) == 1 else x
+            report["keras"][b] = _time(lambda arg=arg: core(arg, training=False), runs, warmup)
+    return report
+
+
+def format_report(report):
+    lines = [f"bench {report['target']}  size {report['size_bytes'] / 1e6:.3f} MB"
+             + (f"  threads {report['threads']}" if report["threads"] else "")]
+    for key in ("litert", "savedmodel", "keras"):
+        for b, s in report.get(key, {}).items():
+            lines.append(f"  {key:<10} batch {b:>3}: p50 {s['p50_ms']:.3f} ms  p90 {s['p90_ms']:.3f} ms"
+                         f"  p99 {s['p99_ms']:.3f} ms")
+    if "keras" in report:
+        key = "litert" if "litert" in report else "savedmodel"
+        b = min(report[key])
+        lines.append(f"  speed-up at batch {b}: {report['keras'][b]['p50_ms'] / report[key][b]['p50_ms']:.1f}x")
+    return "\n".join(lines)

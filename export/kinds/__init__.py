@@ -1,0 +1,244 @@
+"""Export plugins, one module per zoo model kind.
+
+A kind plugs in by adding `export/kinds/<kind>.py` that defines `KIND`, an
+instance of an `ExportKind` subclass (it may also list `ALIASES`, other
+config "kind" values it serves). Nothing else in export/ changes.
+
+The exporters talk to a kind through these methods:
+
+- `core_specs(source, static_length)` / `core_fn(source)`: the id-level
+  function (numbers in, numbers out) that goes into TFLite and that `verify`
+  compares: named `tf.TensorSpec`s and a function taking them positionally
+  and returning a dict of named outputs.
+- `serving_endpoints(source)`: the SavedModel signatures (`Endpoint`s), e.g.
+  raw text in, tags out for the tagger; each with example inputs used for the
+  warm-up requests and the REST examples in signature.json.
+- `resources(source)`: extra trackables the endpoints use (lookup tables).
+- `sample_inputs(source, n)`: id-level inputs for calibration and checks.
+- `valid_mask(inputs)`: which output positions count in comparisons.
+- `metric(source, inputs, outputs)`: the task metric for `verify`.
+- `sidecar(source)`: what an app needs beside the .tflite (labels, vocab).
+"""
+
+import dataclasses
+import importlib
+import pkgutil
+
+import numpy as np
+
+from export.errors import UsageError
+
+
+@dataclasses.dataclass
+class Endpoint:
+    """One SavedModel signature.
+
+    Attributes:
+        name: signature key ("serving_default" for the main one).
+        fn: callable taking the tensors of `specs` positionally, returning a
+            dict of named output tensors.
+        specs: list of named `tf.TensorSpec` (the signature's inputs).
+        example: dict input name -> list/array: one small real batch, used for
+            the warm-up requests and the example REST body.
+        doc: one line for signature.json.
+    """
+
+    name: str
+    fn: object
+    specs: list
+    example: dict
+    doc: str = ""
+
+
+class ExportKind:
+    """Generic plugin: any Keras model with named inputs (also the base class)."""
+
+    name = "keras"
+    # Output (by name) whose last axis holds class scores, for argmax agreement.
+    class_output = None
+    # SavedModel signature that takes the core inputs (what verify compares).
+    id_signature = "serving_default"
+
+    def matches(self, model):
+        return False
+
+    def model(self, source):
+        from export.rundir import ensure_model
+
+        return ensure_model(source)
+
+    def core(self, source):
+        """The Keras model whose numbers the exports must reproduce."""
+        return self.model(source)
+
+    # ---------------------------------------------------------- id level
+    def core_specs(self, source, static_length=None):
+        """Named TensorSpecs of the core inputs; static: batch 1, fixed length."""
+        import tensorflow as tf
+
+        specs = []
+        for t in self.core(source).inputs:
+            shape = list(t.shape)
+            if static_length is not None:
+                shape[0] = 1
+                for i in range(1, len(shape)):
+                    if shape[i] is None:
+                        shape[i] = int(static_length)
+            specs.append(tf.TensorSpec(shape, _tf_dtype(t.dtype), name=_input_name(t)))
+        return specs
+
+    def output_names(self, source):
+        core = self.core(source)
+        names = list(getattr(core, "output_names", None) or [])
+        if len(names) != len(core.outputs):
+            names = [f"output_{i}" for i in range(len(core.outputs))]
+        return names
+
+    def core_fn(self, source, static=False):
+        """The id-level function; `static` asks for the GPU-clean variant."""
+        core = self.core(source)
+        names = [_input_name(t) for t in core.inputs]
+        out_names = self.output_names(source)
+
+        def fn(*args):
+            if len(args) == 1:
+                y = core(args[0], training=False)
+            else:
+                y = core(dict(zip(names, args)), training=False)
+            return _as_dict(y, out_names)
+
+        return fn
+
+    def check_static(self, source, static_length):
+        """Raises UsageError when a static export needs a length it lacks."""
+        for t in self.core(source).inputs:
+            if any(d is None for d in t.shape[1:]) and static_length is None:
+                raise UsageError(
+                    f"input {_input_name(t)!r} has a variable dimension {tuple(t.shape)}: "
+                    "--static-shape needs --length"
+                )
+
+    def default_length(self, source):
+        return None
+
+    # ---------------------------------------------------------- serving
+    def serving_endpoints(self, source):
+        specs = self.core_specs(source)
+        example = self.sample_inputs(source, 2, specs=specs)
+        return [
+            Endpoint(
+                "serving_default",
+                self.core_fn(source),
+                specs,
+                {k: v for k, v in example.items()},
+                "the model's own inputs and outputs",
+            )
+        ]
+
+    def resources(self, source):
+        return []
+
+    # ---------------------------------------------------------- data
+    def sample_inputs(self, source, n, specs=None):
+        """n rows of id-level inputs: calibration.npz rows, else synthetic."""
+        specs = specs or self.core_specs(source)
+        calib = source.calibration()
+        if calib is not None and all(s.name in calib for s in specs):
+            rows = {s.name: calib[s.name][:n] for s in specs}
+            return {s.name: fit_to_spec(rows[s.name], s) for s in specs}
+        rng = np.random.default_rng(0)
+        out = {}
+        for s in specs:
+            shape = [n if i == 0 and d is None else (d or 8) for i, d in enumerate(s.shape)]
+            if s.shape[0] == 1:
+                shape[0] = n
+            dtype = s.dtype.as_numpy_dtype
+            if np.issubdtype(dtype, np.integer):
+                out[s.name] = rng.integers(0, 2, size=shape).astype(dtype)
+            else:
+                out[s.name] = rng.standard_normal(shape).astype(dtype)
+        return out
+
+    def calibration_inputs(self, source, specs, n=200):
+        return self.sample_inputs(source, n, specs=specs)
+
+    def valid_mask(self, inputs):
+        return None
+
+    def metric(self, source, inputs, outputs):
+        """(name, value) of the task metric for these outputs, or None."""
+        return None
+
+    def sidecar(self, source, static_length=None):
+        return {"kind": self.name}
+
+
+def _tf_dtype(dtype):
+    import tensorflow as tf
+
+    return tf.as_dtype(str(dtype).replace("<dtype: '", "").replace("'>", ""))
+
+
+def _input_name(t):
+    name = getattr(t, "name", None) or "input"
+    return name.split(":")[0]
+
+
+def _as_dict(y, names):
+    if isinstance(y, dict):
+        return dict(y)
+    if isinstance(y, (list, tuple)):
+        return dict(zip(names, y))
+    return {names[0]: y}
+
+
+def fit_to_spec(array, spec):
+    """Pads with zeros / truncates each static non-batch dim to the spec's size."""
+    array = np.asarray(array)
+    target = [array.shape[0]] + [
+        array.shape[i] if d is None else d for i, d in enumerate(spec.shape) if i > 0
+    ]
+    if list(array.shape) == target:
+        return array.astype(spec.dtype.as_numpy_dtype)
+    out = np.zeros(target, dtype=spec.dtype.as_numpy_dtype)
+    sl = tuple(slice(0, min(a, b)) for a, b in zip(array.shape, target))
+    out[sl] = array[sl]
+    return out
+
+
+_GENERIC = ExportKind()
+
+
+def available():
+    """Kind names with a plugin module (without importing them)."""
+    return sorted(
+        m.name for m in pkgutil.iter_modules(__path__) if not m.name.startswith("_")
+    )
+
+
+def get(kind):
+    """The plugin for `kind`; UsageError naming the known kinds otherwise."""
+    if kind == "keras":
+        return _GENERIC
+    for name in available():
+        if name == kind:
+            return importlib.import_module(f"{__name__}.{name}").KIND
+    for name in available():
+        module = importlib.import_module(f"{__name__}.{name}")
+        if kind in getattr(module, "ALIASES", ()):
+            return module.KIND
+    raise UsageError(
+        f"unknown model kind {kind!r} (export supports: {', '.join(available() + ['keras'])})"
+    )
+
+
+def detect(model):
+    """The kind of a live model: the first plugin that claims it, else "keras"."""
+    for name in available():
+        try:
+            module = importlib.import_module(f"{__name__}.{name}")
+        except ImportError:
+            continue
+        if module.KIND.matches(model):
+            return module.KIND.name
+    return "keras"

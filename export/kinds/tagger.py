@@ -1,0 +1,208 @@
+"""Export plugin for `zoo.tagger.Tagger` (config kind "tagger").
+
+SavedModel signatures (TF Serving):
+  serving_default(sentences: string [B])        raw text, split on whitespace
+  tag_tokens(tokens: string [B, T], "" padded)   pre-tokenised text
+      -> tags string [B, T] ("" past each sentence), tag_ids int32 [B, T] (-1 past
+         each sentence), tokens string [B, T], lengths int32 [B]
+  predict_ids(word_ids int32 [B, T], char_ids int32 [B, T, max_chars])
+      -> probabilities float32 [B, T, num_tags], tag_ids int32 [B, T]
+Token -> id rules are the Tagger's own `encode_tf` (one implementation).
+
+TFLite: the id-level core (word_ids, char_ids -> probabilities [+ tag_ids]).
+The static-shape (GPU) variant returns probabilities only: ARG_MAX is not a
+GPU-delegate op, the app takes the argmax.
+"""
+
+import numpy as np
+
+from export.errors import UsageError
+from export.kinds import Endpoint, ExportKind, fit_to_spec
+
+_LABEL_KEYS = ("tag_ids", "labels", "tags")
+
+
+class TaggerKind(ExportKind):
+    name = "tagger"
+    class_output = "probabilities"
+    id_signature = "predict_ids"
+
+    def matches(self, model):
+        try:
+            from zoo.tagger import Tagger
+        except ImportError:
+            return False
+        return isinstance(model, Tagger)
+
+    def model(self, source):
+        model = super().model(source)
+        if not self.matches(model):
+            raise UsageError(f"{source.path}: model is a {type(model).__name__}, not a zoo Tagger")
+        return model
+
+    def core(self, source):
+        return self.model(source).core
+
+    def default_length(self, source):
+        return int(self.model(source).max_len)
+
+    def core_specs(self, source, static_length=None):
+        import tensorflow as tf
+
+        m = self.model(source)
+        if static_length is not None and static_length > m.max_len:
+            raise UsageError(f"--length {static_length} exceeds the tagger's max_len {m.max_len}")
+        b, t = (1, int(static_length)) if static_length is not None else (None, None)
+        return [tf.TensorSpec([b, t], tf.int32, name="word_ids"),
+                tf.TensorSpec([b, t, m.max_chars], tf.int32, name="char_ids")]
+
+    def core_fn(self, source, static=False):
+        import tensorflow as tf
+
+        core = self.core(source)
+
+        def fn(word_ids, char_ids):
+            probs = core({"word_ids": word_ids, "char_ids": char_ids}, training=False)
+            out = {"probabilities": probs}
+            if not static:
+                # tf.argmax, not keras.ops.argmax (that one emits Flex BitwiseAnd).
+                out["tag_ids"] = tf.argmax(probs, axis=-1, output_type=tf.int32)
+            return out
+
+        return fn
+
+    # ------------------------------------------------------------ serving
+    def serving_endpoints(self, source):
+        import tensorflow as tf
+
+        m = self.model(source)
+        tags = tf.constant(m.tags)
+        max_len = int(m.max_len)
+
+        def tag_dense(tokens):
+            present = tf.not_equal(tokens, "")
+            lengths = tf.reduce_sum(tf.cast(present, tf.int32), axis=1)
+            tf.debugging.assert_less_equal(
+                tf.shape(tokens)[1], max_len,
+                message=f"a sentence has more tokens than this tagger's max_len ({max_len})")
+            ids = m.encode_tf(tokens)
+            probs = m.core(ids, training=False)
+            tag_ids = tf.argmax(probs, axis=-1, output_type=tf.int32)
+            tag_ids = tf.where(present, tag_ids, -1)
+            names = tf.where(present, tf.gather(tags, tf.maximum(tag_ids, 0)), "")
+            return {"tags": names, "tag_ids": tag_ids, "tokens": tokens, "lengths": lengths}
+
+        def tag_sentences(sentences):
+            tokens = tf.strings.split(sentences)
+            width = tf.maximum(tf.cast(tf.reduce_max(tokens.row_lengths()), tf.int32), 1)
+            batch = tf.shape(sentences)[0]
+            dense = tokens.to_tensor(default_value="", shape=tf.stack([batch, width]))
+            return tag_dense(dense)
+
+        def tag_tokens(tokens):
+            tf.debugging.assert_greater(
+                tf.shape(tokens)[1], 0, message="tokens must have at least one column")
+            return tag_dense(tokens)
+
+        def predict_ids(word_ids, char_ids):
+            tf.debugging.assert_less_equal(
+                tf.shape(word_ids)[1], max_len,
+                message=f"word_ids has more positions than this tagger's max_len ({max_len})")
+            tf.debugging.assert_equal(
+                tf.shape(char_ids)[:2], tf.shape(word_ids),
+                message="char_ids must be [batch, time, max_chars] with word_ids' batch and time")
+            return self.core_fn(source)(word_ids, char_ids)
+
+        sentences = self._example_sentences(source)
+        tokens = [s.split() for s in sentences]
+        width = max(len(t) for t in tokens)
+        padded = [t + [""] * (width - len(t)) for t in tokens]
+        specs = self.core_specs(source)
+        ids = self.sample_inputs(source, 3, specs=specs)
+        return [
+            Endpoint("serving_default", tag_sentences,
+                     [tf.TensorSpec([None], tf.string, name="sentences")],
+                     {"sentences": sentences}, "raw sentences (whitespace-tokenised) -> tags"),
+            Endpoint("tag_tokens", tag_tokens,
+                     [tf.TensorSpec([None, None], tf.string, name="tokens")],
+                     {"tokens": padded}, "tokens [batch, time] padded with \"\" -> tags"),
+            Endpoint("predict_ids", predict_ids, specs, ids,
+                     "word_ids, char_ids -> probabilities, tag_ids (the TFLite model's contract)"),
+        ]
+
+    def _example_sentences(self, source, n=3):
+        """A few real sentences: decoded from calibration.npz, else vocabulary words."""
+        m = self.model(source)
+        calib = source.calibration()
+        sentences = []
+        if calib is not None and "char_ids" in calib and "word_ids" in calib:
+            for w_row, c_row in zip(calib["word_ids"], calib["char_ids"]):
+                words = []
+                for w, cs in zip(w_row, c_row):
+                    if w == 0:
+                        break
+                    text = "".join(m.chars[c] for c in cs if c > 1)
+                    words.append(text or (m.words[w] if w > 1 else "?"))
+                if words:
+                    sentences.append(" ".join(words))
+                if len(sentences) == n:
+                    break
+        if not sentences:
+            vocab = [w for w in m.words[2:] if w.strip()] or ["?"]
+            sentences = [" ".join(vocab[i:i + 4]) for i in range(0, min(len(vocab), 4 * n), 4)]
+        return sentences
+
+    # ------------------------------------------------------------ data
+    def sample_inputs(self, source, n, specs=None):
+        specs = specs or self.core_specs(source)
+        calib = source.calibration()
+        if calib is not None and "word_ids" in calib and "char_ids" in calib:
+            reps = -(-n // len(calib["word_ids"]))
+            rows = {k: np.concatenate([calib[k]] * reps)[:n] for k in ("word_ids", "char_ids")}
+        else:
+            rows = self._synthetic(source, n)
+        return {s.name: fit_to_spec(rows[s.name], s) for s in specs}
+
+    def _synthetic(self, source, n):
+        """Sentences of random vocabulary words, encoded by the tagger's own rules."""
+        from zoo.tagger import pad_tokens
+
+        m = self.model(source)
+        rng = np.random.default_rng(0)
+        vocab = m.words[2:] or ["x"]
+        longest = min(int(m.max_len), 12)
+        sentences = [[vocab[i] for i in rng.integers(0, len(vocab), rng.integers(1, longest + 1))]
+                     for _ in range(n)]
+        ids = m.encode_tf(pad_tokens(sentences))
+        return {k: np.asarray(v) for k, v in ids.items()}
+
+    def calibration_inputs(self, source, specs, n=200):
+        return self.sample_inputs(source, min(n, len(source.calibration()["word_ids"])), specs=specs)
+
+    def valid_mask(self, inputs):
+        return np.asarray(inputs["word_ids"]) > 0
+
+    def metric(self, source, inputs, outputs):
+        """Token accuracy against the gold tags stored with calibration.npz."""
+        calib = source.calibration()
+        key = next((k for k in _LABEL_KEYS if calib is not None and k in calib), None)
+        if key is None:
+            return None
+        n, t = np.asarray(inputs["word_ids"]).shape
+        reps = -(-n // len(calib[key]))
+        gold = np.concatenate([calib[key]] * reps)[:n]
+        gold_fit = np.full((n, t), -1, dtype=np.int64)
+        w = min(t, gold.shape[1])
+        gold_fit[:, :w] = gold[:, :w]
+        mask = (np.asarray(inputs["word_ids"]) > 0) & (gold_fit >= 0)
+        pred = np.argmax(outputs["probabilities"], axis=-1)
+        return ("accuracy", float((pred[mask] == gold_fit[mask]).mean()) if mask.any() else 0.0)
+
+    def sidecar(self, source, static_length=None):
+        m = self.model(source)
+        return {"kind": "tagger", "arch": getattr(m, "arch", None), "words": list(m.words),
+                "chars": list(m.chars), "tags": list(m.tags), "max_chars": int(m.max_chars),
+                "max_len": int(static_length or m.max_len)}
+
+
+KIND = TaggerKind()

@@ -1,0 +1,117 @@
+"""Reading a run directory (the contract train/ writes) or a bare model file."""
+
+import dataclasses
+import json
+import os
+
+from export.errors import UsageError
+
+
+@dataclasses.dataclass
+class Source:
+    """What an exporter works from.
+
+    Attributes:
+        path: the run directory or model file given by the user.
+        kind: the model kind ("tagger", "seq2seq", ... or "keras" for a bare model).
+        run_dir: the run directory, or None for a bare model file / live model.
+        config: config.json contents ({} for a bare model).
+        model: the loaded Keras model (loaded lazily by `load`).
+    """
+
+    path: str
+    kind: str
+    run_dir: str | None = None
+    config: dict = dataclasses.field(default_factory=dict)
+    model: object = None
+
+    def file(self, *parts):
+        return os.path.join(self.run_dir, *parts) if self.run_dir else None
+
+    def calibration(self):
+        """The run's calibration.npz as a dict of arrays, or None."""
+        path = self.file("calibration.npz")
+        if not path or not os.path.exists(path):
+            return None
+        import numpy as np
+
+        with np.load(path) as data:
+            return {k: data[k] for k in data.files}
+
+    def metrics(self):
+        path = self.file("metrics.json")
+        if not path or not os.path.exists(path):
+            return {}
+        with open(path) as f:
+            return json.load(f)
+
+
+def _import_registrations():
+    # Registered layers/models must be importable before load_model. The
+    # packages may be partial while the zoo grows; a missing module only
+    # matters if the model needs it, and load_model then says which class.
+    import importlib
+
+    for name in ("layers", "zoo"):
+        try:
+            importlib.import_module(name)
+        except ImportError:
+            pass
+
+
+def load_model(path):
+    import keras
+
+    _import_registrations()
+    try:
+        return keras.models.load_model(path, compile=False)
+    except (ValueError, TypeError, OSError) as e:
+        raise UsageError(f"cannot load model {path!r}: {str(e).splitlines()[0]}") from e
+
+
+def resolve(path_or_model, kind=None):
+    """Turns RUN_DIR_OR_MODEL (or a live keras.Model) into a `Source`.
+
+    Raises:
+        UsageError: the path is missing, is not a run directory or model file,
+            or its config.json is unreadable.
+    """
+    import keras
+
+    if isinstance(path_or_model, keras.Model):
+        model = path_or_model
+        return Source(path="<model>", kind=kind or _kind_of_model(model), model=model)
+    path = os.fspath(path_or_model)
+    if not os.path.exists(path):
+        raise UsageError(f"no such run directory or model file: {path}")
+    if os.path.isfile(path):
+        if not path.endswith(".keras"):
+            raise UsageError(f"not a run directory or .keras model file: {path}")
+        model = load_model(path)
+        return Source(path=path, kind=kind or _kind_of_model(model), model=model)
+    config_path = os.path.join(path, "config.json")
+    model_path = os.path.join(path, "model.keras")
+    if not os.path.exists(config_path) or not os.path.exists(model_path):
+        raise UsageError(
+            f"not a run directory (needs config.json and model.keras): {path}"
+        )
+    try:
+        with open(config_path) as f:
+            config = json.load(f)
+    except (OSError, json.JSONDecodeError) as e:
+        raise UsageError(f"unreadable {config_path}: {e}") from e
+    if not isinstance(config, dict) or "kind" not in config:
+        raise UsageError(f"{config_path} has no \"kind\"")
+    return Source(path=path, kind=kind or str(config["kind"]), run_dir=path, config=config)
+
+
+def _kind_of_model(model):
+    from export import kinds
+
+    return kinds.detect(model)
+
+
+def ensure_model(source):
+    if source.model is None:
+        source.model = load_model(os.path.join(source.run_dir, "model.keras"))
+    return source.model

@@ -1,0 +1,224 @@
+"""TFLite export: ExportArchive -> SavedModel -> TFLiteConverter, builtin ops only.
+
+Every model is run in ai_edge_litert and compared with Keras before anything
+is written (FACTS.md: converted models can silently return zeros). The model
+and its sidecar `FILE.tflite.json` (labels, vocab, input/output names) are
+written atomically.
+"""
+
+import dataclasses
+import json
+import os
+import re
+import shutil
+import tempfile
+
+import numpy as np
+
+from export import atomic, kinds, runtime, rundir
+from export.errors import ExportError, UsageError
+
+QUANTIZE = ("none", "fp16", "dynamic", "int8", "int16x8")
+ENDPOINT = "serving_default"
+
+# Gates for "the converted model matches Keras": (max abs diff, min argmax agreement).
+TOLERANCES = {
+    "none": (1e-4, 0.999),
+    "fp16": (1e-2, 0.99),
+    "dynamic": (0.25, 0.90),
+    "int8": (0.35, 0.85),
+    "int16x8": (0.1, 0.95),
+}
+
+
+@dataclasses.dataclass
+class Result:
+    path: str
+    sidecar: str
+    size_bytes: int
+    report: dict
+
+
+def _flex_ops(message):
+    names = set(re.findall(r"\bFlex(\w+)", message))
+    names |= set(re.findall(r"'?tf\.(\w+)'?\s*(?:op|\()", message))
+    names |= set(re.findall(r"\btf\.(\w+)\b", message))
+    return sorted(names)
+
+
+def _converter(saved_dir, quantize, representative):
+    import tensorflow as tf
+
+    conv = tf.lite.TFLiteConverter.from_saved_model(saved_dir, signature_keys=[ENDPOINT])
+    ops = [tf.lite.OpsSet.TFLITE_BUILTINS]
+    if quantize == "fp16":
+        conv.optimizations = [tf.lite.Optimize.DEFAULT]
+        conv.target_spec.supported_types = [tf.float16]
+    elif quantize == "dynamic":
+        conv.optimizations = [tf.lite.Optimize.DEFAULT]
+    elif quantize == "int8":
+        conv.optimizations = [tf.lite.Optimize.DEFAULT]
+        conv.representative_dataset = representative
+        ops = [tf.lite.OpsSet.TFLITE_BUILTINS_INT8]
+    elif quantize == "int16x8":
+        conv.optimizations = [tf.lite.Optimize.DEFAULT]
+        conv.representative_dataset = representative
+        ops = [tf.lite.OpsSet.EXPERIMENTAL_TFLITE_BUILTINS_ACTIVATIONS_INT16_WEIGHTS_INT8]
+    # No SELECT_TF_OPS: a Flex op must fail here, not on the phone.
+    conv.target_spec.supported_ops = ops
+    return conv
+
+
+def convert(source, quantize="none", static_length=None, calibration=None):
+    """Converts to TFLite bytes. Returns (bytes, specs, kind, source)."""
+    import keras
+
+    src = source if isinstance(source, rundir.Source) else rundir.resolve(source)
+    kind = kinds.get(src.kind)
+    kind.model(src)
+    static = static_length is not None
+    specs = kind.core_specs(src, static_length=static_length)
+    archive = keras.export.ExportArchive()
+    # Only the id-level core: tracking the whole model would carry its string
+    # lookup tables (HASHTABLE ops) into the .tflite.
+    archive.track(kind.core(src))
+    archive.add_endpoint(ENDPOINT, kind.core_fn(src, static=static), input_signature=list(specs))
+
+    rows = None
+    if quantize in ("int8", "int16x8"):
+        if calibration is None:
+            if src.calibration() is None:
+                raise UsageError(
+                    f"--quantize {quantize} needs RUN_DIR/calibration.npz (source: {src.path})"
+                )
+            calibration = kind.calibration_inputs(src, specs)
+        rows = {s.name: kinds.fit_to_spec(calibration[s.name], s) for s in specs}
+
+    def representative():
+        n = len(next(iter(rows.values())))
+        for i in range(n):
+            yield {k: v[i : i + 1] for k, v in rows.items()}
+
+    workdir = tempfile.mkdtemp(prefix="export-savedmodel-")
+    try:
+        archive.write_out(workdir, verbose=False)
+        conv = _converter(workdir, quantize, representative)
+        try:
+            content = conv.convert()
+        except Exception as e:  # ConverterError and friends carry the op names
+            message = str(e)
+            ops = _flex_ops(message)
+            if ops:
+                raise ExportError(
+                    "model needs ops outside TFLite builtins: " + ", ".join(ops)
+                ) from e
+            first = next((l for l in message.splitlines() if "error" in l.lower()), message[:300])
+            raise ExportError(f"TFLite conversion failed: {first.strip()}") from e
+    finally:
+        shutil.rmtree(workdir, ignore_errors=True)
+    _reject_custom_ops(content)
+    return content, specs, kind, src
+
+
+def _reject_custom_ops(content):
+    from export.check import read_model, op_name
+
+    model = read_model(content)
+    custom = sorted({op_name(model, op) for sg in model.subgraphs for op in (sg.operators or [])
+                     if op_name(model, op).startswith(("Flex", "CUSTOM:"))})
+    if custom:
+        raise ExportError("model contains non-builtin ops: " + ", ".join(custom))
+
+
+def proof(content, src, kind, specs, quantize, samples=64, tolerance=None, min_agreement=None):
+    """Runs the model in LiteRT and in Keras on the same inputs; raises if they differ."""
+    inputs = kind.sample_inputs(src, samples, specs=specs)
+    fn = kind.core_fn(src, static=specs[0].shape[0] == 1)
+    import tensorflow as tf
+
+    want = {k: np.asarray(v) for k, v in fn(*[tf.constant(inputs[s.name]) for s in specs]).items()}
+    got = runtime.run(content, inputs, signature=ENDPOINT)
+    missing = sorted(set(want) - set(got))
+    if missing:
+        raise ExportError(f"TFLite model lacks outputs {missing} (has {sorted(got)})")
+    report = runtime.compare(want, got, mask=kind.valid_mask(inputs), class_output=kind.class_output)
+    max_diff, agreement = TOLERANCES[quantize]
+    max_diff = max_diff if tolerance is None else tolerance
+    agreement = agreement if min_agreement is None else min_agreement
+    worst = max(report["max_abs_diff"].values(), default=0.0)
+    report.update(gate_max_abs_diff=max_diff, gate_agreement=agreement, samples=len(next(iter(inputs.values()))))
+    for name, value in want.items():
+        if np.issubdtype(value.dtype, np.floating) and np.ptp(value) > 1e-3 and np.ptp(got[name]) == 0:
+            raise ExportError(f"LiteRT output {name!r} is constant while Keras's varies (broken conversion)")
+    if not worst <= max_diff:
+        raise ExportError(f"LiteRT differs from Keras: max abs diff {worst:.3g} > {max_diff:g} ({quantize})")
+    if report["agreement"] is not None and report["agreement"] < agreement:
+        raise ExportError(
+            f"LiteRT argmax agrees with Keras on {report['agreement']:.1%} < {agreement:.0%} ({quantize})"
+        )
+    return report
+
+
+def export_tflite(source, out, quantize="none", static_shape=False, length=None,
+                  tolerance=None, min_agreement=None):
+    """Exports RUN_DIR_OR_MODEL to a builtin-ops-only .tflite plus FILE.tflite.json.
+
+    Args:
+        source: run directory, .keras file or live keras.Model.
+        out: the .tflite path.
+        quantize: one of QUANTIZE.
+        static_shape: batch 1 and a fixed length (for GPU / accelerators).
+        length: the fixed length for --static-shape (default: the kind's).
+        tolerance, min_agreement: override the parity gates.
+
+    Returns:
+        A `Result` (paths, size, parity report).
+    """
+    if quantize not in QUANTIZE:
+        raise UsageError(f"unknown --quantize {quantize!r} (choose from {', '.join(QUANTIZE)})")
+    out = os.path.abspath(os.fspath(out))
+    if os.path.isdir(out):
+        raise UsageError(f"--out is a directory: {out}")
+    if not out.endswith(".tflite"):
+        raise UsageError(f"--out must end in .tflite: {out}")
+    src = rundir.resolve(source)
+    kind = kinds.get(src.kind)
+    kind.model(src)
+    static_length = None
+    if static_shape:
+        static_length = length or kind.default_length(src)
+        kind.check_static(src, static_length)
+        # 0 = static although no length is needed (every dim already fixed).
+        static_length = static_length or 0
+    elif length is not None:
+        raise UsageError("--length only applies with --static-shape")
+    content, specs, kind, src = convert(src, quantize, static_length if static_shape else None)
+    report = proof(content, src, kind, specs, quantize, tolerance=tolerance, min_agreement=min_agreement)
+
+    from export.runtime import interpreter, signature_runner
+
+    runner, _ = signature_runner(interpreter(content))
+    sidecar = dict(kind.sidecar(src, static_length=static_length if static_shape else None))
+    sidecar.update(
+        inputs={k: {"dtype": np.dtype(d["dtype"]).name, "shape": [int(x) for x in d.get("shape_signature", d["shape"])]}
+                for k, d in runner.get_input_details().items()},
+        outputs={k: {"dtype": np.dtype(d["dtype"]).name, "shape": [int(x) for x in d.get("shape_signature", d["shape"])]}
+                 for k, d in runner.get_output_details().items()},
+        signature=ENDPOINT,
+        quantize=quantize,
+        static_shape=bool(static_shape),
+        parity=report,
+        source=os.path.abspath(src.path) if src.run_dir or os.path.exists(src.path) else None,
+    )
+    os.makedirs(os.path.dirname(out), exist_ok=True)
+    atomic.clean_stale(os.path.dirname(out))
+    sidecar_path = out + ".json"
+    # Both files are complete under temporary names before either is renamed
+    # into place; a failure before the renames changes nothing.
+    with atomic.building(out) as tmp_model, atomic.building(sidecar_path) as tmp_sidecar:
+        with open(tmp_model, "wb") as f:
+            f.write(content)
+        with open(tmp_sidecar, "w") as f:
+            json.dump(sidecar, f, indent=2)
+            f.write("\n")
+    return Result(out, sidecar_path, len(content), report)
