@@ -135,6 +135,20 @@ class Tagger(keras.Model):
                 result.append([(tok, self.tags[i]) for tok, i in zip(tokens, row)])
         return result
 
+    def attention_scores(self, tokens):
+        """Attention weights for one sentence: list (one per block) of `[heads, T, T]` arrays.
+
+        Only the "attention" arch has them; the others return an empty list.
+        """
+        blocks = [layer for layer in self.core.layers if layer.name.startswith("encoder_")]
+        if not blocks:
+            return []
+        probe = keras.Model(self.core.inputs, [block.output[1] for block in blocks])
+        scores = probe(self.encode_tf(pad_tokens([list(tokens)])), training=False)
+        if not isinstance(scores, (list, tuple)):
+            scores = [scores]
+        return [np.asarray(s)[0] for s in scores]
+
     def get_config(self):
         config = {"name": self.name, "words": self.words, "chars": self.chars,
                   "tags": self.tags, "arch": self.arch, "max_chars": self.max_chars,

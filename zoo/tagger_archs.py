@@ -11,7 +11,7 @@ the core converts to TFLite builtins without 5-D tensors or reshapes of the batc
 import keras
 from keras import ops
 
-from layers.embedding import TokenEmbedding
+from layers import LayerNorm, TokenEmbedding, TransformerEncoderBlock
 from zoo.tagger_layers import WordDropout
 
 ARCHS = ("attention", "fc", "window", "bilstm")
@@ -70,8 +70,6 @@ def build_core(arch, num_words, num_chars, num_tags, max_chars, max_len, cfg):
 
 
 def _attention_context(x, mask, fmask, cfg, max_len):
-    from layers import TransformerEncoderBlock
-
     d = cfg["hidden_dim"]
     x = keras.layers.Dense(d, name="attention_in")(x)
     if cfg["conv_kernel"]:
@@ -83,6 +81,7 @@ def _attention_context(x, mask, fmask, cfg, max_len):
         x = TransformerEncoderBlock(
             num_heads=cfg["num_heads"], intermediate_dim=2 * d, dropout=cfg["dropout"],
             rotary=cfg["rotary"], window=cfg["attention_window"], name=f"encoder_{i}",
-        )(x, mask=mask)
-    x = keras.layers.LayerNormalization(epsilon=1e-5, name="attention_out_norm")(x)
+        )(x, mask=mask, return_attention_scores=True)
+        x = x[0]  # the scores stay reachable as the block's output[1] (Tagger.attention_scores)
+    x = LayerNorm(epsilon=1e-5, name="attention_out_norm")(x)
     return x

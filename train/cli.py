@@ -1,0 +1,81 @@
+"""Command-line entry point shared by all training commands.
+
+`python -m train MODEL ...` looks MODEL up in `COMMANDS`; each command module provides
+`add_arguments(parser)` and `run(args) -> int`. A new model plugs in by adding a line to
+`COMMANDS` (modules missing from the checkout are not offered).
+
+Exit codes: 0 success, 2 bad input (one line on stderr naming the problem and value,
+nothing already written is lost), 1 unexpected failure (short message; the traceback only
+with --debug), 130 interrupted.
+"""
+
+import argparse
+import importlib
+import importlib.util
+import os
+import sys
+import traceback
+
+from train.errors import EXIT_FAILURE, EXIT_USAGE, UsageError
+
+COMMANDS = {
+    "tagger": ("train.tagger", "part-of-speech tagger (attention / fc / window / bilstm)"),
+    "seq2seq": ("train.seq2seq", "sequence-to-sequence Transformer"),
+    "universal_transformer": ("train.universal_transformer", "Universal Transformer"),
+    "sagan": ("train.sagan", "Self-Attention GAN"),
+}
+
+
+class OneLineParser(argparse.ArgumentParser):
+    """argparse that reports a bad flag in one line (no usage block) with exit code 2."""
+
+    def error(self, message):
+        raise UsageError(message)
+
+
+def available_commands():
+    return {name: help_ for name, (module, help_) in COMMANDS.items()
+            if importlib.util.find_spec(module) is not None}
+
+
+def _usage():
+    lines = ["usage: python -m train MODEL [options]   (python -m train MODEL --help)", "models:"]
+    lines += [f"  {name:24s}{help_}" for name, help_ in available_commands().items()]
+    return "\n".join(lines)
+
+
+def _fail(message, code):
+    print(f"error: {message}", file=sys.stderr)
+    return code
+
+
+def main(argv=None):
+    argv = list(sys.argv[1:] if argv is None else argv)
+    os.environ.setdefault("KERAS_BACKEND", "tensorflow")
+    os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
+    if not argv or argv[0] in ("-h", "--help"):
+        print(_usage())
+        return 0 if argv else EXIT_USAGE
+    name, rest = argv[0], argv[1:]
+    commands = available_commands()
+    if name not in commands:
+        return _fail(f"unknown model {name!r}; choose from: {', '.join(commands)}", EXIT_USAGE)
+    debug = "--debug" in rest
+    try:
+        module = importlib.import_module(COMMANDS[name][0])
+        parser = OneLineParser(prog=f"python -m train {name}", description=commands[name])
+        parser.add_argument("--debug", action="store_true",
+                            help="show tracebacks of unexpected errors")
+        module.add_arguments(parser)
+        args = parser.parse_args(rest)
+        return int(module.run(args) or 0)
+    except UsageError as e:
+        return _fail(str(e), EXIT_USAGE)
+    except KeyboardInterrupt:
+        return _fail("interrupted", 130)
+    except Exception as e:  # noqa: BLE001  (the CLI boundary: report, do not crash)
+        if debug:
+            traceback.print_exc()
+        message = str(e).strip().splitlines()[0] if str(e).strip() else ""
+        hint = "" if debug else " (run with --debug for the traceback)"
+        return _fail(f"unexpected {type(e).__name__}: {message}{hint}", EXIT_FAILURE)

@@ -1,0 +1,74 @@
+"""tensorflow-datasets reader (`--dataset tfds:NAME`), used only when the user names it.
+
+It downloads on first use, so it needs the network; offline it fails with one clear line.
+Tags: the `upos` feature (universal_dependencies/*), else `pos` (conll2003 ...). Tokens
+whose tag is "_" (multiword-range rows in universal_dependencies) are not words and are
+dropped.
+"""
+
+import os
+
+from train.data.types import TaggedSentence, TaggingData
+from train.errors import DataError, UsageError
+
+TAG_FEATURES = ("upos", "pos")
+_NOT_A_WORD = ("_", "")
+
+
+def parse_dataset_flag(value):
+    if not value.startswith("tfds:") or not value[len("tfds:"):].strip():
+        raise UsageError(f"--dataset must look like tfds:NAME (e.g. tfds:universal_dependencies/en_ewt): {value!r}")
+    return value[len("tfds:"):].strip()
+
+
+def load_tfds(name, data_dir=None):
+    import tensorflow_datasets as tfds
+
+    try:
+        builder = tfds.builder(name, data_dir=data_dir)
+    except tfds.core.registered.DatasetNotFoundError:
+        raise UsageError(f"unknown tfds data set: {name!r}") from None
+    except Exception as e:  # noqa: BLE001  (bad config names raise various errors)
+        raise UsageError(f"cannot open tfds data set {name!r}: {str(e).splitlines()[0]}") from None
+    features = builder.info.features
+    if "tokens" not in features:
+        raise UsageError(f"tfds data set {name!r} has no 'tokens' feature to tag")
+    tag_key = next((k for k in TAG_FEATURES if k in features), None)
+    if tag_key is None:
+        raise UsageError(f"tfds data set {name!r} has no tag feature ({'/'.join(TAG_FEATURES)})")
+    names = features[tag_key].feature.names
+    try:
+        builder.download_and_prepare()
+    except Exception as e:  # noqa: BLE001
+        raise DataError(
+            f"cannot download/prepare tfds data set {name!r} (offline?): {str(e).splitlines()[0][:200]}"
+        ) from None
+    available = set(builder.info.splits.keys())
+    splits = {}
+    for ours, theirs in (("train", "train"), ("dev", "validation"), ("test", "test")):
+        if theirs in available:
+            splits[ours] = _read_split(builder, theirs, tag_key, names)
+    if "train" not in splits:
+        raise DataError(f"tfds data set {name!r} has no train split")
+    data = TaggingData(
+        train=splits["train"], dev=splits.get("dev"), test=splits.get("test"),
+        source={"name": f"tfds:{name}", "data_dir": data_dir or os.environ.get("TFDS_DATA_DIR")},
+    )
+    return data
+
+
+def _read_split(builder, split, tag_key, names):
+    import tensorflow_datasets as tfds
+
+    sentences = []
+    for example in tfds.as_numpy(builder.as_dataset(split=split)):
+        tokens, tags = [], []
+        for token, tag in zip(example["tokens"], example[tag_key]):
+            tag_name = names[int(tag)]
+            if tag_name in _NOT_A_WORD:
+                continue
+            tokens.append(token.decode("utf-8"))
+            tags.append(tag_name)
+        if tokens:
+            sentences.append(TaggedSentence(tuple(tokens), tuple(tags)))
+    return sentences

@@ -1,0 +1,98 @@
+"""Run directories: creation rules and atomic writes.
+
+A run directory holds what one training run wrote (see COMMON.md's contract). The CLIs
+refuse to write into a directory that holds something else, and never overwrite a
+finished run unless asked to continue it (--resume).
+"""
+
+import io
+import json
+import os
+import tempfile
+
+import numpy as np
+
+from train.errors import UsageError
+
+MARKER = ".zoo-run"
+
+
+def is_run_dir(path):
+    return os.path.isfile(os.path.join(path, MARKER)) or os.path.isfile(
+        os.path.join(path, "config.json"))
+
+
+def check_out_dir(path, resume=False):
+    """Validates --out before anything is written. Returns True if it exists already."""
+    if os.path.exists(path) and not os.path.isdir(path):
+        raise UsageError(f"--out exists and is not a directory: {path}")
+    if not os.path.exists(path):
+        if resume:
+            raise UsageError(f"--resume: run directory not found: {path}")
+        return False
+    if not os.listdir(path):
+        if resume:
+            raise UsageError(f"--resume: nothing to resume in empty directory: {path}")
+        return True
+    if not is_run_dir(path):
+        raise UsageError(f"--out exists and is not a run directory (refusing to write into it): {path}")
+    if not resume:
+        raise UsageError(
+            f"--out already holds a run: {path} (use --resume to continue it, or another --out)")
+    return True
+
+
+def create_run_dir(path, kind):
+    os.makedirs(path, exist_ok=True)
+    marker = os.path.join(path, MARKER)
+    if not os.path.exists(marker):
+        atomic_write_text(marker, kind + "\n")
+
+
+def _atomic(path, write, mode):
+    directory = os.path.dirname(os.path.abspath(path))
+    os.makedirs(directory, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(dir=directory, prefix=".tmp-", suffix=os.path.basename(path))
+    try:
+        with os.fdopen(fd, mode) as f:
+            write(f)
+        os.replace(tmp, path)
+    except BaseException:
+        if os.path.exists(tmp):
+            os.unlink(tmp)
+        raise
+
+
+def atomic_write_text(path, text):
+    _atomic(path, lambda f: f.write(text), "w")
+
+
+def atomic_write_json(path, obj):
+    _atomic(path, lambda f: f.write(json.dumps(obj, indent=2, sort_keys=False) + "\n"), "w")
+
+
+def atomic_write_lines(path, items):
+    atomic_write_text(path, "".join(f"{item}\n" for item in items))
+
+
+def atomic_save_npz(path, **arrays):
+    buffer = io.BytesIO()
+    np.savez(buffer, **arrays)
+    _atomic(path, lambda f: f.write(buffer.getvalue()), "wb")
+
+
+def atomic_save_model(model, path):
+    """`model.save` to a temporary `.keras` file in the same directory, then rename."""
+    directory = os.path.dirname(os.path.abspath(path))
+    tmp = os.path.join(directory, f".tmp-{os.getpid()}-{os.path.basename(path)}")
+    try:
+        model.save(tmp)
+        os.replace(tmp, path)
+    finally:
+        if os.path.exists(tmp):
+            os.unlink(tmp)
+
+
+def read_json(path):
+    with open(path, encoding="utf-8") as f:
+        return json.load(f)

@@ -1,0 +1,184 @@
+"""Tagger data: choose the source from the flags, build vocabularies, encode, batch."""
+
+import collections
+import math
+import random
+
+import numpy as np
+import tensorflow as tf
+
+from train.data import embedded
+from train.data.conllu_reader import read_conllu
+from train.data.tfds_reader import load_tfds, parse_dataset_flag
+from train.data.types import TaggingData
+from train.errors import UsageError
+from zoo.tagger import pad_tokens
+from zoo.tagger_encoding import PAD, UNK, TokenEncoder, word_keys
+
+
+def load_data(train_file=None, dev_file=None, test_file=None, dataset=None, seed=0):
+    """Reads the data the flags name (default: the embedded grammar) into `TaggingData`."""
+    files = {"train": train_file, "dev": dev_file, "test": test_file}
+    if dataset and any(files.values()):
+        raise UsageError("--dataset cannot be combined with --train-file/--dev-file/--test-file")
+    if dataset:
+        data = load_tfds(parse_dataset_flag(dataset))
+    elif any(files.values()):
+        if not train_file:
+            raise UsageError("--dev-file/--test-file need --train-file")
+        # Read every file before complaining about any split, so errors name files in order.
+        splits = {name: read_conllu(path) if path else None for name, path in files.items()}
+        data = TaggingData(train=splits["train"], dev=splits["dev"], test=splits["test"],
+                           source={"name": "conllu", **{k: v for k, v in files.items() if v}})
+    else:
+        data = embedded.generate(seed=seed)
+    _carve_missing(data, seed)
+    data.check_not_empty()
+    return data
+
+
+def _carve_missing(data, seed):
+    """Missing dev/test splits are held out from train (10% each), deterministically."""
+    missing = [name for name in ("dev", "test") if getattr(data, name) is None]
+    if not missing or not data.train:
+        for name in missing:
+            setattr(data, name, [])
+        return
+    rng = random.Random(seed)
+    train = list(data.train)
+    rng.shuffle(train)
+    size = max(1, len(train) // 10)
+    for name in missing:
+        setattr(data, name, train[:size])
+        train = train[size:]
+        data.source[name] = f"held out from train ({size} sentences)"
+    data.train = train
+
+
+def normalised_keys(sentences):
+    """Word keys (the encoder's own normalisation) for every token, sentence by sentence."""
+    flat = [t for s in sentences for t in s.tokens]
+    keys = [k.decode("utf-8") for k in word_keys(tf.constant(flat, dtype=tf.string)).numpy()] if flat else []
+    out, i = [], 0
+    for s in sentences:
+        out.append(keys[i:i + len(s.tokens)])
+        i += len(s.tokens)
+    return out
+
+
+def build_vocab(data, min_word_count=1):
+    """words/chars from training data only; tags from all splits (train ones first)."""
+    train_keys = normalised_keys(data.train)
+    counts = collections.Counter(k for keys in train_keys for k in keys)
+    words = [PAD, UNK] + sorted((k for k, c in counts.items() if c >= min_word_count
+                                 and k not in (PAD, UNK, "")), key=lambda k: (-counts[k], k))
+    char_counts = collections.Counter(ch for s in data.train for t in s.tokens for ch in t)
+    chars = [PAD, UNK] + sorted((c for c in char_counts if c not in (PAD, UNK)),
+                                key=lambda c: (-char_counts[c], c))
+    tag_counts = collections.Counter(t for s in data.train for t in s.tags)
+    tags = sorted(tag_counts, key=lambda t: (-tag_counts[t], t))
+    extra = sorted({t for split in (data.dev, data.test) for s in split for t in s.tags} - set(tags))
+    return words, chars, tags + extra
+
+
+def word_tag_stats(data):
+    """Training word key -> set of tags (for 'ambiguous' and 'unseen' accuracies)."""
+    stats = collections.defaultdict(set)
+    for keys, s in zip(normalised_keys(data.train), data.train):
+        for k, t in zip(keys, s.tags):
+            stats[k].add(t)
+    return stats
+
+
+class Encoded:
+    """A split encoded once: per sentence word ids [T], char ids [T, C], tag ids [T]."""
+
+    def __init__(self, encoder, sentences, tags, chunk=256):
+        tag_index = {t: i for i, t in enumerate(tags)}
+        self.sentences = sentences
+        self.word_ids, self.char_ids, self.tag_ids = [], [], []
+        for start in range(0, len(sentences), chunk):
+            part = sentences[start:start + chunk]
+            ids = encoder.encode(pad_tokens([s.tokens for s in part]))
+            w, c = ids["word_ids"].numpy(), ids["char_ids"].numpy()
+            for row, s in enumerate(part):
+                n = len(s.tokens)
+                self.word_ids.append(w[row, :n])
+                self.char_ids.append(c[row, :n])
+                self.tag_ids.append(np.array([tag_index[t] for t in s.tags], "int32"))
+        self.lengths = np.array([len(s.tokens) for s in sentences])
+
+    def __len__(self):
+        return len(self.sentences)
+
+    def batch(self, indices, multiple=8):
+        width = int(math.ceil(max(self.lengths[i] for i in indices) / multiple) * multiple)
+        b, c = len(indices), self.char_ids[indices[0]].shape[-1]
+        word_ids = np.zeros((b, width), "int32")
+        char_ids = np.zeros((b, width, c), "int32")
+        tag_ids = np.zeros((b, width), "int32")
+        weights = np.zeros((b, width), "float32")
+        for row, i in enumerate(indices):
+            n = self.lengths[i]
+            word_ids[row, :n] = self.word_ids[i]
+            char_ids[row, :n] = self.char_ids[i]
+            tag_ids[row, :n] = self.tag_ids[i]
+            weights[row, :n] = 1.0
+        return {"word_ids": word_ids, "char_ids": char_ids}, tag_ids, weights
+
+
+class Batches:
+    """Length-bucketed batches (little padding); reshuffled every epoch when training."""
+
+    def __init__(self, encoded, batch_size, shuffle=False, seed=0):
+        self.encoded = encoded
+        self.batch_size = batch_size
+        self.shuffle = shuffle
+        self.rng = np.random.default_rng(seed)
+        self._make_batches()
+
+    def _make_batches(self):
+        n = len(self.encoded)
+        if self.shuffle:
+            order = self.rng.permutation(n)
+            pool = self.batch_size * 50
+            # Sort within pools of 50 batches: random batches, but similar lengths inside.
+            order = np.concatenate([sorted(order[i:i + pool], key=lambda j: self.encoded.lengths[j])
+                                    for i in range(0, n, pool)])
+        else:
+            order = np.argsort(self.encoded.lengths, kind="stable")
+        self.batches = [order[i:i + self.batch_size] for i in range(0, n, self.batch_size)]
+        if self.shuffle:
+            self.rng.shuffle(self.batches)
+
+    def __len__(self):
+        return len(self.batches)
+
+    def __getitem__(self, index):
+        return self.encoded.batch(self.batches[index])
+
+    def as_dataset(self):
+        """A `tf.data.Dataset` of (x, tags, weights) with a known length (progress bars);
+        every pass over it (every epoch) draws new shuffled batches."""
+        chars = self.encoded.char_ids[0].shape[-1] if len(self.encoded) else 1
+        signature = (
+            {"word_ids": tf.TensorSpec([None, None], tf.int32),
+             "char_ids": tf.TensorSpec([None, None, chars], tf.int32)},
+            tf.TensorSpec([None, None], tf.int32),
+            tf.TensorSpec([None, None], tf.float32),
+        )
+        passes = [0]
+
+        def generate():
+            if self.shuffle and passes[0]:
+                self._make_batches()
+            passes[0] += 1
+            for index in range(len(self.batches)):
+                yield self[index]
+
+        dataset = tf.data.Dataset.from_generator(generate, output_signature=signature)
+        return dataset.apply(tf.data.experimental.assert_cardinality(len(self))).prefetch(2)
+
+
+def make_encoder(words, chars, max_chars):
+    return TokenEncoder(words, chars, max_chars)

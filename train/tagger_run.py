@@ -1,0 +1,174 @@
+"""One tagger run (train, resume) and --compare, writing the run-directory contract."""
+
+import os
+import sys
+import time
+
+import keras
+import numpy as np
+
+import zoo
+from train import rundir
+from train.errors import UsageError
+from train.progress import markdown_table
+from train.tagger_data import Batches, Encoded, build_vocab, load_data, word_tag_stats
+from train.tagger_fit import BEST, LAST, RunCheckpoint, TimeLimit, compile_tagger, read_state
+from train.tagger_metrics import accuracies
+
+MAX_CHARS = 16
+MAX_LEN = 512
+LEARNING_RATES = {"attention": 1e-3, "fc": 2e-3, "window": 2e-3, "bilstm": 2e-3}
+SAMPLE = ["I", "saw", "a", "saw", "."]
+SUMMARY_COLUMNS = [
+    ("arch", "arch"), ("test_accuracy", "test acc"), ("test_ambiguous_accuracy", "ambiguous"),
+    ("test_unseen_accuracy", "unseen"), ("dev_accuracy", "dev acc"), ("params", "params"),
+    ("train_seconds", "train s"), ("tokens_per_second", "tokens/s"), ("epochs", "epochs"),
+]
+
+
+def _data_flags(args):
+    return {"train_file": args.train_file, "dev_file": args.dev_file,
+            "test_file": args.test_file, "dataset": args.dataset, "seed": args.seed}
+
+
+def _default_epochs(data):
+    return 6 if data.source.get("name") == "embedded" else 40
+
+
+def train_one(args, data, arch, out, vocab=None, verbose="auto"):
+    keras.utils.set_random_seed(args.seed)
+    words, chars, tags = vocab or build_vocab(data)
+    epochs = args.epochs if args.epochs is not None else _default_epochs(data)
+    model_cfg = {"arch": arch, "max_chars": MAX_CHARS, "max_len": MAX_LEN, **args.model_options}
+    try:
+        model = zoo.build("tagger", words=words, chars=chars, tags=tags, **model_cfg)
+    except ValueError as e:
+        raise UsageError(f"bad --model-option: {e}") from None
+    lr = args.learning_rate or LEARNING_RATES[arch]
+    train_cfg = {**_data_flags(args), "epochs": epochs, "batch_size": args.batch_size,
+                 "learning_rate": lr, "max_minutes": args.max_minutes}
+    rundir.create_run_dir(out, "tagger")
+    _write_vocab(out, words, chars, tags)
+    config = {"kind": "tagger",
+              "model": {**model_cfg, **model.hparams,
+                        "vocab": {"words": "vocab/words.txt", "chars": "vocab/chars.txt",
+                                  "tags": "vocab/tags.txt"}},
+              "train": train_cfg, "data": data.source}
+    rundir.atomic_write_json(os.path.join(out, "config.json"), config)
+    encoded = _encode(model, data)
+    steps = len(Batches(encoded["train"], args.batch_size))
+    compile_tagger(model, lr, total_steps=max(1, epochs * steps),
+                   warmup_steps=min(400, epochs * steps // 10), weight_decay=1e-4)
+    state = read_state(os.path.join(out, "checkpoints"))
+    return _fit_and_finish(model, data, encoded, out, train_cfg, state, verbose)
+
+
+def resume_run(args):
+    out = args.out
+    config_path = os.path.join(out, "config.json")
+    last = os.path.join(out, "checkpoints", LAST)
+    if not os.path.exists(config_path) or not os.path.exists(last):
+        raise UsageError(f"--resume: no checkpoint to resume in {out} (missing config.json or checkpoints/{LAST})")
+    config = rundir.read_json(config_path)
+    if config.get("kind") != "tagger":
+        raise UsageError(f"--resume: {out} is not a tagger run (kind={config.get('kind')!r})")
+    train_cfg = config["train"]
+    if args.epochs is not None:
+        train_cfg["epochs"] = args.epochs
+    data = load_data(train_cfg["train_file"], train_cfg["dev_file"], train_cfg["test_file"],
+                     train_cfg["dataset"], train_cfg["seed"])
+    keras.utils.set_random_seed(train_cfg["seed"] + 1)
+    model = keras.models.load_model(last)
+    config["train"] = train_cfg
+    rundir.atomic_write_json(config_path, config)
+    state = read_state(os.path.join(out, "checkpoints"))
+    print(f"resuming {out} at epoch {state['epoch']} of {train_cfg['epochs']}", file=sys.stderr)
+    return _fit_and_finish(model, data, _encode(model, data), out, train_cfg, state, "auto")
+
+
+def _encode(model, data):
+    return {name: Encoded(model.encoder, getattr(data, name), model.tags)
+            for name in ("train", "dev", "test")}
+
+
+def _fit_and_finish(model, data, encoded, out, train_cfg, state, verbose):
+    ckpt_dir = os.path.join(out, "checkpoints")
+    checkpoint = RunCheckpoint(ckpt_dir, state)
+    limit = TimeLimit(train_cfg["max_minutes"] * 60.0, state["train_seconds"])
+    callbacks = [checkpoint, limit,
+                 keras.callbacks.TensorBoard(os.path.join(out, "logs"), write_graph=False,
+                                             profile_batch=0)]
+    train_batches = Batches(encoded["train"], train_cfg["batch_size"], shuffle=True,
+                            seed=train_cfg["seed"] + state["epoch"])
+    dev_batches = Batches(encoded["dev"], 64)
+    epochs = train_cfg["epochs"]
+    if state["epoch"] < epochs:
+        model.fit(train_batches.as_dataset(), validation_data=dev_batches.as_dataset(), epochs=epochs,
+                  initial_epoch=state["epoch"], callbacks=callbacks, verbose=verbose, shuffle=False)
+    state = checkpoint.state if checkpoint.started else state
+    best = os.path.join(ckpt_dir, BEST)
+    if os.path.exists(best):
+        model.load_weights(best)
+    metrics = _evaluate(model, data, encoded, state, train_cfg, limit.stopped_early)
+    rundir.atomic_save_model(model, os.path.join(out, "model.keras"))
+    rundir.atomic_write_json(os.path.join(out, "metrics.json"), metrics)
+    _write_calibration(out, encoded["train"], train_cfg["seed"])
+    from train.tagger_figures import plot_attention
+
+    if plot_attention(model, SAMPLE, os.path.join(out, "attention.png")):
+        metrics["figure"] = "attention.png"
+    sample = " ".join(f"{w}/{t}" for w, t in model.tag([SAMPLE])[0])
+    print(f"\n{out}: {sample}")
+    print(markdown_table([metrics], SUMMARY_COLUMNS))
+    return 0
+
+
+def _evaluate(model, data, encoded, state, train_cfg, stopped_early):
+    word_tags = word_tag_stats(data)
+    metrics = {"arch": model.arch}
+    for split in ("test", "dev"):
+        for key, value in accuracies(model, encoded[split], word_tags).items():
+            name = key.replace("all_", "")
+            metrics[f"{split}_{name}"] = value
+    train_tokens = int(encoded["train"].lengths.sum())
+    seconds = state["train_seconds"]
+    metrics.update(
+        params=int(model.count_params()), train_seconds=round(seconds, 1),
+        epochs=state["epoch"], best_epoch=state["best_epoch"],
+        tokens_per_second=round(train_tokens * state["epoch"] / seconds, 1) if seconds else None,
+        stopped_by_time_limit=bool(stopped_early), train_sentences=len(data.train),
+        train_tokens=train_tokens,
+    )
+    return metrics
+
+
+def _write_vocab(out, words, chars, tags):
+    for name, items in (("words", words), ("chars", chars), ("tags", tags)):
+        rundir.atomic_write_lines(os.path.join(out, "vocab", f"{name}.txt"), items)
+
+
+def _write_calibration(out, encoded, seed, rows=200):
+    rng = np.random.default_rng(seed)
+    picked = rng.choice(len(encoded), size=min(rows, len(encoded)), replace=False)
+    x, _, _ = encoded.batch(list(picked))
+    rundir.atomic_save_npz(os.path.join(out, "calibration.npz"), **x)
+
+
+def train_compare(args, data):
+    """All four archs on the same data and vocabulary; table to stdout, compare.md/.json."""
+    from train.tagger import ARCHS
+
+    rundir.create_run_dir(args.out, "tagger-compare")
+    vocab = build_vocab(data)
+    rows = []
+    for arch in ARCHS:
+        print(f"\n=== {arch} ===", flush=True)
+        train_one(args, data, arch, os.path.join(args.out, arch), vocab=vocab)
+        rows.append(rundir.read_json(os.path.join(args.out, arch, "metrics.json")))
+    table = markdown_table(rows, SUMMARY_COLUMNS)
+    title = f"Tagger comparison on {data.source.get('name')} data (test split)"
+    rundir.atomic_write_text(os.path.join(args.out, "compare.md"), f"# {title}\n\n{table}\n")
+    rundir.atomic_write_json(os.path.join(args.out, "compare.json"),
+                             {"data": data.source, "runs": rows})
+    print(f"\n{title}\n{table}\n(saved to {os.path.join(args.out, 'compare.md')})")
+    return 0
