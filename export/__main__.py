@@ -119,7 +119,10 @@ def _run(args):
 def main(argv=None):
     os.environ.setdefault("KERAS_BACKEND", "tensorflow")
     os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
-    args = build_parser().parse_args(argv)
+    try:
+        args = build_parser().parse_args(argv)
+    except SystemExit as e:  # argparse: usage errors (2) and --help (0)
+        return e.code
     from export.errors import ExportError, UsageError
 
     try:
