@@ -2,7 +2,9 @@
 
 Tensors are laid out per head: queries `[B, Tq, H, d]`, keys `[B, Tk, H, d]`,
 values `[B, Tk, H, dv]`, scores and weights `[B, H, Tq, Tk]` (rank <= 4 for the
-dot-product scores, which the mobile GPU delegate needs).
+dot-product scores, which the mobile GPU delegate needs). A single head may
+drop the head axis (`[B, T, d]`, weights `[B, Tq, Tk]`): squeezing it out
+afterwards does not convert to TFLite with dynamic shapes.
 
 One rule for fully masked query rows, on every path: their attention weights
 are all zero, so their context vector is zero (the layers then also zero their
@@ -21,7 +23,10 @@ _MASK_PENALTY = -1e9
 
 
 def dot_scores(query, key):
-    """`[B, Tq, H, d] x [B, Tk, H, d] -> [B, H, Tq, Tk]`."""
+    """`[B, Tq, H, d] x [B, Tk, H, d] -> [B, H, Tq, Tk]`; without the head
+    axis `[B, Tq, d] x [B, Tk, d] -> [B, Tq, Tk]`."""
+    if len(query.shape) == 3:
+        return ops.einsum("bqd,bkd->bqk", query, key)
     return ops.einsum("bqhd,bkhd->bhqk", query, key)
 
 
@@ -29,8 +34,13 @@ def additive_scores(query, key, vector):
     """Bahdanau scores `w_h . tanh(q_i + k_j)` per head `h`.
 
     The query and key projections already are the `W1 q`, `W2 k` of the
-    additive formula, so only the score vector `w` (`[H, d]`) is extra.
+    additive formula, so only the score vector `w` (`[H, d]`, or `[d]`
+    without the head axis) is extra.
     """
+    if len(query.shape) == 3:
+        q = ops.expand_dims(query, 2)  # B,Tq,1,d
+        k = ops.expand_dims(key, 1)  # B,1,Tk,d
+        return ops.einsum("bqkd,d->bqk", ops.tanh(q + k), vector)
     q = ops.expand_dims(ops.transpose(query, (0, 2, 1, 3)), 3)  # B,H,Tq,1,d
     k = ops.expand_dims(ops.transpose(key, (0, 2, 1, 3)), 2)  # B,H,1,Tk,d
     return ops.einsum("bhqkd,hd->bhqk", ops.tanh(q + k), vector)
@@ -62,7 +72,10 @@ def normalize_scores(scores, mask, normalize):
 
 
 def weighted_sum(weights, value):
-    """`[B, H, Tq, Tk] x [B, Tk, H, dv] -> [B, Tq, H, dv]`."""
+    """`[B, H, Tq, Tk] x [B, Tk, H, dv] -> [B, Tq, H, dv]`; without the head
+    axis `[B, Tq, Tk] x [B, Tk, dv] -> [B, Tq, dv]`."""
+    if len(value.shape) == 3:
+        return ops.einsum("bqk,bkd->bqd", weights, value)
     return ops.einsum("bhqk,bkhd->bqhd", weights, value)
 
 
@@ -106,7 +119,8 @@ def attention_context(
         scores = additive_scores(query, key, score_vector)
     else:
         scores = dot_scores(query, key)
-    head_mask = None if mask is None else ops.expand_dims(mask, 1)
+    per_head = len(query.shape) == 4
+    head_mask = mask if mask is None or not per_head else ops.expand_dims(mask, 1)
     weights = normalize_scores(scores, head_mask, normalize)
     mixed = weights
     if dropout is not None:

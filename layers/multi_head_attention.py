@@ -330,12 +330,19 @@ class MultiHeadAttention(keras.layers.Layer):
             results.append(cache)
         return results[0] if len(results) == 1 else tuple(results)
 
-    def compute_mask(self, query, value=None, key=None, query_mask=None, **kwargs):
-        # The output is aligned with the queries, so it keeps their padding.
-        return query_mask
+    def compute_mask(self, query, previous_mask=None):
+        # Keras passes the mask of the first argument (the query): the output
+        # is aligned with the queries, so it keeps their padding.
+        return previous_mask
 
-    def compute_output_shape(self, query_shape, value_shape=None, key_shape=None):
-        return (*query_shape[:-1], self.output_dim or query_shape[-1])
+    def compute_output_shape(
+        self, query_shape, value_shape=None, key_shape=None, return_attention_scores=False
+    ):
+        output_shape = (*query_shape[:-1], self.output_dim or query_shape[-1])
+        if not return_attention_scores:
+            return output_shape
+        source_shape = query_shape if value_shape is None else value_shape
+        return output_shape, (query_shape[0], self.num_heads, query_shape[1], source_shape[1])
 
     def compute_output_spec(
         self,
@@ -346,19 +353,16 @@ class MultiHeadAttention(keras.layers.Layer):
         return_attention_scores=False,
         **kwargs,
     ):
-        source = query if value is None else value
-        source_length = source.shape[1] if cache is None else cache.shape[2]
-        out = keras.KerasTensor(
-            self.compute_output_shape(query.shape), dtype=self.compute_dtype
+        # Written out because the shapes depend on call arguments (scores,
+        # cache); a cache fixes the number of keys to its length.
+        value_shape = None if value is None else value.shape
+        if cache is not None:
+            value_shape = (query.shape[0], cache.shape[2], None)
+        shapes = self.compute_output_shape(
+            query.shape, value_shape, return_attention_scores=return_attention_scores
         )
-        results = [out]
-        if return_attention_scores:
-            results.append(
-                keras.KerasTensor(
-                    (query.shape[0], self.num_heads, query.shape[1], source_length),
-                    dtype=self.compute_dtype,
-                )
-            )
+        shapes = list(shapes) if return_attention_scores else [shapes]
+        results = [keras.KerasTensor(shape, dtype=self.compute_dtype) for shape in shapes]
         if cache is not None:
             results.append(keras.KerasTensor(cache.shape, dtype=cache.dtype))
         return results[0] if len(results) == 1 else tuple(results)

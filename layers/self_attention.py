@@ -131,7 +131,7 @@ class SelfAttention(keras.layers.Layer):
         if self.score == "additive":
             self.score_vector = self.add_weight(
                 name="score_vector",
-                shape=(1, self.units),
+                shape=(self.units,),
                 initializer=self.kernel_initializer.__class__.from_config(
                     self.kernel_initializer.get_config()
                 ),
@@ -147,10 +147,9 @@ class SelfAttention(keras.layers.Layer):
         training=None,
     ):
         inputs = attention_ops.without_keras_mask(inputs)
-        # One head: [B, T, d] -> [B, T, 1, d] for the shared attention path.
-        q = ops.expand_dims(self.query_dense(inputs), 2)
-        k = ops.expand_dims(self.key_dense(inputs), 2)
-        v = ops.expand_dims(self.value_dense(inputs), 2)
+        q = self.query_dense(inputs)
+        k = self.key_dense(inputs)
+        v = self.value_dense(inputs)
         if self.score == "scaled_dot":
             q = ops.multiply(q, ops.cast(1.0 / math.sqrt(self.units), q.dtype))
         length = ops.shape(inputs)[1]
@@ -173,29 +172,29 @@ class SelfAttention(keras.layers.Layer):
             dropout=self._dropout_layer,
             training=training,
         )
-        output = ops.squeeze(context, 2)
+        output = context
         if full_mask is not None:
             output = output * ops.cast(
                 attention_ops.query_has_keys(full_mask), output.dtype
             )
         if return_attention_scores:
-            return output, ops.cast(ops.squeeze(weights, 1), self.compute_dtype)
+            return output, ops.cast(weights, self.compute_dtype)
         return output
 
     def compute_mask(self, inputs, mask=None):
         return mask
 
-    def compute_output_shape(self, inputs_shape):
-        return (*inputs_shape[:-1], self.value_units)
+    def compute_output_shape(self, inputs_shape, return_attention_scores=False):
+        output_shape = (*inputs_shape[:-1], self.value_units)
+        if not return_attention_scores:
+            return output_shape
+        return output_shape, (inputs_shape[0], inputs_shape[1], inputs_shape[1])
 
     def compute_output_spec(self, inputs, return_attention_scores=False, **kwargs):
-        out = keras.KerasTensor(
-            self.compute_output_shape(inputs.shape), dtype=self.compute_dtype
-        )
+        shapes = self.compute_output_shape(inputs.shape, return_attention_scores)
         if not return_attention_scores:
-            return out
-        batch, length = inputs.shape[0], inputs.shape[1]
-        return out, keras.KerasTensor((batch, length, length), dtype=self.compute_dtype)
+            return keras.KerasTensor(shapes, dtype=self.compute_dtype)
+        return tuple(keras.KerasTensor(s, dtype=self.compute_dtype) for s in shapes)
 
     def get_config(self):
         config = super().get_config()

@@ -250,14 +250,17 @@ class TransformerEncoderBlock(_BlockBase):
             return x, scores
         return x
 
-    def compute_output_spec(self, inputs, return_attention_scores=False, **kwargs):
-        out = keras.KerasTensor(inputs.shape, dtype=self.compute_dtype)
+    def compute_output_shape(self, inputs_shape, return_attention_scores=False):
         if not return_attention_scores:
-            return out
-        batch, length = inputs.shape[0], inputs.shape[1]
-        return out, keras.KerasTensor(
-            (batch, self.num_heads, length, length), dtype=self.compute_dtype
-        )
+            return inputs_shape
+        batch, length = inputs_shape[0], inputs_shape[1]
+        return inputs_shape, (batch, self.num_heads, length, length)
+
+    def compute_output_spec(self, inputs, return_attention_scores=False, **kwargs):
+        shapes = self.compute_output_shape(inputs.shape, return_attention_scores)
+        if not return_attention_scores:
+            return keras.KerasTensor(shapes, dtype=self.compute_dtype)
+        return tuple(keras.KerasTensor(s, dtype=self.compute_dtype) for s in shapes)
 
 
 @keras.saving.register_keras_serializable(package="layers")

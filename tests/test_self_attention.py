@@ -18,7 +18,7 @@ def _weights(layer):
     if layer.use_bias:
         biases = dict(bq=get(layer.query_dense)[1], bk=get(layer.key_dense)[1],
                       bv=get(layer.value_dense)[1])
-    w = np.asarray(layer.score_vector)[0] if layer.score == "additive" else None
+    w = np.asarray(layer.score_vector) if layer.score == "additive" else None
     return wq, wk, wv, w, biases
 
 
