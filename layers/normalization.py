@@ -89,6 +89,7 @@ class LayerNorm(keras.layers.Layer):
         self.supports_masking = True
 
     def _axes(self, rank):
+        """The normalized axes as sorted non-negative ints."""
         axes = self.axis if isinstance(self.axis, list) else [self.axis]
         normalized = []
         for a in axes:
@@ -101,8 +102,11 @@ class LayerNorm(keras.layers.Layer):
         return sorted(set(normalized))
 
     def build(self, input_shape):
-        axes = self._axes(len(input_shape))
-        shape = tuple(input_shape[a] for a in axes)
+        self._axes(len(input_shape))
+        # Keras orders the weight dims by the sorted axis values as given
+        # (e.g. [-1, 1] -> (D_last, D_1)); keep that so weights copy 1:1.
+        raw = sorted(self.axis) if isinstance(self.axis, list) else [self.axis]
+        shape = tuple(input_shape[a] for a in raw)
         if any(d is None for d in shape):
             raise ValueError(
                 "LayerNorm needs known sizes on the normalized axes. Received: "
@@ -127,14 +131,16 @@ class LayerNorm(keras.layers.Layer):
                 autocast=False,
             )
 
-    def _param(self, variable, rank, axes):
+    def _param(self, variable, input_shape, axes):
         value = ops.cast(variable, "float32")
+        rank = len(input_shape)
         if axes == [rank - 1]:
             return value
-        # Params over several or non-trailing axes broadcast from [1, .., D, ..].
+        # Params over several or non-trailing axes broadcast from
+        # [1, .., D, ..]; a plain reshape, exactly as Keras does.
         shape = [1] * rank
-        for a, d in zip(axes, variable.shape):
-            shape[a] = d
+        for a in axes:
+            shape[a] = input_shape[a]
         return ops.reshape(value, shape)
 
     def call(self, inputs):
@@ -147,9 +153,9 @@ class LayerNorm(keras.layers.Layer):
         variance = ops.mean(centered * centered, axis=axes, keepdims=True)
         outputs = centered * ops.rsqrt(variance + self.epsilon)
         if self.gamma is not None:
-            outputs = outputs * self._param(self.gamma, rank, axes)
+            outputs = outputs * self._param(self.gamma, inputs.shape, axes)
         if self.beta is not None:
-            outputs = outputs + self._param(self.beta, rank, axes)
+            outputs = outputs + self._param(self.beta, inputs.shape, axes)
         return ops.cast(outputs, self.compute_dtype)
 
     def compute_output_shape(self, input_shape):
