@@ -58,9 +58,11 @@ def _validate(args):
 
 
 def _model_options(items):
+    options = {}
+    if not items:
+        return options
     from zoo.tagger import DEFAULTS
 
-    options = {}
     for item in items:
         key, sep, raw = item.partition("=")
         if not sep or key not in DEFAULTS:
@@ -78,13 +80,15 @@ def run(args):
 
     rundir.check_out_dir(args.out, resume=args.resume)
     if args.resume:
+        import zoo  # noqa: F401
         from train.tagger_run import resume_run
 
         return resume_run(args)
     # Everything that can be wrong with the input is found before anything is written.
-    from train.tagger_data import load_data
+    from train.data.select import load_data
 
     data = load_data(args.train_file, args.dev_file, args.test_file, args.dataset, args.seed)
+    import zoo  # noqa: F401  (imports keras quietly; after the cheap checks above)
     from train.tagger_run import train_compare, train_one
 
     if args.compare:

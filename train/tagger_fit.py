@@ -55,6 +55,9 @@ class RunCheckpoint(keras.callbacks.Callback):
             self.model.save_weights(tmp)
             os.replace(tmp, os.path.join(self.dir, BEST))
         self.state["epoch"] = epoch + 1
+        self.state.setdefault("history", []).append(
+            {"epoch": epoch + 1, **{k: round(float(v), 5) for k, v in logs.items()
+                                    if isinstance(v, (int, float))}})
         self.state["train_seconds"] = self.base_seconds + time.perf_counter() - self.started
         atomic_save_model(self.model, os.path.join(self.dir, LAST))
         atomic_write_json(os.path.join(self.dir, STATE), self.state)

@@ -16,7 +16,7 @@ from train.tagger_fit import BEST, LAST, RunCheckpoint, TimeLimit, compile_tagge
 from train.tagger_metrics import accuracies
 
 MAX_CHARS = 16
-MAX_LEN = 512
+MAX_LEN = 256
 LEARNING_RATES = {"attention": 1e-3, "fc": 2e-3, "window": 2e-3, "bilstm": 2e-3}
 SAMPLE = ["I", "saw", "a", "saw", "."]
 SUMMARY_COLUMNS = [

@@ -7,8 +7,39 @@ Importing `zoo` imports `layers` and every zoo model module, so that
 
 import importlib
 import importlib.util
+import os
+import sys
 
-import layers  # noqa: F401  (registers the layers that saved models refer to)
+
+def _import_keras_quietly():
+    """Imports keras with the process's stderr (fd 2) muted.
+
+    TensorFlow's C++ runtime prints oneDNN INFO lines while keras is imported, before absl
+    logging is initialised, so TF_CPP_MIN_LOG_LEVEL does not filter them; the CLIs promise
+    one line on stderr for bad input. A failed import still raises its Python exception.
+    """
+    if "keras" in sys.modules:
+        return
+    try:
+        saved = os.dup(2)
+        devnull = os.open(os.devnull, os.O_WRONLY)
+    except OSError:
+        return
+    try:
+        sys.stderr.flush()
+        os.dup2(devnull, 2)
+        import keras  # noqa: F401
+    finally:
+        os.dup2(saved, 2)
+        os.close(saved)
+        os.close(devnull)
+
+
+os.environ.setdefault("KERAS_BACKEND", "tensorflow")
+os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
+_import_keras_quietly()
+
+import layers  # noqa: E402,F401  (registers the layers that saved models refer to)
 
 _BUILDERS = {}
 

@@ -1,0 +1,125 @@
+"""Tag sentences with a trained tagger: `python -m zoo.tag PATH "I saw a saw" [...]`.
+
+PATH is a run directory (its model.keras) or a .tflite file exported from one; a .tflite
+file needs its sidecar `<file>.json` ({"kind": "tagger", "words", "chars", "tags",
+"max_chars", "max_len"}). Both paths encode tokens with the same `TokenEncoder`.
+Prints one line per sentence: word/TAG pairs. Bad input: one line on stderr, exit 2.
+"""
+
+import argparse
+import json
+import os
+import sys
+
+
+class _Usage(Exception):
+    pass
+
+
+class _Parser(argparse.ArgumentParser):
+    def error(self, message):
+        raise _Usage(message)
+
+
+def load_keras_tagger(run_dir):
+    import keras
+
+    import zoo  # noqa: F401  (registers the classes model.keras refers to)
+    from zoo.tagger import Tagger
+
+    path = os.path.join(run_dir, "model.keras")
+    if not os.path.isfile(path):
+        raise _Usage(f"no model.keras in run directory: {run_dir}")
+    model = keras.models.load_model(path)
+    if not isinstance(model, Tagger):
+        raise _Usage(f"{path} holds a {type(model).__name__}, not a tagger")
+    return model.tag
+
+
+class TFLiteTagger:
+    """Runs an exported tagger .tflite (ids in, probabilities / tag ids out) on tokens."""
+
+    def __init__(self, path):
+        from ai_edge_litert.interpreter import Interpreter
+
+        from zoo.tagger_encoding import TokenEncoder
+
+        sidecar = path + ".json"
+        if not os.path.isfile(sidecar):
+            raise _Usage(f"missing sidecar vocabulary file for the TFLite model: {sidecar}")
+        with open(sidecar, encoding="utf-8") as f:
+            meta = json.load(f)
+        if meta.get("kind") != "tagger":
+            raise _Usage(f"{sidecar}: kind is {meta.get('kind')!r}, not 'tagger'")
+        self.tags = meta["tags"]
+        self.max_len = int(meta["max_len"])
+        self.encoder = TokenEncoder(meta["words"], meta["chars"], int(meta["max_chars"]))
+        self.interpreter = Interpreter(model_path=path)
+        signatures = self.interpreter.get_signature_list()
+        key = next(iter(signatures))
+        self.runner = self.interpreter.get_signature_runner(key)
+        details = self.runner.get_input_details()
+        shape = details["word_ids"]["shape_signature"]
+        self.static_length = int(shape[1]) if shape[1] > 0 else None
+        self.static_batch = shape[0] > 0
+
+    def __call__(self, token_lists):
+        import numpy as np
+
+        from zoo.tagger import pad_tokens
+
+        results = []
+        for tokens in token_lists:  # one at a time: exported models may have batch 1
+            if len(tokens) > (self.static_length or self.max_len):
+                raise _Usage(f"sentence has {len(tokens)} tokens, more than the model's "
+                             f"{self.static_length or self.max_len}")
+            width = self.static_length or max(len(tokens), 1)
+            padded = pad_tokens([list(tokens) + [""] * (width - len(tokens))])
+            ids = {k: v.numpy().astype(np.int32) for k, v in self.encoder.encode(padded).items()}
+            out = self.runner(**ids)
+            if "tag_ids" in out:
+                tag_ids = out["tag_ids"][0]
+            else:
+                tag_ids = np.argmax(out["probabilities"][0], axis=-1)
+            results.append([(t, self.tags[int(i)]) for t, i in zip(tokens, tag_ids)])
+        return results
+
+
+def main(argv=None):
+    import os as _os
+
+    _os.environ.setdefault("KERAS_BACKEND", "tensorflow")
+    _os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
+    parser = _Parser(prog="python -m zoo.tag", description=__doc__.splitlines()[0])
+    parser.add_argument("path", help="run directory (model.keras) or exported .tflite file")
+    parser.add_argument("sentences", nargs="+", help="sentences (split on whitespace)")
+    parser.add_argument("--debug", action="store_true", help="show tracebacks")
+    try:
+        args = parser.parse_args(argv)
+        if not os.path.exists(args.path):
+            raise _Usage(f"no such run directory or .tflite file: {args.path}")
+        token_lists = [s.split() for s in args.sentences]
+        if not all(token_lists):
+            raise _Usage("empty sentence")
+        if os.path.isdir(args.path):
+            tagger = load_keras_tagger(args.path)
+        elif args.path.endswith(".tflite"):
+            tagger = TFLiteTagger(args.path)
+        else:
+            raise _Usage(f"expected a run directory or a .tflite file: {args.path}")
+        for pairs in tagger(token_lists):
+            print(" ".join(f"{word}/{tag}" for word, tag in pairs))
+        return 0
+    except _Usage as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 2
+    except Exception as e:  # noqa: BLE001  (CLI boundary)
+        if "--debug" in (argv if argv is not None else sys.argv):
+            raise
+        print(f"error: unexpected {type(e).__name__}: {str(e).strip().splitlines()[0] if str(e).strip() else ''}"
+              " (run with --debug for the traceback)", file=sys.stderr)
+        return 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())
