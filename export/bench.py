@@ -56,8 +56,7 @@ def bench(target, run_dir=None, threads=None, runs=50, warmup=5, batches=(1, 32)
         interp = runtime.interpreter(target, threads)
         runner, _ = runtime.signature_runner(interp)
         details = runner.get_input_details()
-        specs = [tf.TensorSpec([None] + [int(x) for x in d["shape"][1:]], d["dtype"], name=k)
-                 for k, d in details.items()]
+        specs = verify.tflite_specs(details)
         static_one = all(int(d["shape_signature"][0]) == 1 for d in details.values())
     else:
         saved = verify.resolve_version_dir(target)

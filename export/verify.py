@@ -44,6 +44,14 @@ def resolve_version_dir(path):
     raise UsageError(f"not a SavedModel or TF Serving model directory: {path}")
 
 
+def tflite_specs(details):
+    """TensorSpecs (batch left free) of a LiteRT signature's inputs."""
+    import tensorflow as tf
+
+    return [tf.TensorSpec([None] + [None if int(x) < 0 else int(x) for x in d["shape_signature"][1:]],
+                          d["dtype"], name=k) for k, d in details.items()]
+
+
 def run_savedmodel_clean(saved_dir, inputs, signature):
     """Calls `signature` of `saved_dir` in a fresh process without the project."""
     with tempfile.TemporaryDirectory(prefix="export-verify-") as tmp:
@@ -73,13 +81,14 @@ def verify(run_dir, savedmodel=None, tflite=None, samples=64):
     kind.model(src)
     fn = kind.core_fn(src)
 
-    def keras_run(inputs, specs):
+    specs = kind.core_specs(src)
+
+    def keras_run(inputs):
         return {k: np.asarray(v) for k, v in fn(*[tf.constant(inputs[s.name]) for s in specs]).items()}
 
     report = {"source": src.path, "kind": kind.name}
-    specs = kind.core_specs(src)
     inputs = kind.sample_inputs(src, samples, specs=specs)
-    want = keras_run(inputs, specs)
+    want = keras_run(inputs)
     float_metric = kind.metric(src, inputs, want)
     report["keras"] = {"metric": float_metric}
     if savedmodel is not None:
@@ -95,11 +104,9 @@ def verify(run_dir, savedmodel=None, tflite=None, samples=64):
         details = runner.get_input_details()
         # A static-shape model sees the inputs padded / cut to its length;
         # Keras gets the same fitted inputs so both answer the same question.
-        tspecs = [tf.TensorSpec([None] + [int(x) for x in d["shape"][1:]], d["dtype"], name=k)
-                  for k, d in details.items()]
+        tspecs = tflite_specs(details)
         t_inputs = {s.name: kinds.fit_to_spec(inputs[s.name], s) for s in tspecs}
-        t_want = keras_run(t_inputs, [next(s for s in specs if s.name == t.name) for t in tspecs]) \
-            if tspecs else want
+        t_want = keras_run(t_inputs)
         got = runtime.run(tflite, t_inputs)
         sidecar = {}
         if os.path.exists(tflite + ".json"):
