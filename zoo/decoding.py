@@ -1,0 +1,214 @@
+"""Greedy and beam-search decoding with the static-shape KV cache.
+
+The encoder runs once; the decoder runs one step per token, reading and
+writing fixed-size caches `[B, 2, max_length, heads, head_dim]` at the step's
+position, inside `keras.ops.while_loop`. Every shape is static, so the whole
+decode (encoder included) compiles with XLA (`jit_compile=True`) and converts
+to TFLite's builtin WHILE.
+
+Beam search keeps `width` live hypotheses per input, ranks finished ones by
+`log p / ((5 + length) / 6) ** alpha` (Wu et al., 2016), finalises a
+hypothesis only when EOS is among the `width` best continuations (as fairseq
+does, so width 1 is exactly greedy), and stops an input early once its worst
+finished hypothesis beats the best live one at the current length (the
+Hugging Face heuristic).
+
+Outputs are id arrays `[B, max_length]` without BOS: the tokens, then EOS,
+then padding (0).
+"""
+
+import numpy as np
+import keras
+from keras import ops
+
+from zoo.tokenization import BOS_ID, EOS_ID, PAD_ID
+
+_NEG = -1e9
+
+
+def _argmax(logits):
+    # tf.argmax, not keras.ops.argmax: the latter emits a Flex BitwiseAnd in TFLite.
+    if keras.backend.backend() == "tensorflow":
+        import tensorflow as tf
+
+        return tf.argmax(logits, axis=-1, output_type=tf.int32)
+    return ops.cast(ops.argmax(logits, axis=-1), "int32")
+
+
+def _max_length(model, max_length):
+    if max_length is None:
+        return int(model.max_target_length)
+    if isinstance(max_length, bool) or not isinstance(max_length, (int, np.integer)) or max_length <= 0:
+        raise ValueError(f"`max_length` must be a positive int. Received: max_length={max_length!r}")
+    if model.position == "learned" and max_length > model.max_target_length:
+        raise ValueError(
+            f"`max_length` exceeds the learned positions (max_target_length="
+            f"{model.max_target_length}). Received: max_length={max_length}")
+    return int(max_length)
+
+
+def length_penalty(length, alpha):
+    """GNMT length penalty `((5 + length) / 6) ** alpha`."""
+    return ops.power((5.0 + ops.cast(length, "float32")) / 6.0, alpha)
+
+
+def greedy(model, source_ids, max_length=None):
+    """Greedy decoding. source ids int32 `[B, S]` -> ids `[B, max_length]`."""
+    max_length = _max_length(model, max_length)
+    source_ids = ops.cast(source_ids, "int32")
+    batch = ops.shape(source_ids)[0]
+    encoder_output, source_mask = model.encode(source_ids)
+    cross = model.cross_caches(encoder_output)
+    caches = model.empty_caches(batch, max_length)
+    tokens = ops.zeros((batch, max_length), "int32")
+    current = ops.full((batch,), BOS_ID, "int32")
+    done = ops.zeros((batch,), "bool")
+
+    def cond(i, current, done, tokens, caches):
+        return ops.logical_and(i < max_length, ops.logical_not(ops.all(done)))
+
+    def body(i, current, done, tokens, caches):
+        logits, caches = model.decode_step(current, i, caches, cross, source_mask)
+        nxt = ops.where(done, PAD_ID, _argmax(logits))
+        tokens = ops.slice_update(tokens, [ops.zeros((), "int32"), i], ops.reshape(nxt, (-1, 1)))
+        done = ops.logical_or(done, ops.equal(nxt, EOS_ID))
+        return i + 1, nxt, done, tokens, caches
+
+    loop = ops.while_loop(cond, body, (ops.zeros((), "int32"), current, done, tokens, caches))
+    return loop[3]
+
+
+def _gather_beams(x, index, batch, width, grouped=False):
+    """Picks beams. `index` `[B, n]` holds beam numbers in 0..width-1; `x` is
+    `[B * width, ...]` (-> `[B * n, ...]`) or, with `grouped`, `[B, width, L]`
+    (-> `[B, n, L]`)."""
+    flat = ops.reshape(ops.arange(batch, dtype="int32"), (-1, 1)) * width + index
+    flat = ops.reshape(flat, (-1,))
+    if grouped:
+        rows = ops.take(ops.reshape(x, (-1, x.shape[2])), flat, axis=0)
+        return ops.reshape(rows, (batch, -1, x.shape[2]))
+    return ops.take(x, flat, axis=0)
+
+
+def beam(model, source_ids, width=4, alpha=0.6, max_length=None):
+    """Beam search. source ids int32 `[B, S]` -> (ids `[B, max_length]`,
+    normalised scores `[B]`)."""
+    if isinstance(width, bool) or not isinstance(width, (int, np.integer)) or width <= 0:
+        raise ValueError(f"`width` must be a positive int. Received: width={width!r}")
+    if not isinstance(alpha, (int, float)) or alpha < 0:
+        raise ValueError(f"`alpha` must be a float >= 0. Received: alpha={alpha!r}")
+    if 2 * width > model.vocabulary_size:
+        raise ValueError(
+            f"`width` must be at most half the vocabulary ({model.vocabulary_size}). "
+            f"Received: width={width}")
+    max_length = _max_length(model, max_length)
+    k, vocab = int(width), int(model.vocabulary_size)
+    source_ids = ops.cast(source_ids, "int32")
+    batch = ops.shape(source_ids)[0]
+    encoder_output, source_mask = model.encode(source_ids)
+    encoder_output = ops.repeat(encoder_output, k, axis=0)
+    source_mask = ops.repeat(source_mask, k, axis=0)
+    cross = model.cross_caches(encoder_output)
+    caches = model.empty_caches(batch * k, max_length)
+    positions = ops.reshape(ops.arange(max_length, dtype="int32"), (1, 1, -1))
+
+    first = ops.concatenate([ops.zeros((1,), "float32"), ops.full((k - 1,), _NEG, "float32")])
+    alive_logp = ops.tile(ops.reshape(first, (1, k)), (batch, 1))
+    alive_seq = ops.zeros((batch, k, max_length), "int32")
+    finished_seq = ops.zeros((batch, k, max_length), "int32")
+    finished_score = ops.full((batch, k), _NEG, "float32")
+    current = ops.full((batch * k,), BOS_ID, "int32")
+    done = ops.zeros((batch,), "bool")
+    rank = ops.reshape(ops.arange(2 * k, dtype="int32"), (1, -1))
+
+    def cond(i, *state):
+        return ops.logical_and(i < max_length, ops.logical_not(ops.all(state[-1])))
+
+    def body(i, current, caches, alive_logp, alive_seq, finished_seq, finished_score, done):
+        logits, caches = model.decode_step(current, i, caches, cross, source_mask)
+        logp = ops.log_softmax(ops.cast(logits, "float32"), axis=-1)
+        scores = ops.reshape(alive_logp, (batch, k, 1)) + ops.reshape(logp, (batch, k, vocab))
+        top_logp, top_index = ops.top_k(ops.reshape(scores, (batch, k * vocab)), 2 * k)
+        top_index = ops.cast(top_index, "int32")
+        from_beam = top_index // vocab
+        token = top_index % vocab
+        candidates = _gather_beams(alive_seq, from_beam, batch, k, grouped=True)
+        candidates = ops.where(ops.equal(positions, i), ops.expand_dims(token, -1), candidates)
+        is_eos = ops.equal(token, EOS_ID)
+
+        live_logp, order = ops.top_k(ops.where(is_eos, _NEG, top_logp), k)
+        order = ops.cast(order, "int32")
+        new_alive_seq = _gather_beams(candidates, order, batch, 2 * k, grouped=True)
+        new_from = ops.take_along_axis(from_beam, order, axis=1)
+        caches = tuple(_gather_beams(c, new_from, batch, k) for c in caches)
+        current = ops.reshape(ops.take_along_axis(token, order, axis=1), (-1,))
+
+        penalty = length_penalty(i + 1, alpha)
+        final = ops.logical_and(is_eos, rank < k)
+        eos_score = ops.where(final, top_logp / penalty, _NEG)
+        all_score = ops.concatenate([finished_score, eos_score], axis=1)
+        all_seq = ops.concatenate([finished_seq, candidates], axis=1)
+        # Inputs already done keep their finished set unchanged.
+        all_score = ops.where(ops.reshape(done, (-1, 1)),
+                              ops.concatenate([finished_score, ops.full_like(eos_score, _NEG)], 1),
+                              all_score)
+        new_score, order2 = ops.top_k(all_score, k)
+        new_finished = _gather_beams(all_seq, ops.cast(order2, "int32"), batch, 2 * k, grouped=True)
+        best_live = live_logp[:, 0] / penalty
+        done = ops.logical_or(done, new_score[:, k - 1] >= best_live)
+        return (i + 1, current, caches, live_logp, new_alive_seq, new_finished, new_score, done)
+
+    state = (ops.zeros((), "int32"), current, caches, alive_logp, alive_seq,
+             finished_seq, finished_score, done)
+    out = ops.while_loop(cond, body, state)
+    _, _, _, alive_logp, alive_seq, finished_seq, finished_score, _ = out
+    has_finished = finished_score[:, 0] > _NEG / 2
+    last = length_penalty(max_length, alpha)
+    best_seq = ops.where(ops.reshape(has_finished, (-1, 1)), finished_seq[:, 0], alive_seq[:, 0])
+    best_score = ops.where(has_finished, finished_score[:, 0], alive_logp[:, 0] / last)
+    return best_seq, best_score
+
+
+def compiled(model, kind="greedy", width=4, alpha=0.6, max_length=None, jit_compile=True):
+    """A cached `tf.function` (XLA by default) of `greedy` or `beam` for `model`."""
+    import tensorflow as tf
+
+    max_length = _max_length(model, max_length)
+    key = (kind, width, float(alpha), max_length, jit_compile)
+    cache = model.__dict__.setdefault("_compiled_decoders", {})
+    if key not in cache:
+        if kind == "greedy":
+            fn = lambda src: greedy(model, src, max_length)  # noqa: E731
+        elif kind == "beam":
+            fn = lambda src: beam(model, src, width, alpha, max_length)[0]  # noqa: E731
+        else:
+            raise ValueError(f"`kind` must be 'greedy' or 'beam'. Received: kind={kind!r}")
+        cache[key] = tf.function(fn, jit_compile=jit_compile, reduce_retracing=False)
+    return cache[key]
+
+
+def _bucket(length, step=8):
+    return max(step, -(-length // step) * step)
+
+
+def decode_ids(model, ids, beam_width=1, alpha=0.6, max_length=None, batch_size=64):
+    """list of id lists -> list of output id lists (cut at EOS, no BOS/EOS).
+
+    Batches are padded to a fixed size and source lengths to multiples of 8,
+    so a handful of XLA programs serve every input."""
+    kind = "greedy" if beam_width == 1 else "beam"
+    fn = compiled(model, kind, width=beam_width, alpha=alpha, max_length=max_length)
+    order = sorted(range(len(ids)), key=lambda i: len(ids[i]))
+    results = [None] * len(ids)
+    for start in range(0, len(order), batch_size):
+        chunk = order[start:start + batch_size]
+        width = _bucket(max(1, max(len(ids[i]) for i in chunk)))
+        rows = batch_size if len(order) > batch_size else _bucket(len(chunk), 1)
+        array = np.zeros((rows, width), "int32")
+        for r, i in enumerate(chunk):
+            array[r, :len(ids[i])] = ids[i]
+        out = np.asarray(fn(array))
+        for r, i in enumerate(chunk):
+            row = out[r].tolist()
+            results[i] = row[:row.index(EOS_ID)] if EOS_ID in row else row
+    return results

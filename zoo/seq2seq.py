@@ -1,0 +1,331 @@
+"""Encoder-decoder Transformer: `zoo.build("seq2seq", vocabulary_size=..., ...)`.
+
+Self-attention encoder, decoder with masked self-attention and cross-attention,
+LayerNorm (pre- or post-LN), sinusoidal or learned positions, shared or
+separate embeddings. Built from `layers/`; decoding with the static-shape KV
+cache lives in `zoo.decoding`, and the SentencePiece tokenizer (optional) is
+stored in the model's config so a loaded model translates raw strings.
+"""
+
+import math
+
+import keras
+from keras import ops
+
+import zoo
+from layers import (
+    LayerNorm,
+    PositionEmbedding,
+    SinusoidalPositionEncoding,
+    TokenEmbedding,
+    TransformerDecoderBlock,
+    TransformerEncoderBlock,
+)
+from layers.attention_ops import without_keras_mask
+from zoo.tokenization import BOS_ID, EOS_ID, PAD_ID, Tokenizer, decode_proto
+
+POSITIONS = ("sinusoidal", "learned")
+
+
+def _check_positive(name, value, allow_none=False):
+    if value is None and allow_none:
+        return None
+    if isinstance(value, bool) or not isinstance(value, int) or value <= 0:
+        raise ValueError(f"`{name}` must be a positive integer. Received: {name}={value!r}")
+    return value
+
+
+@keras.saving.register_keras_serializable(package="zoo")
+class Seq2SeqTransformer(keras.Model):
+    """Encoder-decoder Transformer for translation and summarisation.
+
+    Args:
+        vocabulary_size: int, number of token ids (0 = padding, 1 = unknown,
+            2 = BOS, 3 = EOS; see `zoo.tokenization`).
+        hidden_dim: int, model width.
+        num_layers: int, encoder and decoder depth (each).
+        num_heads: int, attention heads (must divide `hidden_dim`).
+        intermediate_dim: int, feed-forward width.
+        dropout: float, dropout on embeddings and every sub-layer.
+        norm_first: bool, pre-LN (`True`, default) or post-LN (`False`).
+        position: `"sinusoidal"` or `"learned"`.
+        share_embeddings: bool, one token table for source, target and the
+            output projection (needs a joint vocabulary), else three.
+        max_source_length: int, longest source (learned positions; checks).
+        max_target_length: int, longest output including EOS (cache size).
+        window: `None` or int, local attention window of the encoder
+            (`|i - j| <= window`) for long inputs.
+        activation: feed-forward activation.
+        label_smoothing: float, stored for training (the loss reads it).
+        tokenizer: `None` or base64 SentencePiece model (`zoo.tokenization`).
+        **kwargs: `keras.Model` arguments (`name`).
+
+    Call arguments:
+        inputs: dict with `"source_ids"` int32 `[B, S]` and `"target_ids"`
+            int32 `[B, T]` (decoder inputs: BOS then the target, 0-padded).
+        training: bool.
+
+    Returns:
+        Logits `[B, T, vocabulary_size]` (float32) for the next token.
+
+    Example:
+
+    >>> import numpy as np, zoo
+    >>> model = zoo.build("seq2seq", vocabulary_size=20, hidden_dim=16,
+    ...                   num_layers=1, num_heads=2, intermediate_dim=32)
+    >>> logits = model({"source_ids": np.array([[5, 6, 7]]),
+    ...                 "target_ids": np.array([[2, 5]])})
+    >>> tuple(logits.shape)
+    (1, 2, 20)
+
+    References:
+        - [Vaswani et al., 2017](https://arxiv.org/abs/1706.03762)
+    """
+
+    def __init__(
+        self,
+        vocabulary_size,
+        hidden_dim=256,
+        num_layers=3,
+        num_heads=4,
+        intermediate_dim=1024,
+        dropout=0.1,
+        norm_first=True,
+        position="sinusoidal",
+        share_embeddings=True,
+        max_source_length=128,
+        max_target_length=128,
+        window=None,
+        activation="relu",
+        label_smoothing=0.1,
+        tokenizer=None,
+        **kwargs,
+    ):
+        super().__init__(**kwargs)
+        self.vocabulary_size = _check_positive("vocabulary_size", vocabulary_size)
+        self.hidden_dim = _check_positive("hidden_dim", hidden_dim)
+        self.num_layers = _check_positive("num_layers", num_layers)
+        self.num_heads = _check_positive("num_heads", num_heads)
+        if hidden_dim % num_heads:
+            raise ValueError(
+                f"`num_heads` must divide `hidden_dim`. Received: num_heads={num_heads}, "
+                f"hidden_dim={hidden_dim}")
+        self.intermediate_dim = _check_positive("intermediate_dim", intermediate_dim)
+        if not isinstance(dropout, (int, float)) or not 0 <= dropout < 1:
+            raise ValueError(f"`dropout` must be in [0, 1). Received: dropout={dropout!r}")
+        self.dropout = float(dropout)
+        self.norm_first = bool(norm_first)
+        if position not in POSITIONS:
+            raise ValueError(f"`position` must be one of {POSITIONS}. Received: position={position!r}")
+        self.position = position
+        self.share_embeddings = bool(share_embeddings)
+        self.max_source_length = _check_positive("max_source_length", max_source_length)
+        self.max_target_length = _check_positive("max_target_length", max_target_length)
+        self.window = _check_positive("window", window, allow_none=True)
+        self.activation = activation
+        if not isinstance(label_smoothing, (int, float)) or not 0 <= label_smoothing < 1:
+            raise ValueError(
+                f"`label_smoothing` must be in [0, 1). Received: label_smoothing={label_smoothing!r}")
+        self.label_smoothing = float(label_smoothing)
+        self.tokenizer_proto = tokenizer
+        self._tokenizer = None
+        self.head_dim = hidden_dim // num_heads
+        self._decoders = {}
+
+        self.source_embedding = TokenEmbedding(vocabulary_size, hidden_dim, name="source_embedding")
+        if self.share_embeddings:
+            self.target_embedding = self.source_embedding
+        else:
+            self.target_embedding = TokenEmbedding(vocabulary_size, hidden_dim, name="target_embedding")
+        if position == "learned":
+            self.source_position = PositionEmbedding(max_source_length, name="source_position")
+            self.target_position = PositionEmbedding(max_target_length, name="target_position")
+        else:
+            self.source_position = SinusoidalPositionEncoding(name="source_position")
+            self.target_position = self.source_position
+        self.embedding_dropout = keras.layers.Dropout(self.dropout)
+        self._make_blocks()
+        if self.norm_first:
+            self.encoder_norm = LayerNorm(name="encoder_norm")
+            self.decoder_norm = LayerNorm(name="decoder_norm")
+        if not self.share_embeddings:
+            self.output_projection = keras.layers.Dense(vocabulary_size, name="output_projection")
+
+    # ------------------------------------------------------------ structure
+    def _block_kwargs(self):
+        return dict(num_heads=self.num_heads, intermediate_dim=self.intermediate_dim,
+                    dropout=self.dropout, norm_first=self.norm_first, activation=self.activation)
+
+    def _make_blocks(self):
+        self.encoder_blocks = [
+            TransformerEncoderBlock(window=self.window, name=f"encoder_{i}", **self._block_kwargs())
+            for i in range(self.num_layers)]
+        self.decoder_blocks = [
+            TransformerDecoderBlock(name=f"decoder_{i}", **self._block_kwargs())
+            for i in range(self.num_layers)]
+
+    @property
+    def num_self_caches(self):
+        """Number of decoder self-attention caches (one per decoder layer)."""
+        return len(self.decoder_blocks)
+
+    def build(self, input_shape=None):
+        if self.built:
+            return
+        source = ops.ones((1, 2), "int32")
+        target = ops.ones((1, 2), "int32")
+        self.call({"source_ids": source, "target_ids": target})
+        self.built = True
+
+    # ------------------------------------------------------------ pieces
+    def _embed(self, table, position_layer, ids, start_index=0):
+        x = table(ids) * ops.cast(math.sqrt(self.hidden_dim), self.compute_dtype)
+        return x + position_layer(x, start_index=start_index)
+
+    def encode(self, source_ids, training=False):
+        """source ids `[B, S]` -> (encoder output `[B, S, D]`, mask `[B, S]` bool)."""
+        source_ids = ops.cast(source_ids, "int32")
+        mask = ops.not_equal(source_ids, PAD_ID)
+        x = self._embed(self.source_embedding, self.source_position, source_ids)
+        x = self.embedding_dropout(x, training=training)
+        x = self._encoder_stack(x, mask, training)
+        # The Keras mask the blocks attach would make the cross-attention
+        # projections warn; the mask is returned explicitly instead.
+        return without_keras_mask(x), mask
+
+    def _encoder_stack(self, x, mask, training):
+        for block in self.encoder_blocks:
+            x = block(x, mask=mask, training=training)
+        return self.encoder_norm(x) if self.norm_first else x
+
+    def decode(self, target_ids, encoder_output, source_mask, training=False):
+        """Full (teacher-forced) decoder: logits `[B, T, V]`."""
+        target_ids = ops.cast(target_ids, "int32")
+        target_mask = ops.not_equal(target_ids, PAD_ID)
+        # BOS at position 0 is a real token even if a caller pads with it.
+        y = self._embed(self.target_embedding, self.target_position, target_ids)
+        y = self.embedding_dropout(y, training=training)
+        y = self._decoder_stack(y, encoder_output, source_mask, target_mask, training)
+        return self._logits(y)
+
+    def _decoder_stack(self, y, encoder_output, source_mask, target_mask, training):
+        for block in self.decoder_blocks:
+            y = block(y, encoder_output, decoder_mask=target_mask, encoder_mask=source_mask,
+                      training=training)
+        return y
+
+    def _logits(self, y):
+        if self.norm_first:
+            y = self.decoder_norm(y)
+        if self.share_embeddings:
+            table = ops.cast(self.target_embedding.embeddings, y.dtype)
+            logits = ops.matmul(y, ops.transpose(table))
+        else:
+            logits = self.output_projection(y)
+        return ops.cast(logits, "float32")
+
+    def call(self, inputs, training=None):
+        encoder_output, source_mask = self.encode(inputs["source_ids"], training=training)
+        return self.decode(inputs["target_ids"], encoder_output, source_mask, training=training)
+
+    # ------------------------------------------------------------ cached decoding
+    def cross_caches(self, encoder_output):
+        """Projected encoder keys/values, one `[B, 2, S, H, d]` per decoder layer."""
+        return tuple(block.compute_cross_attention_cache(encoder_output)
+                     for block in self.decoder_blocks)
+
+    def empty_caches(self, batch_size, max_length):
+        """Zeroed self-attention caches `[B, 2, max_length, H, d]`, one per layer."""
+        shape = (batch_size, 2, max_length, self.num_heads, self.head_dim)
+        return tuple(ops.zeros(shape, self.compute_dtype) for _ in range(self.num_self_caches))
+
+    def decode_step(self, token_ids, index, self_caches, cross_caches, source_mask):
+        """One decoder step.
+
+        Args:
+            token_ids: int32 `[B]`, the tokens at position `index`.
+            index: scalar int, their position.
+            self_caches: tuple of `[B, 2, L, H, d]` (see `empty_caches`).
+            cross_caches: tuple from `cross_caches`.
+            source_mask: bool `[B, S]`.
+
+        Returns:
+            (logits `[B, V]` float32, updated self caches).
+        """
+        ids = ops.reshape(ops.cast(token_ids, "int32"), (-1, 1))
+        y = self._embed(self.target_embedding, self.target_position, ids, start_index=index)
+        y, caches = self._decoder_stack_step(y, index, self_caches, cross_caches, source_mask)
+        return self._logits(y)[:, 0, :], caches
+
+    def _decoder_stack_step(self, y, index, self_caches, cross_caches, source_mask):
+        new = []
+        for block, cache, cross in zip(self.decoder_blocks, self_caches, cross_caches):
+            y, cache = block(y, self_attention_cache=cache, cache_index=index,
+                             cross_attention_cache=cross, encoder_mask=source_mask)
+            new.append(cache)
+        return y, tuple(new)
+
+    # ------------------------------------------------------------ text
+    @property
+    def tokenizer(self):
+        if self._tokenizer is None:
+            if not self.tokenizer_proto:
+                raise ValueError("this model has no tokenizer; pass ids, or build it with `tokenizer=`")
+            self._tokenizer = Tokenizer(decode_proto(self.tokenizer_proto))
+        return self._tokenizer
+
+    def translate(self, texts, beam_width=1, alpha=0.6, max_length=None, batch_size=64):
+        """Raw strings in, strings out (greedy, or beam search if `beam_width > 1`)."""
+        from zoo import decoding
+
+        single = isinstance(texts, str)
+        texts = [texts] if single else list(texts)
+        ids = self.tokenizer.encode(texts)
+        for i, row in enumerate(ids):
+            if len(row) > self.max_source_length:
+                raise ValueError(
+                    f"input {i} has {len(row)} tokens, more than max_source_length="
+                    f"{self.max_source_length}: {texts[i][:60]!r}")
+        out_ids = decoding.decode_ids(self, ids, beam_width=beam_width, alpha=alpha,
+                                      max_length=max_length, batch_size=batch_size)
+        outputs = self.tokenizer.decode(out_ids)
+        return outputs[0] if single else outputs
+
+    def get_config(self):
+        config = super().get_config()
+        config.update(
+            vocabulary_size=self.vocabulary_size, hidden_dim=self.hidden_dim,
+            num_layers=self.num_layers, num_heads=self.num_heads,
+            intermediate_dim=self.intermediate_dim, dropout=self.dropout,
+            norm_first=self.norm_first, position=self.position,
+            share_embeddings=self.share_embeddings, max_source_length=self.max_source_length,
+            max_target_length=self.max_target_length, window=self.window,
+            activation=self.activation, label_smoothing=self.label_smoothing,
+            tokenizer=self.tokenizer_proto)
+        return config
+
+    @classmethod
+    def from_config(cls, config):
+        return cls(**config)
+
+    def hparams(self):
+        """The `zoo.build` kwargs without the tokenizer (for config.json)."""
+        config = self.get_config()
+        return {k: v for k, v in config.items()
+                if k not in ("tokenizer", "name", "trainable", "dtype")}
+
+
+@zoo.register("seq2seq")
+def build_seq2seq(vocabulary_size=None, tokenizer=None, **kwargs):
+    """`zoo.build("seq2seq", vocabulary_size=..., **kwargs)`; with a tokenizer
+    (base64 SentencePiece model) the vocabulary size defaults to its size."""
+    if vocabulary_size is None:
+        if tokenizer is None:
+            raise ValueError("pass `vocabulary_size` or `tokenizer`. Received: vocabulary_size=None")
+        vocabulary_size = Tokenizer(decode_proto(tokenizer)).vocabulary_size
+    model = Seq2SeqTransformer(vocabulary_size, tokenizer=tokenizer, **kwargs)
+    model.build()
+    return model
+
+
+__all__ = ["Seq2SeqTransformer", "build_seq2seq", "BOS_ID", "EOS_ID", "PAD_ID"]

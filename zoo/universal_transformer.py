@@ -1,0 +1,178 @@
+"""Universal Transformer: `zoo.build("universal_transformer", vocabulary_size=..., ...)`.
+
+One shared encoder block and one shared decoder block, each applied
+`num_steps` times; before every application the position and the timestep
+coordinate embeddings (sinusoidal, Dehghani et al. 2018, eq. 3) are added.
+With `act=True`, Adaptive Computation Time halts each position on its own: a
+sigmoid halting unit accumulates probability per position, the output is the
+halting-weighted mix of the step states, and the ponder cost (steps plus
+remainder, averaged over real tokens) is added to the loss.
+
+Cached decoding works as for `Seq2SeqTransformer`: one self-attention cache per
+recurrent step (each step attends over the previous tokens' states at that
+step) and one cross-attention cache (the shared block projects the encoder
+output the same way at every step). Halting depends only on the position's
+own states, so cached and full decoding agree with ACT too.
+"""
+
+import keras
+from keras import ops
+
+import zoo
+from layers import SinusoidalPositionEncoding, TransformerDecoderBlock, TransformerEncoderBlock
+from zoo.seq2seq import Seq2SeqTransformer, _check_positive
+from zoo.tokenization import Tokenizer, decode_proto
+
+
+@keras.saving.register_keras_serializable(package="zoo")
+class UniversalTransformer(Seq2SeqTransformer):
+    """Universal Transformer encoder-decoder (Dehghani et al., 2018).
+
+    Args:
+        num_steps: int, recurrent applications of the shared blocks (T).
+        act: bool, Adaptive Computation Time halting per position.
+        act_threshold: float in (0, 1], halting threshold (1 - epsilon).
+        ponder_weight: float >= 0, weight of the ponder cost in the loss.
+        Other arguments as `Seq2SeqTransformer` (`num_layers` is ignored).
+
+    Call arguments:
+        As `Seq2SeqTransformer`.
+
+    Returns:
+        Logits `[B, T, vocabulary_size]`.
+
+    Example:
+
+    >>> import numpy as np, zoo
+    >>> model = zoo.build("universal_transformer", vocabulary_size=20, hidden_dim=16,
+    ...                   num_steps=3, num_heads=2, intermediate_dim=32, act=True)
+    >>> tuple(model({"source_ids": np.array([[5, 6]]),
+    ...              "target_ids": np.array([[2]])}).shape)
+    (1, 1, 20)
+
+    References:
+        - [Dehghani et al., 2018](https://arxiv.org/abs/1807.03819)
+        - [Graves, 2016](https://arxiv.org/abs/1603.08983) (ACT)
+    """
+
+    def __init__(self, vocabulary_size, num_steps=4, act=False, act_threshold=0.99,
+                 ponder_weight=0.01, **kwargs):
+        self.num_steps = _check_positive("num_steps", num_steps)
+        self.act = bool(act)
+        if not isinstance(act_threshold, (int, float)) or not 0 < act_threshold <= 1:
+            raise ValueError(f"`act_threshold` must be in (0, 1]. Received: act_threshold={act_threshold!r}")
+        self.act_threshold = float(act_threshold)
+        if not isinstance(ponder_weight, (int, float)) or ponder_weight < 0:
+            raise ValueError(f"`ponder_weight` must be >= 0. Received: ponder_weight={ponder_weight!r}")
+        self.ponder_weight = float(ponder_weight)
+        kwargs["num_layers"] = 1
+        super().__init__(vocabulary_size, **kwargs)
+        self.timestep_signal = SinusoidalPositionEncoding().encoding(self.num_steps, self.hidden_dim)
+
+    def _make_blocks(self):
+        self.encoder_block = TransformerEncoderBlock(window=self.window, name="encoder_shared",
+                                                     **self._block_kwargs())
+        self.decoder_block = TransformerDecoderBlock(name="decoder_shared", **self._block_kwargs())
+        # Bias 1: start by halting after about one or two steps (as tensor2tensor).
+        self.encoder_halting = keras.layers.Dense(1, activation="sigmoid", name="encoder_halting",
+                                                  bias_initializer=keras.initializers.Constant(1.0))
+        self.decoder_halting = keras.layers.Dense(1, activation="sigmoid", name="decoder_halting",
+                                                  bias_initializer=keras.initializers.Constant(1.0))
+        self.encoder_blocks = [self.encoder_block]
+        self.decoder_blocks = [self.decoder_block]
+
+    @property
+    def num_self_caches(self):
+        return self.num_steps
+
+    def _embed(self, table, position_layer, ids, start_index=0):
+        # Positions are added at every step (`_coordinates`), not once here.
+        return table(ids) * ops.cast(self.hidden_dim ** 0.5, self.compute_dtype)
+
+    def _coordinates(self, x, step, position_layer, start_index):
+        time = ops.cast(self.timestep_signal[step], x.dtype)
+        return x + position_layer(x, start_index=start_index) + time
+
+    def _recur(self, state, transform, halting_layer, position_layer, mask, start_index, training):
+        """Applies `transform(step, state)` num_steps times, with ACT if enabled."""
+        if not self.act:
+            for t in range(self.num_steps):
+                state = transform(t, self._coordinates(state, t, position_layer, start_index))
+            return state
+        halting = ops.zeros_like(state[..., 0])
+        remainders = ops.zeros_like(halting)
+        updates = ops.zeros_like(halting)
+        output = ops.zeros_like(state)
+        for t in range(self.num_steps):
+            state = self._coordinates(state, t, position_layer, start_index)
+            p = ops.squeeze(halting_layer(state), -1)
+            running = ops.cast(halting < 1.0, state.dtype)
+            if t == self.num_steps - 1:
+                # Graves's cap: every position still running halts at the last step.
+                new_halted, running = running, ops.zeros_like(running)
+            else:
+                reached = halting + p * running
+                new_halted = ops.cast(reached > self.act_threshold, state.dtype) * running
+                running = ops.cast(reached <= self.act_threshold, state.dtype) * running
+            halting = halting + p * running
+            remainders = remainders + new_halted * (1.0 - halting)
+            halting = halting + new_halted * remainders
+            updates = updates + running + new_halted
+            weight = ops.expand_dims(p * running + new_halted * remainders, -1)
+            state = transform(t, state)
+            output = state * weight + output * (1.0 - weight)
+        if training and self.ponder_weight and mask is not None:
+            m = ops.cast(mask, output.dtype)
+            ponder = ops.sum((updates + remainders) * m) / ops.maximum(ops.sum(m), 1.0)
+            self.add_loss(self.ponder_weight * ponder)
+        return output
+
+    def _encoder_stack(self, x, mask, training):
+        def transform(t, h):
+            return self.encoder_block(h, mask=mask, training=training)
+
+        x = self._recur(x, transform, self.encoder_halting, self.source_position, mask, 0, training)
+        return self.encoder_norm(x) if self.norm_first else x
+
+    def _decoder_stack(self, y, encoder_output, source_mask, target_mask, training):
+        def transform(t, h):
+            return self.decoder_block(h, encoder_output, decoder_mask=target_mask,
+                                      encoder_mask=source_mask, training=training)
+
+        return self._recur(y, transform, self.decoder_halting, self.target_position, target_mask, 0,
+                           training)
+
+    def cross_caches(self, encoder_output):
+        return (self.decoder_block.compute_cross_attention_cache(encoder_output),)
+
+    def _decoder_stack_step(self, y, index, self_caches, cross_caches, source_mask):
+        new = list(self_caches)
+
+        def transform(t, h):
+            h, new[t] = self.decoder_block(h, self_attention_cache=self_caches[t], cache_index=index,
+                                           cross_attention_cache=cross_caches[0],
+                                           encoder_mask=source_mask)
+            return h
+
+        y = self._recur(y, transform, self.decoder_halting, self.target_position, None, index, False)
+        return y, tuple(new)
+
+    def get_config(self):
+        config = super().get_config()
+        config.pop("num_layers", None)
+        config.update(num_steps=self.num_steps, act=self.act, act_threshold=self.act_threshold,
+                      ponder_weight=self.ponder_weight)
+        return config
+
+
+@zoo.register("universal_transformer")
+def build_universal_transformer(vocabulary_size=None, tokenizer=None, **kwargs):
+    """`zoo.build("universal_transformer", vocabulary_size=..., num_steps=4, act=False, ...)`."""
+    if vocabulary_size is None:
+        if tokenizer is None:
+            raise ValueError("pass `vocabulary_size` or `tokenizer`. Received: vocabulary_size=None")
+        vocabulary_size = Tokenizer(decode_proto(tokenizer)).vocabulary_size
+    kwargs.pop("num_layers", None)
+    model = UniversalTransformer(vocabulary_size, tokenizer=tokenizer, **kwargs)
+    model.build()
+    return model
