@@ -137,3 +137,175 @@ def without_keras_mask(x):
     if x is None or getattr(x, "_keras_mask", None) is None:
         return x
     return ops.copy(x)
+
+
+def _pad_axis1(x, multiple, value=0):
+    """Pads axis 1 of `x` up to a multiple of `multiple` (lengths may be dynamic)."""
+    length = ops.shape(x)[1]
+    extra = (multiple - length % multiple) % multiple
+    pads = [[0, 0], [0, extra]] + [[0, 0]] * (len(x.shape) - 2)
+    return ops.pad(x, pads, constant_values=value)
+
+
+def chunked_attention_context(
+    query,
+    key,
+    value,
+    *,
+    chunk_size,
+    score,
+    normalize,
+    score_vector=None,
+    causal=False,
+    window=None,
+    include_self=True,
+    query_offset=0,
+    key_valid_length=None,
+    query_mask=None,
+    key_mask=None,
+    attention_mask=None,
+    dropout=None,
+    training=None,
+):
+    """Memory-efficient attention: the same result as `attention_context`.
+
+    Queries and keys are processed in `chunk_size` blocks; softmax runs
+    online (flash-attention style: a running max `m`, normaliser `l` and
+    accumulator per query), so no `[Tq, Tk]` tensor is ever built and memory
+    grows linearly with the length. Masks are built per block from positions
+    and the `[B, T]` padding masks; blocks that the causal or window
+    structure masks completely are skipped.
+
+    Args:
+        query, key, value: as in `attention_context` (per-head layout).
+        chunk_size: int, block size for queries and keys.
+        causal, window, include_self, query_offset, key_valid_length: the
+            structural mask, as in `layers.masks.structural_mask`.
+        query_mask, key_mask: `None` or `[B, Tq]` / `[B, Tk]` padding masks.
+        attention_mask: `None` or `[B, Tq, Tk]` explicit mask (itself
+            quadratic in memory; sliced per block).
+        dropout, training: dropout on the (normalised) weights.
+
+    Returns:
+        `(context [B, Tq, H, dv] in the value dtype, has_keys [B, Tq, 1]
+        float32)`: fully masked query rows have zero context, as on the full
+        path, and `has_keys` 0.
+    """
+    c = chunk_size
+    batch = ops.shape(query)[0]
+    length_q, length_k = ops.shape(query)[1], ops.shape(key)[1]
+    heads, value_dim = query.shape[2], value.shape[3]
+    out_dtype = value.dtype
+    offset = ops.cast(query_offset, "int32")
+    valid_k = ops.cast(length_k if key_valid_length is None else key_valid_length, "int32")
+    ones_q = ops.ones((batch, length_q), "bool") if query_mask is None else ops.cast(query_mask, "bool")
+    ones_k = ops.ones((batch, length_k), "bool") if key_mask is None else ops.cast(key_mask, "bool")
+    q, k, v = _pad_axis1(query, c), _pad_axis1(key, c), _pad_axis1(value, c)
+    qmask, kmask = _pad_axis1(ones_q, c, False), _pad_axis1(ones_k, c, False)
+    if attention_mask is not None:
+        attention_mask = ops.cast(attention_mask, "bool")
+        attention_mask = ops.broadcast_to(attention_mask, (batch, length_q, length_k))
+        attention_mask = _pad_axis1(attention_mask, c, False)
+        extra = ops.shape(k)[1] - length_k
+        attention_mask = ops.pad(attention_mask, [[0, 0], [0, 0], [0, extra]], constant_values=False)
+    num_q = ops.shape(q)[1] // c
+    num_k = ops.shape(k)[1] // c
+    positions = ops.arange(c, dtype="int32")
+
+    def key_range(qi):
+        """Key blocks that the causal/window structure leaves visible."""
+        first_q = qi * c + offset
+        last_q = first_q + c - 1
+        start, stop = ops.zeros((), "int32"), ops.cast(num_k, "int32")
+        if causal:
+            stop = ops.minimum(stop, last_q // c + 1)
+        if window is not None:
+            start = ops.maximum(start, ops.maximum(first_q - window, 0) // c)
+            stop = ops.minimum(stop, (last_q + window) // c + 1)
+        return start, ops.maximum(stop, start)
+
+    def query_block(block):
+        # A map over query blocks, not a loop writing into a buffer: the
+        # keras.ops slice_update lowers to XlaDynamicUpdateSlice, which has no
+        # gradient in TensorFlow.
+        qi, qb, qmb = block
+        q_start = qi * c
+        zero = ops.zeros((), "int32")
+        q_pos = ops.expand_dims(positions + q_start + offset, 1)  # [c, 1]
+        m0 = ops.full((batch, heads, c), -1e30, "float32")
+        l0 = ops.zeros((batch, heads, c), "float32")
+        seen0 = ops.zeros((batch, 1, c), "float32")
+        acc0 = ops.zeros((batch, c, heads, value_dim), "float32")
+
+        def key_block(ki, m, l, seen, acc):
+            k_start = ki * c
+            kb = ops.slice(k, [zero, k_start, zero, zero], [batch, c, heads, k.shape[3]])
+            vb = ops.slice(v, [zero, k_start, zero, zero], [batch, c, heads, value_dim])
+            kmb = ops.slice(kmask, [zero, k_start], [batch, c])
+            k_pos = ops.expand_dims(positions + k_start, 0)  # [1, c]
+            keep = ops.logical_and(
+                ops.expand_dims(qmb, 2), ops.expand_dims(kmb, 1)
+            )  # [B, c, c]
+            structure = k_pos < valid_k
+            if causal:
+                structure = ops.logical_and(structure, k_pos <= q_pos)
+            if window is not None:
+                structure = ops.logical_and(structure, ops.abs(q_pos - k_pos) <= window)
+            if not include_self:
+                structure = ops.logical_and(structure, ops.not_equal(q_pos, k_pos))
+            keep = ops.logical_and(keep, ops.expand_dims(structure, 0))
+            if attention_mask is not None:
+                keep = ops.logical_and(
+                    keep, ops.slice(attention_mask, [zero, q_start, k_start], [batch, c, c])
+                )
+            keep = ops.cast(ops.expand_dims(keep, 1), "float32")  # [B, 1, c, c]
+            seen = seen + ops.sum(keep, axis=-1)
+            if score == "additive":
+                s = additive_scores(qb, kb, score_vector)
+            else:
+                s = dot_scores(qb, kb)
+            s = ops.cast(s, "float32")
+            if normalize == "softmax":
+                s = s + (1.0 - keep) * _MASK_PENALTY
+                m_new = ops.maximum(m, ops.max(s, axis=-1))
+                p = ops.exp(s - ops.expand_dims(m_new, -1)) * keep
+                rescale = ops.exp(m - m_new)
+                l = l * rescale + ops.sum(p, axis=-1)
+                acc = acc * ops.expand_dims(ops.transpose(rescale, (0, 2, 1)), -1)
+                m = m_new
+            else:
+                p = ops.relu(s) * keep
+            if dropout is not None:
+                p = dropout(p, training=training)
+            acc = acc + weighted_sum(p, ops.cast(vb, "float32"))
+            return m, l, seen, acc
+
+        start, stop = key_range(qi)
+
+        def cond(ki, m, l, seen, acc):
+            return ki < stop
+
+        def body(ki, m, l, seen, acc):
+            return (ki + 1, *key_block(ki, m, l, seen, acc))
+
+        _, m, l, seen, acc = ops.while_loop(cond, body, (start, m0, l0, seen0, acc0))
+        if normalize == "softmax":
+            # Rows that saw no key keep l == 0 and acc == 0: output zero.
+            inv = ops.where(l > 0, 1.0 / ops.maximum(l, 1e-30), 0.0)
+            acc = acc * ops.expand_dims(ops.transpose(inv, (0, 2, 1)), -1)
+        valid = ops.cast(ops.transpose(seen, (0, 2, 1)) > 0, "float32")  # [B, c, 1]
+        return acc, valid
+
+    # [B, num_q * c, ...] -> [num_q, B, c, ...] to scan over query blocks.
+    q_blocks = ops.transpose(
+        ops.reshape(q, (batch, num_q, c, heads, q.shape[3])), (1, 0, 2, 3, 4)
+    )
+    qmask_blocks = ops.transpose(ops.reshape(qmask, (batch, num_q, c)), (1, 0, 2))
+    block_ids = ops.arange(num_q, dtype="int32")
+    acc, valid = ops.map(query_block, (block_ids, q_blocks, qmask_blocks))
+    # [num_q, B, c, ...] -> [B, num_q * c, ...]
+    output = ops.reshape(
+        ops.transpose(acc, (1, 0, 2, 3, 4)), (batch, num_q * c, heads, value_dim)
+    )
+    has_keys = ops.reshape(ops.transpose(valid, (1, 0, 2, 3)), (batch, num_q * c, 1))
+    return ops.cast(output[:, :length_q], out_dtype), has_keys[:, :length_q]

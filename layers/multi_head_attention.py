@@ -51,6 +51,11 @@ class MultiHeadAttention(keras.layers.Layer):
         dropout: float in `[0, 1)`, dropout on the attention weights.
         use_bias: bool, whether the projections have biases.
         rotary: bool, apply rotary position embeddings to queries and keys.
+        chunk_size: `None` or int. When set, attention runs block by block
+            with an online softmax (flash-attention style, in `keras.ops`):
+            memory grows linearly with the length instead of quadratically,
+            and results equal the full path to float rounding (1e-5).
+            Cannot be combined with `return_attention_scores`.
         kernel_initializer: initializer of the projection kernels.
         bias_initializer: initializer of the projection biases.
         seed: optional int, seed of the dropout.
@@ -122,6 +127,7 @@ class MultiHeadAttention(keras.layers.Layer):
         dropout=0.0,
         use_bias=True,
         rotary=False,
+        chunk_size=None,
         kernel_initializer="glorot_uniform",
         bias_initializer="zeros",
         seed=None,
@@ -140,6 +146,7 @@ class MultiHeadAttention(keras.layers.Layer):
         self.dropout = check_rate("dropout", dropout)
         self.use_bias = bool(use_bias)
         self.rotary = bool(rotary)
+        self.chunk_size = check_int("chunk_size", chunk_size, allow_none=True)
         if self.rotary and self.key_dim % 2:
             raise ValueError(
                 "`key_dim` must be even when `rotary=True`. "
@@ -292,36 +299,66 @@ class MultiHeadAttention(keras.layers.Layer):
         if self.score == "scaled_dot":
             q = ops.multiply(q, ops.cast(1.0 / math.sqrt(self.key_dim), q.dtype))
 
-        structural = structural_mask(
-            ops.shape(q)[1],
-            ops.shape(k)[1],
-            causal=self.causal,
-            window=self.window,
-            include_self=self.include_self,
-            query_offset=offset,
-            key_valid_length=key_valid_length,
-        )
         if key_mask is not None and value_mask is not None:
             key_mask = ops.logical_and(
                 ops.cast(key_mask, "bool"), ops.cast(value_mask, "bool")
             )
         elif key_mask is None:
             key_mask = value_mask
-        mask = combine_masks(structural, query_mask, key_mask, attention_mask)
-        context, weights = attention_ops.attention_context(
-            q,
-            ops.cast(k, q.dtype),
-            ops.cast(v, q.dtype),
-            mask,
-            score=self.score,
-            normalize=self.normalize,
-            score_vector=getattr(self, "score_vector", None),
-            dropout=self._dropout_layer,
-            training=training,
-        )
-        output = self.output_dense(context)
-        if mask is not None:
-            output = output * ops.cast(attention_ops.query_has_keys(mask), output.dtype)
+        k, v = ops.cast(k, q.dtype), ops.cast(v, q.dtype)
+        score_vector = getattr(self, "score_vector", None)
+        if self.chunk_size is not None:
+            if return_attention_scores:
+                raise ValueError(
+                    "`return_attention_scores=True` needs the full attention "
+                    "matrix, which `chunk_size` exists to avoid. Received: "
+                    f"chunk_size={self.chunk_size}, return_attention_scores=True"
+                )
+            context, has_keys = attention_ops.chunked_attention_context(
+                q,
+                k,
+                v,
+                chunk_size=self.chunk_size,
+                score=self.score,
+                normalize=self.normalize,
+                score_vector=score_vector,
+                causal=self.causal,
+                window=self.window,
+                include_self=self.include_self,
+                query_offset=offset,
+                key_valid_length=key_valid_length,
+                query_mask=query_mask,
+                key_mask=key_mask,
+                attention_mask=attention_mask,
+                dropout=self._dropout_layer,
+                training=training,
+            )
+            output = self.output_dense(context) * ops.cast(has_keys, self.compute_dtype)
+        else:
+            structural = structural_mask(
+                ops.shape(q)[1],
+                ops.shape(k)[1],
+                causal=self.causal,
+                window=self.window,
+                include_self=self.include_self,
+                query_offset=offset,
+                key_valid_length=key_valid_length,
+            )
+            mask = combine_masks(structural, query_mask, key_mask, attention_mask)
+            context, weights = attention_ops.attention_context(
+                q,
+                k,
+                v,
+                mask,
+                score=self.score,
+                normalize=self.normalize,
+                score_vector=score_vector,
+                dropout=self._dropout_layer,
+                training=training,
+            )
+            output = self.output_dense(context)
+            if mask is not None:
+                output = output * ops.cast(attention_ops.query_has_keys(mask), output.dtype)
 
         results = [output]
         if return_attention_scores:
@@ -383,6 +420,7 @@ class MultiHeadAttention(keras.layers.Layer):
                 "dropout": self.dropout,
                 "use_bias": self.use_bias,
                 "rotary": self.rotary,
+                "chunk_size": self.chunk_size,
                 "kernel_initializer": keras.initializers.serialize(self.kernel_initializer),
                 "bias_initializer": keras.initializers.serialize(self.bias_initializer),
                 "seed": self.seed,

@@ -36,6 +36,9 @@ class SelfAttention(keras.layers.Layer):
         causal: bool, attend only to `j <= i`.
         dropout: float in `[0, 1)`, dropout on the attention weights.
         use_bias: bool, biases in the projections (the formulas have none).
+        chunk_size: `None` or int: compute block by block with an online
+            softmax, in memory linear in the length (see
+            `MultiHeadAttention`); not with `return_attention_scores`.
         kernel_initializer: initializer of `W^q`, `W^k`, `W^v`.
         seed: optional int, seed of the dropout.
         **kwargs: other `keras.layers.Layer` arguments.
@@ -82,6 +85,7 @@ class SelfAttention(keras.layers.Layer):
         causal=False,
         dropout=0.0,
         use_bias=False,
+        chunk_size=None,
         kernel_initializer="glorot_uniform",
         seed=None,
         **kwargs,
@@ -96,6 +100,7 @@ class SelfAttention(keras.layers.Layer):
         self.causal = bool(causal)
         self.dropout = check_rate("dropout", dropout)
         self.use_bias = bool(use_bias)
+        self.chunk_size = check_int("chunk_size", chunk_size, allow_none=True)
         self.kernel_initializer = keras.initializers.get(kernel_initializer)
         self.seed = seed
         self.supports_masking = True
@@ -152,6 +157,8 @@ class SelfAttention(keras.layers.Layer):
         v = self.value_dense(inputs)
         if self.score == "scaled_dot":
             q = ops.multiply(q, ops.cast(1.0 / math.sqrt(self.units), q.dtype))
+        if self.chunk_size is not None:
+            return self._call_chunked(q, k, v, mask, attention_mask, return_attention_scores, training)
         length = ops.shape(inputs)[1]
         structural = structural_mask(
             length,
@@ -181,6 +188,32 @@ class SelfAttention(keras.layers.Layer):
             return output, ops.cast(weights, self.compute_dtype)
         return output
 
+    def _call_chunked(self, q, k, v, mask, attention_mask, return_attention_scores, training):
+        if return_attention_scores:
+            raise ValueError(
+                "`return_attention_scores=True` needs the full attention matrix, "
+                f"which `chunk_size` exists to avoid. Received: chunk_size={self.chunk_size}"
+            )
+        score_vector = getattr(self, "score_vector", None)
+        context, has_keys = attention_ops.chunked_attention_context(
+            ops.expand_dims(q, 2),
+            ops.expand_dims(k, 2),
+            ops.expand_dims(v, 2),
+            chunk_size=self.chunk_size,
+            score=self.score,
+            normalize=self.normalize,
+            score_vector=None if score_vector is None else ops.expand_dims(score_vector, 0),
+            causal=self.causal,
+            window=self.window,
+            include_self=self.include_self,
+            query_mask=mask,
+            key_mask=mask,
+            attention_mask=attention_mask,
+            dropout=self._dropout_layer,
+            training=training,
+        )
+        return context[:, :, 0, :] * ops.cast(has_keys, context.dtype)
+
     def compute_mask(self, inputs, mask=None):
         return mask
 
@@ -209,6 +242,7 @@ class SelfAttention(keras.layers.Layer):
                 "causal": self.causal,
                 "dropout": self.dropout,
                 "use_bias": self.use_bias,
+                "chunk_size": self.chunk_size,
                 "kernel_initializer": keras.initializers.serialize(self.kernel_initializer),
                 "seed": self.seed,
             }
