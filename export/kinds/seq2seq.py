@@ -1,0 +1,294 @@
+"""Export plugin for `zoo.seq2seq` / `zoo.universal_transformer` runs.
+
+SavedModel signatures (TF Serving; the loading process needs `import
+tensorflow_text`, which registers the SentencePiece kernels):
+  translate(text: string [B])        -> translation string [B], token_ids int32 [B, L]
+  serving_default                    the same as translate
+  translate_ids(source_ids int32 [B, S]) -> token_ids int32 [B, L]
+The tokenizer (SentencePiece, `tensorflow_text`) and greedy cached decoding run
+inside the graph: strings in, strings out.
+
+TFLite (builtin ops only):
+  `python -m export tflite RUN --out greedy.tflite`: the full greedy loop as one
+      WHILE (source_ids [1, S] -> tokens [1, L]); for CPU.
+  `python -m export.kinds.seq2seq RUN --out DIR`: that file plus `steps.tflite`
+      with two signatures for apps (and GPU delegates) that run the loop:
+      encode(source_ids [1, S]) -> cross_cache [C, S, H*d], encoder_mask [1, S]
+      decode_step(token [1], position [], cross_cache, encoder_mask,
+                  self_cache [N, L, H*d]) -> logits [1, V], self_cache
+      The encoder output enters decode_step as its per-layer projected keys and
+      values (`cross_cache`, computed once by `encode`), so a step never
+      re-projects the source. `litert_greedy` below is the reference app loop.
+"""
+
+import json
+import os
+import sys
+
+import numpy as np
+
+from export.errors import UsageError
+from export.kinds import Endpoint, ExportKind
+
+ALIASES = ("universal_transformer",)
+
+
+def _tf():
+    import tensorflow as tf
+
+    return tf
+
+
+class Seq2SeqKind(ExportKind):
+    name = "seq2seq"
+    id_signature = "translate_ids"
+
+    def matches(self, model):
+        try:
+            from zoo.seq2seq import Seq2SeqTransformer
+        except ImportError:
+            return False
+        return isinstance(model, Seq2SeqTransformer)
+
+    def model(self, source):
+        model = super().model(source)
+        if not self.matches(model):
+            raise UsageError(f"{source.path}: model is a {type(model).__name__}, not a zoo seq2seq model")
+        return model
+
+    def default_length(self, source):
+        return int(self.model(source).max_source_length)
+
+    def check_static(self, source, static_length):
+        m = self.model(source)
+        if static_length and static_length > m.max_source_length:
+            raise UsageError(f"--length {static_length} exceeds max_source_length {m.max_source_length}")
+
+    # ------------------------------------------------------------ id level (greedy WHILE)
+    def core_specs(self, source, static_length=None):
+        tf = _tf()
+        length = int(static_length or self.default_length(source))
+        return [tf.TensorSpec([1, length], tf.int32, name="source_ids")]
+
+    def core_fn(self, source, static=False):
+        from zoo import decoding
+
+        m = self.model(source)
+
+        def fn(source_ids):
+            return {"tokens": decoding.greedy(m, source_ids)}
+
+        return fn
+
+    # ------------------------------------------------------------ serving
+    def serving_endpoints(self, source):
+        tf = _tf()
+        from zoo import decoding
+
+        m = self.model(source)
+        tok = m.tokenizer
+        limit = int(m.max_source_length)
+
+        def translate(text):
+            ids, counts = tok.encode_tf(text, limit)
+            tf.debugging.assert_less_equal(
+                counts, limit, message=f"an input has more tokens than max_source_length ({limit})")
+            out = decoding.greedy(m, ids)
+            return {"translation": tok.decode_tf(out), "token_ids": out}
+
+        def translate_ids(source_ids):
+            return {"token_ids": decoding.greedy(m, source_ids)}
+
+        texts = self._example_texts(source)
+        ids = np.zeros((len(texts), limit), "int32")
+        for i, row in enumerate(tok.encode(texts)):
+            ids[i, :min(limit, len(row))] = row[:limit]
+        ids = ids[:, :max(1, int((ids > 0).sum(axis=1).max()))]
+        text_spec = [tf.TensorSpec([None], tf.string, name="text")]
+        return [
+            Endpoint("serving_default", translate, text_spec, {"text": texts},
+                     "raw text -> translation (greedy, tokenizer inside)"),
+            Endpoint("translate", translate, text_spec, {"text": texts},
+                     "raw text -> translation (greedy, tokenizer inside)"),
+            Endpoint("translate_ids", translate_ids,
+                     [tf.TensorSpec([None, None], tf.int32, name="source_ids")], {"source_ids": ids},
+                     "SentencePiece ids (0-padded) -> output ids (EOS then 0)"),
+        ]
+
+    def resources(self, source):
+        return [self.model(source).tokenizer.tf_tokenizer()]
+
+    def _example_texts(self, source, n=3):
+        examples = source.metrics().get("test_examples") or []
+        texts = [e["source"] for e in examples[:n] if e.get("source")]
+        if texts:
+            return texts
+        m = self.model(source)
+        calib = source.calibration()
+        if calib is not None and "source_ids" in calib:
+            texts = [t for t in m.tokenizer.decode(calib["source_ids"][:n].tolist()) if t]
+        return texts or ["hello"]
+
+    def sidecar(self, source, static_length=None):
+        m = self.model(source)
+        return {"kind": self.name, "pieces": m.tokenizer.pieces(), "pad_id": 0, "unk_id": 1,
+                "bos_id": 2, "eos_id": 3, "max_source_length": int(static_length or m.max_source_length),
+                "max_target_length": int(m.max_target_length)}
+
+
+KIND = Seq2SeqKind()
+
+
+# ---------------------------------------------------------------- step model
+def step_functions(model, source_length=None):
+    """(encode, decode_step, specs) with flat, static-shape cache tensors."""
+    tf = _tf()
+    from keras import ops
+
+    s = int(source_length or model.max_source_length)
+    length = int(model.max_target_length)
+    heads, head_dim, width = model.num_heads, model.head_dim, model.num_heads * model.head_dim
+    n_self = model.num_self_caches
+    n_cross = len(model.cross_caches(ops.zeros((1, 1, model.hidden_dim))))
+
+    def encode(source_ids):
+        encoder_output, mask = model.encode(source_ids)
+        cross = ops.stack(model.cross_caches(encoder_output), axis=0)  # [C, 1, 2, S, H, d]
+        return {"cross_cache": ops.reshape(cross, (n_cross * 2, s, width)),
+                "encoder_mask": ops.cast(mask, "float32")}
+
+    def decode_step(token, position, cross_cache, encoder_mask, self_cache):
+        cross = ops.reshape(cross_cache, (n_cross, 1, 2, s, heads, head_dim))
+        caches = ops.reshape(self_cache, (n_self, 1, 2, length, heads, head_dim))
+        logits, new = model.decode_step(
+            token, position, tuple(caches[i] for i in range(n_self)),
+            tuple(cross[i] for i in range(n_cross)), encoder_mask > 0.5)
+        return {"logits": logits,
+                "self_cache": ops.reshape(ops.stack(new, axis=0), (n_self * 2, length, width))}
+
+    specs = {
+        "encode": [tf.TensorSpec([1, s], tf.int32, name="source_ids")],
+        "decode_step": [
+            tf.TensorSpec([1], tf.int32, name="token"),
+            tf.TensorSpec([], tf.int32, name="position"),
+            tf.TensorSpec([n_cross * 2, s, width], tf.float32, name="cross_cache"),
+            tf.TensorSpec([1, s], tf.float32, name="encoder_mask"),
+            tf.TensorSpec([n_self * 2, length, width], tf.float32, name="self_cache"),
+        ],
+    }
+    return encode, decode_step, specs
+
+
+def convert_steps(model, source_length=None):
+    """The two-signature (encode, decode_step) TFLite model, builtin ops only."""
+    import shutil
+    import tempfile
+
+    import keras
+
+    tf = _tf()
+    encode, decode_step, specs = step_functions(model, source_length)
+    archive = keras.export.ExportArchive()
+    archive.track(model)
+    archive.add_endpoint("encode", encode, input_signature=specs["encode"])
+    archive.add_endpoint("decode_step", decode_step, input_signature=specs["decode_step"])
+    workdir = tempfile.mkdtemp(prefix="export-seq2seq-steps-")
+    try:
+        archive.write_out(workdir, verbose=False)
+        converter = tf.lite.TFLiteConverter.from_saved_model(workdir, signature_keys=["encode", "decode_step"])
+        converter.target_spec.supported_ops = [tf.lite.OpsSet.TFLITE_BUILTINS]
+        return converter.convert()
+    finally:
+        shutil.rmtree(workdir, ignore_errors=True)
+
+
+def litert_greedy(tflite, source_ids, max_length, eos_id=3, bos_id=2):
+    """Greedy decoding driven from Python, one `decode_step` call per token.
+
+    This is the loop an app writes (GPU delegates cannot run WHILE).
+
+    Args:
+        tflite: path or bytes of the steps model.
+        source_ids: int32 `[1, S]` (0-padded to the model's S).
+        max_length: the model's max_target_length (cache length).
+
+    Returns:
+        list of output ids, cut after EOS (EOS included if produced).
+    """
+    from export.runtime import interpreter
+
+    interp = interpreter(tflite)
+    encode = interp.get_signature_runner("encode")
+    step = interp.get_signature_runner("decode_step")
+    enc = encode(source_ids=np.asarray(source_ids, np.int32))
+    cache_shape = step.get_input_details()["self_cache"]["shape"]
+    cache = np.zeros(cache_shape, np.float32)
+    token, out = bos_id, []
+    for position in range(max_length):
+        result = step(token=np.array([token], np.int32), position=np.array(position, np.int32),
+                      cross_cache=enc["cross_cache"], encoder_mask=enc["encoder_mask"], self_cache=cache)
+        cache = result["self_cache"]
+        token = int(np.argmax(result["logits"][0]))
+        out.append(token)
+        if token == eos_id:
+            break
+    return out
+
+
+def export_all(run_dir, out_dir):
+    """Writes OUT/steps.tflite, OUT/greedy.tflite and OUT/seq2seq.tflite.json;
+    checks both against Keras greedy decoding on calibration rows first."""
+    from export import atomic, rundir, tflite
+    from zoo import decoding
+
+    src = rundir.resolve(run_dir)
+    kind = KIND
+    model = kind.model(src)
+    os.makedirs(out_dir, exist_ok=True)
+    steps = convert_steps(model)
+    greedy_bytes, specs, _, _ = tflite.convert(src)
+    rows = kind.sample_inputs(src, 4, specs=specs)["source_ids"]
+    from export.runtime import run
+
+    report = {"checked_rows": int(len(rows))}
+    for i, row in enumerate(rows):
+        want = np.asarray(decoding.greedy(model, row[None]))[0].tolist()
+        want = want[:want.index(3) + 1] if 3 in want else want
+        got_steps = litert_greedy(steps, row[None], model.max_target_length)
+        got_loop = run(greedy_bytes, {"source_ids": row[None]})["tokens"][0].tolist()
+        got_loop = got_loop[:got_loop.index(3) + 1] if 3 in got_loop else got_loop
+        if got_steps != want or got_loop != want:
+            raise RuntimeError(f"row {i}: LiteRT tokens differ from Keras greedy "
+                               f"(steps {got_steps[:10]}, loop {got_loop[:10]}, keras {want[:10]})")
+    sidecar = dict(kind.sidecar(src), files={"steps": "steps.tflite", "greedy": "greedy.tflite"},
+                   parity=report, num_self_caches=int(model.num_self_caches))
+    for name, content in (("steps.tflite", steps), ("greedy.tflite", greedy_bytes)):
+        with atomic.building(os.path.join(out_dir, name)) as tmp:
+            with open(tmp, "wb") as f:
+                f.write(content)
+    with atomic.building(os.path.join(out_dir, "seq2seq.tflite.json")) as tmp:
+        with open(tmp, "w") as f:
+            json.dump(sidecar, f, indent=2)
+    return {"steps": os.path.join(out_dir, "steps.tflite"), "greedy": os.path.join(out_dir, "greedy.tflite"),
+            "steps_bytes": len(steps), "greedy_bytes": len(greedy_bytes)}
+
+
+def main(argv=None):
+    import argparse
+
+    parser = argparse.ArgumentParser(prog="python -m export.kinds.seq2seq",
+                                     description="seq2seq TFLite: steps.tflite (encode, decode_step) + greedy.tflite")
+    parser.add_argument("run_dir")
+    parser.add_argument("--out", required=True, help="output directory")
+    args = parser.parse_args(argv)
+    try:
+        result = export_all(args.run_dir, args.out)
+    except UsageError as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 2
+    print(json.dumps(result, indent=2))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,76 @@
+"""The embedded, offline seq2seq data: algorithmic tasks from our own generator.
+
+copy     "cabj"        -> "cabj"
+reverse  "cabj"        -> "jbac"
+sort     "cabj"        -> "abcj"
+addition "482+39"      -> "521"
+date     "March 5, 2021" / "05 Mar 2021" / "Friday 5 March 2021" ... -> "2021-03-05"
+
+Training uses lengths `min_length..max_length`; the "long" test set uses lengths
+`max_length + 1 .. 2 * max_length` (generalisation to unseen lengths, the
+Universal Transformer paper's claim). Characters are the tokens (a SentencePiece
+`char` model), and the metric is exact match of the whole output.
+"""
+
+import datetime
+
+import numpy as np
+
+TASKS = ("copy", "reverse", "sort", "addition", "date")
+ALPHABET = "abcdefghij"
+_MONTHS = ["January", "February", "March", "April", "May", "June", "July", "August",
+           "September", "October", "November", "December"]
+_DAYS = ["Monday", "Tuesday", "Wednesday", "Thursday", "Friday", "Saturday", "Sunday"]
+
+
+def _string(rng, length):
+    return "".join(rng.choice(list(ALPHABET), size=length))
+
+
+def _date_text(rng, date):
+    month, day, year = _MONTHS[date.month - 1], date.day, date.year
+    formats = [
+        f"{month} {day}, {year}",
+        f"{day} {month[:3]} {year}",
+        f"{day:02d} {month} {year}",
+        f"{_DAYS[date.weekday()]} {day} {month} {year}",
+        f"{month[:3]}. {day} {year}",
+        f"{year} {month} {day}",
+    ]
+    return formats[int(rng.integers(len(formats)))]
+
+
+def example(task, rng, length):
+    """One (source, target) pair of the given length (digits for addition)."""
+    if task in ("copy", "reverse", "sort"):
+        s = _string(rng, length)
+        return s, {"copy": s, "reverse": s[::-1], "sort": "".join(sorted(s))}[task]
+    if task == "addition":
+        a = int(rng.integers(10 ** (length - 1) if length > 1 else 0, 10 ** length))
+        b = int(rng.integers(0, 10 ** int(rng.integers(1, length + 1))))
+        return f"{a}+{b}", str(a + b)
+    if task == "date":
+        start = datetime.date(1950, 1, 1).toordinal()
+        date = datetime.date.fromordinal(start + int(rng.integers(0, 100 * 365)))
+        return _date_text(rng, date), date.isoformat()
+    raise ValueError(f"unknown task {task!r}; choose from {', '.join(TASKS)}")
+
+
+def generate(task, n, min_length, max_length, seed):
+    """n pairs with lengths uniform in [min_length, max_length]."""
+    rng = np.random.default_rng(seed)
+    return [example(task, rng, int(rng.integers(min_length, max_length + 1))) for _ in range(n)]
+
+
+def splits(task, train_size=4000, min_length=1, max_length=8, seed=0, eval_size=300):
+    """train/dev/test (training lengths) and long (unseen, longer) pair lists."""
+    if task not in TASKS:
+        raise ValueError(f"unknown task {task!r}; choose from {', '.join(TASKS)}")
+    out = {
+        "train": generate(task, train_size, min_length, max_length, seed),
+        "dev": generate(task, eval_size, min_length, max_length, seed + 1),
+        "test": generate(task, eval_size, min_length, max_length, seed + 2),
+    }
+    if task != "date":
+        out["long"] = generate(task, eval_size, max_length + 1, 2 * max_length, seed + 3)
+    return out

@@ -1,0 +1,162 @@
+"""Data for `python -m train seq2seq`: loading, tokenization, length-bucketed batches."""
+
+import numpy as np
+
+from train.data import algorithmic, parallel
+from train.errors import DataError, UsageError
+from zoo.tokenization import BOS_ID, EOS_ID, Tokenizer, train_sentencepiece
+
+
+def load_data(args):
+    """`ParallelData` from the flags; every input problem raises before anything is written."""
+    files = [args.train_source, args.train_target, args.dev_source, args.dev_target,
+             args.test_source, args.test_target]
+    tsvs = [args.train_tsv, args.dev_tsv, args.test_tsv]
+    if args.dataset:
+        name = parallel.parse_dataset_flag(args.dataset)
+        splits, source = parallel.load_tfds(name)
+        return _complete(splits, source, args.seed)
+    if any(files) or any(tsvs):
+        splits = {}
+        for split in ("train", "dev", "test"):
+            src, tgt = getattr(args, f"{split}_source"), getattr(args, f"{split}_target")
+            tsv = getattr(args, f"{split}_tsv")
+            if (src is None) != (tgt is None):
+                raise UsageError(f"--{split}-source and --{split}-target must be given together")
+            if tsv and src:
+                raise UsageError(f"give --{split}-tsv or --{split}-source/--{split}-target, not both")
+            if src:
+                splits[split] = parallel.read_parallel(src, tgt)
+            elif tsv:
+                splits[split] = parallel.read_tsv(tsv)
+        if "train" not in splits:
+            raise UsageError("training data missing: give --train-source/--train-target or --train-tsv")
+        source = {"name": "files", **{k: v for k, v in (
+            ("train_source", args.train_source), ("train_target", args.train_target),
+            ("dev_source", args.dev_source), ("dev_target", args.dev_target),
+            ("test_source", args.test_source), ("test_target", args.test_target),
+            ("train_tsv", args.train_tsv), ("dev_tsv", args.dev_tsv), ("test_tsv", args.test_tsv)) if v}}
+        return _complete(splits, source, args.seed)
+    generated = algorithmic.splits(args.task, train_size=args.train_size, min_length=1,
+                                   max_length=args.task_length, seed=args.seed)
+    extra = {"long": generated["long"]} if "long" in generated else {}
+    return parallel.ParallelData(
+        generated["train"], generated["dev"], generated["test"],
+        {"name": "embedded", "task": args.task, "train_size": args.train_size,
+         "task_length": args.task_length, "seed": args.seed},
+        task=args.task, extra=extra)
+
+
+def _complete(splits, source, seed):
+    train = splits["train"]
+    if "test" not in splits:
+        train, splits["test"] = parallel.hold_out(train, 0.05, 100, 1000, seed)
+        source["test"] = "held out from train"
+    if "dev" not in splits:
+        train, splits["dev"] = parallel.hold_out(train, 0.05, 100, 1000, seed + 1)
+        source["dev"] = "held out from train"
+    return parallel.ParallelData(train, splits["dev"], splits["test"], source, task="text")
+
+
+def train_tokenizer(data, vocab_size):
+    """A joint SentencePiece model from the training pairs (source and target)."""
+    texts = [s for pair in data.train for s in pair]
+    if data.task == "text":
+        return train_sentencepiece(texts, vocab_size=vocab_size, model_type="unigram")
+    # Algorithmic tasks: characters are the tokens, exactly as written.
+    return train_sentencepiece(texts, vocab_size=vocab_size, model_type="char",
+                               normalization="identity", add_dummy_prefix=False)
+
+
+class Encoded:
+    """Token ids of one split: sources, decoder inputs (BOS + y) and labels (y + EOS)."""
+
+    def __init__(self, tokenizer, pairs, max_source_length, max_target_length, name, truncate=False):
+        self.pairs = pairs
+        self.sources = tokenizer.encode([s for s, _ in pairs])
+        targets = tokenizer.encode([t for _, t in pairs])
+        for i, (s, t) in enumerate(zip(self.sources, targets)):
+            if len(s) > max_source_length or len(t) + 1 > max_target_length:
+                if not truncate:
+                    which, n, limit = (("source", len(s), max_source_length) if len(s) > max_source_length
+                                       else ("target", len(t) + 1, max_target_length))
+                    raise DataError(
+                        f"{name} pair {i + 1} has a {which} of {n} tokens, over the limit {limit} "
+                        f"(raise --max-{which}-length or pass --truncate): {pairs[i][0 if which == 'source' else 1][:60]!r}")
+                self.sources[i] = s[:max_source_length]
+                targets[i] = t[:max_target_length - 1]
+        self.targets = targets
+
+    def __len__(self):
+        return len(self.sources)
+
+    def target_tokens(self):
+        return sum(len(t) + 1 for t in self.targets)
+
+
+def _pad(rows, width):
+    out = np.zeros((len(rows), width), "int32")
+    for i, r in enumerate(rows):
+        out[i, :len(r)] = r
+    return out
+
+
+def _bucket(n, step=8):
+    return max(step, -(-n // step) * step)
+
+
+class Batches:
+    """Length-bucketed batches (lengths padded to multiples of 8, few distinct shapes)."""
+
+    def __init__(self, encoded, batch_size, shuffle=False, seed=0):
+        self.encoded = encoded
+        self.batch_size = batch_size
+        self.shuffle = shuffle
+        self.seed = seed
+        self.epoch = 0
+
+    def _order(self):
+        n = len(self.encoded)
+        lengths = np.array([len(s) + len(t) for s, t in zip(self.encoded.sources, self.encoded.targets)])
+        if not self.shuffle:
+            order = np.argsort(lengths, kind="stable")
+            return [order[i:i + self.batch_size] for i in range(0, n, self.batch_size)]
+        rng = np.random.default_rng(self.seed + self.epoch)
+        self.epoch += 1
+        order = rng.permutation(n)
+        chunk = self.batch_size * 50
+        batches = []
+        for start in range(0, n, chunk):
+            part = order[start:start + chunk]
+            part = part[np.argsort(lengths[part], kind="stable")]
+            batches += [part[i:i + self.batch_size] for i in range(0, len(part), self.batch_size)]
+        rng.shuffle(batches)
+        return batches
+
+    def __len__(self):
+        return -(-len(self.encoded) // self.batch_size)
+
+    def batch(self, index):
+        sources = [self.encoded.sources[i] for i in index]
+        targets = [self.encoded.targets[i] for i in index]
+        width_s = _bucket(max(len(s) for s in sources))
+        width_t = _bucket(max(len(t) for t in targets) + 1)
+        x = {"source_ids": _pad(sources, width_s), "target_ids": _pad([[BOS_ID] + t for t in targets], width_t)}
+        y = _pad([t + [EOS_ID] for t in targets], width_t)
+        return x, y
+
+    def __iter__(self):
+        for index in self._order():
+            yield self.batch(index)
+
+    def as_dataset(self):
+        import tensorflow as tf
+
+        spec = tf.TensorSpec([None, None], tf.int32)
+        return tf.data.Dataset.from_generator(
+            lambda: iter(self), output_signature=({"source_ids": spec, "target_ids": spec}, spec)
+        ).prefetch(2)
+
+
+def tokenizer_from(proto):
+    return Tokenizer(proto)

@@ -1,0 +1,251 @@
+"""One seq2seq run (train, resume, evaluate), writing the run-directory contract.
+
+Default hyper-parameters (train/seq2seq.py) were chosen for a 2-core CPU and a
+30-minute budget on Multi30k-sized data: a pre-LN Transformer, d=256, 3+3 layers,
+4 heads, feed-forward 1024, dropout 0.1, shared 8k SentencePiece (unigram)
+vocabulary with tied embeddings, Adam(0.9, 0.98), warm-up 800 steps to 1e-3 then
+inverse-sqrt decay, label smoothing 0.1, batches of 64 length-bucketed pairs,
+XLA-compiled training steps, best-on-dev-accuracy weights, beam 4 (alpha 0.6)
+for the test set.
+"""
+
+import argparse
+import os
+import sys
+import time
+
+import keras
+import numpy as np
+
+import zoo
+from train import rundir
+from train.errors import UsageError
+from train.progress import markdown_table
+from train.seq2seq_data import Batches, Encoded, load_data, train_tokenizer
+from train.seq2seq_fit import DevScore, compile_seq2seq
+from train.tagger_fit import BEST, LAST, RunCheckpoint, TimeLimit, read_state
+from zoo import decoding
+from zoo.tokenization import Tokenizer, decode_proto, encode_proto
+
+_NOT_TRAIN = ("debug", "resume", "out", "verbose")
+SUMMARY = [("arch", "arch"), ("test_bleu", "test BLEU"), ("test_exact_match", "exact"),
+           ("test_long_exact_match", "exact (longer)"), ("dev_acc", "dev tok acc"),
+           ("params", "params"), ("epochs", "epochs"), ("train_seconds", "train s"),
+           ("decode_tokens_per_second", "decode tok/s")]
+
+
+def _kind(arch):
+    return "universal_transformer" if arch == "universal_transformer" else "seq2seq"
+
+
+def _defaults(args, text):
+    if args.learning_rate is None:
+        args.learning_rate = 1e-3 if text else 2e-3
+    if args.warmup_steps is None:
+        args.warmup_steps = 800 if text else 200
+    if args.epochs is None:
+        args.epochs = 40 if text else 30
+    if args.beam_width is None:
+        args.beam_width = 4 if text else 1
+
+
+def _encode_all(tokenizer, data, model, truncate):
+    names = {"train": data.train, "dev": data.dev, "test": data.test, **data.extra}
+    encoded = {}
+    for name, pairs in names.items():
+        # Longer-than-trained test sets are meant to exceed nothing but the
+        # training lengths; the model limits still apply.
+        encoded[name] = Encoded(tokenizer, pairs, model.max_source_length, model.max_target_length,
+                                name, truncate=truncate)
+    return encoded
+
+
+def train_new(args, data):
+    from train.seq2seq import model_config
+
+    text = data.task == "text"
+    _defaults(args, text)
+    keras.utils.set_random_seed(args.seed)
+    vocab = args.vocab_size if text else 64
+    started = time.perf_counter()
+    proto = train_tokenizer(data, vocab)
+    tokenizer = Tokenizer(proto)
+    print(f"tokenizer: {tokenizer.vocabulary_size} pieces ({time.perf_counter() - started:.0f}s)",
+          file=sys.stderr)
+    config_model = model_config(args, text)
+    try:
+        model = zoo.build(_kind(args.arch), tokenizer=encode_proto(proto), **config_model)
+    except ValueError as e:
+        raise UsageError(f"bad model option: {e}") from None
+    encoded = _encode_all(tokenizer, data, model, args.truncate)
+    train_cfg = {k: v for k, v in vars(args).items() if k not in _NOT_TRAIN}
+    out = args.out
+    rundir.create_run_dir(out, _kind(args.arch))
+    os.makedirs(os.path.join(out, "vocab"), exist_ok=True)
+    rundir._atomic(os.path.join(out, "vocab", "spm.model"), lambda f: f.write(proto), "wb")
+    rundir.atomic_write_lines(os.path.join(out, "vocab", "pieces.txt"), tokenizer.pieces())
+    config = {"kind": _kind(args.arch), "model": model.hparams(), "train": train_cfg,
+              "data": data.source, "task": data.task, "tokenizer": "vocab/spm.model"}
+    rundir.atomic_write_json(os.path.join(out, "config.json"), config)
+    compile_seq2seq(model, args.learning_rate, args.warmup_steps, args.label_smoothing,
+                    jit_compile=not args.no_xla)
+    state = read_state(os.path.join(out, "checkpoints"))
+    return _fit_and_finish(model, data, encoded, out, train_cfg, state, args.verbose)
+
+
+def resume_run(args):
+    out = args.out
+    config_path = os.path.join(out, "config.json")
+    last = os.path.join(out, "checkpoints", LAST)
+    if not os.path.exists(config_path) or not os.path.exists(last):
+        raise UsageError(f"--resume: no checkpoint to resume in {out} (missing config.json or checkpoints/{LAST})")
+    config = rundir.read_json(config_path)
+    if config.get("kind") not in ("seq2seq", "universal_transformer"):
+        raise UsageError(f"--resume: {out} is not a seq2seq run (kind={config.get('kind')!r})")
+    train_cfg = config["train"]
+    if args.epochs is not None:
+        train_cfg["epochs"] = args.epochs
+    stored = argparse.Namespace(**train_cfg)
+    data = load_data(stored)
+    import train.seq2seq_fit  # noqa: F401  (registers the loss, metric and schedule)
+
+    model = keras.models.load_model(last)
+    encoded = _encode_all(model.tokenizer, data, model, train_cfg.get("truncate", False))
+    config["train"] = train_cfg
+    rundir.atomic_write_json(config_path, config)
+    state = read_state(os.path.join(out, "checkpoints"))
+    keras.utils.set_random_seed(train_cfg["seed"] + state["epoch"])
+    print(f"resuming {out} at epoch {state['epoch']} of {train_cfg['epochs']}", file=sys.stderr)
+    return _fit_and_finish(model, data, encoded, out, train_cfg, state, args.verbose)
+
+
+def _dev_scorer(model, data, encoded, train_cfg, out):
+    n = min(train_cfg["dev_sample"], len(encoded["dev"]))
+    if not n:
+        return None
+    ids = encoded["dev"].sources[:n]
+    refs = [t for _, t in data.dev[:n]]
+
+    def score():
+        hyps = model.tokenizer.decode(decoding.decode_ids(model, ids, beam_width=1))
+        return _bleu(hyps, refs) if data.task == "text" else 100.0 * _exact(hyps, refs)
+
+    return DevScore(score, "bleu" if data.task == "text" else "exact_match", os.path.join(out, "logs"))
+
+
+def _fit_and_finish(model, data, encoded, out, train_cfg, state, verbose):
+    ckpt_dir = os.path.join(out, "checkpoints")
+    checkpoint = RunCheckpoint(ckpt_dir, state)
+    limit = TimeLimit(train_cfg["max_minutes"] * 60.0, state["train_seconds"])
+    callbacks = [checkpoint, limit,
+                 keras.callbacks.TensorBoard(os.path.join(out, "logs"), write_graph=False, profile_batch=0)]
+    dev_score = _dev_scorer(model, data, encoded, train_cfg, out)
+    if dev_score is not None:
+        callbacks.insert(0, dev_score)
+    train_batches = Batches(encoded["train"], train_cfg["batch_size"], shuffle=True,
+                            seed=train_cfg["seed"] * 1000 + state["epoch"])
+    dev_batches = Batches(encoded["dev"], 128)
+    epochs = train_cfg["epochs"]
+    if state["epoch"] < epochs:
+        model.fit(train_batches.as_dataset(), validation_data=dev_batches.as_dataset(), epochs=epochs,
+                  initial_epoch=state["epoch"], callbacks=callbacks, verbose=verbose)
+    state = checkpoint.state if checkpoint.started else state
+    best = os.path.join(ckpt_dir, BEST)
+    if os.path.exists(best):
+        model.load_weights(best)
+    metrics = evaluate(model, data, encoded, train_cfg)
+    metrics.update(
+        arch=train_cfg["arch"], params=int(model.count_params()), epochs=state["epoch"],
+        best_epoch=state["best_epoch"], dev_acc=state["best_val_acc"],
+        train_seconds=round(state["train_seconds"], 1), stopped_by_time_limit=bool(limit.stopped_early),
+        train_pairs=len(data.train),
+        train_target_tokens_per_second=(round(encoded["train"].target_tokens() * state["epoch"]
+                                              / state["train_seconds"], 1) if state["train_seconds"] else None))
+    if dev_score is not None and dev_score.history:
+        metrics["dev_history"] = dev_score.history
+    rundir.atomic_save_model(model, os.path.join(out, "model.keras"))
+    rundir.atomic_write_json(os.path.join(out, "metrics.json"), metrics)
+    _write_calibration(out, encoded["train"], model, train_cfg["seed"])
+    sample = data.test[0][0]
+    print(f"\n{out}: {sample!r} -> {model.translate(sample)!r}")
+    print(markdown_table([metrics], SUMMARY))
+    return 0
+
+
+def _bleu(hyps, refs):
+    import sacrebleu
+
+    return float(sacrebleu.corpus_bleu(hyps, [refs]).score)
+
+
+def _exact(hyps, refs):
+    return float(np.mean([h == r for h, r in zip(hyps, refs)])) if refs else 0.0
+
+
+def _rouge(hyps, refs):
+    from rouge_score import rouge_scorer
+
+    scorer = rouge_scorer.RougeScorer(["rouge1", "rouge2", "rougeL"], use_stemmer=True)
+    totals = {"rouge1": 0.0, "rouge2": 0.0, "rougeL": 0.0}
+    for h, r in zip(hyps, refs):
+        for key, score in scorer.score(r, h).items():
+            totals[key] += score.fmeasure
+    return {f"test_{k}": round(100.0 * v / max(1, len(refs)), 2) for k, v in totals.items()}
+
+
+def _timed_decode(model, ids, beam_width, alpha):
+    decoding.decode_ids(model, ids[:8], beam_width=beam_width, alpha=alpha)  # compile first
+    started = time.perf_counter()
+    out = decoding.decode_ids(model, ids, beam_width=beam_width, alpha=alpha)
+    seconds = time.perf_counter() - started
+    tokens = sum(len(o) + 1 for o in out)
+    return out, {"tokens_per_second": round(tokens / seconds, 1),
+                 "sentences_per_second": round(len(ids) / seconds, 1)}
+
+
+def evaluate(model, data, encoded, train_cfg):
+    """Test metrics plus decode speed. Text: sacreBLEU and chrF on detokenized
+    output against the raw references, ROUGE (rouge-score); tasks: exact match."""
+    import sacrebleu
+
+    metrics = {"task": data.task}
+    beam, alpha = train_cfg["beam_width"], train_cfg["alpha"]
+    test = encoded["test"]
+    refs = [t for _, t in data.test]
+    greedy_ids, speed = _timed_decode(model, test.sources, 1, alpha)
+    greedy = model.tokenizer.decode(greedy_ids)
+    metrics.update(decode_tokens_per_second=speed["tokens_per_second"],
+                   decode_sentences_per_second=speed["sentences_per_second"])
+    hyps = greedy
+    if beam > 1:
+        beam_ids, beam_speed = _timed_decode(model, test.sources, beam, alpha)
+        hyps = model.tokenizer.decode(beam_ids)
+        metrics.update(beam_width=beam, alpha=alpha,
+                       beam_decode_tokens_per_second=beam_speed["tokens_per_second"],
+                       beam_decode_sentences_per_second=beam_speed["sentences_per_second"])
+    if data.task == "text":
+        metrics["test_bleu"] = round(_bleu(hyps, refs), 2)
+        metrics["test_bleu_greedy"] = round(_bleu(greedy, refs), 2)
+        metrics["test_chrf"] = round(float(sacrebleu.corpus_chrf(hyps, [refs]).score), 2)
+        metrics.update(_rouge(hyps, refs))
+        metrics["bleu_signature"] = str(sacrebleu.BLEU().get_signature())
+    else:
+        metrics["test_exact_match"] = round(_exact(hyps, refs), 4)
+        for name in data.extra:
+            out = model.tokenizer.decode(decoding.decode_ids(model, encoded[name].sources, beam_width=1))
+            metrics[f"test_{name}_exact_match"] = round(_exact(out, [t for _, t in data.extra[name]]), 4)
+    metrics["test_examples"] = [{"source": s, "reference": r, "output": h}
+                                for (s, r), h in list(zip(data.test, hyps))[:5]]
+    return metrics
+
+
+def _write_calibration(out, encoded, model, seed, rows=200):
+    rng = np.random.default_rng(seed)
+    picked = rng.choice(len(encoded), size=min(rows, len(encoded)), replace=False)
+    sources = np.zeros((len(picked), model.max_source_length), "int32")
+    targets = np.zeros((len(picked), model.max_target_length), "int32")
+    for r, i in enumerate(picked):
+        s, t = encoded.sources[i], [2] + encoded.targets[i]
+        sources[r, :len(s)] = s
+        targets[r, :len(t)] = t[:model.max_target_length]
+    rundir.atomic_save_npz(os.path.join(out, "calibration.npz"), source_ids=sources, target_ids=targets)

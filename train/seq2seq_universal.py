@@ -1,0 +1,11 @@
+"""`python -m train universal_transformer`: `python -m train seq2seq --arch universal_transformer`."""
+
+from train import seq2seq
+
+
+def add_arguments(parser):
+    seq2seq.add_arguments(parser)
+    parser.set_defaults(arch="universal_transformer")
+
+
+run = seq2seq.run
