@@ -11,3 +11,6 @@ from layers.position import (
 )
 from layers.self_attention import SelfAttention
 from layers.transformer import TransformerDecoderBlock, TransformerEncoderBlock
+from layers.attention_2d import SelfAttention2D
+from layers.conditional_batch_norm import ConditionalBatchNormalization
+from layers.spectral_norm import SNConv2D, SNDense
