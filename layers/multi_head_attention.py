@@ -240,6 +240,19 @@ class MultiHeadAttention(keras.layers.Layer):
             self.build(value.shape, value.shape, key.shape)
         return ops.stack([self.key_dense(key), self.value_dense(value)], axis=1)
 
+    def _fused_projection(self, inputs):
+        """Self-attention's Q, K and V from one matmul over the concatenated
+        kernels: the input is read once and the matmul is three times wider,
+        which is faster than three projections. The variables stay separate
+        (Keras's layout, so weights still copy across)."""
+        denses = (self.query_dense, self.key_dense, self.value_dense)
+        kernel = ops.concatenate([ops.cast(d.kernel, self.compute_dtype) for d in denses], axis=1)
+        projected = ops.einsum("abc,cde->abde", inputs, kernel)
+        if self.use_bias:
+            bias = ops.concatenate([ops.cast(d.bias, self.compute_dtype) for d in denses], axis=0)
+            projected = projected + bias
+        return ops.split(projected, 3, axis=2)
+
     def _check_cache_dims(self):
         if self.value_dim != self.key_dim:
             raise ValueError(
@@ -264,36 +277,38 @@ class MultiHeadAttention(keras.layers.Layer):
         query = attention_ops.without_keras_mask(query)
         value = attention_ops.without_keras_mask(value)
         key = attention_ops.without_keras_mask(key)
+        self_attention = value is None and key is None
         if value is None:
             value = query
             if value_mask is None and cache is None:
                 value_mask = query_mask
         key = value if key is None else key
 
-        q = self.query_dense(query)
         offset = 0 if cache_index is None else cache_index
         key_valid_length = None
+        cross_cache = cache is not None and cache_index is None
+        if cross_cache:
+            q = self.query_dense(query)
+        elif self_attention and self.value_dim == self.key_dim:
+            q, k, v = self._fused_projection(query)
+        else:
+            q, k, v = self.query_dense(query), self.key_dense(key), self.value_dense(value)
+        if self._rotary_layer is not None and not cross_cache:
+            k = self._rotary_layer(k, start_index=offset)
         if cache is not None:
             self._check_cache_dims()
-            if cache_index is None:
+            if cross_cache:
                 k, v = cache[:, 0], cache[:, 1]
             else:
-                k_new, v_new = self.key_dense(key), self.value_dense(value)
-                if self._rotary_layer is not None:
-                    k_new = self._rotary_layer(k_new, start_index=cache_index)
                 zero = ops.zeros((), "int32")
                 start = [zero, ops.cast(cache_index, "int32"), zero, zero]
-                k = ops.slice_update(cache[:, 0], start, ops.cast(k_new, cache.dtype))
-                v = ops.slice_update(cache[:, 1], start, ops.cast(v_new, cache.dtype))
+                k = ops.slice_update(cache[:, 0], start, ops.cast(k, cache.dtype))
+                v = ops.slice_update(cache[:, 1], start, ops.cast(v, cache.dtype))
                 cache = ops.stack([k, v], axis=1)
                 key_valid_length = ops.cast(cache_index, "int32") + ops.shape(query)[1]
                 # Padding masks of the step's tokens describe queries only: the
                 # cached keys' padding must come from `attention_mask`.
                 value_mask = key_mask = None
-        else:
-            k, v = self.key_dense(key), self.value_dense(value)
-            if self._rotary_layer is not None:
-                k = self._rotary_layer(k, start_index=0)
         if self._rotary_layer is not None:
             q = self._rotary_layer(q, start_index=offset)
         if self.score == "scaled_dot":
