@@ -12,7 +12,6 @@ import time
 from train.errors import UsageError
 
 ARCHS = ("attention", "fc", "window", "bilstm")
-DEFAULT_EPOCHS = {"embedded": 6, "other": 40}
 
 
 def add_arguments(parser):

@@ -72,12 +72,15 @@ def build_core(arch, num_words, num_chars, num_tags, max_chars, max_len, cfg):
 def _attention_context(x, mask, fmask, cfg, max_len):
     d = cfg["hidden_dim"]
     x = keras.layers.Dense(d, name="attention_in")(x)
-    if cfg["conv_kernel"]:
-        # A local convolution before attention gives each token its neighbours cheaply;
-        # attention then only has to add the long-range context.
-        x = keras.layers.Conv1D(d, cfg["conv_kernel"], padding="same", activation="gelu",
-                                name="attention_conv")(x * ops.cast(fmask, x.dtype))
     for i in range(cfg["num_layers"]):
+        if cfg["conv_kernel"]:
+            # A residual local convolution before each attention block gives every token
+            # its neighbours cheaply (the locality a BiLSTM has built in); attention then
+            # adds the long-range context.
+            h = LayerNorm(epsilon=1e-5, name=f"conv_norm_{i}")(x)
+            h = keras.layers.Conv1D(d, cfg["conv_kernel"], padding="same", activation="gelu",
+                                    name=f"conv_{i}")(h * ops.cast(fmask, h.dtype))
+            x = x + keras.layers.Dropout(cfg["dropout"], name=f"conv_dropout_{i}")(h)
         x = TransformerEncoderBlock(
             num_heads=cfg["num_heads"], intermediate_dim=2 * d, dropout=cfg["dropout"],
             rotary=cfg["rotary"], window=cfg["attention_window"], name=f"encoder_{i}",
