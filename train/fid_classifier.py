@@ -1,0 +1,127 @@
+"""The frozen evaluation classifier whose feature space FID and KID are measured in.
+
+Trained on the run's real training images only and saved with the run
+(`RUN_DIR/classifier.keras`). Two heads on one trunk:
+- `class`: the image's class (what `class_accuracy` of generated images uses);
+- `consistent`: whether the image is whole or spliced from the left half of one
+  real image and the right half of another. Spliced negatives need no labels
+  and work on any data set; the head makes the features sensitive to whether
+  the two halves of an image agree (mirrored shapes, matching corners), which a
+  class head alone would ignore, so FID sees long-range structure.
+The trunk keeps positions (stride-2 convs down to 4x4, then flatten), the
+`features` layer (128 ReLU units) is the FID feature space.
+"""
+
+import numpy as np
+
+FEATURES = "features"
+
+
+def to_float(images):
+    """uint8 [0, 255] -> float32 [-1, 1] (the generator's range)."""
+    return np.asarray(images, np.float32) / 127.5 - 1.0
+
+
+def build_classifier(image_size, channels, num_classes, seed=0):
+    import keras
+
+    keras.utils.set_random_seed(seed)
+    image = keras.Input((image_size, image_size, channels), name="image")
+    x = keras.layers.Conv2D(32, 3, padding="same", activation="relu")(image)
+    filters, side = 32, image_size
+    while side > 4:
+        filters = min(128, filters * 2)
+        x = keras.layers.Conv2D(filters, 3, strides=2, padding="same", activation="relu")(x)
+        side //= 2
+    x = keras.layers.Flatten()(x)
+    features = keras.layers.Dense(128, activation="relu", name=FEATURES)(x)
+    outputs = {
+        "class": keras.layers.Dense(max(num_classes, 1), activation="softmax", name="class")(features),
+        "consistent": keras.layers.Dense(1, activation="sigmoid", name="consistent")(features),
+    }
+    return keras.Model(image, outputs, name="fid_classifier")
+
+
+def splice(images):
+    """Left half of each image, right half of the next one (a whole batch rolled by 1)."""
+    import tensorflow as tf
+
+    half = images.shape[2] // 2
+    return tf.concat([images[:, :, :half], tf.roll(images, 1, axis=0)[:, :, half:]], axis=2)
+
+
+def _dataset(images, labels, batch_size, seed, shuffle):
+    import tensorflow as tf
+
+    ds = tf.data.Dataset.from_tensor_slices((images, labels))
+    if shuffle:
+        ds = ds.shuffle(len(images), seed=seed, reshuffle_each_iteration=True)
+
+    def both(x, y):
+        x = tf.cast(x, tf.float32) / 127.5 - 1.0
+        n = tf.shape(x)[0]
+        xs = tf.concat([x, splice(x)], axis=0)
+        ones, zeros = tf.ones((n,)), tf.zeros((n,))
+        targets = {"class": tf.concat([y, y], 0),
+                   "consistent": tf.concat([ones, zeros], 0)[:, None]}
+        weights = {"class": tf.concat([ones, zeros], 0), "consistent": tf.ones((2 * n,))}
+        return xs, targets, weights
+
+    return ds.batch(batch_size, drop_remainder=True).map(both).prefetch(2)
+
+
+def train_classifier(data, epochs=3, batch_size=64, seed=0, verbose=0):
+    """Trains the classifier on `data.train`; returns (model, test metrics dict)."""
+    import keras
+
+    model = build_classifier(data.image_size, data.channels, data.num_classes, seed)
+    model.compile(
+        optimizer=keras.optimizers.Adam(1e-3),
+        loss={"class": "sparse_categorical_crossentropy", "consistent": "binary_crossentropy"},
+        weighted_metrics={"class": ["accuracy"], "consistent": ["binary_accuracy"]},
+    )
+    batch = min(batch_size, max(2, len(data.train) // 2))
+    model.fit(_dataset(data.train, data.train_labels, batch, seed, True), epochs=epochs,
+              verbose=verbose)
+    model.trainable = False
+    return model, evaluate_real(model, data)
+
+
+def evaluate_real(model, data):
+    """Accuracy of both heads on the real test images (and spliced versions)."""
+    import tensorflow as tf
+
+    x = to_float(data.test)
+    out = predict(model, x)
+    class_acc = float(np.mean(np.argmax(out["class"], -1) == data.test_labels))
+    spliced = predict(model, np.asarray(splice(tf.constant(x))))
+    consistent = float(np.mean(out["consistent"][:, 0] > 0.5))
+    rejected = float(np.mean(spliced["consistent"][:, 0] <= 0.5))
+    return {"classifier_test_accuracy": round(class_acc, 4),
+            "classifier_test_consistent": round(consistent, 4),
+            "classifier_test_spliced_rejected": round(rejected, 4)}
+
+
+def predict(model, images, batch_size=256):
+    outs = model.predict(images, batch_size=batch_size, verbose=0)
+    return {k: np.asarray(v) for k, v in outs.items()}
+
+
+def feature_model(model):
+    import keras
+
+    return keras.Model(model.input, model.get_layer(FEATURES).output)
+
+
+def features_and_outputs(model, images, batch_size=256):
+    """(features [N, 128], class probabilities, consistency) for float images in [-1, 1]."""
+    import keras
+
+    both = keras.Model(model.input, [model.get_layer(FEATURES).output, model.output])
+    feats, outs = [], {"class": [], "consistent": []}
+    for i in range(0, len(images), batch_size):
+        f, o = both(images[i:i + batch_size], training=False)
+        feats.append(np.asarray(f))
+        for k in outs:
+            outs[k].append(np.asarray(o[k]))
+    return np.concatenate(feats), {k: np.concatenate(v) for k, v in outs.items()}

@@ -1,0 +1,128 @@
+"""`python -m train sagan`: train a Self-Attention GAN, or --compare with / without attention.
+
+Data: the embedded mirrored-shapes set by default (generated, offline),
+`--dataset tfds:mnist|fashion_mnist|cifar10|celeb_a` (downloads), or
+`--image-dir DIR` (one sub-folder per class). Evaluation: FID/KID in the feature
+space of a classifier trained on the real training images (kept in the run
+directory), with the real-train vs real-test distance as `fid_floor`.
+"""
+
+import os
+
+from train.errors import UsageError
+
+
+def add_arguments(parser):
+    add = parser.add_argument
+    add("--out", default=None, help="run directory (default runs/sagan or runs/sagan-compare)")
+    add("--epochs", type=int, default=None, help="passes over the training images (default 10)")
+    add("--batch-size", type=int, default=32, help="real images per D step (default 32)")
+    add("--n-dis", type=int, default=1, help="D steps per G step (default 1, as SAGAN with TTUR)")
+    add("--lr-g", type=float, default=1e-4, help="generator learning rate (default 1e-4)")
+    add("--lr-d", type=float, default=4e-4, help="discriminator learning rate (default 4e-4)")
+    add("--beta1", type=float, default=0.0, help="Adam beta_1 (default 0)")
+    add("--beta2", type=float, default=0.9, help="Adam beta_2 (default 0.9)")
+    add("--ema", type=float, default=0.999, metavar="DECAY",
+        help="exponential moving average of G's weights (default 0.999; 0 = off)")
+    add("--latent-dim", type=int, default=128, help="noise size (default 128)")
+    add("--width", type=int, default=16, help="base channel count of G and D (default 16)")
+    add("--attention-resolution", default="auto",
+        help="feature-map side of the attention block: auto (image_size/2), none, or 8, 16, ...")
+    add("--unconditional", action="store_true", help="ignore class labels")
+    add("--dataset", help="tfds:mnist|fashion_mnist|cifar10|celeb_a (downloads)")
+    add("--image-dir", help="directory with one sub-folder of images per class")
+    add("--image-size", type=int, default=None,
+        help="resize images to this side (a power of two >= 32; default: the data's own)")
+    add("--train-size", type=int, default=4000, help="embedded data: training images (default 4000)")
+    add("--test-size", type=int, default=1000, help="embedded data: test images (default 1000)")
+    add("--max-images", type=int, default=None, help="tfds / --image-dir: use at most this many")
+    add("--eval-samples", type=int, default=1000,
+        help="images per set for FID/KID (generated, reference, test; default 1000)")
+    add("--epoch-eval-samples", type=int, default=256,
+        help="images for the quick FID logged after each epoch (default 256; 0 = off)")
+    add("--classifier-epochs", type=int, default=4, help="epochs of the evaluation classifier")
+    add("--max-minutes", type=float, default=0.0,
+        help="stop training after this many minutes (default 0 = no limit)")
+    add("--seed", type=int, default=0, help="random seed (models, noise, embedded data)")
+    add("--resume", action="store_true", help="continue the run in --out from its last checkpoint")
+    add("--compare", action="store_true",
+        help="train with and without attention on the same budget; print both FIDs")
+
+
+def parse_attention(value):
+    text = str(value).strip().lower()
+    if text == "auto":
+        return "auto"
+    if text in ("none", "off", "0"):
+        return None
+    try:
+        return int(text)
+    except ValueError:
+        raise UsageError(f"--attention-resolution must be auto, none or an integer, got {value!r}") from None
+
+
+def _validate(args):
+    positive = {"--batch-size": args.batch_size, "--n-dis": args.n_dis, "--latent-dim": args.latent_dim,
+                "--width": args.width, "--train-size": args.train_size, "--test-size": args.test_size,
+                "--eval-samples": args.eval_samples, "--classifier-epochs": args.classifier_epochs}
+    for flag, value in positive.items():
+        if value < 1:
+            raise UsageError(f"{flag} must be >= 1, got {value}")
+    if args.epochs is not None and args.epochs < 0:
+        raise UsageError(f"--epochs must be >= 0, got {args.epochs}")
+    for flag, value in (("--lr-g", args.lr_g), ("--lr-d", args.lr_d)):
+        if not value > 0:
+            raise UsageError(f"{flag} must be > 0, got {value}")
+    for flag, value in (("--beta1", args.beta1), ("--beta2", args.beta2), ("--ema", args.ema)):
+        if not 0 <= value < 1:
+            raise UsageError(f"{flag} must be in [0, 1), got {value}")
+    if args.max_minutes < 0:
+        raise UsageError(f"--max-minutes must be >= 0, got {args.max_minutes}")
+    if args.epoch_eval_samples < 0:
+        raise UsageError(f"--epoch-eval-samples must be >= 0, got {args.epoch_eval_samples}")
+    if args.max_images is not None and args.max_images < 4:
+        raise UsageError(f"--max-images must be >= 4, got {args.max_images}")
+    if args.compare and args.resume:
+        raise UsageError("--compare cannot be combined with --resume")
+    args.attention = parse_attention(args.attention_resolution)
+    if args.image_size is not None:
+        from train.data.images import check_size
+
+        check_size(args.image_size)
+    if args.out is None:
+        args.out = os.path.join("runs", "sagan-compare" if args.compare else "sagan")
+
+
+def data_flags(args):
+    return {"dataset": args.dataset, "image_dir": args.image_dir, "image_size": args.image_size,
+            "train_size": args.train_size, "test_size": args.test_size,
+            "max_images": args.max_images, "seed": args.seed}
+
+
+def run(args):
+    _validate(args)
+    from train import rundir
+
+    rundir.check_out_dir(args.out, resume=args.resume)
+    if args.resume:
+        import zoo  # noqa: F401
+        from train.sagan_run import resume_run
+
+        return resume_run(args)
+    # Everything that can be wrong with the input is found before anything is written.
+    from train.data.images import load_images
+
+    data = load_images(**data_flags(args))
+    if args.attention not in ("auto", None):
+        from zoo.sagan import resolve_attention
+
+        try:
+            resolve_attention(data.image_size, args.attention)
+        except ValueError as e:
+            raise UsageError(f"--attention-resolution {args.attention}: {e}") from None
+    import zoo  # noqa: F401  (imports keras quietly; after the cheap checks above)
+    from train.sagan_run import train_compare, train_one
+
+    if args.compare:
+        return train_compare(args, data)
+    return train_one(args, data, args.out)

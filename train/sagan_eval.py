@@ -1,0 +1,78 @@
+"""Evaluation of a SAGAN generator in the frozen classifier's feature space.
+
+Fixed sample counts: `n` generated images (classes in turn for conditional
+models, a fixed noise seed), `n` real training images (the reference) and `n`
+real test images. `fid` = FID(generated, reference); `fid_floor` = FID(real
+test, reference), the distance a perfect generator would still show with `n`
+samples. Same for `kid` / `kid_floor`.
+"""
+
+import numpy as np
+
+from train.fid import frechet_distance, kernel_inception_distance
+from train.fid_classifier import features_and_outputs, to_float
+
+
+def generate(generator, n, latent_dim, num_classes, seed, batch_size=128):
+    """n images in [-1, 1] and their requested labels (i % num_classes)."""
+    rng = np.random.default_rng(seed)
+    noise = rng.standard_normal((n, latent_dim)).astype(np.float32)
+    labels = (np.arange(n) % num_classes).astype(np.int32) if num_classes else np.zeros(n, np.int32)
+    images = []
+    for i in range(0, n, batch_size):
+        feed = {"noise": noise[i:i + batch_size]}
+        if num_classes:
+            feed["label"] = labels[i:i + batch_size]
+        images.append(np.asarray(generator.predict_on_batch(feed)))
+    return np.concatenate(images), labels
+
+
+class Evaluator:
+    """Holds the reference features so each evaluation only embeds generated images."""
+
+    def __init__(self, classifier, data, n, seed=0):
+        rng = np.random.default_rng(seed)
+        self.n = int(min(n, len(data.train), len(data.test)))
+        self.classifier = classifier
+        reference = to_float(data.train[rng.choice(len(data.train), self.n, replace=False)])
+        test = to_float(data.test[rng.choice(len(data.test), self.n, replace=False)])
+        self.ref_features, _ = features_and_outputs(classifier, reference)
+        self.test_features, test_out = features_and_outputs(classifier, test)
+        self.real_consistent = float(np.mean(test_out["consistent"][:, 0] > 0.5))
+        self._floor = None
+
+    def floor(self):
+        if self._floor is None:
+            self._floor = {
+                "fid_floor": round(frechet_distance(self.test_features, self.ref_features), 4),
+                "kid_floor": round(kernel_inception_distance(self.test_features, self.ref_features,
+                                                             subset_size=min(500, self.n)), 5),
+            }
+        return self._floor
+
+    def fid(self, images):
+        features, _ = features_and_outputs(self.classifier, images)
+        return frechet_distance(features, self.ref_features)
+
+    def evaluate(self, generator, latent_dim, num_classes, seed, class_names=None):
+        images, labels = generate(generator, self.n, latent_dim, num_classes, seed)
+        features, out = features_and_outputs(self.classifier, images)
+        metrics = {
+            "fid": round(frechet_distance(features, self.ref_features), 4),
+            "kid": round(kernel_inception_distance(features, self.ref_features,
+                                                   subset_size=min(500, self.n)), 5),
+            **self.floor(),
+            "class_accuracy": None,
+            "consistent": round(float(np.mean(out["consistent"][:, 0] > 0.5)), 4),
+            "real_consistent": round(self.real_consistent, 4),
+            "eval_samples": self.n,
+        }
+        if num_classes:
+            predicted = np.argmax(out["class"], axis=-1)
+            metrics["class_accuracy"] = round(float(np.mean(predicted == labels)), 4)
+            names = class_names or [str(k) for k in range(num_classes)]
+            metrics["class_accuracy_per_class"] = {
+                names[k]: round(float(np.mean(predicted[labels == k] == k)), 4)
+                for k in range(num_classes) if np.any(labels == k)
+            }
+        return metrics

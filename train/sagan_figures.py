@@ -1,0 +1,103 @@
+"""SAGAN figures: sample grids and the attention map of a few query pixels (paper Fig. 1 style)."""
+
+import io
+import os
+
+import numpy as np
+
+from train.rundir import _atomic
+
+
+def to_uint8(images):
+    """Generator output in [-1, 1] -> uint8 [0, 255]."""
+    return np.clip(np.round((np.asarray(images, np.float32) + 1.0) * 127.5), 0, 255).astype(np.uint8)
+
+
+def grid(images, columns, pad=1):
+    """uint8 [N, H, W, C] -> one uint8 [rows*(H+pad)+pad, ...] mosaic (white gaps)."""
+    images = np.asarray(images)
+    n, h, w, c = images.shape
+    rows = -(-n // columns)
+    out = np.full((rows * (h + pad) + pad, columns * (w + pad) + pad, c), 255, np.uint8)
+    for i, image in enumerate(images):
+        r, k = divmod(i, columns)
+        out[pad + r * (h + pad): pad + r * (h + pad) + h, pad + k * (w + pad): pad + k * (w + pad) + w] = image
+    return out
+
+
+def save_png(array, path, scale=2):
+    from PIL import Image
+
+    array = np.asarray(array)
+    if scale > 1:
+        array = array.repeat(scale, axis=0).repeat(scale, axis=1)
+    if array.shape[-1] == 1:
+        array = array[..., 0]
+    buffer = io.BytesIO()
+    Image.fromarray(array).save(buffer, format="PNG")
+    _atomic(path, lambda f: f.write(buffer.getvalue()), "wb")
+
+
+def save_sample_grid(images, columns, path):
+    """Generator outputs [-1, 1] -> PNG grid (one row per class for conditional runs)."""
+    save_png(grid(to_uint8(images), columns), path)
+
+
+def query_points(side):
+    """Four query pixels on the image (row, col): the four quadrant centres."""
+    q = side // 4
+    return [(q, q), (q, side - 1 - q), (side - 1 - q, q), (side - 1 - q, side - 1 - q)]
+
+
+def save_attention_figure(images, scores, feature_side, path, class_names=None, labels=None):
+    """For each image, where four query pixels look (like the SAGAN paper's Fig. 1).
+
+    Args:
+        images: generator outputs [B, S, S, C] in [-1, 1].
+        scores: attention weights [B, side*side, keys] of the generator's
+            SelfAttention2D, queries row-major on the side x side feature map,
+            keys on the same map or on its 2x2-pooled version.
+        feature_side: the attention's feature-map side.
+        path: the PNG to write.
+    """
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    images = to_uint8(images)
+    scores = np.asarray(scores, np.float32)
+    b, size = images.shape[0], images.shape[1]
+    keys = scores.shape[-1]
+    key_side = int(round(np.sqrt(keys)))
+    points = query_points(size)
+    colours = ["#ff3030", "#30c0ff", "#ffd700", "#40ff40"]
+    fig, axes = plt.subplots(b, len(points) + 1, figsize=(2.0 * (len(points) + 1), 2.0 * b),
+                             squeeze=False)
+    for i in range(b):
+        shown = images[i][..., 0] if images.shape[-1] == 1 else images[i]
+        ax = axes[i, 0]
+        ax.imshow(shown, cmap="gray" if images.shape[-1] == 1 else None)
+        title = "sample" if labels is None or not class_names else class_names[int(labels[i])]
+        ax.set_title(title, fontsize=8)
+        for (r, c), colour in zip(points, colours):
+            ax.plot(c, r, "o", color=colour, markersize=5, markeredgecolor="black")
+        for j, ((r, c), colour) in enumerate(zip(points, colours)):
+            fr, fc = r * feature_side // size, c * feature_side // size
+            weights = scores[i, fr * feature_side + fc].reshape(key_side, key_side)
+            heat = np.kron(weights, np.ones((size // key_side, size // key_side)))
+            ax = axes[i, j + 1]
+            ax.imshow(shown, cmap="gray" if images.shape[-1] == 1 else None)
+            ax.imshow(heat, cmap="inferno", alpha=0.6)
+            ax.plot(c, r, "o", color=colour, markersize=5, markeredgecolor="black")
+            ax.set_title(f"query ({r},{c})", fontsize=8)
+    for ax in axes.ravel():
+        ax.set_xticks([])
+        ax.set_yticks([])
+    fig.suptitle("Generator self-attention: where each query pixel looks", fontsize=9)
+    fig.tight_layout()
+    buffer = io.BytesIO()
+    fig.savefig(buffer, format="png", dpi=80)
+    plt.close(fig)
+    _atomic(path, lambda f: f.write(buffer.getvalue()), "wb")
+    return path

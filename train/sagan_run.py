@@ -1,0 +1,310 @@
+"""One SAGAN run (train, resume) and --compare, writing the run-directory contract.
+
+RUN_DIR/model.keras          the generator (EMA weights when --ema > 0)
+RUN_DIR/discriminator.keras  the discriminator
+RUN_DIR/classifier.keras     the frozen evaluation classifier (FID/KID feature space)
+RUN_DIR/config.json          kind "sagan", generator kwargs under "model", "train", "data"
+RUN_DIR/metrics.json         fid, kid, fid_floor, kid_floor, class_accuracy, ...
+RUN_DIR/calibration.npz      noise (and label) rows for int8 calibration of the export
+RUN_DIR/vocab/classes.txt    class names, one per line (label id = line number)
+RUN_DIR/samples/epoch_NNN.png, samples.png, attention.png, logs/ (TensorBoard),
+RUN_DIR/checkpoints/         state.npz + state.json (resume)
+"""
+
+import os
+import sys
+import time
+
+import numpy as np
+
+from train import rundir
+from train.errors import UsageError
+from train.progress import markdown_table
+
+SUMMARY_COLUMNS = [
+    ("name", "run"), ("fid", "FID"), ("fid_floor", "FID floor"), ("kid", "KID"),
+    ("class_accuracy", "class acc"), ("consistent", "consistent"), ("params_g", "G params"),
+    ("train_seconds", "train s"), ("epochs", "epochs"),
+]
+DEFAULT_EPOCHS = 10
+GRID_COLUMNS = 8
+
+
+def _model_config(args, data, attention):
+    conditional = data.num_classes > 1 and not args.unconditional
+    return {"image_size": data.image_size, "channels": data.channels,
+            "num_classes": data.num_classes if conditional else None,
+            "latent_dim": args.latent_dim, "width": args.width,
+            "attention_resolution": attention, "seed": args.seed}
+
+
+def _train_config(args):
+    from train.sagan import data_flags
+
+    return {**data_flags(args), "epochs": DEFAULT_EPOCHS if args.epochs is None else args.epochs,
+            "batch_size": args.batch_size, "n_dis": args.n_dis, "lr_g": args.lr_g, "lr_d": args.lr_d,
+            "beta1": args.beta1, "beta2": args.beta2, "ema": args.ema,
+            "eval_samples": args.eval_samples, "epoch_eval_samples": args.epoch_eval_samples,
+            "classifier_epochs": args.classifier_epochs, "max_minutes": args.max_minutes,
+            "unconditional": bool(args.unconditional)}
+
+
+def _build(model_cfg, train_cfg):
+    import zoo
+
+    g_cfg = dict(model_cfg)
+    d_cfg = {k: v for k, v in model_cfg.items() if k != "latent_dim"}
+    try:
+        g = zoo.build("sagan_generator", **g_cfg)
+        d = zoo.build("sagan_discriminator", **d_cfg)
+    except ValueError as e:
+        raise UsageError(str(e)) from None
+    ema = None
+    if train_cfg["ema"] > 0:
+        ema = zoo.build("sagan_generator", **g_cfg)
+        ema.set_weights(g.get_weights())
+    return g, d, ema
+
+
+def get_classifier(out, data, train_cfg, classifier=None):
+    """The run's frozen classifier: given (compare), already in the run, or trained now."""
+    import keras
+
+    path = os.path.join(out, "classifier.keras")
+    report_path = os.path.join(out, "classifier.json")
+    if classifier is None and os.path.exists(path):
+        classifier = keras.models.load_model(path)
+        classifier.trainable = False
+        return classifier, rundir.read_json(report_path) if os.path.exists(report_path) else {}
+    report = {}
+    if classifier is None:
+        from train.fid_classifier import train_classifier
+
+        print(f"training the evaluation classifier ({train_cfg['classifier_epochs']} epochs)...",
+              file=sys.stderr, flush=True)
+        classifier, report = train_classifier(data, epochs=train_cfg["classifier_epochs"],
+                                              seed=train_cfg["seed"])
+    else:
+        from train.fid_classifier import evaluate_real
+
+        report = evaluate_real(classifier, data)
+    rundir.atomic_save_model(classifier, path)
+    rundir.atomic_write_json(report_path, report)
+    return classifier, report
+
+
+def train_one(args, data, out, attention=None, classifier=None):
+    import keras
+
+    attention = args.attention if attention is None else attention
+    keras.utils.set_random_seed(args.seed)
+    model_cfg = _model_config(args, data, attention)
+    train_cfg = _train_config(args)
+    g, d, ema = _build(model_cfg, train_cfg)
+    rundir.create_run_dir(out, "sagan")
+    rundir.atomic_write_lines(os.path.join(out, "vocab", "classes.txt"), data.class_names)
+    d_cfg = {k: v for k, v in model_cfg.items() if k != "latent_dim"}
+    config = {"kind": "sagan", "model": model_cfg, "discriminator": d_cfg, "train": train_cfg,
+              "data": data.source, "class_names": list(data.class_names)}
+    rundir.atomic_write_json(os.path.join(out, "config.json"), config)
+    classifier, report = get_classifier(out, data, train_cfg, classifier)
+    state = {"epoch": 0, "d_steps": 0, "train_seconds": 0.0, "history": []}
+    return _fit_and_finish(out, config, data, g, d, ema, classifier, report, state)
+
+
+def resume_run(args):
+    out = args.out
+    config_path = os.path.join(out, "config.json")
+    ckpt = os.path.join(out, "checkpoints")
+    from train.sagan_fit import has_checkpoint
+
+    if not os.path.exists(config_path) or not has_checkpoint(ckpt):
+        raise UsageError(f"--resume: no checkpoint to resume in {out} (missing config.json or checkpoints/)")
+    config = rundir.read_json(config_path)
+    if config.get("kind") != "sagan":
+        raise UsageError(f"--resume: {out} is not a sagan run (kind={config.get('kind')!r})")
+    train_cfg = config["train"]
+    if args.epochs is not None:
+        train_cfg["epochs"] = args.epochs
+    from train.data.images import load_images
+
+    data = load_images(**{k: train_cfg[k] for k in ("dataset", "image_dir", "image_size", "train_size",
+                                                     "test_size", "max_images", "seed")})
+    import keras
+
+    keras.utils.set_random_seed(train_cfg["seed"])
+    g, d, ema = _build(config["model"], train_cfg)
+    classifier, report = get_classifier(out, data, train_cfg)
+    config["train"] = train_cfg
+    rundir.atomic_write_json(config_path, config)
+    trainer = _trainer(g, d, ema, config["model"], train_cfg)
+    state = trainer.restore(ckpt)
+    keras.utils.set_random_seed(train_cfg["seed"] + state["epoch"])
+    print(f"resuming {out} at epoch {state['epoch']} of {train_cfg['epochs']}", file=sys.stderr)
+    return _fit_and_finish(out, config, data, g, d, ema, classifier, report, state, trainer)
+
+
+def _trainer(g, d, ema, model_cfg, train_cfg):
+    from train.sagan_fit import SaganTrainer
+
+    return SaganTrainer(g, d, num_classes=model_cfg["num_classes"], latent_dim=model_cfg["latent_dim"],
+                        lr_g=train_cfg["lr_g"], lr_d=train_cfg["lr_d"], beta_1=train_cfg["beta1"],
+                        beta_2=train_cfg["beta2"], n_dis=train_cfg["n_dis"], ema=ema,
+                        ema_decay=train_cfg["ema"])
+
+
+def _fixed_latents(model_cfg, seed, rows=None):
+    num_classes = model_cfg["num_classes"]
+    rows = rows or (min(num_classes, 10) if num_classes else GRID_COLUMNS)
+    rng = np.random.default_rng(seed + 12345)
+    noise = rng.standard_normal((GRID_COLUMNS, model_cfg["latent_dim"])).astype(np.float32)
+    noise = np.tile(noise, (rows, 1)) if num_classes else rng.standard_normal(
+        (rows * GRID_COLUMNS, model_cfg["latent_dim"])).astype(np.float32)
+    feed = {"noise": noise}
+    if num_classes:
+        feed["label"] = np.repeat(np.arange(rows), GRID_COLUMNS).astype(np.int32)
+    return feed
+
+
+def _fit_and_finish(out, config, data, g, d, ema, classifier, classifier_report, state, trainer=None):
+    import keras
+    import tensorflow as tf
+
+    from train.sagan_eval import Evaluator, generate
+    from train.sagan_figures import save_sample_grid
+
+    model_cfg, train_cfg = config["model"], config["train"]
+    trainer = trainer or _trainer(g, d, ema, model_cfg, train_cfg)
+    sampler = ema if ema is not None else g
+    ckpt = os.path.join(out, "checkpoints")
+    samples_dir = os.path.join(out, "samples")
+    os.makedirs(samples_dir, exist_ok=True)
+    writer = tf.summary.create_file_writer(os.path.join(out, "logs"))
+    quick = None
+    if train_cfg["epoch_eval_samples"]:
+        quick = Evaluator(classifier, data, train_cfg["epoch_eval_samples"], seed=train_cfg["seed"])
+
+    def quick_fid():
+        if quick is None:
+            return None
+        images, _ = generate(sampler, quick.n, model_cfg["latent_dim"], model_cfg["num_classes"],
+                             seed=train_cfg["seed"] + 7)
+        return round(quick.fid(images), 4)
+
+    if not state["history"]:
+        state["initial_fid"] = quick_fid()
+    fixed = _fixed_latents(model_cfg, train_cfg["seed"])
+    batch = train_cfg["batch_size"]
+    steps = max(1, len(data.train) // batch)
+    limit = train_cfg["max_minutes"] * 60.0
+    stopped = False
+    for epoch in range(state["epoch"], train_cfg["epochs"]):
+        if limit and state["train_seconds"] >= limit:
+            stopped = True
+            break
+        started = time.perf_counter()
+        order = np.random.default_rng(train_cfg["seed"] + epoch).permutation(len(data.train))
+        print(f"epoch {epoch + 1}/{train_cfg['epochs']}", file=sys.stderr, flush=True)
+        bar = keras.utils.Progbar(steps, stateful_metrics=["d_loss", "g_loss", "d_real", "d_fake"])
+        sums = {}
+        done = 0
+        for i in range(steps):
+            idx = order[i * batch:(i + 1) * batch]
+            real = data.train[idx].astype(np.float32) / 127.5 - 1.0
+            labels = data.train_labels[idx] if model_cfg["num_classes"] else np.zeros(len(idx), np.int32)
+            logs = trainer.train_batch(real, labels.astype(np.int32), state["d_steps"])
+            state["d_steps"] += 1
+            for k, v in logs.items():
+                if not np.isfinite(v):
+                    raise FloatingPointError(f"{k} became {v} at epoch {epoch + 1}, step {i + 1}")
+                sums.setdefault(k, []).append(v)
+            bar.update(i + 1, [(k, v) for k, v in logs.items()])
+            done = i + 1
+            if limit and state["train_seconds"] + time.perf_counter() - started >= limit:
+                stopped = True
+                break
+        state["train_seconds"] += time.perf_counter() - started
+        means = {k: round(float(np.mean(v)), 5) for k, v in sums.items()}
+        entry = {"epoch": epoch + 1, "steps": done, **means, "fid_quick": quick_fid()}
+        state["history"].append(entry)
+        state["epoch"] = epoch + 1
+        images = np.asarray(sampler.predict_on_batch(fixed))
+        save_sample_grid(images, GRID_COLUMNS, os.path.join(samples_dir, f"epoch_{epoch + 1:03d}.png"))
+        with writer.as_default(step=epoch + 1):
+            for k, v in entry.items():
+                if k not in ("epoch", "steps") and v is not None:
+                    tf.summary.scalar(k, v)
+            tf.summary.image("samples", (images[:16] + 1.0) / 2.0, max_outputs=16)
+        writer.flush()
+        trainer.save(ckpt, state)
+        print(f"  d_loss {means.get('d_loss')}  g_loss {means.get('g_loss')}  "
+              f"quick FID {entry['fid_quick']}", file=sys.stderr, flush=True)
+        if stopped:
+            break
+    return _finish(out, config, data, g, d, sampler, classifier, classifier_report, state, stopped)
+
+
+def _finish(out, config, data, g, d, sampler, classifier, classifier_report, state, stopped):
+    from train.sagan_eval import Evaluator
+    from train.sagan_figures import save_attention_figure, save_sample_grid
+    from zoo.sagan import attention_scores
+
+    model_cfg, train_cfg = config["model"], config["train"]
+    evaluator = Evaluator(classifier, data, train_cfg["eval_samples"], seed=train_cfg["seed"])
+    metrics = evaluator.evaluate(sampler, model_cfg["latent_dim"], model_cfg["num_classes"],
+                                 seed=train_cfg["seed"] + 1, class_names=data.class_names)
+    seconds = state["train_seconds"]
+    metrics.update(
+        classifier_report,
+        initial_fid_quick=state.get("initial_fid"),
+        fid_quick_history=[h.get("fid_quick") for h in state["history"]],
+        d_loss=state["history"][-1].get("d_loss") if state["history"] else None,
+        g_loss=state["history"][-1].get("g_loss") if state["history"] else None,
+        epochs=state["epoch"], d_steps=state["d_steps"], train_seconds=round(seconds, 1),
+        images_per_second=round(state["d_steps"] * train_cfg["batch_size"] / seconds, 1) if seconds else None,
+        stopped_by_time_limit=bool(stopped), attention_resolution=model_cfg["attention_resolution"],
+        params_g=int(g.count_params()), params_d=int(d.count_params()), ema=train_cfg["ema"],
+    )
+    rundir.atomic_save_model(sampler, os.path.join(out, "model.keras"))
+    rundir.atomic_save_model(d, os.path.join(out, "discriminator.keras"))
+    rundir.atomic_write_json(os.path.join(out, "metrics.json"), metrics)
+    rng = np.random.default_rng(train_cfg["seed"] + 99)
+    calibration = {"noise": rng.standard_normal((200, model_cfg["latent_dim"])).astype(np.float32)}
+    if model_cfg["num_classes"]:
+        calibration["label"] = (np.arange(200) % model_cfg["num_classes"]).astype(np.int32)
+    rundir.atomic_save_npz(os.path.join(out, "calibration.npz"), **calibration)
+    fixed = _fixed_latents(model_cfg, train_cfg["seed"])
+    save_sample_grid(np.asarray(sampler.predict_on_batch(fixed)), GRID_COLUMNS,
+                     os.path.join(out, "samples.png"))
+    feed = {k: v[::GRID_COLUMNS + 1][:3] for k, v in fixed.items()}
+    result = attention_scores(sampler, feed)
+    if result is not None:
+        images, scores, side = result
+        save_attention_figure(np.asarray(images), np.asarray(scores), side,
+                              os.path.join(out, "attention.png"), data.class_names, feed.get("label"))
+    row = {"name": os.path.basename(os.path.normpath(out)), **metrics}
+    print(f"\n{out}")
+    print(markdown_table([row], SUMMARY_COLUMNS))
+    return 0
+
+
+def train_compare(args, data):
+    """The same budget with and without attention, evaluated by one shared classifier."""
+    rundir.create_run_dir(args.out, "sagan-compare")
+    train_cfg = _train_config(args)
+    classifier, _ = get_classifier(args.out, data, train_cfg)
+    rows = []
+    for name, attention in (("attention", args.attention or "auto"), ("no_attention", None)):
+        print(f"\n=== {name} ===", flush=True)
+        run_dir = os.path.join(args.out, name)
+        train_one(args, data, run_dir, attention=attention, classifier=classifier)
+        rows.append({"name": name, **rundir.read_json(os.path.join(run_dir, "metrics.json"))})
+    table = markdown_table(rows, SUMMARY_COLUMNS)
+    title = (f"SAGAN with vs without self-attention on {data.source.get('name')} data "
+             f"(same budget; FID in the run's classifier feature space)")
+    rundir.atomic_write_text(os.path.join(args.out, "compare.md"), f"# {title}\n\n{table}\n")
+    rundir.atomic_write_json(os.path.join(args.out, "compare.json"), {"data": data.source, "runs": rows})
+    print(f"\n{title}\n{table}")
+    print(f"FID with attention: {rows[0]['fid']}   without: {rows[1]['fid']}   "
+          f"(floor {rows[0]['fid_floor']})")
+    return 0

@@ -1,0 +1,344 @@
+"""Self-Attention GAN (Zhang et al., 2019): generator and projection discriminator.
+
+`zoo.build("sagan_generator", image_size=32, num_classes=10, ...)` and
+`zoo.build("sagan_discriminator", ...)` build functional Keras models:
+
+- Generator: inputs `noise` float32 [B, latent_dim] (and `label` int32 [B] when
+  class-conditional); output `image` float32 [B, S, S, channels] in [-1, 1]
+  (tanh). A spectrally normalised dense layer makes a 4x4 map, residual
+  up-blocks (conditional batch norm -> ReLU -> 2x nearest upsampling -> 3x3 conv,
+  twice, with a 1x1-conv shortcut) double it to S x S, then BN -> ReLU -> 3x3
+  conv -> tanh.
+- Discriminator: inputs `image` (and `label`); output `logits` [B, 1]. Residual
+  down-blocks (ReLU -> 3x3 conv, twice, 2x2 average pooling) to 4x4, a last
+  block at 4x4, ReLU, global *sum* pooling, a linear output, and for
+  class-conditional models the projection term `<embed(y), h>` (Miyato and
+  Koyama, 2018) with a spectrally normalised embedding.
+- `SelfAttention2D` after the block whose output has `attention_resolution`
+  pixels per side, in both networks (default: the second-largest feature map,
+  `image_size // 2`; `None` for the no-attention ablation).
+
+Every conv and dense layer is spectrally normalised (SAGAN uses SN in G and D).
+Channels at resolution r are `width * min(8, image_size // r)`.
+"""
+
+import math
+
+import keras
+from keras import ops
+
+from layers import ConditionalBatchNormalization, SelfAttention2D, SNConv2D, SNDense
+from zoo import register
+
+MIN_SIZE = 32
+ATTENTION_LAYER = "self_attention"
+
+
+def check_image_size(image_size):
+    """Raises ValueError unless `image_size` is a power of two >= 32."""
+    if (
+        isinstance(image_size, bool)
+        or not isinstance(image_size, int)
+        or image_size < MIN_SIZE
+        or image_size & (image_size - 1)
+    ):
+        raise ValueError(
+            "`image_size` must be a power of two >= 32 (the generator doubles a 4x4 map "
+            f"until it reaches the image size). Received: image_size={image_size!r}"
+        )
+    return image_size
+
+
+def resolve_attention(image_size, attention_resolution):
+    """The attention resolution as an int, or None; ValueError if impossible."""
+    if attention_resolution == "auto":
+        return image_size // 2
+    if attention_resolution in (None, 0, False):
+        return None
+    allowed = [2 ** k for k in range(3, int(math.log2(image_size)))]
+    if attention_resolution not in allowed:
+        raise ValueError(
+            f"`attention_resolution` must be one of {allowed} (a feature-map size of both "
+            f"networks), 'auto' or None. Received: attention_resolution={attention_resolution!r}"
+        )
+    return int(attention_resolution)
+
+
+def channels_at(width, image_size, resolution):
+    return width * min(8, image_size // resolution)
+
+
+def _validate(image_size, channels, num_classes, width, latent_dim):
+    check_image_size(image_size)
+    for name, value in (("channels", channels), ("width", width), ("latent_dim", latent_dim)):
+        if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+            raise ValueError(f"`{name}` must be a positive integer. Received: {name}={value!r}")
+    if num_classes is not None and (
+        isinstance(num_classes, bool) or not isinstance(num_classes, int) or num_classes < 2
+    ):
+        raise ValueError(
+            f"`num_classes` must be None (unconditional) or an integer >= 2. "
+            f"Received: num_classes={num_classes!r}"
+        )
+
+
+@keras.saving.register_keras_serializable(package="zoo")
+class GeneratorBlock(keras.layers.Layer):
+    """SAGAN/BigGAN residual up-block with (conditional) batch norm.
+
+    Args:
+        filters: output channels.
+        num_classes: classes of the conditional batch norm; None: plain BN.
+        momentum: batch-norm momentum.
+        seed: seed of the spectral-norm vectors.
+
+    Call arguments:
+        inputs: [B, H, W, C_in]; labels: int32 [B] (conditional only).
+
+    Returns:
+        [B, 2H, 2W, filters].
+    """
+
+    def __init__(self, filters, num_classes=None, momentum=0.9, seed=None, **kwargs):
+        super().__init__(**kwargs)
+        self.filters = int(filters)
+        self.num_classes = num_classes
+        self.momentum = float(momentum)
+        self.seed = seed
+        self.bn1 = self._norm("bn1")
+        self.bn2 = self._norm("bn2")
+        self.upsample = keras.layers.UpSampling2D(2, interpolation="nearest", name="upsample")
+        self.conv1 = SNConv2D(self.filters, 3, seed=seed, name="conv1")
+        self.conv2 = SNConv2D(self.filters, 3, seed=seed, name="conv2")
+        self.shortcut = SNConv2D(self.filters, 1, seed=seed, name="shortcut")
+
+    def _norm(self, name):
+        if self.num_classes:
+            return ConditionalBatchNormalization(self.num_classes, momentum=self.momentum, name=name)
+        return keras.layers.BatchNormalization(momentum=self.momentum, epsilon=1e-5, name=name)
+
+    def _bn(self, bn, x, labels, training):
+        if self.num_classes:
+            return bn(x, labels, training=training)
+        return bn(x, training=training)
+
+    def build(self, inputs_shape, labels_shape=None):
+        b, h, w, c = inputs_shape
+        up = (b, None if h is None else 2 * h, None if w is None else 2 * w)
+        if self.num_classes:
+            self.bn1.build(inputs_shape, (b,))
+            self.bn2.build((*up, self.filters), (b,))
+        else:
+            self.bn1.build(inputs_shape)
+            self.bn2.build((*up, self.filters))
+        self.conv1.build((*up, c))
+        self.conv2.build((*up, self.filters))
+        self.shortcut.build((*up, c))
+
+    def call(self, inputs, labels=None, training=None):
+        h = ops.relu(self._bn(self.bn1, inputs, labels, training))
+        h = self.conv1(self.upsample(h), training=training)
+        h = ops.relu(self._bn(self.bn2, h, labels, training))
+        h = self.conv2(h, training=training)
+        return h + self.shortcut(self.upsample(inputs), training=training)
+
+    def compute_output_shape(self, inputs_shape, labels_shape=None):
+        b, h, w, _ = inputs_shape
+        return (b, None if h is None else 2 * h, None if w is None else 2 * w, self.filters)
+
+    def get_config(self):
+        return {**super().get_config(), "filters": self.filters, "num_classes": self.num_classes,
+                "momentum": self.momentum, "seed": self.seed}
+
+
+@keras.saving.register_keras_serializable(package="zoo")
+class DiscriminatorBlock(keras.layers.Layer):
+    """SN-GAN/SAGAN residual down-block (pre-activation, average pooling).
+
+    Args:
+        filters: output channels.
+        downsample: halve the resolution with 2x2 average pooling.
+        first: the "optimized" first block (no ReLU before the first conv,
+            pooling before the shortcut conv), as in SN-GAN.
+        seed: seed of the spectral-norm vectors.
+    """
+
+    def __init__(self, filters, downsample=True, first=False, seed=None, **kwargs):
+        super().__init__(**kwargs)
+        self.filters = int(filters)
+        self.downsample = bool(downsample)
+        self.first = bool(first)
+        self.seed = seed
+        self.conv1 = SNConv2D(self.filters, 3, seed=seed, name="conv1")
+        self.conv2 = SNConv2D(self.filters, 3, seed=seed, name="conv2")
+        self.shortcut = SNConv2D(self.filters, 1, seed=seed, name="shortcut")
+        self.pool = keras.layers.AveragePooling2D(2, name="pool")
+
+    def build(self, inputs_shape):
+        b, h, w, c = inputs_shape
+        self.conv1.build(inputs_shape)
+        self.conv2.build((b, h, w, self.filters))
+        self.shortcut.build(inputs_shape)
+
+    def _pool(self, x):
+        return self.pool(x) if self.downsample else x
+
+    def call(self, inputs, training=None):
+        h = inputs if self.first else ops.relu(inputs)
+        h = self.conv1(h, training=training)
+        h = self.conv2(ops.relu(h), training=training)
+        h = self._pool(h)
+        if self.first:
+            shortcut = self.shortcut(self._pool(inputs), training=training)
+        else:
+            shortcut = self._pool(self.shortcut(inputs, training=training))
+        return h + shortcut
+
+    def compute_output_shape(self, inputs_shape):
+        b, h, w, _ = inputs_shape
+        if self.downsample:
+            h = None if h is None else h // 2
+            w = None if w is None else w // 2
+        return (b, h, w, self.filters)
+
+    def get_config(self):
+        return {**super().get_config(), "filters": self.filters, "downsample": self.downsample,
+                "first": self.first, "seed": self.seed}
+
+
+@keras.saving.register_keras_serializable(package="zoo")
+class ProjectionHead(keras.layers.Layer):
+    """ReLU, global sum pooling, linear output plus `<embed(y), h>` (projection D).
+
+    Args:
+        num_classes: classes of the projection embedding; None: no projection.
+        seed: seed of the spectral-norm vectors.
+
+    Call arguments:
+        inputs: [B, H, W, C]; labels: int32 [B] (conditional only).
+
+    Returns:
+        logits [B, 1].
+    """
+
+    def __init__(self, num_classes=None, seed=None, **kwargs):
+        super().__init__(**kwargs)
+        self.num_classes = num_classes
+        self.seed = seed
+        self.linear = SNDense(1, seed=seed, name="linear")
+        self.embed = None
+
+    def build(self, inputs_shape, labels_shape=None):
+        channels = int(inputs_shape[-1])
+        self.linear.build((inputs_shape[0], channels))
+        if self.num_classes:
+            # An SN dense layer on one-hot labels is an SN embedding table.
+            self.embed = SNDense(channels, use_bias=False, seed=self.seed, name="embed")
+            self.embed.build((inputs_shape[0], self.num_classes))
+
+    def call(self, inputs, labels=None, training=None):
+        h = ops.sum(ops.relu(inputs), axis=(1, 2))
+        out = self.linear(h, training=training)
+        if self.num_classes:
+            onehot = ops.one_hot(ops.reshape(ops.cast(labels, "int32"), (-1,)), self.num_classes,
+                                 dtype=h.dtype)
+            out = out + ops.sum(self.embed(onehot, training=training) * h, axis=-1, keepdims=True)
+        return out
+
+    def compute_output_shape(self, inputs_shape, labels_shape=None):
+        return (inputs_shape[0], 1)
+
+    def get_config(self):
+        return {**super().get_config(), "num_classes": self.num_classes, "seed": self.seed}
+
+
+@register("sagan_generator")
+def build_generator(image_size=32, channels=3, num_classes=None, latent_dim=128, width=32,
+                    attention_resolution="auto", seed=None):
+    """SAGAN generator (see the module docstring).
+
+    Args:
+        image_size: output side, a power of two >= 32.
+        channels: image channels (3 RGB, 1 grey).
+        num_classes: None for unconditional, else the number of classes (CBN).
+        latent_dim: noise size.
+        width: base channel count (channels at resolution r: width * min(8, size // r)).
+        attention_resolution: feature-map side after which `SelfAttention2D`
+            runs; "auto" = image_size // 2 (the second-largest map), None = none.
+        seed: seed of the spectral-norm vectors.
+
+    Returns:
+        A functional `keras.Model` named "sagan_generator".
+    """
+    _validate(image_size, channels, num_classes, width, latent_dim)
+    attention = resolve_attention(image_size, attention_resolution)
+    noise = keras.Input((latent_dim,), name="noise")
+    label = keras.Input((), dtype="int32", name="label") if num_classes else None
+    c0 = channels_at(width, image_size, 4)
+    x = SNDense(4 * 4 * c0, seed=seed, name="project")(noise)
+    x = keras.layers.Reshape((4, 4, c0), name="to_map")(x)
+    resolution = 4
+    while resolution < image_size:
+        resolution *= 2
+        block = GeneratorBlock(channels_at(width, image_size, resolution), num_classes,
+                               seed=seed, name=f"up_{resolution}")
+        x = block(x, label) if num_classes else block(x)
+        if resolution == attention:
+            x = SelfAttention2D(seed=seed, name=ATTENTION_LAYER)(x)
+    x = keras.layers.BatchNormalization(momentum=0.9, epsilon=1e-5, name="bn_out")(x)
+    x = keras.layers.ReLU(name="relu_out")(x)
+    x = SNConv2D(channels, 3, seed=seed, name="to_rgb")(x)
+    image = keras.layers.Activation("tanh", name="image", dtype="float32")(x)
+    inputs = {"noise": noise, "label": label} if num_classes else {"noise": noise}
+    return keras.Model(inputs, image, name="sagan_generator")
+
+
+@register("sagan_discriminator")
+def build_discriminator(image_size=32, channels=3, num_classes=None, width=32,
+                        attention_resolution="auto", seed=None):
+    """SAGAN projection discriminator (see the module docstring).
+
+    Args: as `build_generator` (without `latent_dim`).
+
+    Returns:
+        A functional `keras.Model` named "sagan_discriminator": `image` (and
+        `label`) in, `logits` [B, 1] out.
+    """
+    _validate(image_size, channels, num_classes, width, 1)
+    attention = resolve_attention(image_size, attention_resolution)
+    image = keras.Input((image_size, image_size, channels), name="image")
+    label = keras.Input((), dtype="int32", name="label") if num_classes else None
+    x = image
+    resolution = image_size
+    first = True
+    while resolution > 4:
+        resolution //= 2
+        x = DiscriminatorBlock(channels_at(width, image_size, resolution), first=first,
+                               seed=seed, name=f"down_{resolution}")(x)
+        first = False
+        if resolution == attention:
+            x = SelfAttention2D(seed=seed, name=ATTENTION_LAYER)(x)
+    x = DiscriminatorBlock(channels_at(width, image_size, 4), downsample=False, seed=seed,
+                           name="block_4")(x)
+    head = ProjectionHead(num_classes, seed=seed, name="logits")
+    logits = head(x, label) if num_classes else head(x)
+    inputs = {"image": image, "label": label} if num_classes else {"image": image}
+    return keras.Model(inputs, logits, name="sagan_discriminator")
+
+
+def attention_scores(generator, inputs):
+    """(images, attention scores [B, H*W, keys], side) of `generator` on `inputs`.
+
+    Returns None when the generator has no attention layer. The scores are
+    those of the generator's `SelfAttention2D` (inference mode); `side` is
+    the feature-map side the attention runs at (queries and keys row-major,
+    keys on the 2x2-pooled map).
+    """
+    try:
+        layer = generator.get_layer(ATTENTION_LAYER)
+    except ValueError:
+        return None
+    features = keras.Model(generator.input, layer.input)(inputs, training=False)
+    _, scores = layer(features, return_attention_scores=True, training=False)
+    images = generator(inputs, training=False)
+    return images, scores, int(features.shape[1])
