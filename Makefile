@@ -16,10 +16,23 @@ $(STAMP): pyproject.toml
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install --quiet --upgrade pip
 	$(PY) -m pip install --quiet -e '.[dev]'
+	# TF Serving's client protos (warm-up requests, tests) declare a dependency
+	# on full `tensorflow`, which would clash with tensorflow-cpu (FACTS.md).
+	$(PY) -m pip install --quiet --no-deps tensorflow-serving-api==2.21.0
 	touch $(STAMP)
 
+# The main demo (offline, embedded data): train the four tagger archs and
+# compare them, export the attention tagger for TF Serving and LiteRT, then tag
+# ambiguous sentences with the exported TFLite model. runs/demo is the demo's
+# own scratch directory and is replaced on every run.
+DEMO := runs/demo
 demo: $(STAMP)
-	$(PY) -m demo
+	rm -rf $(DEMO)
+	$(PY) -m train tagger --compare --out $(DEMO)
+	$(PY) -m export savedmodel $(DEMO)/attention --out $(DEMO)/serving/tagger
+	$(PY) -m export tflite $(DEMO)/attention --out $(DEMO)/tagger.tflite
+	$(PY) -m zoo.tag $(DEMO)/tagger.tflite "I saw a saw" "they can can the fish" \
+		"she will book a book about the watch" "we watch the old man run the race"
 
 test: $(STAMP)
 	$(PY) -m pytest -q -p no:cacheprovider tests

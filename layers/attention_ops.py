@@ -17,9 +17,11 @@ from keras import ops
 SCORES = ("dot", "scaled_dot", "additive")
 NORMALIZATIONS = ("softmax", "relu")
 
-# Added to masked scores before the softmax. Kept in float32 (the softmax always
-# runs in float32), where -1e9 is representable; in float16 it would be -inf.
+# Added to masked scores before the online softmax of the chunked path (float32
+# there, where -1e9 is representable; in float16 it would be -inf).
 _MASK_PENALTY = -1e9
+# How far below a row's lowest score the full path puts masked scores.
+_MASK_MARGIN = 20.0
 
 
 def dot_scores(query, key):
@@ -62,7 +64,15 @@ def normalize_scores(scores, mask, normalize):
     keep = None if mask is None else ops.cast(mask, "float32")
     if normalize == "softmax":
         if keep is not None:
-            scores = scores + (1.0 - keep) * _MASK_PENALTY
+            # Masked scores go to the row's minimum minus a margin rather than
+            # to -1e9: a huge constant would stretch the softmax input's range
+            # and wipe out its resolution under int8 quantization. Each
+            # masked key then weighs at most e^-MARGIN of any real key before
+            # the exact zeroing below, well inside float32 parity (1e-5).
+            floor = ops.stop_gradient(ops.min(scores, axis=-1, keepdims=True)) - _MASK_MARGIN
+            # One-sided broadcasts only ([B,H,Tq,1] - [B,H,Tq,Tk], then times
+            # [B,1,Tq,Tk]): the GPU delegate rejects MULs broadcasting both ways.
+            scores = scores + (floor - scores) * (1.0 - keep)
         weights = ops.softmax(scores, axis=-1)
     else:
         weights = ops.relu(scores)
@@ -80,8 +90,10 @@ def weighted_sum(weights, value):
 
 
 def query_has_keys(mask):
-    """`[B|1, Tq, 1]` float: 1 where a query row may attend to something."""
-    return ops.cast(ops.any(ops.cast(mask, "bool"), axis=-1, keepdims=True), "float32")
+    """`[B|1, Tq, 1]` float: 1 where a query row may attend to something.
+
+    A float max rather than `any`: REDUCE_ANY has no mobile GPU kernel."""
+    return ops.max(ops.cast(mask, "float32"), axis=-1, keepdims=True)
 
 
 def attention_context(

@@ -66,9 +66,6 @@ def test_tagger_dynamic_export_sidecar_and_parity(tagger_run, tmp_path):
     np.testing.assert_array_equal(got["tag_ids"][mask], np.argmax(want, -1)[mask])
 
 
-@pytest.mark.xfail(strict=True, reason="layers/attention_ops.query_has_keys uses ops.any -> REDUCE_ANY "
-                   "[1,T,T] bool, not a GPU delegate op (reported to the lead; remove this marker "
-                   "once it uses ops.max over a float mask)")
 def test_tagger_static_export_passes_gpu_check(tagger_run, tmp_path):
     path = str(tmp_path / "gpu.tflite")
     tflite.export_tflite(str(tagger_run), path, static_shape=True)
