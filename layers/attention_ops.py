@@ -14,6 +14,8 @@ another (FACTS.md).
 
 from keras import ops
 
+from layers.masks import position_mask
+
 SCORES = ("dot", "scaled_dot", "additive")
 NORMALIZATIONS = ("softmax", "relu")
 
@@ -258,13 +260,14 @@ def chunked_attention_context(
             keep = ops.logical_and(
                 ops.expand_dims(qmb, 2), ops.expand_dims(kmb, 1)
             )  # [B, c, c]
-            structure = k_pos < valid_k
-            if causal:
-                structure = ops.logical_and(structure, k_pos <= q_pos)
-            if window is not None:
-                structure = ops.logical_and(structure, ops.abs(q_pos - k_pos) <= window)
-            if not include_self:
-                structure = ops.logical_and(structure, ops.not_equal(q_pos, k_pos))
+            structure = position_mask(
+                q_pos,
+                k_pos,
+                causal=causal,
+                window=window,
+                include_self=include_self,
+                key_valid_length=valid_k,
+            )
             keep = ops.logical_and(keep, ops.expand_dims(structure, 0))
             if attention_mask is not None:
                 keep = ops.logical_and(
@@ -321,3 +324,16 @@ def chunked_attention_context(
     )
     has_keys = ops.reshape(ops.transpose(valid, (1, 0, 2, 3)), (batch, num_q * c, 1))
     return ops.cast(output[:, :length_q], out_dtype), has_keys[:, :length_q]
+
+
+class ScoresOutputSpec:
+    """Mixin for layers whose `compute_output_shape(shape,
+    return_attention_scores)` gives one shape, or two with the scores."""
+
+    def compute_output_spec(self, inputs, return_attention_scores=False, **kwargs):
+        import keras
+
+        shapes = self.compute_output_shape(inputs.shape, return_attention_scores)
+        if not return_attention_scores:
+            return keras.KerasTensor(shapes, dtype=self.compute_dtype)
+        return tuple(keras.KerasTensor(s, dtype=self.compute_dtype) for s in shapes)

@@ -48,6 +48,19 @@ def structural_mask(
     q_pos = ops.expand_dims(ops.arange(query_length, dtype="int32"), 1)
     q_pos = q_pos + ops.cast(query_offset, "int32")
     k_pos = ops.expand_dims(ops.arange(key_length, dtype="int32"), 0)
+    return position_mask(
+        q_pos,
+        k_pos,
+        causal=causal,
+        window=window,
+        include_self=include_self,
+        key_valid_length=key_valid_length,
+    )
+
+
+def position_mask(q_pos, k_pos, *, causal, window, include_self, key_valid_length=None):
+    """The structural mask for query positions `[Tq, 1]` and key positions
+    `[1, Tk]` (absolute, int32); also used per block by the chunked path."""
     mask = ops.ones_like(q_pos - k_pos, dtype="bool")
     if causal:
         mask = ops.logical_and(mask, k_pos <= q_pos)
@@ -56,9 +69,7 @@ def structural_mask(
     if not include_self:
         mask = ops.logical_and(mask, ops.not_equal(q_pos, k_pos))
     if key_valid_length is not None:
-        mask = ops.logical_and(
-            mask, k_pos < ops.cast(key_valid_length, "int32")
-        )
+        mask = ops.logical_and(mask, k_pos < ops.cast(key_valid_length, "int32"))
     return mask
 
 

@@ -11,7 +11,7 @@ from layers.validation import check_choice, check_int, check_rank, check_rate
 
 
 @keras.saving.register_keras_serializable(package="layers")
-class SelfAttention(keras.layers.Layer):
+class SelfAttention(attention_ops.ScoresOutputSpec, keras.layers.Layer):
     """Single-head self-attention, the layer of the lecture.
 
     For input vectors `a^1 .. a^T` it computes `q^i = W^q a^i`,
@@ -223,11 +223,6 @@ class SelfAttention(keras.layers.Layer):
             return output_shape
         return output_shape, (inputs_shape[0], inputs_shape[1], inputs_shape[1])
 
-    def compute_output_spec(self, inputs, return_attention_scores=False, **kwargs):
-        shapes = self.compute_output_shape(inputs.shape, return_attention_scores)
-        if not return_attention_scores:
-            return keras.KerasTensor(shapes, dtype=self.compute_dtype)
-        return tuple(keras.KerasTensor(s, dtype=self.compute_dtype) for s in shapes)
 
     def get_config(self):
         config = super().get_config()

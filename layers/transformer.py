@@ -160,7 +160,7 @@ class _BlockBase(keras.layers.Layer):
 
 
 @keras.saving.register_keras_serializable(package="layers")
-class TransformerEncoderBlock(_BlockBase):
+class TransformerEncoderBlock(attention_ops.ScoresOutputSpec, _BlockBase):
     """Transformer encoder block: self-attention and feed-forward, each with a
     residual connection, LayerNorm and dropout.
 
@@ -256,11 +256,6 @@ class TransformerEncoderBlock(_BlockBase):
         batch, length = inputs_shape[0], inputs_shape[1]
         return inputs_shape, (batch, self.num_heads, length, length)
 
-    def compute_output_spec(self, inputs, return_attention_scores=False, **kwargs):
-        shapes = self.compute_output_shape(inputs.shape, return_attention_scores)
-        if not return_attention_scores:
-            return keras.KerasTensor(shapes, dtype=self.compute_dtype)
-        return tuple(keras.KerasTensor(s, dtype=self.compute_dtype) for s in shapes)
 
 
 @keras.saving.register_keras_serializable(package="layers")
