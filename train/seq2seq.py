@@ -57,10 +57,13 @@ def add_arguments(parser):
     t.add_argument("--epochs", type=int, help="epochs (default 30 for tasks, 40 for text; see --max-minutes)")
     t.add_argument("--max-minutes", type=float, default=30.0, help="training time budget (default 30; 0 = none)")
     t.add_argument("--batch-size", type=int, default=64, help="pairs per batch (default 64)")
+    t.add_argument("--steps-per-epoch", type=int,
+                   help="batches between checkpoints/dev scores (default: one pass over the data)")
     t.add_argument("--learning-rate", type=float, help="peak learning rate (default 1e-3 text, 2e-3 tasks)")
     t.add_argument("--warmup-steps", type=int, help="linear warm-up steps (default 800 text, 200 tasks)")
     t.add_argument("--label-smoothing", type=float, default=0.1)
-    t.add_argument("--no-xla", action="store_true", help="train without XLA (jit_compile)")
+    t.add_argument("--xla", action="store_true",
+                   help="XLA-compile training steps (one compile per batch shape; pays off on long runs)")
     e = p.add_argument_group("evaluation")
     e.add_argument("--beam-width", type=int, help="beam width for the test set (default 4 text, 1 tasks)")
     e.add_argument("--alpha", type=float, default=0.6, help="length penalty exponent (default 0.6)")
@@ -82,7 +85,7 @@ def validate(args):
         raise UsageError(f"unknown task {args.task!r}; choose from: {', '.join(TASKS)}")
     for name in ("task_length", "train_size", "vocab_size", "hidden_dim", "num_layers", "num_heads",
                  "intermediate_dim", "max_source_length", "max_target_length", "window", "num_steps",
-                 "epochs", "batch_size", "learning_rate", "beam_width"):
+                 "epochs", "batch_size", "learning_rate", "beam_width", "steps_per_epoch"):
         _positive(name.replace("_", "-"), getattr(args, name))
     for name in ("max_minutes", "warmup_steps", "dev_sample", "alpha"):
         _positive(name.replace("_", "-"), getattr(args, name), allow_zero=True)
@@ -125,11 +128,14 @@ def run(args):
     from train import rundir
 
     rundir.check_out_dir(args.out, resume=args.resume)
-    from train import seq2seq_run
-
     if args.resume:
+        from train import seq2seq_run
+
         return seq2seq_run.resume_run(args)
+    # Input problems are found before the (slow) TensorFlow import and before anything is written.
     from train.seq2seq_data import load_data
 
     data = load_data(args)
+    from train import seq2seq_run
+
     return seq2seq_run.train_new(args, data)

@@ -5,7 +5,7 @@ Default hyper-parameters (train/seq2seq.py) were chosen for a 2-core CPU and a
 4 heads, feed-forward 1024, dropout 0.1, shared 8k SentencePiece (unigram)
 vocabulary with tied embeddings, Adam(0.9, 0.98), warm-up 800 steps to 1e-3 then
 inverse-sqrt decay, label smoothing 0.1, batches of 64 length-bucketed pairs,
-XLA-compiled training steps, best-on-dev-accuracy weights, beam 4 (alpha 0.6)
+best-on-dev-accuracy weights, beam 4 (alpha 0.6)
 for the test set.
 """
 
@@ -88,7 +88,7 @@ def train_new(args, data):
               "data": data.source, "task": data.task, "tokenizer": "vocab/spm.model"}
     rundir.atomic_write_json(os.path.join(out, "config.json"), config)
     compile_seq2seq(model, args.learning_rate, args.warmup_steps, args.label_smoothing,
-                    jit_compile=not args.no_xla)
+                    jit_compile=args.xla)
     state = read_state(os.path.join(out, "checkpoints"))
     return _fit_and_finish(model, data, encoded, out, train_cfg, state, args.verbose)
 
@@ -146,8 +146,12 @@ def _fit_and_finish(model, data, encoded, out, train_cfg, state, verbose):
                             seed=train_cfg["seed"] * 1000 + state["epoch"])
     dev_batches = Batches(encoded["dev"], 128)
     epochs = train_cfg["epochs"]
+    steps = train_cfg.get("steps_per_epoch")
+    dataset = train_batches.as_dataset()
+    if steps:
+        dataset = dataset.repeat()
     if state["epoch"] < epochs:
-        model.fit(train_batches.as_dataset(), validation_data=dev_batches.as_dataset(), epochs=epochs,
+        model.fit(dataset, validation_data=dev_batches.as_dataset(), epochs=epochs, steps_per_epoch=steps,
                   initial_epoch=state["epoch"], callbacks=callbacks, verbose=verbose)
     state = checkpoint.state if checkpoint.started else state
     best = os.path.join(ckpt_dir, BEST)

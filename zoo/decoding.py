@@ -153,7 +153,7 @@ def beam(model, source_ids, width=4, alpha=0.6, max_length=None):
                               ops.concatenate([finished_score, ops.full_like(eos_score, _NEG)], 1),
                               all_score)
         new_score, order2 = ops.top_k(all_score, k)
-        new_finished = _gather_beams(all_seq, ops.cast(order2, "int32"), batch, 2 * k, grouped=True)
+        new_finished = _gather_beams(all_seq, ops.cast(order2, "int32"), batch, 3 * k, grouped=True)
         best_live = live_logp[:, 0] / penalty
         done = ops.logical_or(done, new_score[:, k - 1] >= best_live)
         return (i + 1, current, caches, live_logp, new_alive_seq, new_finished, new_score, done)

@@ -1,0 +1,196 @@
+"""Seq2seq end to end: a tiny CLI run that learns the copy task, save/load, the
+translate CLI, SavedModel `translate` in a fresh process, LiteRT step decoding
+against Keras greedy decoding, resume, and bad inputs (one line, exit 2)."""
+
+import gzip
+import json
+import os
+import shutil
+import subprocess
+import sys
+
+import keras
+import numpy as np
+import pytest
+
+import zoo
+from train.cli import main as train_main
+from zoo import decoding
+from zoo.tokenization import EOS_ID, encode_proto, train_sentencepiece
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+TINY = ["--task-length", "5", "--train-size", "3000", "--epochs", "8", "--warmup-steps", "30",
+        "--hidden-dim", "64", "--intermediate-dim", "128", "--dev-sample", "0", "--verbose", "0",
+        "--max-minutes", "0"]
+
+
+@pytest.fixture(scope="module")
+def copy_run(tmp_path_factory):
+    out = str(tmp_path_factory.mktemp("s2s") / "copy")
+    assert train_main(["seq2seq", "--task", "copy", "--out", out, *TINY]) == 0
+    return out
+
+
+def _metrics(run):
+    with open(os.path.join(run, "metrics.json")) as f:
+        return json.load(f)
+
+
+def test_tiny_run_learns_copy_and_writes_the_contract(copy_run):
+    metrics = _metrics(copy_run)
+    assert metrics["test_exact_match"] >= 0.95, metrics["test_exact_match"]
+    assert metrics["decode_tokens_per_second"] > 0
+    with open(os.path.join(copy_run, "config.json")) as f:
+        config = json.load(f)
+    assert config["kind"] == "seq2seq" and config["model"]["hidden_dim"] == 64
+    for name in ("model.keras", "vocab/spm.model", "vocab/pieces.txt", "calibration.npz",
+                 "checkpoints/last.keras", "logs"):
+        assert os.path.exists(os.path.join(copy_run, name)), name
+    with np.load(os.path.join(copy_run, "calibration.npz")) as calib:
+        assert calib["source_ids"].shape[1] == config["model"]["max_source_length"]
+
+
+def test_loaded_model_translates_raw_strings(copy_run):
+    model = keras.models.load_model(os.path.join(copy_run, "model.keras"), compile=False)
+    texts = ["abcde", "jjab", "hgfed"]
+    assert model.translate(texts) == texts
+    assert model.translate(texts, beam_width=3) == texts
+
+
+def test_save_load_keeps_numbers_config_and_tokenizer(tmp_path):
+    proto = train_sentencepiece(["two dogs run", "un chien court", "a dog"] * 20, vocab_size=40)
+    for kind, extra in (("seq2seq", {"share_embeddings": False, "position": "learned"}),
+                        ("universal_transformer", {"num_steps": 2, "act": True})):
+        model = zoo.build(kind, tokenizer=encode_proto(proto), hidden_dim=16, num_heads=2,
+                          intermediate_dim=32, max_target_length=8, **extra)
+        x = {"source_ids": np.array([[5, 6, 7, 0]]), "target_ids": np.array([[2, 8, 9]])}
+        path = str(tmp_path / f"{kind}.keras")
+        model.save(path)
+        loaded = keras.models.load_model(path)
+        assert type(loaded) is type(model) and loaded.get_config() == model.get_config()
+        np.testing.assert_array_equal(np.asarray(loaded(x)), np.asarray(model(x)))
+        assert loaded.translate(["two dogs"]) == model.translate(["two dogs"])
+
+
+def test_translate_cli(copy_run, capsys):
+    from zoo.translate import main
+
+    assert main([copy_run, "abcde", "ddcba"]) == 0
+    assert capsys.readouterr().out.split() == ["abcde", "ddcba"]
+    assert main([copy_run, "a" * 200]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "max_source_length" in err[0]
+
+
+_CLEAN_CLIENT = r"""
+import json, sys
+import tensorflow as tf
+import tensorflow_text  # registers the SentencePiece kernels, as TF Serving has them
+loaded = tf.saved_model.load(sys.argv[1])
+out = loaded.signatures["translate"](text=tf.constant(json.loads(sys.argv[2])))
+assert not [m for m in sys.modules if m.split(".")[0] in ("layers", "zoo", "train", "export")]
+print(json.dumps([s.decode() for s in out["translation"].numpy()]))
+"""
+
+
+def test_savedmodel_translate_from_a_fresh_process(copy_run, tmp_path):
+    from export.savedmodel import export_savedmodel
+
+    version = export_savedmodel(copy_run, str(tmp_path / "serving" / "copy"))
+    texts = ["abcde", "eeeb", "jihgf"]
+    model = keras.models.load_model(os.path.join(copy_run, "model.keras"), compile=False)
+    want = model.translate(texts)
+    env = dict(os.environ, TF_CPP_MIN_LOG_LEVEL="3")
+    result = subprocess.run([sys.executable, "-c", _CLEAN_CLIENT, version, json.dumps(texts)],
+                            capture_output=True, text=True, env=env, cwd=str(tmp_path), timeout=300)
+    assert result.returncode == 0, result.stderr[-2000:]
+    assert json.loads(result.stdout.strip().splitlines()[-1]) == want
+
+
+def test_litert_step_decoding_equals_keras_greedy(copy_run, tmp_path):
+    from export.kinds import seq2seq as kind
+
+    model = keras.models.load_model(os.path.join(copy_run, "model.keras"), compile=False)
+    result = kind.export_all(copy_run, str(tmp_path / "tflite"))
+    from export.check import op_name, read_model
+
+    with open(result["steps"], "rb") as f:
+        steps = f.read()
+    graph = read_model(steps)
+    ops = {op_name(graph, op) for sg in graph.subgraphs for op in (sg.operators or [])}
+    assert not [o for o in ops if o.startswith(("Flex", "CUSTOM"))] and "WHILE" not in ops
+    s = model.max_source_length
+    for text in ["abcde", "ba", "jjjjj"]:
+        ids = np.zeros((1, s), "int32")
+        row = model.tokenizer.encode([text])[0]
+        ids[0, :len(row)] = row
+        want = np.asarray(decoding.greedy(model, ids))[0].tolist()
+        want = want[:want.index(EOS_ID) + 1]
+        assert kind.litert_greedy(result["steps"], ids, model.max_target_length) == want
+        assert model.tokenizer.decode([want]) == [text]
+
+
+def test_resume_continues_from_the_checkpoint(copy_run, tmp_path, capsys):
+    run = str(tmp_path / "resumed")
+    shutil.copytree(copy_run, run)
+    assert train_main(["seq2seq", "--out", run, "--resume", "--epochs", "9", "--verbose", "0"]) == 0
+    assert _metrics(run)["epochs"] == 9
+    assert "resuming" in capsys.readouterr().err
+
+
+def _write(path, lines, gz=False):
+    data = "".join(f"{line}\n" for line in lines)
+    if gz:
+        with gzip.open(path, "wt", encoding="utf-8") as f:
+            f.write(data)
+    else:
+        with open(path, "w", encoding="utf-8") as f:
+            f.write(data)
+    return str(path)
+
+
+def _bad(capsys, argv, *needles):
+    code = train_main(["seq2seq", *argv])
+    err = capsys.readouterr().err.strip().splitlines()
+    assert code == 2, err
+    assert len(err) == 1, err
+    for needle in needles:
+        assert needle in err[0], err[0]
+    return err[0]
+
+
+def test_bad_inputs_one_line_exit_2(tmp_path, capsys):
+    src = _write(tmp_path / "src.gz", ["a dog", "a cat", "a cow"], gz=True)
+    tgt3 = _write(tmp_path / "tgt.txt", ["un chien", "un chat", "une vache"])
+    tgt2 = _write(tmp_path / "tgt2.txt", ["un chien", "un chat"])
+    empty = _write(tmp_path / "empty.txt", ["un chien", "", "une vache"])
+    out = str(tmp_path / "run")
+    _bad(capsys, ["--train-source", src, "--train-target", tgt2, "--out", out], "mismatched line counts", "3", "2")
+    _bad(capsys, ["--train-source", src, "--train-target", empty, "--out", out], "empty line 2", "empty.txt")
+    _bad(capsys, ["--dataset", "tfds:no_such_dataset_zz", "--out", out], "no_such_dataset_zz")
+    _bad(capsys, ["--task", "juggle", "--out", out], "juggle")
+    _bad(capsys, ["--train-source", src, "--out", out], "--train-target")
+    _bad(capsys, ["--train-source", str(tmp_path / "missing.en"), "--train-target", tgt3, "--out", out],
+         "not found", "missing.en")
+    tsv = _write(tmp_path / "bad.tsv", ["a dog\tun chien", "a cat un chat"])
+    _bad(capsys, ["--train-tsv", tsv, "--out", out], "line 2", "tab")
+    long_src = _write(tmp_path / "long.en", ["word " * 40] + ["a dog"] * 300)
+    long_tgt = _write(tmp_path / "long.fr", ["mot"] + ["un chien"] * 300)
+    _bad(capsys, ["--train-source", long_src, "--train-target", long_tgt, "--max-source-length", "16",
+                  "--vocab-size", "40", "--out", out], "over the limit 16", "pair 1")
+    assert not os.path.exists(out)
+    os.makedirs(out)
+    _write(os.path.join(out, "notes.txt"), ["mine"])
+    _bad(capsys, ["--task", "copy", "--out", out], "not a run directory")
+    assert os.listdir(out) == ["notes.txt"]
+
+
+def test_bad_input_exit_code_from_a_real_process(tmp_path):
+    src = _write(tmp_path / "a.en", ["x", "y"])
+    tgt = _write(tmp_path / "a.fr", ["x"])
+    result = subprocess.run([sys.executable, "-m", "train", "seq2seq", "--train-source", src,
+                             "--train-target", tgt, "--out", str(tmp_path / "r")],
+                            capture_output=True, text=True, cwd=ROOT, timeout=300)
+    assert result.returncode == 2
+    assert result.stderr.strip().splitlines() == [
+        f"error: mismatched line counts: {src} has 2 lines, {tgt} has 1"]
