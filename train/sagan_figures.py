@@ -6,36 +6,12 @@ import os
 import numpy as np
 
 from train.rundir import _atomic
+from zoo.generate import grid, save_png  # noqa: F401  (one implementation for train and zoo)
 
 
 def to_uint8(images):
     """Generator output in [-1, 1] -> uint8 [0, 255]."""
     return np.clip(np.round((np.asarray(images, np.float32) + 1.0) * 127.5), 0, 255).astype(np.uint8)
-
-
-def grid(images, columns, pad=1):
-    """uint8 [N, H, W, C] -> one uint8 [rows*(H+pad)+pad, ...] mosaic (white gaps)."""
-    images = np.asarray(images)
-    n, h, w, c = images.shape
-    rows = -(-n // columns)
-    out = np.full((rows * (h + pad) + pad, columns * (w + pad) + pad, c), 255, np.uint8)
-    for i, image in enumerate(images):
-        r, k = divmod(i, columns)
-        out[pad + r * (h + pad): pad + r * (h + pad) + h, pad + k * (w + pad): pad + k * (w + pad) + w] = image
-    return out
-
-
-def save_png(array, path, scale=2):
-    from PIL import Image
-
-    array = np.asarray(array)
-    if scale > 1:
-        array = array.repeat(scale, axis=0).repeat(scale, axis=1)
-    if array.shape[-1] == 1:
-        array = array[..., 0]
-    buffer = io.BytesIO()
-    Image.fromarray(array).save(buffer, format="PNG")
-    _atomic(path, lambda f: f.write(buffer.getvalue()), "wb")
 
 
 def save_sample_grid(images, columns, path):

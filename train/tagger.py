@@ -17,7 +17,7 @@ ARCHS = ("attention", "fc", "window", "bilstm")
 def add_arguments(parser):
     parser.add_argument("--arch", default="attention", help=f"one of {', '.join(ARCHS)} (default attention)")
     parser.add_argument("--epochs", type=int, default=None,
-                        help="total epochs (default 6 on the embedded data, 40 on files; see --max-minutes)")
+                        help="total epochs (default 5 on the embedded data, 40 on files; see --max-minutes)")
     parser.add_argument("--batch-size", type=int, default=32, help="sentences per batch (default 32)")
     parser.add_argument("--out", default=None, help="run directory (default runs/tagger-ARCH or runs/tagger-compare)")
     parser.add_argument("--seed", type=int, default=0, help="random seed (model and embedded data)")

@@ -32,10 +32,15 @@ def _data_flags(args):
 
 
 def _default_epochs(data):
-    return 6 if data.source.get("name") == "embedded" else 40
+    return 5 if data.source.get("name") == "embedded" else 40
 
 
-def train_one(args, data, arch, out, vocab=None, verbose="auto"):
+def _verbosity():
+    # Progress bars on a terminal; one line per epoch in logs and pipes.
+    return 1 if sys.stdout.isatty() else 2
+
+
+def train_one(args, data, arch, out, vocab=None, verbose=None):
     keras.utils.set_random_seed(args.seed)
     words, chars, tags = vocab or build_vocab(data)
     epochs = args.epochs if args.epochs is not None else _default_epochs(data)
@@ -60,7 +65,7 @@ def train_one(args, data, arch, out, vocab=None, verbose="auto"):
     compile_tagger(model, lr, total_steps=max(1, epochs * steps),
                    warmup_steps=min(400, epochs * steps // 10), weight_decay=1e-4)
     state = read_state(os.path.join(out, "checkpoints"))
-    return _fit_and_finish(model, data, encoded, out, train_cfg, state, verbose)
+    return _fit_and_finish(model, data, encoded, out, train_cfg, state, verbose or _verbosity())
 
 
 def resume_run(args):
@@ -83,7 +88,7 @@ def resume_run(args):
     rundir.atomic_write_json(config_path, config)
     state = read_state(os.path.join(out, "checkpoints"))
     print(f"resuming {out} at epoch {state['epoch']} of {train_cfg['epochs']}", file=sys.stderr)
-    return _fit_and_finish(model, data, _encode(model, data), out, train_cfg, state, "auto")
+    return _fit_and_finish(model, data, _encode(model, data), out, train_cfg, state, _verbosity())
 
 
 def _encode(model, data):

@@ -154,7 +154,7 @@ class _Grammar:
         return TaggedSentence(tuple(w for w, _ in words), tuple(t for _, t in words))
 
 
-def generate(seed=0, train_size=3000, dev_size=400, test_size=400):
+def generate(seed=0, train_size=2000, dev_size=300, test_size=400):
     """Returns `TaggingData` with train/dev/test generated from `seed`.
 
     Pseudo-words with English suffixes come from three disjoint pools (train, dev, test),
