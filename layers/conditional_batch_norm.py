@@ -20,7 +20,7 @@ class ConditionalBatchNormalization(keras.layers.Layer):
 
     Statistics are computed in float32 under mixed precision. At inference
     the layer reduces to `x * scale + shift` with `[B, 1, 1, C]` factors:
-    GATHER (1-D int32 labels), MUL and ADD, all GPU-delegate ops.
+    EQUAL, CAST, FULLY_CONNECTED, MUL and ADD, all GPU-delegate ops.
 
     Args:
         num_classes: number of classes (rows of the gamma / beta tables).
@@ -101,8 +101,13 @@ class ConditionalBatchNormalization(keras.layers.Layer):
         x = ops.cast(inputs, "float32")
         labels = ops.reshape(ops.cast(labels, "int32"), (-1,))
         factor_shape = (-1,) + (1,) * (rank - 2) + (x.shape[-1],)
-        gamma = ops.reshape(ops.take(ops.cast(self.gamma, "float32"), labels, axis=0), factor_shape)
-        beta = ops.reshape(ops.take(ops.cast(self.beta, "float32"), labels, axis=0), factor_shape)
+        # One-hot rows (by comparison with the class ids) times the tables: `ops.take`
+        # adds a negative-index int32 SELECT and `ops.one_hot` an int64 CAST, both
+        # rejected by the mobile GPU delegate; EQUAL, CAST bool->float and a matmul are not.
+        class_ids = ops.arange(self.num_classes, dtype="int32")
+        onehot = ops.cast(ops.equal(ops.reshape(labels, (-1, 1)), class_ids[None, :]), "float32")
+        gamma = ops.reshape(ops.matmul(onehot, ops.cast(self.gamma, "float32")), factor_shape)
+        beta = ops.reshape(ops.matmul(onehot, ops.cast(self.beta, "float32")), factor_shape)
         if training:
             axes = list(range(rank - 1))
             mean = ops.mean(x, axis=axes)

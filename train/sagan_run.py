@@ -73,7 +73,7 @@ def get_classifier(out, data, train_cfg, classifier=None):
     path = os.path.join(out, "classifier.keras")
     report_path = os.path.join(out, "classifier.json")
     if classifier is None and os.path.exists(path):
-        classifier = keras.models.load_model(path)
+        classifier = keras.models.load_model(path, compile=False)
         classifier.trainable = False
         return classifier, rundir.read_json(report_path) if os.path.exists(report_path) else {}
     report = {}

@@ -5,7 +5,7 @@
 
 - Generator: inputs `noise` float32 [B, latent_dim] (and `label` int32 [B] when
   class-conditional); output `image` float32 [B, S, S, channels] in [-1, 1]
-  (tanh). A spectrally normalised dense layer makes a 4x4 map, residual
+  (tanh). A spectrally normalised linear projection makes a 4x4 map, residual
   up-blocks (conditional batch norm -> ReLU -> 2x nearest upsampling -> 3x3 conv,
   twice, with a 1x1-conv shortcut) double it to S x S, then BN -> ReLU -> 3x3
   conv -> tanh.
@@ -107,10 +107,15 @@ class GeneratorBlock(keras.layers.Layer):
         self.seed = seed
         self.bn1 = self._norm("bn1")
         self.bn2 = self._norm("bn2")
-        self.upsample = keras.layers.UpSampling2D(2, interpolation="nearest", name="upsample")
         self.conv1 = SNConv2D(self.filters, 3, seed=seed, name="conv1")
         self.conv2 = SNConv2D(self.filters, 3, seed=seed, name="conv2")
         self.shortcut = SNConv2D(self.filters, 1, seed=seed, name="shortcut")
+
+    @staticmethod
+    def upsample(x):
+        # RESIZE_NEAREST_NEIGHBOR; keras.layers.UpSampling2D repeats through a 5-D TILE,
+        # which the mobile GPU delegate rejects.
+        return ops.image.resize(x, (2 * x.shape[1], 2 * x.shape[2]), interpolation="nearest")
 
     def _norm(self, name):
         if self.num_classes:
@@ -275,7 +280,11 @@ def build_generator(image_size=32, channels=3, num_classes=None, latent_dim=128,
     noise = keras.Input((latent_dim,), name="noise")
     label = keras.Input((), dtype="int32", name="label") if num_classes else None
     c0 = channels_at(width, image_size, 4)
-    x = SNDense(4 * 4 * c0, seed=seed, name="project")(noise)
+    # The dense projection as a 1x1 conv on a 1x1 map (the same matrix, also for the
+    # spectral norm): with fp16 weights, TFLite's FULLY_CONNECTED gets its weights and
+    # bias through DEQUANTIZE ops, which the GPU check counts as runtime inputs.
+    x = keras.layers.Reshape((1, 1, latent_dim), name="noise_map")(noise)
+    x = SNConv2D(4 * 4 * c0, 1, seed=seed, name="project")(x)
     x = keras.layers.Reshape((4, 4, c0), name="to_map")(x)
     resolution = 4
     while resolution < image_size:

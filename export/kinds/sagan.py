@@ -1,0 +1,125 @@
+"""Export plugin for SAGAN generators (config kind "sagan", `zoo.build("sagan_generator")`).
+
+SavedModel signatures (TF Serving):
+  serving_default(noise float32 [B, latent_dim], label int32 [B])
+      -> image float32 [B, S, S, C] in [0, 1]      (the TFLite model's contract)
+  generate(noise, label) -> image uint8 [B, S, S, C] (ready to display / encode)
+(`label` only for class-conditional generators.)
+
+TFLite: the float [0, 1] image; `--static-shape` gives batch 1 with every shape
+static, which is what the mobile GPU delegate needs. The uint8 output stays in
+the SavedModel: CAST float32 -> uint8 is not a GPU-delegate op, so the app
+scales by 255 itself. The generator's conditional batch norm uses moving
+statistics at inference, so batch-1 output equals the batch output row for row.
+"""
+
+import numpy as np
+
+from export.errors import UsageError
+from export.kinds import Endpoint, ExportKind
+
+
+class SaganKind(ExportKind):
+    name = "sagan"
+    class_output = None
+    id_signature = "serving_default"
+
+    def matches(self, model):
+        return getattr(model, "name", "") == "sagan_generator"
+
+    def model(self, source):
+        model = super().model(source)
+        if not self.matches(model):
+            raise UsageError(f"{source.path}: model {getattr(model, 'name', '?')!r} is not a SAGAN generator")
+        return model
+
+    def _dims(self, source):
+        m = self.model(source)
+        inputs = m.input if isinstance(m.input, dict) else {"noise": m.input}
+        latent_dim = int(inputs["noise"].shape[-1])
+        conditional = "label" in inputs
+        num_classes = (source.config.get("model", {}).get("num_classes") if source.config else None)
+        if conditional and not num_classes:
+            num_classes = int(m.get_layer("up_8").num_classes)
+        return latent_dim, conditional, num_classes
+
+    def core_specs(self, source, static_length=None):
+        import tensorflow as tf
+
+        latent_dim, conditional, _ = self._dims(source)
+        batch = 1 if static_length is not None else None
+        specs = [tf.TensorSpec([batch, latent_dim], tf.float32, name="noise")]
+        if conditional:
+            specs.append(tf.TensorSpec([batch], tf.int32, name="label"))
+        return specs
+
+    def check_static(self, source, static_length):
+        return None
+
+    def core_fn(self, source, static=False):
+        import tensorflow as tf
+
+        m = self.model(source)
+        _, conditional, _ = self._dims(source)
+
+        def fn(noise, label=None):
+            feed = {"noise": noise, "label": label} if conditional else {"noise": noise}
+            image = m(feed, training=False)
+            # tanh [-1, 1] -> [0, 1]; the clip keeps fp16 round-off inside the range.
+            return {"image": tf.clip_by_value(image * 0.5 + 0.5, 0.0, 1.0)}
+
+        return fn
+
+    def serving_endpoints(self, source):
+        import tensorflow as tf
+
+        specs = self.core_specs(source)
+        core = self.core_fn(source)
+
+        # Graph functions, so the proof compares the same optimised graph the SavedModel
+        # runs: eager and graph float results can differ in the last bit, and a uint8
+        # rounding at .5 would then flip.
+        core = tf.function(core)
+
+        @tf.function
+        def generate(*args):
+            image = core(*args)["image"]
+            return {"image": tf.cast(tf.round(image * 255.0), tf.uint8)}
+
+        example = self.sample_inputs(source, 2, specs=specs)
+        return [
+            Endpoint("serving_default", core, specs, example,
+                     "noise (and label) -> image float32 in [0, 1] (the TFLite contract)"),
+            Endpoint("generate", generate, specs, example,
+                     "noise (and label) -> image uint8 [B, S, S, C]"),
+        ]
+
+    def sample_inputs(self, source, n, specs=None):
+        specs = specs or self.core_specs(source)
+        latent_dim, conditional, num_classes = self._dims(source)
+        calib = source.calibration()
+        if calib is not None and "noise" in calib and len(calib["noise"]) >= n:
+            noise = np.asarray(calib["noise"][:n], np.float32)
+        else:
+            noise = np.random.default_rng(0).standard_normal((n, latent_dim)).astype(np.float32)
+        out = {"noise": noise}
+        if conditional:
+            out["label"] = (np.arange(n) % max(int(num_classes or 1), 1)).astype(np.int32)
+        return out
+
+    def calibration_inputs(self, source, specs, n=200):
+        return self.sample_inputs(source, n, specs=specs)
+
+    def sidecar(self, source, static_length=None):
+        m = self.model(source)
+        latent_dim, conditional, num_classes = self._dims(source)
+        config = source.config or {}
+        classes = config.get("class_names") if conditional else None
+        shape = [int(d) for d in m.output.shape[1:]]
+        return {"kind": "sagan", "latent_dim": latent_dim, "num_classes": num_classes,
+                "class_names": classes, "image_shape": shape,
+                "noise": "standard normal, float32 [batch, latent_dim]",
+                "output": "image float32 [batch, S, S, C] in [0, 1]; multiply by 255 for uint8"}
+
+
+KIND = SaganKind()

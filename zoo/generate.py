@@ -1,0 +1,196 @@
+"""Generate images with a trained SAGAN: `python -m zoo.generate PATH --out grid.png`.
+
+PATH is a SAGAN run directory (its model.keras) or a .tflite file exported from
+one (with its sidecar `<file>.json`). `--class` picks the class (id or name from
+RUN_DIR/vocab/classes.txt) of a conditional generator; without it, a
+conditional generator draws one row per class. Writes a PNG grid.
+Bad input: one line on stderr, exit 2; nothing existing is overwritten
+without --force.
+"""
+
+import argparse
+import json
+import os
+import sys
+
+import numpy as np
+
+
+class _Usage(Exception):
+    pass
+
+
+class _Parser(argparse.ArgumentParser):
+    def error(self, message):
+        raise _Usage(message)
+
+
+class KerasGenerator:
+    def __init__(self, run_dir):
+        import keras
+
+        import zoo  # noqa: F401  (registers the classes model.keras refers to)
+
+        path = os.path.join(run_dir, "model.keras")
+        config_path = os.path.join(run_dir, "config.json")
+        if not os.path.isfile(path) or not os.path.isfile(config_path):
+            raise _Usage(f"not a SAGAN run directory (needs model.keras and config.json): {run_dir}")
+        with open(config_path, encoding="utf-8") as f:
+            config = json.load(f)
+        if config.get("kind") != "sagan":
+            raise _Usage(f"{run_dir} is a {config.get('kind')!r} run, not 'sagan'")
+        self.model = keras.models.load_model(path)
+        self.latent_dim = int(config["model"]["latent_dim"])
+        self.num_classes = config["model"].get("num_classes")
+        self.class_names = config.get("class_names") or []
+
+    def __call__(self, noise, labels):
+        feed = {"noise": noise}
+        if self.num_classes:
+            feed["label"] = labels
+        images = np.asarray(self.model.predict_on_batch(feed))
+        return (images + 1.0) / 2.0
+
+
+class TFLiteGenerator:
+    """An exported generator .tflite (noise [, label] in, image in [0, 1] out)."""
+
+    def __init__(self, path):
+        from ai_edge_litert.interpreter import Interpreter
+
+        sidecar = path + ".json"
+        if not os.path.isfile(sidecar):
+            raise _Usage(f"missing sidecar file for the TFLite model: {sidecar}")
+        with open(sidecar, encoding="utf-8") as f:
+            meta = json.load(f)
+        if meta.get("kind") != "sagan":
+            raise _Usage(f"{sidecar}: kind is {meta.get('kind')!r}, not 'sagan'")
+        self.latent_dim = int(meta["latent_dim"])
+        self.num_classes = meta.get("num_classes")
+        self.class_names = meta.get("class_names") or []
+        self.runner = Interpreter(model_path=path).get_signature_runner(meta.get("signature", "serving_default"))
+        self.batch_one = meta.get("inputs", {}).get("noise", {}).get("shape", [None])[0] == 1
+
+    def __call__(self, noise, labels):
+        def run(n, y):
+            feed = {"noise": n}
+            if self.num_classes:
+                feed["label"] = y
+            return self.runner(**feed)["image"]
+
+        if self.batch_one:
+            return np.concatenate([run(noise[i:i + 1], labels[i:i + 1]) for i in range(len(noise))])
+        return run(noise, labels)
+
+
+def grid(images, columns, pad=1):
+    """uint8 [N, H, W, C] -> one uint8 mosaic with `columns` per row (white gaps)."""
+    images = np.asarray(images)
+    n, h, w, c = images.shape
+    rows = -(-n // columns)
+    out = np.full((rows * (h + pad) + pad, columns * (w + pad) + pad, c), 255, np.uint8)
+    for i, image in enumerate(images):
+        r, k = divmod(i, columns)
+        top, left = pad + r * (h + pad), pad + k * (w + pad)
+        out[top:top + h, left:left + w] = image
+    return out
+
+
+def save_png(array, path, scale=2):
+    """Writes a uint8 [H, W, C] array as PNG (nearest upscaled), atomically."""
+    import io
+    import tempfile
+
+    from PIL import Image
+
+    array = np.asarray(array)
+    if scale > 1:
+        array = array.repeat(scale, axis=0).repeat(scale, axis=1)
+    if array.shape[-1] == 1:
+        array = array[..., 0]
+    buffer = io.BytesIO()
+    Image.fromarray(array).save(buffer, format="PNG")
+    directory = os.path.dirname(os.path.abspath(path))
+    os.makedirs(directory, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(dir=directory, prefix=".tmp-", suffix=".png")
+    try:
+        with os.fdopen(fd, "wb") as f:
+            f.write(buffer.getvalue())
+        os.replace(tmp, path)
+    except BaseException:
+        if os.path.exists(tmp):
+            os.unlink(tmp)
+        raise
+
+
+def _class_id(value, generator):
+    if value is None:
+        return None
+    if not generator.num_classes:
+        raise _Usage(f"--class {value!r}: this generator is unconditional")
+    if value in generator.class_names:
+        return generator.class_names.index(value)
+    try:
+        k = int(value)
+    except ValueError:
+        raise _Usage(f"--class must be a class id or one of {generator.class_names}: {value!r}") from None
+    if not 0 <= k < generator.num_classes:
+        raise _Usage(f"--class must be in [0, {generator.num_classes}), got {k}")
+    return k
+
+
+def main(argv=None):
+    os.environ.setdefault("KERAS_BACKEND", "tensorflow")
+    os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
+    parser = _Parser(prog="python -m zoo.generate", description=__doc__.splitlines()[0])
+    parser.add_argument("path", help="SAGAN run directory or exported .tflite file")
+    parser.add_argument("--out", required=True, help="PNG file to write")
+    parser.add_argument("--class", dest="class_", help="class id or name (conditional generators)")
+    parser.add_argument("--num", type=int, default=16, help="images (default 16; per class without --class)")
+    parser.add_argument("--columns", type=int, default=8, help="grid columns (default 8)")
+    parser.add_argument("--seed", type=int, default=0, help="noise seed")
+    parser.add_argument("--force", action="store_true", help="overwrite --out")
+    parser.add_argument("--debug", action="store_true", help="show tracebacks")
+    try:
+        args = parser.parse_args(argv)
+        if args.num < 1 or args.columns < 1:
+            raise _Usage(f"--num and --columns must be >= 1, got {args.num} and {args.columns}")
+        if not args.out.lower().endswith(".png"):
+            raise _Usage(f"--out must be a .png file: {args.out}")
+        if os.path.exists(args.out) and not args.force:
+            raise _Usage(f"--out exists (use --force to overwrite): {args.out}")
+        if not os.path.exists(args.path):
+            raise _Usage(f"no such run directory or .tflite file: {args.path}")
+        if os.path.isdir(args.path):
+            generator = KerasGenerator(args.path)
+        elif args.path.endswith(".tflite"):
+            generator = TFLiteGenerator(args.path)
+        else:
+            raise _Usage(f"expected a run directory or a .tflite file: {args.path}")
+        k = _class_id(args.class_, generator)
+        if generator.num_classes and k is None:
+            labels = np.repeat(np.arange(generator.num_classes), args.num).astype(np.int32)
+            columns = args.num
+        else:
+            labels = np.full(args.num, k or 0, np.int32)
+            columns = min(args.columns, args.num)
+        noise = np.random.default_rng(args.seed).standard_normal(
+            (len(labels), generator.latent_dim)).astype(np.float32)
+        images = generator(noise, labels)
+        uint8 = np.clip(np.round(np.asarray(images) * 255.0), 0, 255).astype(np.uint8)
+        save_png(grid(uint8, columns), args.out)
+        print(f"wrote {args.out} ({len(labels)} images)")
+        return 0
+    except _Usage as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 2
+    except Exception as e:  # noqa: BLE001  (CLI boundary)
+        if "--debug" in (argv if argv is not None else sys.argv):
+            raise
+        print(f"error: unexpected {type(e).__name__}: {str(e).strip().splitlines()[0] if str(e).strip() else ''}"
+              " (run with --debug for the traceback)", file=sys.stderr)
+        return 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())
