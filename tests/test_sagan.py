@@ -210,3 +210,35 @@ def test_bad_inputs_one_line_exit_2_nothing_overwritten(tmp_path):
     assert result.returncode == 2 and "already holds a run" in result.stderr
     assert (existing / "config.json").read_text() == '{"kind": "sagan"}'
     assert sorted(os.listdir(existing)) == ["config.json"]
+
+
+# ---------------------------------------------------------------- zoo layers
+def test_zoo_blocks_pass_the_layer_contract():
+    from tests.harness import run_layer_test
+    from zoo.sagan import DiscriminatorBlock, GeneratorBlock, ProjectionHead
+
+    rng = np.random.default_rng(2)
+    x = rng.normal(size=(2, 4, 4, 8)).astype("float32")
+    labels = np.array([1, 0], "int32")
+    batch_only = {"inputs": (0,), "labels": (0,)}
+    run_layer_test(GeneratorBlock, {"filters": 6, "num_classes": 3, "seed": 1},
+                   {"inputs": x, "labels": labels}, expected_output_shape=(2, 8, 8, 6),
+                   dynamic_axes=batch_only, tflite_static_and_dynamic=False)
+    run_layer_test(DiscriminatorBlock, {"filters": 6, "seed": 1}, x,
+                   expected_output_shape=(2, 2, 2, 6), dynamic_axes={"inputs": (0,)},
+                   tflite_static_and_dynamic=False)
+    run_layer_test(ProjectionHead, {"num_classes": 3, "seed": 1}, {"inputs": x, "labels": labels},
+                   expected_output_shape=(2, 1), dynamic_axes=batch_only,
+                   tflite_static_and_dynamic=False)
+
+
+def test_image_dir_reader_labels_by_sub_folder(tmp_path):
+    from train.data.images import load_image_dir
+
+    _write_images(tmp_path / "a", [32] * 6)
+    _write_images(tmp_path / "b", [32] * 4)
+    data = load_image_dir(str(tmp_path), seed=0)
+    assert data.class_names == ["a", "b"] and data.image_size == 32 and data.channels == 3
+    assert len(data.train) + len(data.test) == 10 and len(data.test) == 1
+    labels = np.concatenate([data.train_labels, data.test_labels])
+    assert sorted(labels.tolist()) == [0] * 6 + [1] * 4

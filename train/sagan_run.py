@@ -31,7 +31,10 @@ GRID_COLUMNS = 8
 
 
 def _model_config(args, data, attention):
+    from zoo.sagan import resolve_attention
+
     conditional = data.num_classes > 1 and not args.unconditional
+    attention = resolve_attention(data.image_size, attention)
     return {"image_size": data.image_size, "channels": data.channels,
             "num_classes": data.num_classes if conditional else None,
             "latent_dim": args.latent_dim, "width": args.width,

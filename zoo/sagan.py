@@ -107,9 +107,9 @@ class GeneratorBlock(keras.layers.Layer):
         self.seed = seed
         self.bn1 = self._norm("bn1")
         self.bn2 = self._norm("bn2")
-        self.conv1 = SNConv2D(self.filters, 3, seed=seed, name="conv1")
-        self.conv2 = SNConv2D(self.filters, 3, seed=seed, name="conv2")
-        self.shortcut = SNConv2D(self.filters, 1, seed=seed, name="shortcut")
+        self.conv1 = SNConv2D(self.filters, 3, seed=seed, name="conv1", dtype=self.dtype_policy)
+        self.conv2 = SNConv2D(self.filters, 3, seed=seed, name="conv2", dtype=self.dtype_policy)
+        self.shortcut = SNConv2D(self.filters, 1, seed=seed, name="shortcut", dtype=self.dtype_policy)
 
     @staticmethod
     def upsample(x):
@@ -119,8 +119,10 @@ class GeneratorBlock(keras.layers.Layer):
 
     def _norm(self, name):
         if self.num_classes:
-            return ConditionalBatchNormalization(self.num_classes, momentum=self.momentum, name=name)
-        return keras.layers.BatchNormalization(momentum=self.momentum, epsilon=1e-5, name=name)
+            return ConditionalBatchNormalization(self.num_classes, momentum=self.momentum, name=name,
+                                                 dtype=self.dtype_policy)
+        return keras.layers.BatchNormalization(momentum=self.momentum, epsilon=1e-5, name=name,
+                                               dtype=self.dtype_policy)
 
     def _bn(self, bn, x, labels, training):
         if self.num_classes:
@@ -174,10 +176,10 @@ class DiscriminatorBlock(keras.layers.Layer):
         self.downsample = bool(downsample)
         self.first = bool(first)
         self.seed = seed
-        self.conv1 = SNConv2D(self.filters, 3, seed=seed, name="conv1")
-        self.conv2 = SNConv2D(self.filters, 3, seed=seed, name="conv2")
-        self.shortcut = SNConv2D(self.filters, 1, seed=seed, name="shortcut")
-        self.pool = keras.layers.AveragePooling2D(2, name="pool")
+        self.conv1 = SNConv2D(self.filters, 3, seed=seed, name="conv1", dtype=self.dtype_policy)
+        self.conv2 = SNConv2D(self.filters, 3, seed=seed, name="conv2", dtype=self.dtype_policy)
+        self.shortcut = SNConv2D(self.filters, 1, seed=seed, name="shortcut", dtype=self.dtype_policy)
+        self.pool = keras.layers.AveragePooling2D(2, name="pool", dtype=self.dtype_policy)
 
     def build(self, inputs_shape):
         b, h, w, c = inputs_shape
@@ -230,7 +232,7 @@ class ProjectionHead(keras.layers.Layer):
         super().__init__(**kwargs)
         self.num_classes = num_classes
         self.seed = seed
-        self.linear = SNDense(1, seed=seed, name="linear")
+        self.linear = SNDense(1, seed=seed, name="linear", dtype=self.dtype_policy)
         self.embed = None
 
     def build(self, inputs_shape, labels_shape=None):
@@ -238,7 +240,8 @@ class ProjectionHead(keras.layers.Layer):
         self.linear.build((inputs_shape[0], channels))
         if self.num_classes:
             # An SN dense layer on one-hot labels is an SN embedding table.
-            self.embed = SNDense(channels, use_bias=False, seed=self.seed, name="embed")
+            self.embed = SNDense(channels, use_bias=False, seed=self.seed, name="embed",
+                                 dtype=self.dtype_policy)
             self.embed.build((inputs_shape[0], self.num_classes))
 
     def call(self, inputs, labels=None, training=None):
