@@ -12,6 +12,7 @@ output). Keras's own layer gives uniform weights on one path and zeros on
 another (FACTS.md).
 """
 
+import keras
 from keras import ops
 
 from layers.masks import position_mask
@@ -295,18 +296,21 @@ def chunked_attention_context(
             acc = acc + weighted_sum(p, ops.cast(vb, "float32"))
             return m, l, seen, acc
 
-        start, stop = key_range(qi)
-
-        def cond(ki, m, l, seen, acc):
-            return ki < stop
-
-        def body(ki, m, l, seen, acc):
-            return (ki + 1, *key_block(ki, m, l, seen, acc))
-
-        _, m, l, seen, acc = ops.while_loop(cond, body, (start, m0, l0, seen0, acc0))
+        if keras.backend.backend() == "jax":
+            # JAX differentiates loops only with static bounds: visit every
+            # key block (fully masked ones add nothing) instead of skipping.
+            start, stop = 0, num_k
+        else:
+            start, stop = key_range(qi)
+        m, l, seen, acc = ops.fori_loop(
+            start, stop, lambda ki, carry: key_block(ki, *carry), (m0, l0, seen0, acc0)
+        )
         if normalize == "softmax":
             # Rows that saw no key keep l == 0 and acc == 0: output zero.
-            inv = ops.where(l > 0, 1.0 / ops.maximum(l, 1e-30), 0.0)
+            # The division sees 1 where l == 0, so its gradient stays finite
+            # in the branch `where` discards (0 * inf would be NaN).
+            has = l > 0
+            inv = ops.where(has, 1.0 / ops.where(has, l, 1.0), 0.0)
             acc = acc * ops.expand_dims(ops.transpose(inv, (0, 2, 1)), -1)
         valid = ops.cast(ops.transpose(seen, (0, 2, 1)) > 0, "float32")  # [B, c, 1]
         return acc, valid

@@ -1,0 +1,21 @@
+"""layers/ is backend-agnostic: the same checks pass under JAX."""
+
+import os
+import subprocess
+import sys
+
+import pytest
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+
+@pytest.mark.parametrize("backend", ["jax"])
+def test_layers_run_on_another_backend(backend):
+    pytest.importorskip(backend)
+    env = dict(os.environ, KERAS_BACKEND=backend, JAX_PLATFORMS="cpu", PYTHONPATH=ROOT)
+    proc = subprocess.run(
+        [sys.executable, "-m", "tests.backend_check"],
+        cwd=ROOT, env=env, capture_output=True, text=True, timeout=600,
+    )
+    assert proc.returncode == 0, proc.stdout + proc.stderr[-3000:]
+    assert f"backend {backend}: all checks passed" in proc.stdout
