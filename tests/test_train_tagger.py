@@ -99,7 +99,11 @@ def test_cli_writes_the_run_directory_contract(cli_run):
     tags = (out / "vocab" / "tags.txt").read_text().splitlines()
     assert words[:2] == ["<pad>", "<unk>"]
     calib = np.load(out / "calibration.npz")
-    assert set(calib.files) == {"word_ids", "char_ids"}
+    assert set(calib.files) == {"word_ids", "char_ids", "tag_ids"}
+    gold = calib["tag_ids"]
+    assert gold.shape == calib["word_ids"].shape
+    assert np.array_equal(gold >= 0, calib["word_ids"] > 0)  # -1 exactly on padding
+    assert gold.max() < len(tags)
     assert calib["word_ids"].shape[0] == 200 and calib["word_ids"].dtype == np.int32
     assert calib["char_ids"].shape[:2] == calib["word_ids"].shape
     assert (out / "attention.png").stat().st_size > 1000

@@ -8,7 +8,8 @@ import keras
 import numpy as np
 
 import zoo
-from train import rundir
+from train import engine, rundir
+from train import strategy as distribute
 from train.errors import UsageError
 from train.progress import markdown_table
 from train.tagger_data import Batches, Encoded, build_vocab, load_data, word_tag_stats
@@ -46,7 +47,8 @@ def train_one(args, data, arch, out, vocab=None, verbose=None):
     epochs = args.epochs if args.epochs is not None else _default_epochs(data)
     model_cfg = {"arch": arch, "max_chars": MAX_CHARS, "max_len": MAX_LEN, **args.model_options}
     try:
-        model = zoo.build("tagger", words=words, chars=chars, tags=tags, **model_cfg)
+        with distribute.scope():
+            model = zoo.build("tagger", words=words, chars=chars, tags=tags, **model_cfg)
     except ValueError as e:
         raise UsageError(f"bad --model-option: {e}") from None
     lr = args.learning_rate or LEARNING_RATES[arch]
@@ -62,8 +64,9 @@ def train_one(args, data, arch, out, vocab=None, verbose=None):
     rundir.atomic_write_json(os.path.join(out, "config.json"), config)
     encoded = _encode(model, data)
     steps = len(Batches(encoded["train"], args.batch_size))
-    compile_tagger(model, lr, total_steps=max(1, epochs * steps),
-                   warmup_steps=min(400, epochs * steps // 10), weight_decay=1e-4)
+    with distribute.scope():
+        compile_tagger(model, lr, total_steps=max(1, epochs * steps),
+                       warmup_steps=min(400, epochs * steps // 10), weight_decay=1e-4)
     state = read_state(os.path.join(out, "checkpoints"))
     return _fit_and_finish(model, data, encoded, out, train_cfg, state, verbose or _verbosity())
 
@@ -83,7 +86,8 @@ def resume_run(args):
     data = load_data(train_cfg["train_file"], train_cfg["dev_file"], train_cfg["test_file"],
                      train_cfg["dataset"], train_cfg["seed"])
     keras.utils.set_random_seed(train_cfg["seed"] + 1)
-    model = keras.models.load_model(last)
+    with distribute.scope():
+        model = keras.models.load_model(last)
     config["train"] = train_cfg
     rundir.atomic_write_json(config_path, config)
     state = read_state(os.path.join(out, "checkpoints"))
@@ -103,13 +107,16 @@ def _fit_and_finish(model, data, encoded, out, train_cfg, state, verbose):
     callbacks = [checkpoint, limit,
                  keras.callbacks.TensorBoard(os.path.join(out, "logs"), write_graph=False,
                                              profile_batch=0)]
-    train_batches = Batches(encoded["train"], train_cfg["batch_size"], shuffle=True,
-                            seed=train_cfg["seed"] + state["epoch"])
+    def train_batches(epoch):  # the batch order of an epoch depends on (seed, epoch) only
+        return Batches(encoded["train"], train_cfg["batch_size"], shuffle=True,
+                       seed=[train_cfg["seed"], epoch])
+
     dev_batches = Batches(encoded["dev"], 64)
     epochs = train_cfg["epochs"]
     if state["epoch"] < epochs:
-        model.fit(train_batches.as_dataset(), validation_data=dev_batches.as_dataset(), epochs=epochs,
-                  initial_epoch=state["epoch"], callbacks=callbacks, verbose=verbose, shuffle=False)
+        engine.fit(model, train_batches, validation_data=dev_batches, epochs=epochs,
+                   initial_epoch=state["epoch"], callbacks=callbacks, verbose=verbose,
+                   checkpoint_dir=ckpt_dir)
     state = checkpoint.state if checkpoint.started else state
     best = os.path.join(ckpt_dir, BEST)
     if os.path.exists(best):
@@ -155,8 +162,11 @@ def _write_vocab(out, words, chars, tags):
 def _write_calibration(out, encoded, seed, rows=200):
     rng = np.random.default_rng(seed)
     picked = rng.choice(len(encoded), size=min(rows, len(encoded)), replace=False)
-    x, _, _ = encoded.batch(list(picked))
-    rundir.atomic_save_npz(os.path.join(out, "calibration.npz"), **x)
+    x, tags, weights = encoded.batch(list(picked))
+    # Gold tags (-1 on padding) let export report quantized models' accuracy
+    # next to float's; export feeds only the arrays named like model inputs.
+    gold = np.where(weights > 0, tags, -1).astype("int32")
+    rundir.atomic_save_npz(os.path.join(out, "calibration.npz"), tag_ids=gold, **x)
 
 
 def train_compare(args, data):
