@@ -96,10 +96,14 @@ def get_classifier(out, data, train_cfg, classifier=None):
     return classifier, report
 
 
-def train_one(args, data, out, attention=None, classifier=None):
+_FLAG = object()
+
+
+def train_one(args, data, out, attention=_FLAG, classifier=None):
+    """One run; `attention` overrides --attention-resolution (None = no attention)."""
     import keras
 
-    attention = args.attention if attention is None else attention
+    attention = args.attention if attention is _FLAG else attention
     keras.utils.set_random_seed(args.seed)
     model_cfg = _model_config(args, data, attention)
     train_cfg = _train_config(args)
