@@ -242,3 +242,27 @@ def test_image_dir_reader_labels_by_sub_folder(tmp_path):
     assert len(data.train) + len(data.test) == 10 and len(data.test) == 1
     labels = np.concatenate([data.train_labels, data.test_labels])
     assert sorted(labels.tolist()) == [0] * 6 + [1] * 4
+
+
+def test_compare_trains_one_run_with_and_one_without_attention(tmp_path, monkeypatch, capsys):
+    """The orchestration of --compare (training itself is replaced by a stub)."""
+    import train.sagan_run as sagan_run
+    from train.cli import main
+
+    def fake_fit(out, config, data, g, d, ema, *rest, **kwargs):
+        has_attention = any(layer.name == "self_attention" for layer in g.layers)
+        fid = 1.0 if has_attention else 2.0
+        sagan_run.rundir.atomic_write_json(os.path.join(out, "metrics.json"),
+                                           {"fid": fid, "fid_floor": 0.1, "has_attention": has_attention})
+        return 0
+
+    monkeypatch.setattr(sagan_run, "_fit_and_finish", fake_fit)
+    monkeypatch.setattr(sagan_run, "get_classifier", lambda *a, **k: (None, {}))
+    out = str(tmp_path / "cmp")
+    assert main(["sagan", "--compare", "--out", out, "--train-size", "64", "--test-size", "16",
+                 "--width", "4", "--latent-dim", "8"]) == 0
+    runs = {name: json.load(open(os.path.join(out, name, "config.json")))["model"]["attention_resolution"]
+            for name in ("attention", "no_attention")}
+    assert runs == {"attention": 16, "no_attention": None}
+    assert json.load(open(os.path.join(out, "no_attention", "metrics.json")))["has_attention"] is False
+    assert "FID with attention: 1.0   without: 2.0" in capsys.readouterr().out
