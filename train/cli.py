@@ -67,7 +67,11 @@ def main(argv=None):
         parser.add_argument("--debug", action="store_true",
                             help="show tracebacks of unexpected errors")
         module.add_arguments(parser)
+        from train import strategy
+
+        strategy.add_arguments(parser)
         args = parser.parse_args(rest)
+        strategy.configure(args)
         return int(module.run(args) or 0)
     except UsageError as e:
         return _fail(str(e), EXIT_USAGE)

@@ -18,14 +18,15 @@ import keras
 import numpy as np
 
 import zoo
-from train import rundir
+from train import engine, rundir
+from train import strategy as distribute
 from train.errors import UsageError
 from train.progress import markdown_table
 from train.seq2seq_data import Batches, Encoded, load_data, train_tokenizer
 from train.seq2seq_fit import DevScore, compile_seq2seq
 from train.tagger_fit import BEST, LAST, RunCheckpoint, TimeLimit, read_state
 from zoo import decoding
-from zoo.tokenization import Tokenizer, decode_proto, encode_proto
+from zoo.tokenization import PAD_ID, Tokenizer, decode_proto, encode_proto
 
 _NOT_TRAIN = ("debug", "resume", "out", "verbose")
 SUMMARY = [("arch", "arch"), ("test_bleu", "test BLEU"), ("test_exact_match", "exact"),
@@ -74,7 +75,8 @@ def train_new(args, data):
           file=sys.stderr)
     config_model = model_config(args, text)
     try:
-        model = zoo.build(_kind(args.arch), tokenizer=encode_proto(proto), **config_model)
+        with distribute.scope():
+            model = zoo.build(_kind(args.arch), tokenizer=encode_proto(proto), **config_model)
     except ValueError as e:
         raise UsageError(f"bad model option: {e}") from None
     encoded = _encode_all(tokenizer, data, model, args.truncate)
@@ -87,8 +89,9 @@ def train_new(args, data):
     config = {"kind": _kind(args.arch), "model": model.hparams(), "train": train_cfg,
               "data": data.source, "task": data.task, "tokenizer": "vocab/spm.model"}
     rundir.atomic_write_json(os.path.join(out, "config.json"), config)
-    compile_seq2seq(model, args.learning_rate, args.warmup_steps, args.label_smoothing,
-                    jit_compile=args.xla)
+    with distribute.scope():
+        compile_seq2seq(model, args.learning_rate, args.warmup_steps, args.label_smoothing,
+                        jit_compile=args.xla)
     state = read_state(os.path.join(out, "checkpoints"))
     return _fit_and_finish(model, data, encoded, out, train_cfg, state, args.verbose)
 
@@ -109,7 +112,8 @@ def resume_run(args):
     data = load_data(stored)
     import train.seq2seq_fit  # noqa: F401  (registers the loss, metric and schedule)
 
-    model = keras.models.load_model(last)
+    with distribute.scope():
+        model = keras.models.load_model(last)
     encoded = _encode_all(model.tokenizer, data, model, train_cfg.get("truncate", False))
     config["train"] = train_cfg
     rundir.atomic_write_json(config_path, config)
@@ -142,17 +146,18 @@ def _fit_and_finish(model, data, encoded, out, train_cfg, state, verbose):
     dev_score = _dev_scorer(model, data, encoded, train_cfg, out)
     if dev_score is not None:
         callbacks.insert(0, dev_score)
-    train_batches = Batches(encoded["train"], train_cfg["batch_size"], shuffle=True,
-                            seed=train_cfg["seed"] * 1000 + state["epoch"])
+    def train_batches(epoch):  # the batch order of an epoch depends on (seed, epoch) only
+        return Batches(encoded["train"], train_cfg["batch_size"], shuffle=True,
+                       seed=train_cfg["seed"] * 1000 + epoch)
+
     dev_batches = Batches(encoded["dev"], 128)
     epochs = train_cfg["epochs"]
-    steps = train_cfg.get("steps_per_epoch")
-    dataset = train_batches.as_dataset()
-    if steps:
-        dataset = dataset.repeat()
     if state["epoch"] < epochs:
-        model.fit(dataset, validation_data=dev_batches.as_dataset(), epochs=epochs, steps_per_epoch=steps,
-                  initial_epoch=state["epoch"], callbacks=callbacks, verbose=verbose)
+        engine.fit(model, train_batches, validation_data=dev_batches, epochs=epochs,
+                   steps_per_epoch=train_cfg.get("steps_per_epoch"), initial_epoch=state["epoch"],
+                   callbacks=callbacks, verbose=verbose, checkpoint_dir=ckpt_dir,
+                   loss_terms=engine.masked_mean_terms(model.loss, PAD_ID),
+                   jit_compile=True if train_cfg.get("xla") else None)
     state = checkpoint.state if checkpoint.started else state
     best = os.path.join(ckpt_dir, BEST)
     if os.path.exists(best):

@@ -198,6 +198,14 @@ def _use_scratch_out(args):
     atexit.register(shutil.rmtree, scratch, True)
 
 
+def reset():
+    """Back to one device, float32, no step checkpoints (tests, and library use after a CLI run)."""
+    _state.update(name="default", strategy=None, mixed_precision=False, jit_compile=None,
+                  checkpoint_every=0, scratch=None)
+    _state.pop("resolved", None)
+    _state.pop("policy", None)
+
+
 def describe():
     strategy = get()
     return {"strategy": _state.get("resolved", _state["name"]),

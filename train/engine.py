@@ -1,0 +1,410 @@
+"""The one training loop of `python -m train`: a custom loop on `tf.distribute` that runs
+unchanged under every strategy (one device, mirrored GPUs, several workers, TPU).
+
+Keras 3's `fit` fails under `MultiWorkerMirroredStrategy` (keras-team/keras#20585), so
+`fit` here replaces `model.fit` for compiled models, keeping what the run code relies on:
+Keras callbacks (progress bar, TensorBoard, the run's checkpoint and time-limit
+callbacks, `model.stop_training`), `validation_data`, `initial_epoch`, `steps_per_epoch`,
+and the compiled loss, optimizer and metrics.
+
+What it does differently, on purpose:
+- Every global batch (the data code's batch, `--batch-size` rows) is split row-wise
+  across all replicas of all workers; each worker builds the same global batches from
+  the same seed and feeds its replicas their slices (explicit sharding).
+- The loss is the SUM of per-example (per-token) losses divided by the GLOBAL count
+  of real examples (padding has weight 0 and does not count), so replicas' gradients
+  add up to the single-device gradient whatever the number of replicas.
+- Metrics are Keras metrics updated on each replica; their variables sum across replicas.
+- Batch order of epoch e depends only on (seed, e), so a run resumed from a mid-epoch
+  checkpoint sees exactly the batches the uninterrupted run would have seen.
+- Checkpoints (train.checkpoint) every `--checkpoint-every` steps and at each epoch end,
+  written by the chief only, atomically. A non-finite loss stops the run before
+  anything else is written (`NonFiniteLoss`); the last good checkpoint stays.
+- `--mixed-precision` with float16 scales the loss (`keras.optimizers.LossScaleOptimizer`,
+  which `compile` installs); `--jit-compile` XLA-compiles the forward and backward pass.
+"""
+
+import math
+import os
+import sys
+
+import keras
+import numpy as np
+import tensorflow as tf
+
+from train import checkpoint, strategy as dist
+from train.errors import UsageError
+
+
+class NonFiniteLoss(UsageError):
+    """The loss became NaN or Inf; nothing was saved after the last good checkpoint."""
+
+
+# ------------------------------------------------------------------ loss terms
+def weighted_terms(loss):
+    """(sum, count) from a Keras loss applied per element, weighted by sample weights
+    (padding weight 0). Without weights every element counts."""
+    if isinstance(loss, str) or not isinstance(loss, keras.losses.Loss):
+        loss = keras.losses.get(loss)
+    per_element = loss.__class__.from_config({**loss.get_config(), "reduction": None})
+
+    def terms(y, y_pred, sample_weight):
+        values = tf.cast(per_element(y, y_pred), tf.float32)
+        if sample_weight is None:
+            return tf.reduce_sum(values), tf.cast(tf.size(values), tf.float32)
+        w = tf.cast(sample_weight, tf.float32)
+        return tf.reduce_sum(values * w), tf.reduce_sum(w)
+
+    return terms
+
+
+def masked_mean_terms(loss, pad_id=0):
+    """(sum, count) for a loss that already averages over non-padding targets
+    (e.g. seq2seq's MaskedSmoothedCrossEntropy): mean times the local count."""
+
+    def terms(y, y_pred, sample_weight):
+        count = tf.reduce_sum(tf.cast(tf.not_equal(y, pad_id), tf.float32))
+        return tf.cast(loss(y, y_pred), tf.float32) * count, count
+
+    terms.kind = "masked"
+    terms.pad_id = pad_id
+    return terms
+
+
+def _host_count(y, w, terms_kind, pad_id):
+    """The global normaliser, computed on the host from the whole global batch (each
+    worker holds it), so no collective is needed inside the compiled step."""
+    if w is not None:
+        return float(np.sum(np.asarray(w, np.float64)))
+    if terms_kind == "masked":
+        return float(np.sum(np.asarray(y) != pad_id))
+    return float(np.prod(np.shape(y)))
+
+
+# ------------------------------------------------------------------ data
+def _unpack(batch):
+    if isinstance(batch, (list, tuple)):
+        if len(batch) == 3:
+            return batch
+        if len(batch) == 2:
+            return batch[0], batch[1], None
+    return batch, None, None
+
+
+def _rows(batch):
+    return int(tf.nest.flatten(batch)[0].shape[0])
+
+
+def _split(strategy, batch):
+    """Per-replica slices of a global batch: replica r of R gets rows [r*B/R, (r+1)*B/R)."""
+    replicas = strategy.num_replicas_in_sync
+    if replicas == 1:
+        return batch
+    total = _rows(batch)
+    bounds = [round(r * total / replicas) for r in range(replicas + 1)]
+
+    def value_fn(ctx):
+        r = ctx.replica_id_in_sync_group
+        return tf.nest.map_structure(lambda a: tf.constant(a[bounds[r]:bounds[r + 1]]), batch)
+
+    return strategy.experimental_distribute_values_from_function(value_fn)
+
+
+class EpochData:
+    """The global batches of epoch e, optionally skipping the first `skip` of them.
+
+    `source(epoch) -> sized iterable of batches` (a new shuffle per epoch, from the seed
+    and the epoch only). With `steps_per_epoch`, epochs are windows of that many batches
+    over the endless concatenation source(0), source(1), ...
+    """
+
+    def __init__(self, source, steps_per_epoch=None):
+        self.source = source if callable(source) else (lambda epoch: source)
+        self.steps_per_epoch = steps_per_epoch
+        self._pass_len = None
+
+    def steps(self):
+        if self.steps_per_epoch:
+            return self.steps_per_epoch
+        return len(self.source(0))
+
+    def batches(self, epoch, skip=0):
+        if not self.steps_per_epoch:
+            for i, batch in enumerate(self.source(epoch)):
+                if i >= skip:
+                    yield batch
+            return
+        if self._pass_len is None:
+            self._pass_len = max(1, len(self.source(0)))
+        start = epoch * self.steps_per_epoch + skip
+        end = (epoch + 1) * self.steps_per_epoch
+        index = start
+        while index < end:
+            p, offset = divmod(index, self._pass_len)
+            for i, batch in enumerate(self.source(p)):
+                if i < offset:
+                    continue
+                yield batch
+                index += 1
+                if index >= end:
+                    return
+
+
+def _prefetched(iterator, size=2):
+    """Builds the next batches on a background thread while the step runs."""
+    import queue
+    import threading
+
+    q = queue.Queue(maxsize=size)
+    done = object()
+
+    def work():
+        try:
+            for item in iterator:
+                q.put(item)
+        except BaseException as e:  # noqa: BLE001  (re-raised in the consumer)
+            q.put(e)
+        q.put(done)
+
+    threading.Thread(target=work, daemon=True).start()
+    while True:
+        item = q.get()
+        if item is done:
+            return
+        if isinstance(item, BaseException):
+            raise item
+        yield item
+
+
+def _numpy(batch):
+    return tf.nest.map_structure(lambda a: a.numpy() if hasattr(a, "numpy") else np.asarray(a), batch)
+
+
+def _reduce_before_clipping(optimizer):
+    """Keras's TF optimizer clips (clipnorm, global_clipnorm) and decays each replica's
+    LOCAL gradient and only then sums gradients across replicas, so a clipped run on
+    R replicas differs from one device. The engine sums first (in the replica step) and
+    turns the optimizer's own summation off, so clipping sees the global gradient."""
+    for opt in (optimizer, getattr(optimizer, "inner_optimizer", None)):
+        if opt is not None and hasattr(opt, "_all_reduce_sum_gradients"):
+            opt._all_reduce_sum_gradients = lambda grads_and_vars: list(grads_and_vars)
+
+
+# ------------------------------------------------------------------ the loop
+class Engine:
+    def __init__(self, model, loss_terms=None, jit_compile=None, strategy=None, terms_kind=None):
+        self.model = model
+        self.strategy = strategy or dist.get()
+        self.optimizer = model.optimizer
+        loss = getattr(model, "loss", None)
+        self.terms = loss_terms or weighted_terms(loss)
+        self.terms_kind = terms_kind or getattr(self.terms, "kind", "weighted")
+        self.pad_id = getattr(self.terms, "pad_id", 0)
+        self.jit_compile = dist.jit_compile() if jit_compile is None else bool(jit_compile)
+        self._train_fn = None
+        self._eval_fn = None
+
+    def build(self, batch):
+        """Creates every variable (model, compiled metrics, optimizer slots) under the
+        strategy's scope, before any step runs in a replica context."""
+        x, y, w = _unpack(_numpy(batch))
+        sample = tf.nest.map_structure(lambda a: a[:1], (x, y) if w is None else (x, y, w))
+        with self.strategy.scope():
+            self.model._symbolic_build(data_batch=sample)
+            if not self.optimizer.built:
+                self.optimizer.build(self.model.trainable_variables)
+
+    def _metrics(self):
+        compiled = getattr(self.model, "_compile_metrics", None)
+        return [compiled] if compiled is not None else []
+
+    def _make_train_fn(self):
+        model, optimizer, terms = self.model, self.optimizer, self.terms
+        replicas = self.strategy.num_replicas_in_sync
+        metrics = self._metrics()
+
+        def forward_backward(x, y, w, global_count):
+            with tf.GradientTape() as tape:
+                y_pred = model(x, training=True)
+                loss_sum, _ = terms(y, y_pred, w)
+                loss = loss_sum / global_count
+                if model.losses:
+                    loss = loss + tf.cast(tf.add_n(model.losses), tf.float32) / replicas
+                scaled = optimizer.scale_loss(loss)
+            grads = tape.gradient(scaled, model.trainable_variables)
+            return loss, grads, y_pred
+
+        compiled = tf.function(forward_backward, jit_compile=self.jit_compile, reduce_retracing=True)
+
+        if replicas > 1:
+            _reduce_before_clipping(optimizer)
+
+        def replica_step(x, y, w, global_count):
+            loss, grads, y_pred = compiled(x, y, w, global_count)
+            if replicas > 1:
+                grads = tf.distribute.get_replica_context().all_reduce(tf.distribute.ReduceOp.SUM, grads)
+            optimizer.apply(grads, model.trainable_variables)
+            for m in metrics:
+                m.update_state(y, y_pred, w)
+            return loss
+
+        @tf.function(reduce_retracing=True)
+        def train_fn(x, y, w, global_count):
+            per_replica = self.strategy.run(replica_step, args=(x, y, w, global_count))
+            return self.strategy.reduce(tf.distribute.ReduceOp.SUM, per_replica, axis=None)
+
+        return train_fn
+
+    def _make_eval_fn(self):
+        model, terms = self.model, self.terms
+        metrics = self._metrics()
+
+        def replica_step(x, y, w, global_count):
+            y_pred = model(x, training=False)
+            loss_sum, _ = terms(y, y_pred, w)
+            for m in metrics:
+                m.update_state(y, y_pred, w)
+            return loss_sum / global_count
+
+        @tf.function(reduce_retracing=True)
+        def eval_fn(x, y, w, global_count):
+            per_replica = self.strategy.run(replica_step, args=(x, y, w, global_count))
+            return self.strategy.reduce(tf.distribute.ReduceOp.SUM, per_replica, axis=None)
+
+        return eval_fn
+
+    def _run(self, fn, batch):
+        batch = _numpy(batch)
+        x, y, w = _unpack(batch)
+        count = _host_count(y, w, self.terms_kind, self.pad_id)
+        if count <= 0:
+            return None, 0.0
+        parts = (x, y) if w is None else (x, y, w)
+        split = _split(self.strategy, parts)
+        if w is None:
+            dx, dy = split
+            dw = None
+        else:
+            dx, dy, dw = split
+        loss = fn(dx, dy, dw, tf.constant(count, tf.float32))
+        return float(loss), count
+
+    def train_batch(self, batch):
+        if self._train_fn is None:
+            self._train_fn = self._make_train_fn()
+        return self._run(self._train_fn, batch)
+
+    def reset_metrics(self):
+        for m in self._metrics():
+            m.reset_state()
+
+    def metric_results(self):
+        results = {}
+        for m in self._metrics():
+            value = m.result()
+            if isinstance(value, dict):
+                results.update({k: float(v) for k, v in value.items()})
+            else:
+                results[m.name] = float(value)
+        return results
+
+    def evaluate(self, data):
+        if self._eval_fn is None:
+            self._eval_fn = self._make_eval_fn()
+        self.reset_metrics()
+        total, count = 0.0, 0.0
+        for batch in data:
+            loss, n = self._run(self._eval_fn, batch)
+            if loss is not None:
+                total += loss * n
+                count += n
+        return {"loss": total / count if count else float("nan"), **self.metric_results()}
+
+
+def _check_finite(loss, epoch, step, checkpoint_dir):
+    if loss is not None and not math.isfinite(loss):
+        kept = checkpoint.latest(checkpoint_dir)[0] if checkpoint_dir else None
+        where = f"kept the last good checkpoint {kept}" if kept else "no checkpoint was written"
+        raise NonFiniteLoss(
+            f"training stopped: the loss became {loss} at epoch {epoch + 1}, step {step}; "
+            f"{where} (lower --learning-rate, or check the data)")
+
+
+def fit(model, train_data, *, epochs, initial_epoch=0, validation_data=None, callbacks=(),
+        verbose="auto", steps_per_epoch=None, checkpoint_dir=None, checkpoint_every=None,
+        loss_terms=None, jit_compile=None, resume=True):
+    """Trains a compiled `model` like `model.fit`, under `train.strategy.get()`.
+
+    train_data: `epoch -> sized iterable of global batches` ((x, y) or (x, y, weights),
+        NumPy or tensors), or one sized iterable reused every epoch.
+    checkpoint_dir: where step checkpoints go (None: none). With `resume`, a checkpoint
+        there that is at or after `initial_epoch` is restored first and its epoch
+        continues from the batch after the one it saved.
+    Returns the `keras.callbacks.History`.
+    """
+    engine = Engine(model, loss_terms=loss_terms, jit_compile=jit_compile)
+    data = EpochData(train_data, steps_per_epoch)
+    steps = data.steps()
+    every = dist.checkpoint_every() if checkpoint_every is None else checkpoint_every
+    chief = dist.is_chief()
+    verbose = 1 if verbose == "auto" else verbose
+    history = keras.callbacks.History()
+    cbs = keras.callbacks.CallbackList(list(callbacks) + [history], add_history=False,
+                                       add_progbar=verbose != 0, verbose=verbose, epochs=epochs,
+                                       steps=steps, model=model)
+    first = next(iter(data.batches(initial_epoch)), None)
+    if first is None:
+        raise UsageError("no training batches")
+    engine.build(first)
+
+    epoch, skip = initial_epoch, 0
+    if checkpoint_dir and resume:
+        path, record = checkpoint.latest(checkpoint_dir)
+        if record is not None and record["epoch"] >= initial_epoch:
+            checkpoint.restore(path, model, engine.optimizer)
+            epoch, skip = record["epoch"], record["batches_done"]
+            if record.get("epoch_complete"):
+                epoch, skip = record["epoch"] + 1, 0
+            print(f"restored {os.path.basename(path)}: epoch {epoch + 1}, batch {skip}", file=sys.stderr)
+    global_step = int(engine.optimizer.iterations.numpy())
+
+    def save(epoch_, done, complete):
+        if not (checkpoint_dir and chief):
+            return
+        checkpoint.save(checkpoint_dir, model, engine.optimizer,
+                        {"step": global_step, "epoch": epoch_, "batches_done": done,
+                         "epoch_complete": complete, "steps_per_epoch": steps,
+                         "strategy": dist.describe()})
+
+    model.stop_training = False
+    cbs.on_train_begin()
+    logs = {}
+    while epoch < epochs and not model.stop_training:
+        engine.reset_metrics()
+        cbs.on_epoch_begin(epoch)
+        total, count, done = 0.0, 0.0, skip
+        for batch in _prefetched(data.batches(epoch, skip)):
+            cbs.on_train_batch_begin(done)
+            loss, n = engine.train_batch(batch)
+            global_step += 1
+            done += 1
+            _check_finite(loss, epoch, global_step, checkpoint_dir)
+            if loss is not None:
+                total += loss * n
+                count += n
+            logs = {"loss": total / count if count else 0.0, **engine.metric_results()}
+            cbs.on_train_batch_end(done - 1, logs)
+            if every and global_step % every == 0 and done < steps:
+                save(epoch, done, False)
+            if model.stop_training:
+                break
+        epoch_logs = dict(logs)
+        if validation_data is not None:
+            val = engine.evaluate(validation_data)
+            epoch_logs.update({f"val_{k}": v for k, v in val.items()})
+        cbs.on_epoch_end(epoch, epoch_logs)
+        save(epoch, done, done >= steps)
+        logs = epoch_logs
+        epoch, skip = epoch + 1, 0
+    cbs.on_train_end(logs)
+    return history
