@@ -50,7 +50,7 @@ def _trained(name):
             tgt_in[i, :k + 1] = [BOS_ID, *row[::-1]]
             tgt_out[i, :k + 1] = [*row[::-1], EOS_ID]
         compile_seq2seq(model, 3e-3, 20, 0.0, jit_compile=False)
-        model.fit({"source_ids": src, "target_ids": tgt_in}, tgt_out, batch_size=64, epochs=4, verbose=0)
+        model.fit({"source_ids": src, "target_ids": tgt_in}, tgt_out, batch_size=64, epochs=3, verbose=0)
         _TRAINED[name] = model
     return _TRAINED[name]
 

@@ -15,8 +15,13 @@ import os
 from train.errors import UsageError
 
 ARCHS = ("transformer", "universal_transformer")
-# Chosen for Multi30k-sized data (29k pairs) on a 2-core CPU; see train/seq2seq_run.py.
-TEXT_MODEL = {"hidden_dim": 256, "num_layers": 3, "num_heads": 4, "intermediate_dim": 1024,
+# Sized for Multi30k-sized data (29k pairs) and a 30-minute budget on a 2-core CPU:
+# about 5.7e8 training FLOPs per sentence pair (16 + 19 subwords), so one epoch is
+# ~1.6e13 FLOPs and a 2-core CPU sustaining 30-50 GFLOP/s does 3-5 epochs in 30
+# minutes. The feed-forward width (512, not 4 * 256) and a 6k joint vocabulary (the
+# tied output projection is a large share of the cost) buy epochs, which matter more
+# than width at this budget.
+TEXT_MODEL = {"hidden_dim": 256, "num_layers": 3, "num_heads": 4, "intermediate_dim": 512,
               "dropout": 0.1, "max_source_length": 128, "max_target_length": 128}
 TASK_MODEL = {"hidden_dim": 64, "num_layers": 2, "num_heads": 4, "intermediate_dim": 256,
               "dropout": 0.0, "max_source_length": 64, "max_target_length": 64}
@@ -37,7 +42,7 @@ def add_arguments(parser):
         g.add_argument(f"--{split}-target", help=f"{split} target file (line i translates line i)")
         g.add_argument(f"--{split}-tsv", help=f"{split} pairs as source<TAB>target lines")
     g.add_argument("--dataset", help="tfds:NAME, e.g. tfds:ted_hrlr_translate/pt_to_en (downloads)")
-    g.add_argument("--vocab-size", type=int, default=8000, help="SentencePiece pieces (text; default 8000)")
+    g.add_argument("--vocab-size", type=int, default=6000, help="SentencePiece pieces (text; default 6000)")
     g.add_argument("--truncate", action="store_true", help="cut over-long pairs instead of stopping")
     m = p.add_argument_group("model")
     m.add_argument("--hidden-dim", type=int)
