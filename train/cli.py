@@ -71,7 +71,7 @@ def main(argv=None):
 
         strategy.add_arguments(parser)
         args = parser.parse_args(rest)
-        strategy.configure(args)
+        strategy.configure(args, command=name)
         return int(module.run(args) or 0)
     except UsageError as e:
         return _fail(str(e), EXIT_USAGE)

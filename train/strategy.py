@@ -68,11 +68,20 @@ def _visible_gpus():
     return len(tf.config.list_physical_devices("GPU"))
 
 
-def configure(args):
+# Commands whose training loop is not on train/engine.py yet: one device only.
+SINGLE_DEVICE = {"sagan": "train/sagan_fit.py (two optimizers, n_dis, EMA)"}
+
+
+def configure(args, command=None):
     """Validates the flags, sets the dtype policy and creates early strategies. Idempotent."""
     name = getattr(args, "strategy", "default") or "default"
     if name not in STRATEGIES:
         raise UsageError(f"unknown --strategy {name!r}; choose from: {', '.join(STRATEGIES)}")
+    if command in SINGLE_DEVICE:
+        if name not in ("auto", "default"):
+            raise UsageError(f"--strategy {name} is not supported by {command} yet: its loop "
+                             f"{SINGLE_DEVICE[command]} trains on one device; use --strategy default")
+        name = "default"
     every = getattr(args, "checkpoint_every", 0) or 0
     if every < 0:
         raise UsageError(f"--checkpoint-every must be >= 0, got {every}")
