@@ -19,6 +19,8 @@ $(STAMP): pyproject.toml
 	# TF Serving's client protos (warm-up requests, tests) declare a dependency
 	# on full `tensorflow`, which would clash with tensorflow-cpu (FACTS.md).
 	$(PY) -m pip install --quiet --no-deps tensorflow-serving-api==2.21.0
+	# The in-graph SentencePiece tokenizer of the seq2seq SavedModel; same clash.
+	$(PY) -m pip install --quiet --no-deps tensorflow-text==2.21.1
 	touch $(STAMP)
 
 # The main demo (offline, embedded data): train the four tagger archs and
