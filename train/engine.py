@@ -248,7 +248,6 @@ class Engine:
                 m.update_state(y, y_pred, w)
             return loss
 
-        @tf.function(reduce_retracing=True)
         def train_fn(x, y, w, global_count):
             per_replica = self.strategy.run(replica_step, args=(x, y, w, global_count))
             return self.strategy.reduce(tf.distribute.ReduceOp.SUM, per_replica, axis=None)
@@ -266,12 +265,27 @@ class Engine:
                 m.update_state(y, y_pred, w)
             return loss_sum / global_count
 
-        @tf.function(reduce_retracing=True)
         def eval_fn(x, y, w, global_count):
             per_replica = self.strategy.run(replica_step, args=(x, y, w, global_count))
             return self.strategy.reduce(tf.distribute.ReduceOp.SUM, per_replica, axis=None)
 
         return eval_fn
+
+    def _graph(self, fn, x, y, w):
+        """One trace for every batch shape on one replica (dynamic dimensions; XLA still
+        compiles per shape); several replicas: traces generalised after the first shapes."""
+        if self.strategy.num_replicas_in_sync > 1:
+            return tf.function(fn, reduce_retracing=True)
+
+        def spec(a):
+            return tf.TensorSpec([None] * np.ndim(a), tf.as_dtype(np.asarray(a).dtype))
+
+        xs, ys = tf.nest.map_structure(spec, x), tf.nest.map_structure(spec, y)
+        count = tf.TensorSpec([], tf.float32)
+        if w is None:
+            graph = tf.function(lambda x_, y_, c: fn(x_, y_, None, c), input_signature=[xs, ys, count])
+            return lambda x_, y_, w_, c: graph(x_, y_, c)
+        return tf.function(fn, input_signature=[xs, ys, spec(w), count])
 
     def _run(self, fn, batch):
         batch = _numpy(batch)
@@ -279,6 +293,14 @@ class Engine:
         count = _host_count(y, w, self.terms_kind, self.pad_id)
         if count <= 0:
             return None, 0.0
+        if fn == "train":
+            if self._train_fn is None:
+                self._train_fn = self._graph(self._make_train_fn(), x, y, w)
+            fn = self._train_fn
+        elif fn == "eval":
+            if self._eval_fn is None:
+                self._eval_fn = self._graph(self._make_eval_fn(), x, y, w)
+            fn = self._eval_fn
         parts = (x, y) if w is None else (x, y, w)
         split = _split(self.strategy, parts)
         if w is None:
@@ -290,9 +312,7 @@ class Engine:
         return float(loss), count
 
     def train_batch(self, batch):
-        if self._train_fn is None:
-            self._train_fn = self._make_train_fn()
-        return self._run(self._train_fn, batch)
+        return self._run("train", batch)
 
     def reset_metrics(self):
         for m in self._metrics():
@@ -309,12 +329,10 @@ class Engine:
         return results
 
     def evaluate(self, data):
-        if self._eval_fn is None:
-            self._eval_fn = self._make_eval_fn()
         self.reset_metrics()
         total, count = 0.0, 0.0
         for batch in data:
-            loss, n = self._run(self._eval_fn, batch)
+            loss, n = self._run("eval", batch)
             if loss is not None:
                 total += loss * n
                 count += n

@@ -82,6 +82,9 @@ def configure(args, command=None):
             raise UsageError(f"--strategy {name} is not supported by {command} yet: its loop "
                              f"{SINGLE_DEVICE[command]} trains on one device; use --strategy default")
         name = "default"
+        if getattr(args, "mixed_precision", False) and device_kind() == "gpu":
+            raise UsageError(f"--mixed-precision is not supported by {command} on GPU yet: its loop "
+                             f"{SINGLE_DEVICE[command]} does not scale the float16 loss")
     every = getattr(args, "checkpoint_every", 0) or 0
     if every < 0:
         raise UsageError(f"--checkpoint-every must be >= 0, got {every}")

@@ -1,0 +1,181 @@
+"""Nothing lost: step checkpoints, SIGKILL then --resume, NaN stops cleanly, mixed precision."""
+
+import json
+import os
+import pathlib
+import signal
+import subprocess
+import sys
+import time
+
+import keras
+import numpy as np
+import pytest
+
+import zoo  # noqa: F401  (registers the models load_model reads)
+from train import checkpoint, engine
+from train import strategy as distribute
+from train.data import embedded
+from train.rundir import read_json
+
+ROOT = pathlib.Path(__file__).resolve().parents[1]
+TINY = {"word_dim": 16, "char_dim": 8, "char_filters": 8, "char_kernels": [3], "hidden_dim": 16,
+        "num_heads": 2, "num_layers": 1}
+
+
+@pytest.fixture(autouse=True)
+def one_device():
+    distribute.reset()
+    yield
+    distribute.reset()
+
+
+def _tiny_classifier():
+    model = keras.Sequential([keras.Input((4,)), keras.layers.Dense(3, activation="softmax")])
+    model.compile(optimizer=keras.optimizers.Adam(1e-2), loss=keras.losses.SparseCategoricalCrossentropy(),
+                  weighted_metrics=[keras.metrics.SparseCategoricalAccuracy(name="acc")])
+    return model
+
+
+def _batches(n, nan_at=None, seed=0):
+    rng = np.random.default_rng(seed)
+    out = []
+    for i in range(n):
+        x = rng.normal(size=(6, 4)).astype("float32")
+        if i == nan_at:
+            x[2, 1] = np.nan
+        out.append((x, rng.integers(0, 3, size=(6,)).astype("int32"), np.ones((6,), "float32")))
+    return out
+
+
+def test_nan_loss_stops_and_keeps_the_last_good_checkpoint(tmp_path):
+    model = _tiny_classifier()
+    ckpt = tmp_path / "checkpoints"
+    with pytest.raises(engine.NonFiniteLoss) as info:
+        engine.fit(model, _batches(8, nan_at=4), epochs=2, verbose=0, checkpoint_dir=str(ckpt),
+                   checkpoint_every=2)
+    message = str(info.value)
+    assert "loss became nan" in message and "step 5" in message and "step-00000004.npz" in message
+    assert [os.path.basename(p) for p in checkpoint.list_checkpoints(ckpt)] == [
+        "step-00000002.npz", "step-00000004.npz"]
+    # The weights in memory are ruined; the checkpoint holds the last finite ones.
+    assert not all(np.isfinite(v.numpy()).all() for v in model.trainable_variables)
+    fresh = _tiny_classifier()
+    engine.Engine(fresh).build(_batches(1)[0])
+    record = checkpoint.restore(checkpoint.path_for(ckpt, 4), fresh, fresh.optimizer)
+    assert record == {**record, "step": 4, "epoch": 0, "batches_done": 4, "epoch_complete": False}
+    assert all(np.isfinite(v.numpy()).all() for v in fresh.variables)
+    assert int(fresh.optimizer.iterations.numpy()) == 4
+
+
+def test_loss_is_summed_per_example_over_the_global_count(tmp_path):
+    """One engine step == one plain SGD step on the weighted mean loss (NumPy reference)."""
+    x = np.random.default_rng(1).normal(size=(5, 4)).astype("float32")
+    y = np.array([0, 2, 1, 1, 0], "int32")
+    w = np.array([1, 1, 0, 1, 0], "float32")  # rows with weight 0 are padding
+    model = keras.Sequential([keras.Input((4,)), keras.layers.Dense(3, activation="softmax")])
+    model.compile(optimizer=keras.optimizers.SGD(0.5), loss=keras.losses.SparseCategoricalCrossentropy())
+    kernel, bias = [v.numpy().copy() for v in model.trainable_variables]
+    engine.fit(model, [(x, y, w)], epochs=1, verbose=0)
+    logits = x @ kernel + bias
+    p = np.exp(logits - logits.max(1, keepdims=True))
+    p /= p.sum(1, keepdims=True)
+    d = (p - np.eye(3)[y]) * (w / w.sum())[:, None]   # d(sum_i w_i CE_i / sum w) / d logits
+    np.testing.assert_allclose(model.trainable_variables[0].numpy(), kernel - 0.5 * x.T @ d, atol=1e-5)
+    np.testing.assert_allclose(model.trainable_variables[1].numpy(), bias - 0.5 * d.sum(0), atol=1e-5)
+
+
+def test_damaged_newest_checkpoint_falls_back_to_the_previous(tmp_path):
+    model = _tiny_classifier()
+    engine.fit(model, _batches(4), epochs=1, verbose=0, checkpoint_dir=str(tmp_path), checkpoint_every=2)
+    paths = checkpoint.list_checkpoints(tmp_path)
+    assert [os.path.basename(p) for p in paths] == ["step-00000002.npz", "step-00000004.npz"]
+    pathlib.Path(paths[-1]).write_bytes(pathlib.Path(paths[-1]).read_bytes()[:100])
+    path, record = checkpoint.latest(tmp_path)
+    assert path == paths[0] and record["batches_done"] == 2
+
+
+def _write_conllu(path, sentences):
+    lines = []
+    for s in sentences:
+        for i, (tok, tag) in enumerate(zip(s.tokens, s.tags), 1):
+            lines.append(f"{i}\t{tok}\t_\t{tag}\t_\t_\t_\t_\t_\t_")
+        lines.append("")
+    path.write_text("\n".join(lines) + "\n", encoding="utf-8")
+
+
+def _cli(out, files, *extra):
+    options = [f"--model-option={k}={json.dumps(v)}" for k, v in TINY.items()]
+    return [sys.executable, "-m", "train", "tagger", "--out", str(out), "--epochs", "3", "--batch-size", "8",
+            "--checkpoint-every", "2", "--seed", "3", *files, *options, *extra]
+
+
+def test_sigkill_mid_epoch_then_resume_equals_an_uninterrupted_run(tmp_path):
+    data = embedded.generate(seed=1, train_size=240, dev_size=40, test_size=60)
+    files = []
+    for split in ("train", "dev", "test"):
+        _write_conllu(tmp_path / f"{split}.conllu", getattr(data, split))
+        files += [f"--{split}-file", str(tmp_path / f"{split}.conllu")]
+    env = dict(os.environ, KERAS_BACKEND="tensorflow", TF_CPP_MIN_LOG_LEVEL="2", PYTHONHASHSEED="0")
+    env.pop("TF_CONFIG", None)
+    full = subprocess.Popen(_cli(tmp_path / "full", files), cwd=ROOT, env=env,
+                            stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+    killed = subprocess.Popen(_cli(tmp_path / "killed", files), cwd=ROOT, env=env,
+                              stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    ckpt = tmp_path / "killed" / "checkpoints"
+    deadline = time.monotonic() + 240
+    try:
+        while time.monotonic() < deadline and killed.poll() is None:
+            _, record = checkpoint.latest(ckpt) if ckpt.exists() else (None, None)
+            if record and record["epoch"] == 1 and not record["epoch_complete"]:
+                killed.send_signal(signal.SIGKILL)
+                break
+            time.sleep(0.05)
+        killed.wait(timeout=30)
+        assert killed.returncode == -signal.SIGKILL, "the run ended before it could be killed mid-epoch 2"
+        assert not (tmp_path / "killed" / "metrics.json").exists()
+        resumed = subprocess.run(_cli(tmp_path / "killed", files, "--resume"), cwd=ROOT, env=env,
+                                 capture_output=True, text=True, timeout=240)
+        assert resumed.returncode == 0, resumed.stderr[-3000:]
+        assert "restored step-" in resumed.stderr and ": epoch 2, batch " in resumed.stderr
+        assert full.wait(timeout=240) == 0, full.stderr.read()[-3000:]
+    finally:
+        for p in (full, killed):
+            if p.poll() is None:
+                p.kill()
+                p.wait()
+    state = read_json(tmp_path / "killed" / "checkpoints" / "state.json")
+    assert [h["epoch"] for h in state["history"]] == [1, 2, 3]  # none redone, none lost
+    a = read_json(tmp_path / "full" / "metrics.json")
+    b = read_json(tmp_path / "killed" / "metrics.json")
+    for key in ("test_accuracy", "dev_accuracy", "test_unseen_accuracy"):
+        assert abs(a[key] - b[key]) <= 0.01, (key, a[key], b[key])
+    steps = keras.models.load_model(tmp_path / "full" / "checkpoints" / "last.keras").optimizer.iterations
+    again = keras.models.load_model(tmp_path / "killed" / "checkpoints" / "last.keras").optimizer.iterations
+    assert int(steps.numpy()) == int(again.numpy()) == 3 * 30
+
+
+def test_mixed_precision_tagger_and_seq2seq_train_without_nans(tmp_path):
+    import argparse
+
+    from train.cli import main
+    from train.tagger_run import train_one
+
+    keras.config.set_dtype_policy("mixed_bfloat16")
+    data = embedded.generate(seed=0, train_size=64, dev_size=16, test_size=16)
+    args = argparse.Namespace(epochs=1, batch_size=16, seed=0, learning_rate=None, max_minutes=0.0,
+                              model_options=dict(TINY), train_file=None, dev_file=None, test_file=None,
+                              dataset=None, out=None, resume=False)
+    train_one(args, data, "attention", str(tmp_path / "tagger"), verbose=0)
+    history = read_json(tmp_path / "tagger" / "checkpoints" / "state.json")["history"]
+    assert np.isfinite(history[0]["loss"]) and np.isfinite(history[0]["val_loss"])
+    model = keras.models.load_model(tmp_path / "tagger" / "model.keras")
+    assert any(layer.dtype_policy.name == "mixed_bfloat16" for layer in model.core.layers)
+    keras.config.set_dtype_policy("float32")
+    out = tmp_path / "seq2seq"
+    assert main(["seq2seq", "--task", "reverse", "--train-size", "64", "--epochs", "1", "--hidden-dim", "16",
+                 "--num-layers", "1", "--num-heads", "2", "--intermediate-dim", "32", "--dev-sample", "0",
+                 "--verbose", "0", "--out", str(out), "--mixed-precision", "--strategy", "default"]) == 0
+    assert keras.config.dtype_policy().name == "mixed_bfloat16"
+    history = read_json(out / "checkpoints" / "state.json")["history"]
+    assert np.isfinite(history[0]["loss"]) and np.isfinite(history[0]["val_loss"])
