@@ -2,7 +2,7 @@
 
 Default hyper-parameters (train/seq2seq.py) were chosen for a 2-core CPU and a
 30-minute budget on Multi30k-sized data: a pre-LN Transformer, d=256, 3+3 layers,
-4 heads, feed-forward 1024, dropout 0.1, shared 8k SentencePiece (unigram)
+4 heads, feed-forward 512, dropout 0.1, shared 6k SentencePiece (unigram)
 vocabulary with tied embeddings, Adam(0.9, 0.98), warm-up 800 steps to 1e-3 then
 inverse-sqrt decay, label smoothing 0.1, batches of 64 length-bucketed pairs,
 best-on-dev-accuracy weights, beam 4 (alpha 0.6)
@@ -71,8 +71,7 @@ def train_new(args, data):
     started = time.perf_counter()
     proto = train_tokenizer(data, vocab)
     tokenizer = Tokenizer(proto)
-    print(f"tokenizer: {tokenizer.vocabulary_size} pieces ({time.perf_counter() - started:.0f}s)",
-          file=sys.stderr)
+    seconds = time.perf_counter() - started
     config_model = model_config(args, text)
     try:
         with distribute.scope():
@@ -80,6 +79,8 @@ def train_new(args, data):
     except ValueError as e:
         raise UsageError(f"bad model option: {e}") from None
     encoded = _encode_all(tokenizer, data, model, args.truncate)
+    # Printed only once the data passed every check: a bad input gets one line.
+    print(f"tokenizer: {tokenizer.vocabulary_size} pieces ({seconds:.0f}s)", file=sys.stderr)
     train_cfg = {k: v for k, v in vars(args).items() if k not in _NOT_TRAIN}
     out = args.out
     rundir.create_run_dir(out, _kind(args.arch))
