@@ -238,7 +238,9 @@ def evaluate(model, data, encoded, train_cfg):
         metrics["test_bleu_greedy"] = round(_bleu(greedy, refs), 2)
         metrics["test_chrf"] = round(float(sacrebleu.corpus_chrf(hyps, [refs]).score), 2)
         metrics.update(_rouge(hyps, refs))
-        metrics["bleu_signature"] = str(sacrebleu.BLEU().get_signature())
+        bleu = sacrebleu.BLEU()
+        bleu.corpus_score(hyps, [refs])
+        metrics["bleu_signature"] = str(bleu.get_signature())
     else:
         metrics["test_exact_match"] = round(_exact(hyps, refs), 4)
         for name in data.extra:
