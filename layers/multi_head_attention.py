@@ -1,6 +1,7 @@
 """Multi-head attention with pluggable scoring, masks and a static KV cache."""
 
 import math
+import numbers
 
 import keras
 from keras import ops
@@ -8,7 +9,14 @@ from keras.layers import EinsumDense
 
 from layers import attention_ops
 from layers.masks import combine_masks, structural_mask
-from layers.validation import check_choice, check_int, check_rank, check_rate
+from layers.validation import (
+    check_choice,
+    check_int,
+    check_rank,
+    check_rate,
+    check_shape,
+    known_shape,
+)
 
 
 @keras.saving.register_keras_serializable(package="layers")
@@ -253,6 +261,71 @@ class MultiHeadAttention(keras.layers.Layer):
             projected = projected + bias
         return ops.split(projected, 3, axis=2)
 
+    def _check_call_shapes(
+        self, query, value, key, query_mask, value_mask, key_mask, attention_mask, cache, cache_index
+    ):
+        # Mismatched shapes would otherwise broadcast silently or fail deep in
+        # a kernel with a message that names no argument.
+        q_shape = known_shape(query)
+        if q_shape is not None:
+            check_rank("query", q_shape, 3)
+        batch, q_len = (q_shape or (None, None))[:2]
+        source = value if value is not None else key
+        k_len = None
+        for name, x in (("value", value), ("key", key)):
+            if x is not None:
+                check_shape(name, x, (batch, None, None), "(batch, key_length, features)")
+        if source is not None:
+            k_len = (known_shape(source) or (None, None))[1]
+        elif cache is None:
+            k_len = q_len
+        if self.built:
+            kernel_dims = (
+                ("query", query, self.query_dense),
+                ("value", value, self.value_dense),
+                ("key", key, self.key_dense),
+            )
+            for name, x, dense in kernel_dims:
+                if x is not None and dense.kernel.shape[0] is not None:
+                    want = dense.kernel.shape[0]
+                    check_shape(name, x, (None, None, want), f"(batch, length, {want}) as built")
+        if cache is not None:
+            check_shape(
+                "cache",
+                cache,
+                (batch, 2, None, self.num_heads, self.key_dim),
+                "(batch, 2, cache_length, num_heads, key_dim)",
+            )
+            c_shape = known_shape(cache)
+            if cache_index is None:
+                k_len = c_shape[2] if c_shape else None
+            elif isinstance(cache_index, numbers.Integral) and c_shape and c_shape[2] is not None:
+                if cache_index < 0 or (q_len is not None and cache_index + q_len > c_shape[2]):
+                    raise ValueError(
+                        "`cache_index` + query length must fit in the cache. Received: "
+                        f"cache_index={cache_index}, query length={q_len}, "
+                        f"cache.shape={c_shape}"
+                    )
+                k_len = c_shape[2]
+            else:
+                k_len = c_shape[2] if c_shape else None
+        elif cache_index is not None:
+            raise ValueError(
+                "`cache_index` needs a `cache` to write into. "
+                f"Received: cache_index={cache_index}, cache=None"
+            )
+        check_shape("query_mask", query_mask, (batch, q_len), "(batch, query_length)")
+        if cache is None or cache_index is None:
+            check_shape("value_mask", value_mask, (batch, k_len), "(batch, key_length)")
+            check_shape("key_mask", key_mask, (batch, k_len), "(batch, key_length)")
+        batch_or_one = None if batch is None else (batch, 1)
+        check_shape(
+            "attention_mask",
+            attention_mask,
+            (batch_or_one, q_len, k_len),
+            "(batch or 1, query_length, key_length)",
+        )
+
     def _check_cache_dims(self):
         if self.value_dim != self.key_dim:
             raise ValueError(
@@ -277,6 +350,9 @@ class MultiHeadAttention(keras.layers.Layer):
         query = attention_ops.without_keras_mask(query)
         value = attention_ops.without_keras_mask(value)
         key = attention_ops.without_keras_mask(key)
+        self._check_call_shapes(
+            query, value, key, query_mask, value_mask, key_mask, attention_mask, cache, cache_index
+        )
         self_attention = value is None and key is None
         if value is None:
             value = query

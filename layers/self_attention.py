@@ -7,7 +7,14 @@ from keras import ops
 
 from layers import attention_ops
 from layers.masks import combine_masks, structural_mask
-from layers.validation import check_choice, check_int, check_rank, check_rate
+from layers.validation import (
+    check_choice,
+    check_int,
+    check_rank,
+    check_rate,
+    check_shape,
+    known_shape,
+)
 
 
 @keras.saving.register_keras_serializable(package="layers")
@@ -143,6 +150,23 @@ class SelfAttention(attention_ops.ScoresOutputSpec, keras.layers.Layer):
             )
         self.built = True
 
+    def _check_call_shapes(self, inputs, mask, attention_mask):
+        # Wrong shapes would otherwise broadcast silently or fail in a kernel.
+        shape = known_shape(inputs)
+        if shape is not None:
+            check_rank("inputs", shape, 3)
+        batch, length = (shape or (None, None))[:2]
+        if self.built and self.query_dense.kernel.shape[0] is not None:
+            want = self.query_dense.kernel.shape[0]
+            check_shape("inputs", inputs, (None, None, want), f"(batch, length, {want}) as built")
+        check_shape("mask", mask, (batch, length), "(batch, length)")
+        check_shape(
+            "attention_mask",
+            attention_mask,
+            (None if batch is None else (batch, 1), length, length),
+            "(batch or 1, length, length)",
+        )
+
     def call(
         self,
         inputs,
@@ -152,6 +176,7 @@ class SelfAttention(attention_ops.ScoresOutputSpec, keras.layers.Layer):
         training=None,
     ):
         inputs = attention_ops.without_keras_mask(inputs)
+        self._check_call_shapes(inputs, mask, attention_mask)
         q = self.query_dense(inputs)
         k = self.key_dense(inputs)
         v = self.value_dense(inputs)

@@ -39,7 +39,13 @@ class _BlockBase(keras.layers.Layer):
             "attention_dropout", self.dropout if attention_dropout is None else attention_dropout
         )
         self.norm_first = bool(norm_first)
-        self.activation = keras.activations.get(activation)
+        try:
+            self.activation = keras.activations.get(activation)
+        except ValueError:
+            raise ValueError(
+                "`activation` must be a Keras activation name or callable. "
+                f"Received: activation={activation!r}"
+            ) from None
         self.window = check_int("window", window, minimum=0, allow_none=True)
         self.causal = bool(causal)
         self.rotary = bool(rotary)
