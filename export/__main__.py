@@ -116,6 +116,32 @@ def _run(args):
     raise AssertionError(args.command)
 
 
+def _import_runtimes_quietly():
+    """Imports TensorFlow/Keras and LiteRT with fd 2 muted.
+
+    Their C++ runtimes print INFO lines ("All log messages before absl::InitializeLog()",
+    oneDNN) before logging is set up, which TF_CPP_MIN_LOG_LEVEL cannot filter; a bad
+    input must still get one line on stderr. A failed import still raises.
+    """
+    try:
+        saved, devnull = os.dup(2), os.open(os.devnull, os.O_WRONLY)
+    except OSError:
+        return
+    try:
+        sys.stderr.flush()
+        os.dup2(devnull, 2)
+        import keras  # noqa: F401
+
+        try:
+            import ai_edge_litert.interpreter  # noqa: F401
+        except ImportError:
+            pass
+    finally:
+        os.dup2(saved, 2)
+        os.close(saved)
+        os.close(devnull)
+
+
 def main(argv=None):
     os.environ.setdefault("KERAS_BACKEND", "tensorflow")
     os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
@@ -126,6 +152,8 @@ def main(argv=None):
     from export.errors import ExportError, UsageError
 
     try:
+        if args.command != "check":  # check reads the flatbuffer itself
+            _import_runtimes_quietly()
         return _run(args)
     except UsageError as e:
         print(f"error: {e}", file=sys.stderr)

@@ -60,13 +60,15 @@ def _import_registrations():
 
 
 def load_model(path):
-    import keras
-
+    """`zoo.model_file.load`: safe_mode, and one UsageError for a missing, truncated,
+    corrupted or unsafe file."""
     _import_registrations()
+    from zoo import model_file
+
     try:
-        return keras.models.load_model(path, compile=False)
-    except (ValueError, TypeError, OSError) as e:
-        raise UsageError(f"cannot load model {path!r}: {str(e).splitlines()[0]}") from e
+        return model_file.load(path, compile=False)
+    except model_file.ModelFileError as e:
+        raise UsageError(str(e)) from None
 
 
 def resolve(path_or_model, kind=None):

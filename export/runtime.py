@@ -10,7 +10,26 @@ def interpreter(model, threads=None):
     kwargs = {"num_threads": threads} if threads else {}
     if isinstance(model, (bytes, bytearray)):
         return Interpreter(model_content=bytes(model), **kwargs)
-    return Interpreter(model_path=str(model), **kwargs)
+    _check_tflite_file(str(model))
+    try:
+        return Interpreter(model_path=str(model), **kwargs)
+    except (ValueError, RuntimeError) as e:
+        from export.errors import UsageError
+
+        raise UsageError(f"cannot load .tflite file {model}: {' '.join(str(e).split())[:200]}") from None
+
+
+def _check_tflite_file(path):
+    # LiteRT answers a truncated or foreign file with a multi-line error (or worse).
+    from export.errors import UsageError
+
+    try:
+        with open(path, "rb") as f:
+            head = f.read(8)
+    except OSError as e:
+        raise UsageError(f"cannot read .tflite file {path}: {e.strerror}") from None
+    if len(head) < 8 or head[4:8] != b"TFL3":
+        raise UsageError(f"not a TFLite model (no TFL3 identifier; truncated or corrupted?): {path}")
 
 
 def signature_runner(interp, signature=None):

@@ -22,8 +22,28 @@ def is_run_dir(path):
         os.path.join(path, "config.json"))
 
 
-def check_out_dir(path, resume=False):
-    """Validates --out before anything is written. Returns True if it exists already."""
+def run_kind(path):
+    """The kind of the run in `path` (config.json, else the marker), or None."""
+    try:
+        with open(os.path.join(path, "config.json"), encoding="utf-8") as f:
+            kind = json.load(f).get("kind")
+        if kind:
+            return str(kind)
+    except (OSError, ValueError, AttributeError):
+        pass
+    try:
+        with open(os.path.join(path, MARKER), encoding="utf-8") as f:
+            return f.read().strip() or None
+    except (OSError, ValueError):
+        return None
+
+
+def check_out_dir(path, resume=False, kinds=None):
+    """Validates --out before anything is written. Returns True if it exists already.
+
+    `kinds`: the run kinds this command can --resume; a run of another kind is refused
+    here, before TensorFlow is imported.
+    """
     if os.path.exists(path) and not os.path.isdir(path):
         raise UsageError(f"--out exists and is not a directory: {path}")
     if not os.path.exists(path):
@@ -39,6 +59,10 @@ def check_out_dir(path, resume=False):
     if not resume:
         raise UsageError(
             f"--out already holds a run: {path} (use --resume to continue it, or another --out)")
+    found = run_kind(path)
+    if kinds and found is not None and found not in kinds:
+        raise UsageError(
+            f"--resume: {path} is a {found!r} run, not {' or '.join(repr(k) for k in kinds)}")
     return True
 
 

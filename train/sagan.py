@@ -103,7 +103,7 @@ def run(args):
     _validate(args)
     from train import rundir
 
-    rundir.check_out_dir(args.out, resume=args.resume)
+    rundir.check_out_dir(args.out, resume=args.resume, kinds=("sagan",))
     if args.resume:
         import zoo  # noqa: F401
         from train.sagan_run import resume_run

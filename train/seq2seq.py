@@ -132,8 +132,9 @@ def run(args):
     validate(args)
     from train import rundir
 
-    rundir.check_out_dir(args.out, resume=args.resume)
+    rundir.check_out_dir(args.out, resume=args.resume, kinds=("seq2seq", "universal_transformer"))
     if args.resume:
+        import zoo  # noqa: F401  (imports keras quietly: bad input still gets one line)
         from train import seq2seq_run
 
         return seq2seq_run.resume_run(args)

@@ -77,7 +77,7 @@ def run(args):
     _validate(args)
     from train import rundir
 
-    rundir.check_out_dir(args.out, resume=args.resume)
+    rundir.check_out_dir(args.out, resume=args.resume, kinds=("tagger",))
     if args.resume:
         import zoo  # noqa: F401
         from train.tagger_run import resume_run

@@ -15,9 +15,8 @@ import sys
 
 import numpy as np
 
-
-class _Usage(Exception):
-    pass
+from zoo.cli_input import UsageError as _Usage
+from zoo.cli_input import read_sidecar, run_kind, tflite_interpreter
 
 
 class _Parser(argparse.ArgumentParser):
@@ -27,19 +26,21 @@ class _Parser(argparse.ArgumentParser):
 
 class KerasGenerator:
     def __init__(self, run_dir):
-        import keras
-
-        import zoo  # noqa: F401  (registers the classes model.keras refers to)
+        from zoo import model_file
 
         path = os.path.join(run_dir, "model.keras")
         config_path = os.path.join(run_dir, "config.json")
         if not os.path.isfile(path) or not os.path.isfile(config_path):
             raise _Usage(f"not a SAGAN run directory (needs model.keras and config.json): {run_dir}")
+        kind = run_kind(run_dir)
+        if kind != "sagan":
+            raise _Usage(f"{run_dir} is a {kind!r} run, not 'sagan'")
         with open(config_path, encoding="utf-8") as f:
             config = json.load(f)
-        if config.get("kind") != "sagan":
-            raise _Usage(f"{run_dir} is a {config.get('kind')!r} run, not 'sagan'")
-        self.model = keras.models.load_model(path)
+        try:
+            self.model = model_file.load(path)
+        except model_file.ModelFileError as e:
+            raise _Usage(str(e)) from None
         self.latent_dim = int(config["model"]["latent_dim"])
         self.num_classes = config["model"].get("num_classes")
         self.class_names = config.get("class_names") or []
@@ -56,19 +57,11 @@ class TFLiteGenerator:
     """An exported generator .tflite (noise [, label] in, image in [0, 1] out)."""
 
     def __init__(self, path):
-        from ai_edge_litert.interpreter import Interpreter
-
-        sidecar = path + ".json"
-        if not os.path.isfile(sidecar):
-            raise _Usage(f"missing sidecar file for the TFLite model: {sidecar}")
-        with open(sidecar, encoding="utf-8") as f:
-            meta = json.load(f)
-        if meta.get("kind") != "sagan":
-            raise _Usage(f"{sidecar}: kind is {meta.get('kind')!r}, not 'sagan'")
+        meta = read_sidecar(path, "sagan")
         self.latent_dim = int(meta["latent_dim"])
         self.num_classes = meta.get("num_classes")
         self.class_names = meta.get("class_names") or []
-        self.runner = Interpreter(model_path=path).get_signature_runner(meta.get("signature", "serving_default"))
+        self.runner = tflite_interpreter(path).get_signature_runner(meta.get("signature", "serving_default"))
         self.batch_one = meta.get("inputs", {}).get("noise", {}).get("shape", [None])[0] == 1
 
     def __call__(self, noise, labels):

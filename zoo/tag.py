@@ -7,13 +7,11 @@ Prints one line per sentence: word/TAG pairs. Bad input: one line on stderr, exi
 """
 
 import argparse
-import json
 import os
 import sys
 
-
-class _Usage(Exception):
-    pass
+from zoo.cli_input import UsageError as _Usage
+from zoo.cli_input import check_utf8, read_sidecar, run_kind, tflite_interpreter
 
 
 class _Parser(argparse.ArgumentParser):
@@ -22,17 +20,19 @@ class _Parser(argparse.ArgumentParser):
 
 
 def load_keras_tagger(run_dir):
-    import keras
-
-    import zoo  # noqa: F401  (registers the classes model.keras refers to)
-    from zoo.tagger import Tagger
-
     path = os.path.join(run_dir, "model.keras")
     if not os.path.isfile(path):
         raise _Usage(f"no model.keras in run directory: {run_dir}")
-    model = keras.models.load_model(path)
-    if not isinstance(model, Tagger):
-        raise _Usage(f"{path} holds a {type(model).__name__}, not a tagger")
+    kind = run_kind(run_dir)
+    if kind not in (None, "tagger"):
+        raise _Usage(f"{run_dir} is a {kind!r} run, not a tagger")
+    from zoo import model_file
+    from zoo.tagger import Tagger
+
+    try:
+        model = model_file.load(path, Tagger)
+    except model_file.ModelFileError as e:
+        raise _Usage(str(e)) from None
     return model.tag
 
 
@@ -40,21 +40,16 @@ class TFLiteTagger:
     """Runs an exported tagger .tflite (ids in, probabilities / tag ids out) on tokens."""
 
     def __init__(self, path):
-        from ai_edge_litert.interpreter import Interpreter
-
         from zoo.tagger_encoding import TokenEncoder
 
-        sidecar = path + ".json"
-        if not os.path.isfile(sidecar):
-            raise _Usage(f"missing sidecar vocabulary file for the TFLite model: {sidecar}")
-        with open(sidecar, encoding="utf-8") as f:
-            meta = json.load(f)
-        if meta.get("kind") != "tagger":
-            raise _Usage(f"{sidecar}: kind is {meta.get('kind')!r}, not 'tagger'")
-        self.tags = meta["tags"]
-        self.max_len = int(meta["max_len"])
-        self.encoder = TokenEncoder(meta["words"], meta["chars"], int(meta["max_chars"]))
-        self.interpreter = Interpreter(model_path=path)
+        meta = read_sidecar(path, "tagger")
+        try:
+            self.tags = meta["tags"]
+            self.max_len = int(meta["max_len"])
+            self.encoder = TokenEncoder(meta["words"], meta["chars"], int(meta["max_chars"]))
+        except (KeyError, TypeError, ValueError) as e:
+            raise _Usage(f"bad sidecar file {path}.json: {type(e).__name__}: {e}") from None
+        self.interpreter = tflite_interpreter(path)
         signatures = self.interpreter.get_signature_list()
         key = next(iter(signatures))
         self.runner = self.interpreter.get_signature_runner(key)
@@ -98,16 +93,22 @@ def main(argv=None):
         args = parser.parse_args(argv)
         if not os.path.exists(args.path):
             raise _Usage(f"no such run directory or .tflite file: {args.path}")
+        check_utf8(args.sentences, "sentence")
         token_lists = [s.split() for s in args.sentences]
-        if not all(token_lists):
-            raise _Usage("empty sentence")
+        empty = [i for i, tokens in enumerate(token_lists, 1) if not tokens]
+        if empty:
+            raise _Usage(f"sentence {empty[0]} is empty: {args.sentences[empty[0] - 1]!r}")
         if os.path.isdir(args.path):
             tagger = load_keras_tagger(args.path)
         elif args.path.endswith(".tflite"):
             tagger = TFLiteTagger(args.path)
         else:
             raise _Usage(f"expected a run directory or a .tflite file: {args.path}")
-        for pairs in tagger(token_lists):
+        try:
+            tagged = tagger(token_lists)
+        except ValueError as e:  # Tagger.tag: a sentence longer than max_len (documented: error)
+            raise _Usage(str(e)) from None
+        for pairs in tagged:
             print(" ".join(f"{word}/{tag}" for word, tag in pairs))
         return 0
     except _Usage as e:

@@ -10,10 +10,22 @@ import argparse
 import os
 import sys
 
+from zoo.cli_input import UsageError, check_utf8, run_kind
+
 
 class _Parser(argparse.ArgumentParser):
     def error(self, message):
         self.exit(2, f"error: {message}\n")
+
+
+def _stdin_lines():
+    lines = []
+    for number, raw in enumerate(sys.stdin.buffer, 1):
+        try:
+            lines.append(raw.decode("utf-8").rstrip("\r\n"))
+        except UnicodeDecodeError as e:
+            raise UsageError(f"stdin line {number} is not valid UTF-8 (byte {e.start}): {raw[:60]!r}") from None
+    return lines
 
 
 def main(argv=None):
@@ -25,7 +37,10 @@ def main(argv=None):
     parser.add_argument("--beam-width", type=int, default=1)
     parser.add_argument("--alpha", type=float, default=0.6)
     parser.add_argument("--debug", action="store_true")
-    args = parser.parse_args(argv)
+    try:
+        args = parser.parse_args(argv)
+    except SystemExit as e:  # argparse: bad flags (2) and --help (0)
+        return e.code
     path = args.run_dir
     if os.path.isdir(path):
         path = os.path.join(path, "model.keras")
@@ -35,20 +50,31 @@ def main(argv=None):
     if args.beam_width < 1:
         print(f"error: --beam-width must be >= 1, got {args.beam_width}", file=sys.stderr)
         return 2
-    texts = args.text or [line.rstrip("\n") for line in sys.stdin]
+    try:
+        texts = args.text or _stdin_lines()
+        check_utf8(texts, "input")
+    except UsageError as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 2
+    if not texts:
+        print("error: no input text (give TEXT arguments or lines on stdin)", file=sys.stderr)
+        return 2
     empty = [i + 1 for i, t in enumerate(texts) if not t.strip()]
     if empty:
-        print(f"error: input {empty[0]} is empty", file=sys.stderr)
+        print(f"error: input {empty[0]} is empty: {texts[empty[0] - 1]!r}", file=sys.stderr)
         return 2
     try:
-        import keras
-
-        import zoo  # noqa: F401  (registers the model classes)
+        from zoo import model_file
         from zoo.seq2seq import Seq2SeqTransformer
 
-        model = keras.models.load_model(path, compile=False)
-        if not isinstance(model, Seq2SeqTransformer):
-            print(f"error: {path} holds a {type(model).__name__}, not a seq2seq model", file=sys.stderr)
+        kind = run_kind(args.run_dir) if os.path.isdir(args.run_dir) else None
+        if kind not in (None, "seq2seq", "universal_transformer"):
+            print(f"error: {args.run_dir} is a {kind!r} run, not a seq2seq run", file=sys.stderr)
+            return 2
+        try:
+            model = model_file.load(path, Seq2SeqTransformer)
+        except model_file.ModelFileError as e:
+            print(f"error: {e}", file=sys.stderr)
             return 2
         try:
             outputs = model.translate(texts, beam_width=args.beam_width, alpha=args.alpha)

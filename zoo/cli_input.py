@@ -1,0 +1,61 @@
+"""Input checks shared by the zoo's command-line tools (tag, translate, generate).
+
+Each raises `UsageError` with one line naming the problem and the value; the CLIs
+print it on stderr and exit 2.
+"""
+
+import json
+import os
+
+
+class UsageError(Exception):
+    """Bad input from the user (exit code 2)."""
+
+
+def run_kind(run_dir):
+    # Read before the (slow) model load, so a run of another kind is refused at once.
+    path = os.path.join(run_dir, "config.json")
+    if not os.path.isfile(path):
+        return None
+    try:
+        with open(path, encoding="utf-8") as f:
+            return json.load(f).get("kind")
+    except (OSError, ValueError, AttributeError) as e:
+        raise UsageError(f"unreadable {path}: {e}") from None
+
+
+def read_sidecar(path, kind):
+    sidecar = path + ".json"
+    if not os.path.isfile(sidecar):
+        raise UsageError(f"missing sidecar vocabulary file for the TFLite model: {sidecar}")
+    try:
+        with open(sidecar, encoding="utf-8") as f:
+            meta = json.load(f)
+    except (OSError, ValueError) as e:
+        raise UsageError(f"unreadable sidecar file {sidecar}: {e}") from None
+    if not isinstance(meta, dict) or meta.get("kind") != kind:
+        found = meta.get("kind") if isinstance(meta, dict) else None
+        raise UsageError(f"{sidecar}: kind is {found!r}, not {kind!r}")
+    return meta
+
+
+def tflite_interpreter(path):
+    from ai_edge_litert.interpreter import Interpreter
+
+    with open(path, "rb") as f:
+        head = f.read(8)
+    if len(head) < 8 or head[4:8] != b"TFL3":
+        raise UsageError(f"not a TFLite model (no TFL3 identifier; truncated or corrupted?): {path}")
+    try:
+        return Interpreter(model_path=path)
+    except (ValueError, RuntimeError) as e:
+        raise UsageError(f"cannot load TFLite model {path}: {' '.join(str(e).split())[:200]}") from None
+
+
+def check_utf8(texts, what="argument"):
+    """Command-line text that is not valid UTF-8 arrives with lone surrogates."""
+    for i, text in enumerate(texts, 1):
+        try:
+            text.encode("utf-8")
+        except UnicodeEncodeError as e:
+            raise UsageError(f"{what} {i} is not valid UTF-8 text (byte {e.start}): {text!r}") from None

@@ -1,0 +1,60 @@
+"""Loading `.keras` files safely, with one clear error for any file that cannot be used.
+
+Every CLI that reads a model file goes through `load`: Keras's `safe_mode=True` refuses
+files that would run code while loading (a `Lambda` layer's pickled bytecode), and a
+missing, truncated or corrupted archive is a `ModelFileError` naming the file, instead
+of whatever Keras, zipfile or h5py raised half-way (a truncated zip reads as
+"File not found" in Keras 3.15).
+"""
+
+import os
+import zipfile
+
+
+class ModelFileError(ValueError):
+    """A model file that cannot be loaded: missing, not a .keras archive, truncated,
+    corrupted, unsafe, or holding another kind of model."""
+
+
+def check_archive(path):
+    """Cheap structural checks, before Keras (and TensorFlow) are involved."""
+    path = os.fspath(path)
+    if not os.path.exists(path):
+        raise ModelFileError(f"model file not found: {path}")
+    if not os.path.isfile(path):
+        raise ModelFileError(f"model file is not a regular file: {path}")
+    if not zipfile.is_zipfile(path):
+        raise ModelFileError(f"not a .keras model file (not a zip archive; truncated or corrupted?): {path}")
+    try:
+        with zipfile.ZipFile(path) as archive:
+            names = set(archive.namelist())
+            broken = archive.testzip()  # CRC of every member: catches flipped bytes
+    except (zipfile.BadZipFile, zipfile.LargeZipFile, OSError, EOFError, ValueError) as e:
+        raise ModelFileError(f"corrupted .keras model file {path}: {e}") from None
+    if broken is not None:
+        raise ModelFileError(f"corrupted .keras model file {path}: member {broken!r} fails its checksum")
+    if "config.json" not in names:
+        raise ModelFileError(f"not a .keras model file (no config.json inside): {path}")
+    return path
+
+
+def load(path, expected=None, compile=False):
+    """Loads `path` with `safe_mode=True`; `expected` (a class or tuple) checks the type.
+
+    Raises:
+        ModelFileError: for every reason the file cannot be loaded.
+    """
+    path = check_archive(path)
+    import keras
+
+    import zoo  # noqa: F401  (registers the classes the file refers to)
+
+    try:
+        model = keras.models.load_model(path, compile=compile, safe_mode=True)
+    except Exception as e:  # noqa: BLE001  (Keras raises many types for bad files)
+        message = " ".join(str(e).split())[:300] or type(e).__name__
+        raise ModelFileError(f"cannot load model {path}: {message}") from None
+    if expected is not None and not isinstance(model, expected):
+        names = expected.__name__ if isinstance(expected, type) else "/".join(c.__name__ for c in expected)
+        raise ModelFileError(f"{path} holds a {type(model).__name__}, not a {names}")
+    return model
