@@ -157,23 +157,37 @@ def _prefetched(iterator, size=2):
 
     q = queue.Queue(maxsize=size)
     done = object()
+    stop = threading.Event()
+
+    def put(item):
+        while not stop.is_set():
+            try:
+                q.put(item, timeout=0.1)
+                return True
+            except queue.Full:
+                continue
+        return False
 
     def work():
         try:
             for item in iterator:
-                q.put(item)
+                if not put(item):
+                    return
         except BaseException as e:  # noqa: BLE001  (re-raised in the consumer)
-            q.put(e)
-        q.put(done)
+            put(e)
+        put(done)
 
     threading.Thread(target=work, daemon=True).start()
-    while True:
-        item = q.get()
-        if item is done:
-            return
-        if isinstance(item, BaseException):
-            raise item
-        yield item
+    try:
+        while True:
+            item = q.get()
+            if item is done:
+                return
+            if isinstance(item, BaseException):
+                raise item
+            yield item
+    finally:
+        stop.set()  # the consumer stopped early (time limit, NaN): let the producer end
 
 
 def _numpy(batch):
