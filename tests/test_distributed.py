@@ -127,3 +127,26 @@ def test_two_worker_checkpoint_resumes_in_one_process(runs, tmp_path):
     assert "replicas 1" in out and "restored step-00000003.npz" in out
     # 1 epoch on 2 workers + 1 epoch in one process == 2 epochs in one process
     _assert_same(_weights(resumed / "weights-e2-w0.npz"), _weights(base / "single" / "weights-e2-w0.npz"))
+
+
+@pytest.mark.parametrize("argv, env, needle", [
+    (["tagger", "--strategy", "bogus"], None, "unknown --strategy 'bogus'"),
+    (["tagger", "--checkpoint-every", "-1"], None, "--checkpoint-every must be >= 0, got -1"),
+    (["tagger", "--strategy", "multi_worker"], None, "needs TF_CONFIG"),
+    (["tagger", "--strategy", "multi_worker"], "{bad", "TF_CONFIG is not valid cluster JSON: '{bad'"),
+    (["sagan", "--strategy", "mirrored"], None, "--strategy mirrored is not supported by sagan"),
+])
+def test_bad_distribution_flags_one_line_exit_2(argv, env, needle, tmp_path, capsys, monkeypatch):
+    from train import strategy
+    from train.cli import main
+
+    monkeypatch.delenv("TF_CONFIG", raising=False)
+    if env is not None:
+        monkeypatch.setenv("TF_CONFIG", env)
+    try:
+        assert main([*argv, "--out", str(tmp_path / "run")]) == 2
+    finally:
+        strategy.reset()
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and needle in err[0], err
+    assert not (tmp_path / "run").exists()
