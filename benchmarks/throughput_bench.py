@@ -1,0 +1,138 @@
+"""Training throughput of the engine (train/engine.py): XLA on/off x length bucketing on/off.
+
+    python -m benchmarks.throughput_bench [--quick]
+
+For the tagger (embedded grammar) and the seq2seq Transformer (the `sort` task, lengths
+1..max), each configuration trains on the same examples through `train.engine.Engine`
+(the loop every `python -m train` command uses), one device:
+  bucketed    the run code's batches: similar lengths together, widths rounded up to 8
+  unbucketed  random batches, every one padded to the longest example of the data
+First pass: traces and (XLA) compiles every batch shape, reported as `warmup_s`. Then
+timed passes; `tokens_per_s` counts real (non-padding) tokens: target tokens for seq2seq.
+"""
+
+import os
+import sys
+import time
+
+os.environ.setdefault("KERAS_BACKEND", "tensorflow")
+os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "3")
+
+import keras  # noqa: E402
+import numpy as np  # noqa: E402
+
+
+def _tagger(quick):
+    import zoo
+    from train.data import embedded
+    from train.tagger_data import Batches, build_vocab
+    from train.tagger_fit import compile_tagger
+    from train.tagger_run import MAX_CHARS, _encode
+
+    data = embedded.generate(seed=0, train_size=256 if quick else 1024, dev_size=8, test_size=8)
+    words, chars, tags = build_vocab(data)
+
+    def build():
+        keras.utils.set_random_seed(0)
+        model = zoo.build("tagger", words=words, chars=chars, tags=tags, arch="attention",
+                          max_chars=MAX_CHARS, max_len=256, hidden_dim=64, num_layers=2, num_heads=4)
+        compile_tagger(model, 1e-3, total_steps=1000, warmup_steps=10, weight_decay=1e-4)
+        return model
+
+    encoded = _encode(build(), data)["train"]
+    batch_size = 32
+    bucketed = [Batches(encoded, batch_size, shuffle=True, seed=0)[i]
+                for i in range(len(Batches(encoded, batch_size)))]
+    longest = int(encoded.lengths.max())
+    order = np.random.default_rng(0).permutation(len(encoded))
+    unbucketed = [encoded.batch(list(order[i:i + batch_size]), multiple=longest)
+                  for i in range(0, len(order), batch_size)]
+    tokens = int(encoded.lengths.sum())
+    return build, {"bucketed": bucketed, "unbucketed": unbucketed}, tokens, None
+
+
+def _seq2seq(quick):
+    import zoo
+    from train.data import algorithmic, parallel
+    from train.seq2seq_data import Batches, Encoded, _pad, train_tokenizer
+    from zoo.tokenization import BOS_ID, EOS_ID, PAD_ID, Tokenizer, encode_proto
+
+    generated = algorithmic.splits("sort", train_size=256 if quick else 1024, min_length=1,
+                                   max_length=32, seed=0)
+    data = parallel.ParallelData(generated["train"], generated["dev"], generated["test"],
+                                 {"name": "embedded"}, task="sort", extra={})
+    proto = train_tokenizer(data, 64)
+    tokenizer = Tokenizer(proto)
+
+    def build():
+        from train.seq2seq_fit import compile_seq2seq
+
+        keras.utils.set_random_seed(0)
+        model = zoo.build("seq2seq", tokenizer=encode_proto(proto), hidden_dim=64, num_layers=2,
+                          num_heads=4, intermediate_dim=256, dropout=0.0, max_source_length=64,
+                          max_target_length=64)
+        compile_seq2seq(model, 1e-3, 100, 0.1, jit_compile=False)
+        return model
+
+    model0 = build()
+    encoded = Encoded(tokenizer, data.train, model0.max_source_length, model0.max_target_length, "train")
+    batch_size = 64
+    bucketed = list(Batches(encoded, batch_size, shuffle=True, seed=0))
+    s_max = max(len(s) for s in encoded.sources)
+    t_max = max(len(t) for t in encoded.targets) + 1
+    order = np.random.default_rng(0).permutation(len(encoded))
+    unbucketed = []
+    for i in range(0, len(order), batch_size):
+        idx = order[i:i + batch_size]
+        src = [encoded.sources[j] for j in idx]
+        tgt = [encoded.targets[j] for j in idx]
+        unbucketed.append(({"source_ids": _pad(src, s_max), "target_ids": _pad([[BOS_ID] + t for t in tgt], t_max)},
+                           _pad([t + [EOS_ID] for t in tgt], t_max)))
+    tokens = int(sum(len(t) + 1 for t in encoded.targets))
+    return build, {"bucketed": bucketed, "unbucketed": unbucketed}, tokens, PAD_ID
+
+
+def _measure(build, batches, tokens, pad_id, jit, passes):
+    from train import engine
+
+    model = build()
+    terms = engine.masked_mean_terms(model.loss, pad_id) if pad_id is not None else None
+    runner = engine.Engine(model, loss_terms=terms, jit_compile=jit)
+    runner.build(batches[0])
+    started = time.perf_counter()
+    for b in batches:
+        runner.train_batch(b)
+    warmup = time.perf_counter() - started
+    started = time.perf_counter()
+    for _ in range(passes):
+        for b in batches:
+            loss, _ = runner.train_batch(b)
+    seconds = time.perf_counter() - started
+    shapes = len({tuple(np.shape(b[1])) for b in batches})
+    padded = sum(int(np.prod(np.shape(b[1]))) for b in batches)
+    return {"tokens_per_s": round(tokens * passes / seconds, 1), "warmup_s": round(warmup, 1),
+            "batch_shapes": shapes, "padding": round(1 - tokens / padded, 3), "final_loss": round(loss, 3)}
+
+
+def run(quick=False):
+    """Rows: model, bucketing, xla, tokens_per_s, warmup_s, batch_shapes, padding."""
+    rows = []
+    passes = 1 if quick else 3
+    for name, make in (("tagger", _tagger), ("seq2seq", _seq2seq)):
+        build, variants, tokens, pad_id = make(quick)
+        for bucketing in ("bucketed", "unbucketed"):
+            for jit in (False, True):
+                row = {"bench": "train_throughput", "model": name, "bucketing": bucketing == "bucketed",
+                       "xla": jit}
+                row.update(_measure(build, variants[bucketing], tokens, pad_id, jit, passes))
+                print(row, file=sys.stderr, flush=True)
+                rows.append(row)
+    return rows
+
+
+if __name__ == "__main__":
+    from train.progress import markdown_table
+
+    result = run(quick="--quick" in sys.argv)
+    print(markdown_table(result, [(k, k) for k in ("model", "bucketing", "xla", "tokens_per_s", "warmup_s",
+                                                   "batch_shapes", "padding")]))
