@@ -9,6 +9,7 @@ of whatever Keras, zipfile or h5py raised half-way (a truncated zip reads as
 
 import os
 import zipfile
+import zlib
 
 
 class ModelFileError(ValueError):
@@ -29,7 +30,7 @@ def check_archive(path):
         with zipfile.ZipFile(path) as archive:
             names = set(archive.namelist())
             broken = archive.testzip()  # CRC of every member: catches flipped bytes
-    except (zipfile.BadZipFile, zipfile.LargeZipFile, OSError, EOFError, ValueError) as e:
+    except (zipfile.BadZipFile, zipfile.LargeZipFile, zlib.error, OSError, EOFError, ValueError) as e:
         raise ModelFileError(f"corrupted .keras model file {path}: {e}") from None
     if broken is not None:
         raise ModelFileError(f"corrupted .keras model file {path}: member {broken!r} fails its checksum")
