@@ -96,6 +96,7 @@ def _common_size(files, image_size):
             try:
                 with Image.open(p) as im:
                     size = im.size
+                    im.verify()  # chunk checksums: a damaged body fails here, not in TF's decoder
             except Exception as e:  # noqa: BLE001  (PIL raises several types)
                 raise DataError(f"cannot read image {p}: {str(e).splitlines()[0]}") from None
             if first is None:
@@ -124,9 +125,15 @@ def load_image_dir(path, image_size=None, max_images=None, seed=0):
         image_size=(size, size), batch_size=None, shuffle=False, crop_to_aspect_ratio=True,
         verbose=False)
     images, labels = [], []
-    for image, label in dataset.as_numpy_iterator():
-        images.append(np.clip(np.round(image), 0, 255).astype(np.uint8))
-        labels.append(int(label))
+    import tensorflow as tf
+
+    try:
+        for image, label in dataset.as_numpy_iterator():
+            images.append(np.clip(np.round(image), 0, 255).astype(np.uint8))
+            labels.append(int(label))
+    except tf.errors.InvalidArgumentError as e:
+        detail = " ".join(str(e.message).split()).split("transformation with iterator:")[-1][-120:]
+        raise DataError(f"--image-dir holds an image that cannot be decoded ({detail.strip()}): {path}") from None
     images, labels = np.stack(images), np.asarray(labels, np.int32)
     if len(images) < 4:
         raise DataError(f"--image-dir has only {len(images)} images; need at least 4: {path}")

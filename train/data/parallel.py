@@ -9,6 +9,7 @@ CLI reports in one line with exit code 2.
 import dataclasses
 import gzip
 import os
+import zlib
 
 from train.errors import DataError, UsageError
 
@@ -42,7 +43,7 @@ def read_lines(path):
             lines = [line.rstrip("\r\n") for line in f]
     except UnicodeDecodeError as e:
         raise DataError(f"{path} is not UTF-8 text (byte {e.start})") from None
-    except (OSError, EOFError) as e:
+    except (OSError, EOFError, zlib.error) as e:  # zlib.error: a corrupted .gz body
         raise DataError(f"cannot read {path}: {e}") from None
     if lines and lines[-1] == "" and len(lines) > 1:
         lines.pop()  # a final newline followed by nothing is not an empty line
