@@ -23,6 +23,7 @@ class MaskedSmoothedCrossEntropy(keras.losses.Loss):
     """
 
     def __init__(self, label_smoothing=0.1, name="masked_cross_entropy", **kwargs):
+        kwargs.pop("reduction", None)  # in get_config(); fixed here (from_config round trip)
         super().__init__(name=name, reduction="sum", **kwargs)
         self.label_smoothing = float(label_smoothing)
 
