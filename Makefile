@@ -36,8 +36,10 @@ demo: $(STAMP)
 	$(PY) -m zoo.tag $(DEMO)/tagger.tflite "I saw a saw" "they can can the fish" \
 		"she will book a book about the watch" "we watch the old man run the race"
 
+# Files stay whole on one worker (--dist loadfile) so module fixtures (a trained
+# run, an export) are built once.
 test: $(STAMP)
-	$(PY) -m pytest -q -p no:cacheprovider tests
+	$(PY) -m pytest -q -p no:cacheprovider -n 2 --dist loadfile tests
 
 fuzz: $(STAMP)
 	HYPOTHESIS_PROFILE=fuzz $(PY) -m pytest -q -p no:cacheprovider tests -k fuzz
