@@ -133,9 +133,11 @@ def test_litert_step_decoding_equals_keras_greedy(copy_run, tmp_path):
 def test_resume_continues_from_the_checkpoint(copy_run, tmp_path, capsys):
     run = str(tmp_path / "resumed")
     shutil.copytree(copy_run, run)
-    assert train_main(["seq2seq", "--out", run, "--resume", "--epochs", "9", "--verbose", "0"]) == 0
+    code = train_main(["seq2seq", "--out", run, "--resume", "--epochs", "9", "--verbose", "0"])
+    err = capsys.readouterr().err
+    assert code == 0, err[-2000:]
     assert _metrics(run)["epochs"] == 9
-    assert "resuming" in capsys.readouterr().err
+    assert "resuming" in err
 
 
 def _write(path, lines, gz=False):
