@@ -169,8 +169,7 @@ def _fit_and_finish(model, data, encoded, out, train_cfg, state, verbose):
         best_epoch=state["best_epoch"], dev_acc=state["best_val_acc"],
         train_seconds=round(state["train_seconds"], 1), stopped_by_time_limit=bool(limit.stopped_early),
         train_pairs=len(data.train),
-        train_target_tokens_per_second=(round(encoded["train"].target_tokens() * state["epoch"]
-                                              / state["train_seconds"], 1) if state["train_seconds"] else None))
+        train_target_tokens_per_second=_train_speed(encoded["train"], train_cfg, state))
     if dev_score is not None and dev_score.history:
         metrics["dev_history"] = dev_score.history
     rundir.atomic_save_model(model, os.path.join(out, "model.keras"))
@@ -180,6 +179,16 @@ def _fit_and_finish(model, data, encoded, out, train_cfg, state, verbose):
     print(f"\n{out}: {sample!r} -> {model.translate(sample)!r}")
     print(markdown_table([metrics], SUMMARY))
     return 0
+
+
+def _train_speed(encoded, train_cfg, state):
+    """Target tokens per training second (an epoch may be --steps-per-epoch batches)."""
+    if not state["train_seconds"]:
+        return None
+    passes = state["epoch"]
+    if train_cfg.get("steps_per_epoch"):
+        passes *= min(1.0, train_cfg["steps_per_epoch"] * train_cfg["batch_size"] / max(1, len(encoded)))
+    return round(encoded.target_tokens() * passes / state["train_seconds"], 1)
 
 
 def _bleu(hyps, refs):
