@@ -26,6 +26,7 @@ START, END = "<!-- bench:start -->", "<!-- bench:end -->"
 SECTIONS = {
     "attention": "benchmarks.attention_bench",
     "training": "benchmarks.training_bench",
+    "throughput": "benchmarks.throughput_bench",
     "decoding": "benchmarks.decode_bench",
     "export": "benchmarks.export_run",
 }
