@@ -1,6 +1,6 @@
 """Training throughput of the engine (train/engine.py): XLA on/off x length bucketing on/off.
 
-    python -m benchmarks.throughput_bench [--quick]
+    python -m benchmarks.throughput_bench [--quick] [tagger] [seq2seq]
 
 For the tagger (embedded grammar) and the seq2seq Transformer (the `sort` task, lengths
 1..max), each configuration trains on the same examples through `train.engine.Engine`
@@ -114,11 +114,12 @@ def _measure(build, batches, tokens, pad_id, jit, passes):
             "batch_shapes": shapes, "padding": round(1 - tokens / padded, 3), "final_loss": round(loss, 3)}
 
 
-def run(quick=False):
+def run(quick=False, models=("tagger", "seq2seq")):
     """Rows: model, bucketing, xla, tokens_per_s, warmup_s, batch_shapes, padding."""
     rows = []
     passes = 1 if quick else 3
-    for name, make in (("tagger", _tagger), ("seq2seq", _seq2seq)):
+    makers = {"tagger": _tagger, "seq2seq": _seq2seq}
+    for name, make in ((m, makers[m]) for m in models):
         build, variants, tokens, pad_id = make(quick)
         for bucketing in ("bucketed", "unbucketed"):
             for jit in (False, True):
@@ -133,6 +134,7 @@ def run(quick=False):
 if __name__ == "__main__":
     from train.progress import markdown_table
 
-    result = run(quick="--quick" in sys.argv)
+    chosen = [m for m in ("tagger", "seq2seq") if m in sys.argv[1:]] or ["tagger", "seq2seq"]
+    result = run(quick="--quick" in sys.argv, models=chosen)
     print(markdown_table(result, [(k, k) for k in ("model", "bucketing", "xla", "tokens_per_s", "warmup_s",
                                                    "batch_shapes", "padding")]))

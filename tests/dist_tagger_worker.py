@@ -38,7 +38,7 @@ def main():
     from train import strategy as distribute
 
     distribute.configure(argparse.Namespace(strategy=args.strategy, checkpoint_every=2, jit_compile=False,
-                                            mixed_precision=args.mixed_precision, out=None))
+                                            mixed_precision=args.mixed_precision))
     import keras
     import numpy as np
 

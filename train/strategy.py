@@ -97,6 +97,8 @@ def configure(args, command=None):
     _state.update(name=name, strategy=None, mixed_precision=bool(getattr(args, "mixed_precision", False)),
                   jit_compile=getattr(args, "jit_compile", None), checkpoint_every=every,
                   tpu=getattr(args, "tpu", None))
+    if name == "multi_worker" and hasattr(args, "out") and not args.out:
+        raise UsageError("--strategy multi_worker needs an explicit --out (the same on every worker)")
     if name in ("multi_worker", "tpu"):
         get()
     if _state["mixed_precision"]:
