@@ -110,7 +110,9 @@ def _cli(out, files, *extra):
             "--checkpoint-every", "2", "--seed", "3", *files, *options, *extra]
 
 
-def test_sigkill_mid_epoch_then_resume_equals_an_uninterrupted_run(tmp_path):
+@pytest.mark.parametrize("kill_epoch", [0, 1], ids=["first-epoch", "second-epoch"])
+def test_sigkill_mid_epoch_then_resume_equals_an_uninterrupted_run(tmp_path, kill_epoch):
+    # Killed in the first epoch, the run has no model file yet, only step checkpoints.
     data = embedded.generate(seed=1, train_size=240, dev_size=40, test_size=60)
     files = []
     for split in ("train", "dev", "test"):
@@ -127,17 +129,17 @@ def test_sigkill_mid_epoch_then_resume_equals_an_uninterrupted_run(tmp_path):
     try:
         while time.monotonic() < deadline and killed.poll() is None:
             _, record = checkpoint.latest(ckpt) if ckpt.exists() else (None, None)
-            if record and record["epoch"] == 1 and not record["epoch_complete"]:
+            if record and record["epoch"] == kill_epoch and not record["epoch_complete"]:
                 killed.send_signal(signal.SIGKILL)
                 break
             time.sleep(0.05)
         killed.wait(timeout=30)
-        assert killed.returncode == -signal.SIGKILL, "the run ended before it could be killed mid-epoch 2"
+        assert killed.returncode == -signal.SIGKILL, f"the run ended before it could be killed in epoch {kill_epoch + 1}"
         assert not (tmp_path / "killed" / "metrics.json").exists()
         resumed = subprocess.run(_cli(tmp_path / "killed", files, "--resume"), cwd=ROOT, env=env,
                                  capture_output=True, text=True, timeout=240)
         assert resumed.returncode == 0, resumed.stderr[-3000:]
-        assert "restored step-" in resumed.stderr and ": epoch 2, batch " in resumed.stderr
+        assert "restored step-" in resumed.stderr and f": epoch {kill_epoch + 1}, batch " in resumed.stderr
         assert full.wait(timeout=240) == 0, full.stderr.read()[-3000:]
     finally:
         for p in (full, killed):

@@ -8,7 +8,7 @@ import keras
 import numpy as np
 
 import zoo
-from train import engine, rundir
+from train import checkpoint, engine, rundir
 from train import strategy as distribute
 from train.errors import UsageError
 from train.progress import markdown_table
@@ -63,19 +63,39 @@ def train_one(args, data, arch, out, vocab=None, verbose=None):
               "train": train_cfg, "data": data.source}
     rundir.atomic_write_json(os.path.join(out, "config.json"), config)
     encoded = _encode(model, data)
-    steps = len(Batches(encoded["train"], args.batch_size))
-    with distribute.scope():
-        compile_tagger(model, lr, total_steps=max(1, epochs * steps),
-                       warmup_steps=min(400, epochs * steps // 10), weight_decay=1e-4)
+    _compile(model, encoded, train_cfg)
     state = read_state(os.path.join(out, "checkpoints"))
     return _fit_and_finish(model, data, encoded, out, train_cfg, state, verbose or _verbosity())
+
+
+def _compile(model, encoded, train_cfg):
+    epochs = train_cfg["epochs"]
+    steps = len(Batches(encoded["train"], train_cfg["batch_size"]))
+    with distribute.scope():
+        compile_tagger(model, train_cfg["learning_rate"], total_steps=max(1, epochs * steps),
+                       warmup_steps=min(400, epochs * steps // 10), weight_decay=1e-4)
+
+
+def _rebuild(out, config):
+    """The run's untrained model from config.json and vocab/, for a run killed before
+    its first epoch ended: its step checkpoint then restores the weights and optimizer."""
+    model_cfg = {k: v for k, v in config["model"].items() if k != "vocab"}
+    vocab = []
+    for name in ("words", "chars", "tags"):
+        with open(os.path.join(out, "vocab", f"{name}.txt"), encoding="utf-8", newline="") as f:
+            # split("\n"), not splitlines(): a token may hold U+2028 or U+0085.
+            vocab.append(f.read().split("\n")[:-1])
+    with distribute.scope():
+        return zoo.build("tagger", words=vocab[0], chars=vocab[1], tags=vocab[2], **model_cfg)
 
 
 def resume_run(args):
     out = args.out
     config_path = os.path.join(out, "config.json")
-    last = os.path.join(out, "checkpoints", LAST)
-    if not os.path.exists(config_path) or not os.path.exists(last):
+    ckpt_dir = os.path.join(out, "checkpoints")
+    last = os.path.join(ckpt_dir, LAST)
+    step_checkpoint = checkpoint.latest(ckpt_dir)[1] if os.path.isdir(ckpt_dir) else None
+    if not os.path.exists(config_path) or not (os.path.exists(last) or step_checkpoint):
         raise UsageError(f"--resume: no checkpoint to resume in {out} (missing config.json or checkpoints/{LAST})")
     config = rundir.read_json(config_path)
     if config.get("kind") != "tagger":
@@ -86,13 +106,19 @@ def resume_run(args):
     data = load_data(train_cfg["train_file"], train_cfg["dev_file"], train_cfg["test_file"],
                      train_cfg["dataset"], train_cfg["seed"])
     keras.utils.set_random_seed(train_cfg["seed"] + 1)
-    with distribute.scope():
-        model = keras.models.load_model(last)
+    if os.path.exists(last):
+        with distribute.scope():
+            model = keras.models.load_model(last)
+        encoded = _encode(model, data)
+    else:  # killed in the first epoch: only step checkpoints exist
+        model = _rebuild(out, config)
+        encoded = _encode(model, data)
+        _compile(model, encoded, train_cfg)
     config["train"] = train_cfg
     rundir.atomic_write_json(config_path, config)
-    state = read_state(os.path.join(out, "checkpoints"))
+    state = read_state(ckpt_dir)
     print(f"resuming {out} at epoch {state['epoch']} of {train_cfg['epochs']}", file=sys.stderr)
-    return _fit_and_finish(model, data, _encode(model, data), out, train_cfg, state, _verbosity())
+    return _fit_and_finish(model, data, encoded, out, train_cfg, state, _verbosity())
 
 
 def _encode(model, data):
