@@ -6,6 +6,7 @@ print it on stderr and exit 2.
 
 import json
 import os
+import sys
 
 
 class UsageError(Exception):
@@ -59,3 +60,21 @@ def check_utf8(texts, what="argument"):
             text.encode("utf-8")
         except UnicodeEncodeError as e:
             raise UsageError(f"{what} {i} is not valid UTF-8 text (byte {e.start}): {text!r}") from None
+
+
+def cli_boundary(body, argv=None):
+    """Runs a CLI's `body()` and applies the project's error contract: a
+    `UsageError` is one stderr line and exit 2; anything unexpected is one
+    line and exit 1, with the traceback only under `--debug`."""
+    try:
+        return body()
+    except UsageError as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 2
+    except Exception as e:  # noqa: BLE001  (CLI boundary)
+        if "--debug" in (argv if argv is not None else sys.argv):
+            raise
+        first = str(e).strip().splitlines()[0] if str(e).strip() else ""
+        print(f"error: unexpected {type(e).__name__}: {first} (run with --debug for the traceback)",
+              file=sys.stderr)
+        return 1

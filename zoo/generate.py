@@ -16,6 +16,7 @@ import sys
 import numpy as np
 
 from zoo.cli_input import UsageError as _Usage
+from zoo.cli_input import cli_boundary
 from zoo.cli_input import read_sidecar, run_kind, tflite_interpreter
 
 
@@ -144,7 +145,7 @@ def main(argv=None):
     parser.add_argument("--seed", type=int, default=0, help="noise seed")
     parser.add_argument("--force", action="store_true", help="overwrite --out")
     parser.add_argument("--debug", action="store_true", help="show tracebacks")
-    try:
+    def body():
         args = parser.parse_args(argv)
         if args.num < 1 or args.columns < 1:
             raise _Usage(f"--num and --columns must be >= 1, got {args.num} and {args.columns}")
@@ -174,15 +175,8 @@ def main(argv=None):
         save_png(grid(uint8, columns), args.out)
         print(f"wrote {args.out} ({len(labels)} images)")
         return 0
-    except _Usage as e:
-        print(f"error: {e}", file=sys.stderr)
-        return 2
-    except Exception as e:  # noqa: BLE001  (CLI boundary)
-        if "--debug" in (argv if argv is not None else sys.argv):
-            raise
-        print(f"error: unexpected {type(e).__name__}: {str(e).strip().splitlines()[0] if str(e).strip() else ''}"
-              " (run with --debug for the traceback)", file=sys.stderr)
-        return 1
+
+    return cli_boundary(body, argv)
 
 
 if __name__ == "__main__":

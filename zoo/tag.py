@@ -11,6 +11,7 @@ import os
 import sys
 
 from zoo.cli_input import UsageError as _Usage
+from zoo.cli_input import cli_boundary
 from zoo.cli_input import check_utf8, read_sidecar, run_kind, tflite_interpreter
 
 
@@ -89,7 +90,7 @@ def main(argv=None):
     parser.add_argument("path", help="run directory (model.keras) or exported .tflite file")
     parser.add_argument("sentences", nargs="+", help="sentences (split on whitespace)")
     parser.add_argument("--debug", action="store_true", help="show tracebacks")
-    try:
+    def body():
         args = parser.parse_args(argv)
         if not os.path.exists(args.path):
             raise _Usage(f"no such run directory or .tflite file: {args.path}")
@@ -111,15 +112,8 @@ def main(argv=None):
         for pairs in tagged:
             print(" ".join(f"{word}/{tag}" for word, tag in pairs))
         return 0
-    except _Usage as e:
-        print(f"error: {e}", file=sys.stderr)
-        return 2
-    except Exception as e:  # noqa: BLE001  (CLI boundary)
-        if "--debug" in (argv if argv is not None else sys.argv):
-            raise
-        print(f"error: unexpected {type(e).__name__}: {str(e).strip().splitlines()[0] if str(e).strip() else ''}"
-              " (run with --debug for the traceback)", file=sys.stderr)
-        return 1
+
+    return cli_boundary(body, argv)
 
 
 if __name__ == "__main__":
