@@ -110,8 +110,18 @@ def main(argv=None):
         return 2
 
     info = machine()
+    # Sections not run this time keep their last results, so one section can
+    # be re-measured without discarding the rest.
     results = {}
-    for section in wanted:
+    previous = os.path.join(HERE, "results.json")
+    if os.path.exists(previous) and set(wanted) != set(SECTIONS):
+        with open(previous) as f:
+            old = json.load(f)
+        if old.get("quick") == args.quick:
+            results = {k: v for k, v in old.get("results", {}).items() if k in SECTIONS}
+    for section in SECTIONS:
+        if section not in wanted:
+            continue
         print(f"== {section}", flush=True)
         try:
             module = importlib.import_module(SECTIONS[section])
@@ -121,6 +131,7 @@ def main(argv=None):
             results[section] = {"error": f"{type(error).__name__}: {error}"}
         print(json.dumps(results[section], indent=1), flush=True)
 
+    results = {k: results[k] for k in SECTIONS if k in results}
     out = {"machine": info, "quick": args.quick, "results": results}
     for name, text in (
         ("results.json", json.dumps(out, indent=2)),
