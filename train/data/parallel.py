@@ -115,21 +115,13 @@ def load_tfds(name, data_dir=None):
     cnn_dailymail (article, highlights)."""
     import tensorflow_datasets as tfds
 
-    try:
-        builder = tfds.builder(name, data_dir=data_dir)
-    except tfds.core.registered.DatasetNotFoundError:
-        raise UsageError(f"unknown tfds data set: {name!r}") from None
-    except Exception as e:  # noqa: BLE001  (bad config names raise various errors)
-        raise UsageError(f"cannot open tfds data set {name!r}: {str(e).splitlines()[0]}") from None
+    from train.data.tfds_reader import open_builder, prepare
+
+    builder = open_builder(name, data_dir)
     keys = builder.info.supervised_keys
     if not keys or len(keys) != 2:
         raise UsageError(f"tfds data set {name!r} has no (source, target) supervised keys")
-    try:
-        builder.download_and_prepare()
-    except Exception as e:  # noqa: BLE001
-        raise DataError(
-            f"cannot download/prepare tfds data set {name!r} (offline?): {str(e).splitlines()[0][:200]}"
-        ) from None
+    prepare(builder, name)
     splits = {}
     available = set(builder.info.splits.keys())
     for ours, theirs in (("train", "train"), ("dev", "validation"), ("test", "test")):

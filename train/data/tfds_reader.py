@@ -21,15 +21,30 @@ def parse_dataset_flag(value):
     return value[len("tfds:"):].strip()
 
 
-def load_tfds(name, data_dir=None):
+def open_builder(name, data_dir=None):
+    """The tfds builder for `name`; unknown or malformed names are a UsageError."""
     import tensorflow_datasets as tfds
 
     try:
-        builder = tfds.builder(name, data_dir=data_dir)
+        return tfds.builder(name, data_dir=data_dir)
     except tfds.core.registered.DatasetNotFoundError:
         raise UsageError(f"unknown tfds data set: {name!r}") from None
     except Exception as e:  # noqa: BLE001  (bad config names raise various errors)
         raise UsageError(f"cannot open tfds data set {name!r}: {str(e).splitlines()[0]}") from None
+
+
+def prepare(builder, name):
+    """Downloads and prepares the data (the network is needed); failures are a DataError."""
+    try:
+        builder.download_and_prepare()
+    except Exception as e:  # noqa: BLE001
+        raise DataError(
+            f"cannot download/prepare tfds data set {name!r} (offline?): {str(e).splitlines()[0][:200]}"
+        ) from None
+
+
+def load_tfds(name, data_dir=None):
+    builder = open_builder(name, data_dir)
     features = builder.info.features
     if "tokens" not in features:
         raise UsageError(f"tfds data set {name!r} has no 'tokens' feature to tag")
@@ -37,12 +52,7 @@ def load_tfds(name, data_dir=None):
     if tag_key is None:
         raise UsageError(f"tfds data set {name!r} has no tag feature ({'/'.join(TAG_FEATURES)})")
     names = features[tag_key].feature.names
-    try:
-        builder.download_and_prepare()
-    except Exception as e:  # noqa: BLE001
-        raise DataError(
-            f"cannot download/prepare tfds data set {name!r} (offline?): {str(e).splitlines()[0][:200]}"
-        ) from None
+    prepare(builder, name)
     available = set(builder.info.splits.keys())
     splits = {}
     for ours, theirs in (("train", "train"), ("dev", "validation"), ("test", "test")):
