@@ -82,12 +82,15 @@ class MultiHeadAttention(keras.layers.Layer):
         key_mask: `[batch, source_length]`, an extra key padding mask.
         attention_mask: boolean `[batch, target_length, source_length]`;
             `True` where a query may attend to a key.
-        cache: `None` or `[batch, 2, max_length, num_heads, key_dim]`. With
-            `cache_index`, the new keys/values are written into it at
-            `cache_index` and the queries attend to all written positions
-            (self-attention decoding). Without `cache_index`, the cache is
-            used as precomputed keys/values (cross-attention decoding, see
-            `compute_cache`).
+        cache: `None`, `[batch, 2, max_length, num_heads, key_dim]`, or the
+            same split into a pair `(key_cache, value_cache)` of
+            `[batch, max_length, num_heads, key_dim]` (every tensor stays
+            rank 4, which mobile GPU delegates need); the updated cache is
+            returned in the form it came in. With `cache_index`, the new
+            keys/values are written into it at `cache_index` and the queries
+            attend to all written positions (self-attention decoding).
+            Without `cache_index`, the cache is used as precomputed
+            keys/values (cross-attention decoding, see `compute_cache`).
         cache_index: int or scalar int tensor, position of the first query.
         return_attention_scores: bool, also return the attention weights
             `[batch, num_heads, target_length, source_length]`.
@@ -231,22 +234,26 @@ class MultiHeadAttention(keras.layers.Layer):
             )
         self.built = True
 
-    def compute_cache(self, value, key=None):
+    def compute_cache(self, value, key=None, split=False):
         """Projects encoder outputs once into a cross-attention cache.
 
         Args:
             value: `[batch, source_length, value_features]`.
             key: optional `[batch, source_length, key_features]`.
+            split: bool, return the pair `(key_cache, value_cache)` of
+                `[batch, source_length, num_heads, key_dim]` instead of one
+                stacked tensor.
 
         Returns:
-            `[batch, 2, source_length, num_heads, key_dim]`, to pass as `cache`
-            (without `cache_index`) at every decoding step.
+            `[batch, 2, source_length, num_heads, key_dim]` (or the pair), to
+            pass as `cache` (without `cache_index`) at every decoding step.
         """
         self._check_cache_dims()
         key = value if key is None else key
         if not self.built:
             self.build(value.shape, value.shape, key.shape)
-        return ops.stack([self.key_dense(key), self.value_dense(value)], axis=1)
+        pair = (self.key_dense(key), self.value_dense(value))
+        return pair if split else ops.stack(pair, axis=1)
 
     def _fused_projection(self, inputs):
         """Self-attention's Q, K and V from one matmul over the concatenated
@@ -290,25 +297,15 @@ class MultiHeadAttention(keras.layers.Layer):
                     want = dense.kernel.shape[0]
                     check_shape(name, x, (None, None, want), f"(batch, length, {want}) as built")
         if cache is not None:
-            check_shape(
-                "cache",
-                cache,
-                (batch, 2, None, self.num_heads, self.key_dim),
-                "(batch, 2, cache_length, num_heads, key_dim)",
-            )
-            c_shape = known_shape(cache)
-            if cache_index is None:
-                k_len = c_shape[2] if c_shape else None
-            elif isinstance(cache_index, numbers.Integral) and c_shape and c_shape[2] is not None:
-                if cache_index < 0 or (q_len is not None and cache_index + q_len > c_shape[2]):
+            c_len = self._check_cache_shape(cache, batch)
+            k_len = c_len
+            if isinstance(cache_index, numbers.Integral) and c_len is not None:
+                if cache_index < 0 or (q_len is not None and cache_index + q_len > c_len):
                     raise ValueError(
                         "`cache_index` + query length must fit in the cache. Received: "
                         f"cache_index={cache_index}, query length={q_len}, "
-                        f"cache.shape={c_shape}"
+                        f"cache length={c_len}"
                     )
-                k_len = c_shape[2]
-            else:
-                k_len = c_shape[2] if c_shape else None
         elif cache_index is not None:
             raise ValueError(
                 "`cache_index` needs a `cache` to write into. "
@@ -325,6 +322,38 @@ class MultiHeadAttention(keras.layers.Layer):
             (batch_or_one, q_len, k_len),
             "(batch or 1, query_length, key_length)",
         )
+
+    def _check_cache_shape(self, cache, batch):
+        """Validates either cache form; returns its length (None if unknown)."""
+        if isinstance(cache, (tuple, list)):
+            if len(cache) != 2:
+                raise ValueError(
+                    "A split `cache` is the pair (key_cache, value_cache). "
+                    f"Received: a {type(cache).__name__} of {len(cache)} tensors"
+                )
+            lengths = set()
+            for name, part in zip(("key_cache", "value_cache"), cache):
+                check_shape(
+                    f"cache ({name})",
+                    part,
+                    (batch, None, self.num_heads, self.key_dim),
+                    "(batch, cache_length, num_heads, key_dim)",
+                )
+                lengths.add((known_shape(part) or (None, None))[1])
+            lengths.discard(None)
+            if len(lengths) > 1:
+                raise ValueError(
+                    "`key_cache` and `value_cache` must have the same length. Received: "
+                    f"{known_shape(cache[0])} and {known_shape(cache[1])}"
+                )
+            return lengths.pop() if lengths else None
+        check_shape(
+            "cache",
+            cache,
+            (batch, 2, None, self.num_heads, self.key_dim),
+            "(batch, 2, cache_length, num_heads, key_dim)",
+        )
+        return (known_shape(cache) or (None,) * 3)[2]
 
     def _check_cache_dims(self):
         if self.value_dim != self.key_dim:
@@ -373,14 +402,16 @@ class MultiHeadAttention(keras.layers.Layer):
             k = self._rotary_layer(k, start_index=offset)
         if cache is not None:
             self._check_cache_dims()
+            split = isinstance(cache, (tuple, list))
+            key_cache, value_cache = cache if split else (cache[:, 0], cache[:, 1])
             if cross_cache:
-                k, v = cache[:, 0], cache[:, 1]
+                k, v = key_cache, value_cache
             else:
                 zero = ops.zeros((), "int32")
                 start = [zero, ops.cast(cache_index, "int32"), zero, zero]
-                k = ops.slice_update(cache[:, 0], start, ops.cast(k, cache.dtype))
-                v = ops.slice_update(cache[:, 1], start, ops.cast(v, cache.dtype))
-                cache = ops.stack([k, v], axis=1)
+                k = ops.slice_update(key_cache, start, ops.cast(k, key_cache.dtype))
+                v = ops.slice_update(value_cache, start, ops.cast(v, value_cache.dtype))
+                cache = (k, v) if split else ops.stack([k, v], axis=1)
                 key_valid_length = ops.cast(cache_index, "int32") + ops.shape(query)[1]
                 # Padding masks of the step's tokens describe queries only: the
                 # cached keys' padding must come from `attention_mask`.
@@ -485,14 +516,17 @@ class MultiHeadAttention(keras.layers.Layer):
         # cache); a cache fixes the number of keys to its length.
         value_shape = None if value is None else value.shape
         if cache is not None:
-            value_shape = (query.shape[0], cache.shape[2], None)
+            length = cache[0].shape[1] if isinstance(cache, (tuple, list)) else cache.shape[2]
+            value_shape = (query.shape[0], length, None)
         shapes = self.compute_output_shape(
             query.shape, value_shape, return_attention_scores=return_attention_scores
         )
         shapes = list(shapes) if return_attention_scores else [shapes]
         results = [keras.KerasTensor(shape, dtype=self.compute_dtype) for shape in shapes]
         if cache is not None:
-            results.append(keras.KerasTensor(cache.shape, dtype=cache.dtype))
+            results.append(
+                keras.tree.map_structure(lambda c: keras.KerasTensor(c.shape, dtype=c.dtype), cache)
+            )
         return results[0] if len(results) == 1 else tuple(results)
 
     def get_config(self):

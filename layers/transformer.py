@@ -284,8 +284,10 @@ class TransformerDecoderBlock(_BlockBase):
             defaults to their Keras mask.
         encoder_mask: `[batch, source_length]` padding mask of the encoder
             outputs; defaults to their Keras mask.
-        self_attention_cache: `[batch, 2, max_length, heads, key_dim]`; with
-            `cache_index`, keys and values of `inputs` are written into it.
+        self_attention_cache: `[batch, 2, max_length, heads, key_dim]` or the
+            rank-4 pair `(key_cache, value_cache)` (see
+            `MultiHeadAttention`); with `cache_index`, keys and values of
+            `inputs` are written into it.
         cache_index: int or scalar tensor, position of the first input token.
         cross_attention_cache: from `compute_cross_attention_cache`, to avoid
             re-projecting the encoder outputs at every step.
@@ -340,12 +342,13 @@ class TransformerDecoderBlock(_BlockBase):
         self._build_feedforward(inputs_shape)
         self.built = True
 
-    def compute_cross_attention_cache(self, encoder_outputs):
+    def compute_cross_attention_cache(self, encoder_outputs, split=False):
         """Projects the encoder outputs once: `[batch, 2, source_length,
-        heads, key_dim]`, to pass as `cross_attention_cache` at every step."""
+        heads, key_dim]` (or, with `split`, the rank-4 pair `(keys, values)`),
+        to pass as `cross_attention_cache` at every step."""
         if not self.built:
             self.build(encoder_outputs.shape, encoder_outputs.shape)
-        return self.cross_attention_layer.compute_cache(encoder_outputs)
+        return self.cross_attention_layer.compute_cache(encoder_outputs, split=split)
 
     def call(
         self,
@@ -421,7 +424,10 @@ class TransformerDecoderBlock(_BlockBase):
         out = keras.KerasTensor(inputs.shape, dtype=self.compute_dtype)
         if self_attention_cache is None:
             return out
-        return out, keras.KerasTensor(self_attention_cache.shape, dtype=self_attention_cache.dtype)
+        cache = keras.tree.map_structure(
+            lambda c: keras.KerasTensor(c.shape, dtype=c.dtype), self_attention_cache
+        )
+        return out, cache
 
     def get_config(self):
         config = super().get_config()

@@ -128,6 +128,39 @@ def test_cache_equals_full_recomputation(options, step):
         )
 
 
+@pytest.mark.parametrize("options", [dict(causal=True), dict(causal=True, rotary=True)])
+def test_split_cache_equals_full_recomputation(options):
+    # The rank-4 (key_cache, value_cache) form that GPU exports use.
+    layer = MultiHeadAttention(num_heads=2, key_dim=4, **options)
+    x = RNG.normal(size=(2, 6, 8)).astype("float32")
+    full = np.asarray(layer(x))
+    cache = (np.zeros((2, 6, 2, 4), "float32"), np.zeros((2, 6, 2, 4), "float32"))
+    for i in range(6):
+        y, cache = layer(x[:, i:i + 1], cache=cache, cache_index=i)
+        assert isinstance(cache, tuple) and len(cache) == 2
+        np.testing.assert_allclose(np.asarray(y), full[:, i:i + 1], atol=1e-5)
+    # The written keys are the layer's own key projection of x.
+    want_keys = np.einsum("btf,fhd->bthd", x, np.asarray(layer.key_dense.kernel))
+    want_keys = want_keys + np.asarray(layer.key_dense.bias)
+    if not options.get("rotary"):
+        np.testing.assert_allclose(np.asarray(cache[0]), want_keys, atol=1e-5)
+
+
+@pytest.mark.parametrize(
+    "cache,pattern",
+    [
+        ((np.zeros((1, 5, 2, 4)),), r"pair .*1 tensors"),
+        ((np.zeros((1, 5, 2, 4)), np.zeros((1, 5, 3, 4))), r"cache \(value_cache\)"),
+        ((np.zeros((1, 5, 2, 4)), np.zeros((1, 6, 2, 4))), r"same length"),
+    ],
+)
+def test_bad_split_cache_names_the_argument(cache, pattern):
+    layer = MultiHeadAttention(num_heads=2, key_dim=4, causal=True)
+    cache = tuple(c.astype("float32") for c in cache)
+    with pytest.raises(ValueError, match=pattern):
+        layer(np.zeros((1, 1, 8), "float32"), cache=cache, cache_index=0)
+
+
 def test_cross_attention_cache_equals_direct():
     layer = MultiHeadAttention(num_heads=2, key_dim=4)
     q = RNG.normal(size=(2, 3, 8)).astype("float32")
@@ -138,6 +171,10 @@ def test_cross_attention_cache_equals_direct():
     cached, same_cache = layer(q, cache=cache, value_mask=enc_mask)
     np.testing.assert_allclose(np.asarray(cached), direct, atol=1e-6)
     np.testing.assert_array_equal(np.asarray(same_cache), np.asarray(cache))
+    keys, values = layer.compute_cache(enc, split=True)
+    np.testing.assert_array_equal(np.asarray(keys), np.asarray(cache)[:, 0])
+    split_out, _ = layer(q, cache=(keys, values), value_mask=enc_mask)
+    np.testing.assert_allclose(np.asarray(split_out), direct, atol=1e-6)
 
 
 @pytest.mark.parametrize(

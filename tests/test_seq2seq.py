@@ -112,13 +112,16 @@ def test_litert_step_decoding_equals_keras_greedy(copy_run, tmp_path):
 
     model = keras.models.load_model(os.path.join(copy_run, "model.keras"), compile=False)
     result = kind.export_all(copy_run, str(tmp_path / "tflite"))
-    from export.check import op_name, read_model
+    from export.check import check_model, op_name, read_model
 
     with open(result["steps"], "rb") as f:
         steps = f.read()
     graph = read_model(steps)
     ops = {op_name(graph, op) for sg in graph.subgraphs for op in (sg.operators or [])}
     assert not [o for o in ops if o.startswith(("Flex", "CUSTOM"))] and "WHILE" not in ops
+    # The app-driven step model is the GPU export mode: no rank-5 caches.
+    assert [str(p) for p in check_model(steps, "gpu")] == []
+    assert result["steps_gpu_compatible"]
     s = model.max_source_length
     for text in ["abcde", "ba", "jjjjj"]:
         ids = np.zeros((1, s), "int32")

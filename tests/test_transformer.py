@@ -67,10 +67,17 @@ def test_decoder_cache_equals_full_recomputation(norm_first, rotary):
     full = np.asarray(block(dec, enc, encoder_mask=enc_mask))
     cache = np.zeros((2, 2, 7, 2, 4), "float32")
     cross = block.compute_cross_attention_cache(enc)
+    # The rank-4 split form (what GPU exports use) must agree as well.
+    split = (np.zeros((2, 7, 2, 4), "float32"), np.zeros((2, 7, 2, 4), "float32"))
+    split_cross = block.compute_cross_attention_cache(enc, split=True)
     for i in range(7):
         y, cache = block(dec[:, i:i + 1], self_attention_cache=cache, cache_index=i,
                          cross_attention_cache=cross, encoder_mask=enc_mask)
         np.testing.assert_allclose(np.asarray(y), full[:, i:i + 1], atol=1e-5)
+        y, split = block(dec[:, i:i + 1], self_attention_cache=split, cache_index=i,
+                         cross_attention_cache=split_cross, encoder_mask=enc_mask)
+        np.testing.assert_allclose(np.asarray(y), full[:, i:i + 1], atol=1e-5)
+    np.testing.assert_allclose(np.asarray(split[1]), np.asarray(cache)[:, 1], atol=1e-6)
 
 
 def test_decoder_is_causal_and_uses_the_encoder():

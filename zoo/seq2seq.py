@@ -229,9 +229,10 @@ class Seq2SeqTransformer(keras.Model):
         return self.decode(inputs["target_ids"], encoder_output, source_mask, training=training)
 
     # ------------------------------------------------------------ cached decoding
-    def cross_caches(self, encoder_output):
-        """Projected encoder keys/values, one `[B, 2, S, H, d]` per decoder layer."""
-        return tuple(block.compute_cross_attention_cache(encoder_output)
+    def cross_caches(self, encoder_output, split=False):
+        """Projected encoder keys/values, one `[B, 2, S, H, d]` per decoder
+        layer (with `split`, one rank-4 pair `(keys, values)` per layer)."""
+        return tuple(block.compute_cross_attention_cache(encoder_output, split=split)
                      for block in self.decoder_blocks)
 
     def empty_caches(self, batch_size, max_length):
@@ -245,7 +246,8 @@ class Seq2SeqTransformer(keras.Model):
         Args:
             token_ids: int32 `[B]`, the tokens at position `index`.
             index: scalar int, their position.
-            self_caches: tuple of `[B, 2, L, H, d]` (see `empty_caches`).
+            self_caches: tuple of `[B, 2, L, H, d]` (see `empty_caches`), or
+                of rank-4 pairs `(keys, values)`; returned in the same form.
             cross_caches: tuple from `cross_caches`.
             source_mask: bool `[B, S]`.
 
@@ -255,7 +257,9 @@ class Seq2SeqTransformer(keras.Model):
         ids = ops.reshape(ops.cast(token_ids, "int32"), (-1, 1))
         y = self._embed(self.target_embedding, self.target_position, ids, start_index=index)
         y, caches = self._decoder_stack_step(y, index, self_caches, cross_caches, source_mask)
-        return self._logits(y)[:, 0, :], caches
+        logits = self._logits(y)
+        # A reshape, not [:, 0]: a shrinking slice is off the GPU delegate's list.
+        return ops.reshape(logits, (-1, logits.shape[-1])), caches
 
     def _decoder_stack_step(self, y, index, self_caches, cross_caches, source_mask):
         new = []

@@ -142,8 +142,8 @@ class UniversalTransformer(Seq2SeqTransformer):
         return self._recur(y, transform, self.decoder_halting, self.target_position, target_mask, 0,
                            training)
 
-    def cross_caches(self, encoder_output):
-        return (self.decoder_block.compute_cross_attention_cache(encoder_output),)
+    def cross_caches(self, encoder_output, split=False):
+        return (self.decoder_block.compute_cross_attention_cache(encoder_output, split=split),)
 
     def _decoder_stack_step(self, y, index, self_caches, cross_caches, source_mask):
         new = list(self_caches)

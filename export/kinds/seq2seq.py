@@ -13,9 +13,11 @@ TFLite (builtin ops only):
       WHILE (source_ids [1, S] -> tokens [1, L]); for CPU.
   `python -m export.kinds.seq2seq RUN --out DIR`: that file plus `steps.tflite`
       with two signatures for apps (and GPU delegates) that run the loop:
-      encode(source_ids [1, S]) -> cross_cache [C, S, H*d], encoder_mask [1, S]
+      encode(source_ids [1, S]) -> cross_cache [2C, S, H, d], encoder_mask [1, S]
       decode_step(token [1], position [], cross_cache, encoder_mask,
-                  self_cache [N, L, H*d]) -> logits [1, V], self_cache
+                  self_cache [2N, L, H, d]) -> logits [1, V], self_cache
+      (rows 2i and 2i+1 of a cache are layer i's keys and values). No tensor
+      exceeds rank 4, so `steps.tflite` passes `check --target gpu`.
       The encoder output enters decode_step as its per-layer projected keys and
       values (`cross_cache`, computed once by `encode`), so a step never
       re-projects the source. `litert_greedy` below is the reference app loop.
@@ -141,39 +143,43 @@ KIND = Seq2SeqKind()
 
 # ---------------------------------------------------------------- step model
 def step_functions(model, source_length=None):
-    """(encode, decode_step, specs) with flat, static-shape cache tensors."""
+    """(encode, decode_step, specs) with static-shape, rank-4 cache tensors.
+
+    Caches travel as the layers' split form (a `[1, L, H, d]` key and value
+    tensor per attention layer) concatenated on the batch axis, so no tensor
+    in either graph exceeds rank 4 (the mobile GPU delegate's limit)."""
     tf = _tf()
     from keras import ops
 
     s = int(source_length or model.max_source_length)
     length = int(model.max_target_length)
-    heads, head_dim, width = model.num_heads, model.head_dim, model.num_heads * model.head_dim
+    heads, head_dim = model.num_heads, model.head_dim
     n_self = model.num_self_caches
     n_cross = len(model.cross_caches(ops.zeros((1, 1, model.hidden_dim))))
 
+    def pairs(flat, n):
+        return tuple((flat[2 * i:2 * i + 1], flat[2 * i + 1:2 * i + 2]) for i in range(n))
+
     def encode(source_ids):
         encoder_output, mask = model.encode(source_ids)
-        cross = ops.stack(model.cross_caches(encoder_output), axis=0)  # [C, 1, 2, S, H, d]
-        return {"cross_cache": ops.reshape(cross, (n_cross * 2, s, width)),
+        cross = model.cross_caches(encoder_output, split=True)
+        return {"cross_cache": ops.concatenate([t for pair in cross for t in pair], axis=0),
                 "encoder_mask": ops.cast(mask, "float32")}
 
     def decode_step(token, position, cross_cache, encoder_mask, self_cache):
-        cross = ops.reshape(cross_cache, (n_cross, 1, 2, s, heads, head_dim))
-        caches = ops.reshape(self_cache, (n_self, 1, 2, length, heads, head_dim))
-        logits, new = model.decode_step(
-            token, position, tuple(caches[i] for i in range(n_self)),
-            tuple(cross[i] for i in range(n_cross)), encoder_mask > 0.5)
+        logits, new = model.decode_step(token, position, pairs(self_cache, n_self),
+                                        pairs(cross_cache, n_cross), encoder_mask > 0.5)
         return {"logits": logits,
-                "self_cache": ops.reshape(ops.stack(new, axis=0), (n_self * 2, length, width))}
+                "self_cache": ops.concatenate([t for pair in new for t in pair], axis=0)}
 
     specs = {
         "encode": [tf.TensorSpec([1, s], tf.int32, name="source_ids")],
         "decode_step": [
             tf.TensorSpec([1], tf.int32, name="token"),
             tf.TensorSpec([], tf.int32, name="position"),
-            tf.TensorSpec([n_cross * 2, s, width], tf.float32, name="cross_cache"),
+            tf.TensorSpec([n_cross * 2, s, heads, head_dim], tf.float32, name="cross_cache"),
             tf.TensorSpec([1, s], tf.float32, name="encoder_mask"),
-            tf.TensorSpec([n_self * 2, length, width], tf.float32, name="self_cache"),
+            tf.TensorSpec([n_self * 2, length, heads, head_dim], tf.float32, name="self_cache"),
         ],
     }
     return encode, decode_step, specs
@@ -260,6 +266,11 @@ def export_all(run_dir, out_dir):
         if got_steps != want or got_loop != want:
             raise RuntimeError(f"row {i}: LiteRT tokens differ from Keras greedy "
                                f"(steps {got_steps[:10]}, loop {got_loop[:10]}, keras {want[:10]})")
+    from export.check import check_model
+
+    # The step model is the GPU mode; its verdict ships with it so an app
+    # knows before trying the delegate.
+    report["steps_gpu_problems"] = [str(p) for p in check_model(steps, "gpu")]
     sidecar = dict(kind.sidecar(src), files={"steps": "steps.tflite", "greedy": "greedy.tflite"},
                    parity=report, num_self_caches=int(model.num_self_caches))
     for name, content in (("steps.tflite", steps), ("greedy.tflite", greedy_bytes)):
@@ -270,7 +281,8 @@ def export_all(run_dir, out_dir):
         with open(tmp, "w") as f:
             json.dump(sidecar, f, indent=2)
     return {"steps": os.path.join(out_dir, "steps.tflite"), "greedy": os.path.join(out_dir, "greedy.tflite"),
-            "steps_bytes": len(steps), "greedy_bytes": len(greedy_bytes)}
+            "steps_bytes": len(steps), "greedy_bytes": len(greedy_bytes),
+            "steps_gpu_compatible": not report["steps_gpu_problems"]}
 
 
 def main(argv=None):
