@@ -148,11 +148,18 @@ try:
     fn(sentences=tf.constant([1, 2]))
 except (TypeError, ValueError, tf.errors.InvalidArgumentError) as e:
     print("DTYPE", "string" in str(e) or "dtype" in str(e))
+ids = tf.saved_model.load(sys.argv[1]).signatures["predict_ids"]
+spec = ids.structured_input_signature[1]
+chars = tf.zeros([1, 3, spec["char_ids"].shape[-1]], tf.int32)
+try:
+    ids(word_ids=tf.constant([[1, 10**6, 2]]), char_ids=chars)
+except tf.errors.InvalidArgumentError as e:
+    print("RANGE", "word_ids must be <" in str(e))
 """
     proc = run_clean(script, str(version_dir))
     assert proc.returncode == 0, proc.stderr[-2000:]
     lines = proc.stdout.split()
-    assert lines == ["LEN", "True", "RANK", "True", "DTYPE", "True"], proc.stdout
+    assert lines == ["LEN", "True", "RANK", "True", "DTYPE", "True", "RANGE", "True"], proc.stdout
 
 
 def test_saved_model_cli_lists_signatures(tagger_export):

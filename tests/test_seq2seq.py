@@ -105,6 +105,16 @@ def test_savedmodel_translate_from_a_fresh_process(copy_run, tmp_path):
                             capture_output=True, text=True, env=env, cwd=str(tmp_path), timeout=300)
     assert result.returncode == 0, result.stderr[-2000:]
     assert json.loads(result.stdout.strip().splitlines()[-1]) == want
+    import tensorflow as tf
+
+    ids_fn = tf.saved_model.load(version).signatures["translate_ids"]
+    limit = model.max_source_length
+    cases = [(np.full((1, 3), model.vocabulary_size, "int32"), "source_ids must be <"),
+             (np.full((1, 3), -4, "int32"), "source_ids must be >= 0"),
+             (np.ones((1, limit + 1), "int32"), "more positions than max_source_length")]
+    for ids, message in cases:
+        with pytest.raises(tf.errors.InvalidArgumentError, match=message):
+            ids_fn(source_ids=tf.constant(ids))
 
 
 def test_litert_step_decoding_equals_keras_greedy(copy_run, tmp_path):

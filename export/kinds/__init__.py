@@ -29,6 +29,35 @@ import numpy as np
 from export.errors import UsageError
 
 
+def checked(tensor, *assertions):
+    """`tensor`, readable only after `assertions` (tf.debugging ops) passed.
+
+    A data dependency, not just the function's automatic control edges: those
+    only order stateful ops, so a gather fed by a bad id could run, and fail
+    with its own message, before the assertion that names the input."""
+    import tensorflow as tf
+
+    with tf.control_dependencies(assertions):
+        return tf.identity(tensor)
+
+
+def assert_ids_in_range(ids, size, name):
+    """Serving-time check that `ids` index a table of `size` rows; returns `ids`
+    gated on it (use the returned tensor).
+
+    Out-of-range ids would make a CPU gather fail with a message that names
+    no input, and a GPU gather silently return zeros; TF Serving users get
+    this message (naming the input and the range) instead. Runs inside the
+    SavedModel signature functions only, never in TFLite graphs."""
+    import tensorflow as tf
+
+    return checked(
+        ids,
+        tf.debugging.assert_non_negative(ids, message=f"{name} must be >= 0 (0 is padding)"),
+        tf.debugging.assert_less(ids, tf.cast(size, ids.dtype),
+                                 message=f"{name} must be < {size}, the size of the model's table"))
+
+
 @dataclasses.dataclass
 class Endpoint:
     """One SavedModel signature.

@@ -16,7 +16,7 @@ statistics at inference, so batch-1 output equals the batch output row for row.
 import numpy as np
 
 from export.errors import UsageError
-from export.kinds import Endpoint, ExportKind
+from export.kinds import Endpoint, ExportKind, assert_ids_in_range
 
 
 class SaganKind(ExportKind):
@@ -75,6 +75,13 @@ class SaganKind(ExportKind):
 
         specs = self.core_specs(source)
         core = self.core_fn(source)
+        _, conditional, num_classes = self._dims(source)
+        if conditional:
+            unchecked = core
+
+            def core(noise, label):
+                # An out-of-range label would read past the class-embedding table.
+                return unchecked(noise, assert_ids_in_range(label, num_classes, "label"))
 
         # Graph functions, so the proof compares the same optimised graph the SavedModel
         # runs: eager and graph float results can differ in the last bit, and a uint8

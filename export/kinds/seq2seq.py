@@ -30,7 +30,7 @@ import sys
 import numpy as np
 
 from export.errors import UsageError
-from export.kinds import Endpoint, ExportKind
+from export.kinds import Endpoint, ExportKind, assert_ids_in_range, checked
 
 ALIASES = ("universal_transformer",)
 
@@ -93,12 +93,16 @@ class Seq2SeqKind(ExportKind):
 
         def translate(text):
             ids, counts = tok.encode_tf(text, limit)
-            tf.debugging.assert_less_equal(
-                counts, limit, message=f"an input has more tokens than max_source_length ({limit})")
+            ids = checked(ids, tf.debugging.assert_less_equal(
+                counts, limit, message=f"an input has more tokens than max_source_length ({limit})"))
             out = decoding.greedy(m, ids)
             return {"translation": tok.decode_tf(out), "token_ids": out}
 
         def translate_ids(source_ids):
+            source_ids = checked(source_ids, tf.debugging.assert_less_equal(
+                tf.shape(source_ids)[1], limit,
+                message=f"source_ids has more positions than max_source_length ({limit})"))
+            source_ids = assert_ids_in_range(source_ids, m.vocabulary_size, "source_ids")
             return {"token_ids": decoding.greedy(m, source_ids)}
 
         texts = self._example_texts(source)

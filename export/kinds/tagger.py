@@ -17,7 +17,7 @@ GPU-delegate op, the app takes the argmax.
 import numpy as np
 
 from export.errors import UsageError
-from export.kinds import Endpoint, ExportKind, fit_to_spec
+from export.kinds import Endpoint, ExportKind, assert_ids_in_range, checked, fit_to_spec
 
 _LABEL_KEYS = ("tag_ids", "labels", "tags")
 
@@ -82,9 +82,9 @@ class TaggerKind(ExportKind):
         def tag_dense(tokens):
             present = tf.not_equal(tokens, "")
             lengths = tf.reduce_sum(tf.cast(present, tf.int32), axis=1)
-            tf.debugging.assert_less_equal(
+            tokens = checked(tokens, tf.debugging.assert_less_equal(
                 tf.shape(tokens)[1], max_len,
-                message=f"a sentence has more tokens than this tagger's max_len ({max_len})")
+                message=f"a sentence has more tokens than this tagger's max_len ({max_len})"))
             ids = m.encode_tf(tokens)
             probs = m.core(ids, training=False)
             tag_ids = tf.argmax(probs, axis=-1, output_type=tf.int32)
@@ -105,12 +105,16 @@ class TaggerKind(ExportKind):
             return tag_dense(tokens)
 
         def predict_ids(word_ids, char_ids):
-            tf.debugging.assert_less_equal(
-                tf.shape(word_ids)[1], max_len,
-                message=f"word_ids has more positions than this tagger's max_len ({max_len})")
-            tf.debugging.assert_equal(
-                tf.shape(char_ids)[:2], tf.shape(word_ids),
-                message="char_ids must be [batch, time, max_chars] with word_ids' batch and time")
+            word_ids = checked(
+                word_ids,
+                tf.debugging.assert_less_equal(
+                    tf.shape(word_ids)[1], max_len,
+                    message=f"word_ids has more positions than this tagger's max_len ({max_len})"),
+                tf.debugging.assert_equal(
+                    tf.shape(char_ids)[:2], tf.shape(word_ids),
+                    message="char_ids must be [batch, time, max_chars] with word_ids' batch and time"))
+            word_ids = assert_ids_in_range(word_ids, len(m.words), "word_ids")
+            char_ids = assert_ids_in_range(char_ids, len(m.chars), "char_ids")
             return self.core_fn(source)(word_ids, char_ids)
 
         sentences = self._example_sentences(source)
