@@ -153,6 +153,11 @@ def test_generator_export_gpu_clean_and_equal_to_keras(tiny_run, tmp_path):
     out = loaded.signatures["generate"](noise=tf.constant(noise), label=tf.constant(labels))["image"]
     assert out.dtype == tf.uint8
     assert np.max(np.abs(out.numpy().astype(int) - np.round(want * 255).astype(int))) <= 1
+    with open(os.path.join(tiny_run, "config.json")) as f:
+        num_classes = json.load(f)["model"]["num_classes"]
+    for bad in (-1, num_classes):
+        with pytest.raises(tf.errors.InvalidArgumentError, match="label must be"):
+            loaded.signatures["generate"](noise=tf.constant(noise[:1]), label=tf.constant([bad]))
 
 
 def test_zoo_generate_cli(tiny_run, tmp_path):
