@@ -18,6 +18,14 @@ class ConditionalBatchNormalization(keras.layers.Layer):
     depend on the rest of its batch and batch-1 generation (and export) works.
     (One public TF SAGAN always uses batch statistics; that breaks batch 1.)
 
+    Under `tf.distribute`, each replica sees only its slice of the global
+    batch. With `synchronized=True` the batch mean and variance are
+    all-reduced across replicas (as `keras.layers.BatchNormalization`'s
+    `synchronized`), so N replicas normalise exactly like one device with the
+    whole batch, and the gradient flows through the all-reduce. The moving
+    statistics are mirrored variables with MEAN aggregation: replicas stay
+    identical either way.
+
     Statistics are computed in float32 under mixed precision. At inference
     the layer reduces to `x * scale + shift` with `[B, 1, 1, C]` factors:
     EQUAL, CAST, FULLY_CONNECTED, MUL and ADD, all GPU-delegate ops.
@@ -28,6 +36,10 @@ class ConditionalBatchNormalization(keras.layers.Layer):
         epsilon: added to the variance. Defaults to 1e-5.
         gamma_initializer: initializer of the gamma table. Defaults to `"ones"`.
         beta_initializer: initializer of the beta table. Defaults to `"zeros"`.
+        synchronized: all-reduce the training batch statistics across the
+            replicas of a `tf.distribute` strategy (TensorFlow backend, in a
+            replica context with more than one replica; elsewhere the local
+            statistics are already the global ones). Defaults to `False`.
         **kwargs: other keyword arguments passed to `keras.layers.Layer`.
 
     Call arguments:
@@ -60,6 +72,7 @@ class ConditionalBatchNormalization(keras.layers.Layer):
         epsilon=1e-5,
         gamma_initializer="ones",
         beta_initializer="zeros",
+        synchronized=False,
         **kwargs,
     ):
         super().__init__(**kwargs)
@@ -72,6 +85,11 @@ class ConditionalBatchNormalization(keras.layers.Layer):
         self.epsilon = float(epsilon)
         self.gamma_initializer = keras.initializers.get(gamma_initializer)
         self.beta_initializer = keras.initializers.get(beta_initializer)
+        if not isinstance(synchronized, bool):
+            raise ValueError(
+                f"`synchronized` must be True or False. Received: synchronized={synchronized!r}"
+            )
+        self.synchronized = synchronized
 
     def build(self, inputs_shape, labels_shape=None):
         channels = inputs_shape[-1]
@@ -87,13 +105,16 @@ class ConditionalBatchNormalization(keras.layers.Layer):
         self.beta = self.add_weight(
             name="beta", shape=(self.num_classes, channels), initializer=self.beta_initializer
         )
+        # Assigned inside each replica under tf.distribute: without an aggregation every
+        # replica would silently keep its own copy. MEAN keeps the copies identical (and,
+        # with `synchronized`, every replica assigns the same value anyway).
         self.moving_mean = self.add_weight(
             name="moving_mean", shape=(channels,), initializer="zeros", trainable=False,
-            autocast=False,
+            autocast=False, aggregation="mean",
         )
         self.moving_variance = self.add_weight(
             name="moving_variance", shape=(channels,), initializer="ones", trainable=False,
-            autocast=False,
+            autocast=False, aggregation="mean",
         )
 
     def call(self, inputs, labels, training=False):
@@ -109,9 +130,7 @@ class ConditionalBatchNormalization(keras.layers.Layer):
         gamma = ops.reshape(ops.matmul(onehot, ops.cast(self.gamma, "float32")), factor_shape)
         beta = ops.reshape(ops.matmul(onehot, ops.cast(self.beta, "float32")), factor_shape)
         if training:
-            axes = list(range(rank - 1))
-            mean = ops.mean(x, axis=axes)
-            variance = ops.mean(ops.square(x - mean), axis=axes)
+            mean, variance = self._batch_moments(x)
             m = self.momentum
             self.moving_mean.assign(m * self.moving_mean + (1.0 - m) * mean)
             self.moving_variance.assign(m * self.moving_variance + (1.0 - m) * variance)
@@ -124,6 +143,25 @@ class ConditionalBatchNormalization(keras.layers.Layer):
         shift = beta - gamma * (mean * inv)
         return ops.cast(x * scale + shift, self.compute_dtype)
 
+    def _batch_moments(self, x):
+        axes = list(range(len(x.shape) - 1))
+        context = _replica_context() if self.synchronized else None
+        if context is None:
+            mean = ops.mean(x, axis=axes)
+            return mean, ops.mean(ops.square(x - mean), axis=axes)
+        # Two passes, as on one device (not E[x^2] - E[x]^2, which cancels): the global
+        # sum and count first, then the global sum of squared deviations from the mean.
+        import tensorflow as tf
+
+        total = ops.concatenate(
+            [ops.sum(x, axis=axes), ops.reshape(ops.cast(ops.size(x) // x.shape[-1], "float32"), (1,))]
+        )
+        total = context.all_reduce(tf.distribute.ReduceOp.SUM, total)
+        count = total[-1]
+        mean = total[:-1] / count
+        squares = context.all_reduce(tf.distribute.ReduceOp.SUM, ops.sum(ops.square(x - mean), axis=axes))
+        return mean, squares / count
+
     def compute_output_shape(self, inputs_shape, labels_shape=None):
         return tuple(inputs_shape)
 
@@ -135,5 +173,22 @@ class ConditionalBatchNormalization(keras.layers.Layer):
             epsilon=self.epsilon,
             gamma_initializer=keras.initializers.serialize(self.gamma_initializer),
             beta_initializer=keras.initializers.serialize(self.beta_initializer),
+            synchronized=self.synchronized,
         )
         return config
+
+
+def _replica_context():
+    """The tf.distribute replica context when there is more than one replica, else None.
+
+    Only the TensorFlow backend has replicas to synchronise (tf.distribute); with any
+    other backend, or outside `strategy.run`, the local statistics are the global ones.
+    """
+    if keras.backend.backend() != "tensorflow":
+        return None
+    import tensorflow as tf
+
+    context = tf.distribute.get_replica_context()
+    if context is None or context.num_replicas_in_sync <= 1:
+        return None
+    return context

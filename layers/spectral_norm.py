@@ -49,12 +49,20 @@ class _SpectralKernelMixin:
     """Holds `u` and returns the normalised kernel; updates `u` in training."""
 
     def _build_u(self, n_out):
+        # `u` is assigned in training, i.e. inside each replica under tf.distribute, so
+        # it needs an aggregation (with the default "none" every replica silently keeps
+        # its own copy). The new `u` is a function of the kernel and the old `u` only,
+        # never of the data, and both are mirrored: every replica computes the same
+        # value. "only_first_replica" keeps replica 0's (bit-identical copies on all
+        # replicas, and no collective); "mean" would add an all-reduce per layer and
+        # step and could round differently from one replica's value.
         self.u = self.add_weight(
             name="sn_u",
             shape=(1, n_out),
             initializer=keras.initializers.RandomNormal(stddev=1.0, seed=self._u_seed),
             trainable=False,
             autocast=False,
+            aggregation="only_first_replica",
         )
 
     def normalized_kernel(self, training=False):

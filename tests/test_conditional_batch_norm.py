@@ -50,8 +50,28 @@ def test_inference_is_batch_size_independent():
     np.testing.assert_allclose(whole, (x - m) / np.sqrt(v + 1e-5) * g + b, atol=1e-4)
 
 
+def test_synchronized_on_one_replica_is_the_plain_batch_norm_and_round_trips():
+    """Outside a multi-replica context (here: one device, in and out of tf.function) the
+    local statistics are the global ones. Two replicas: tests/test_sagan_distributed.py."""
+    import tensorflow as tf
+
+    x, labels = _data()
+    layer = ConditionalBatchNormalization(3, synchronized=True, gamma_initializer="random_normal")
+    eager = np.asarray(layer(x, labels, training=True))
+    graph = np.asarray(tf.function(lambda a, b: layer(a, b, training=True))(x, labels))
+    g = layer.gamma.numpy()[labels][:, None, None]
+    want = (x - x.mean(axis=(0, 1, 2))) / np.sqrt(x.var(axis=(0, 1, 2)) + 1e-5) * g
+    np.testing.assert_allclose(eager, want, atol=1e-4)
+    np.testing.assert_allclose(graph, want, atol=1e-4)
+    config = layer.get_config()
+    assert config["synchronized"] is True
+    assert ConditionalBatchNormalization.from_config(config).synchronized is True
+    assert ConditionalBatchNormalization(3).get_config()["synchronized"] is False
+
+
 @pytest.mark.parametrize("kwargs, message", [({"num_classes": 0}, "num_classes=0"),
-                                             ({"num_classes": 2, "momentum": 1.0}, "momentum=1.0")])
+                                             ({"num_classes": 2, "momentum": 1.0}, "momentum=1.0"),
+                                             ({"num_classes": 2, "synchronized": "yes"}, "synchronized='yes'")])
 def test_bad_arguments(kwargs, message):
     with pytest.raises(ValueError, match=message):
         ConditionalBatchNormalization(**kwargs)
