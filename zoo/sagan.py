@@ -20,6 +20,10 @@
 
 Every conv and dense layer is spectrally normalised (SAGAN uses SN in G and D).
 Channels at resolution r are `width * min(8, image_size // r)`.
+
+The generator's batch norms are synchronised across the replicas of a
+`tf.distribute` strategy (`synchronized=True`; the statistics of the whole global
+batch), so training on N replicas computes what one device computes.
 """
 
 import math
@@ -91,6 +95,8 @@ class GeneratorBlock(keras.layers.Layer):
         num_classes: classes of the conditional batch norm; None: plain BN.
         momentum: batch-norm momentum.
         seed: seed of the spectral-norm vectors.
+        synchronized: batch statistics over all replicas under `tf.distribute`
+            (see `ConditionalBatchNormalization`). Defaults to `True`.
 
     Call arguments:
         inputs: [B, H, W, C_in]; labels: int32 [B] (conditional only).
@@ -99,12 +105,15 @@ class GeneratorBlock(keras.layers.Layer):
         [B, 2H, 2W, filters].
     """
 
-    def __init__(self, filters, num_classes=None, momentum=0.9, seed=None, **kwargs):
+    def __init__(self, filters, num_classes=None, momentum=0.9, seed=None, synchronized=True, **kwargs):
         super().__init__(**kwargs)
         self.filters = int(filters)
         self.num_classes = num_classes
         self.momentum = float(momentum)
         self.seed = seed
+        if not isinstance(synchronized, bool):
+            raise ValueError(f"`synchronized` must be True or False. Received: synchronized={synchronized!r}")
+        self.synchronized = synchronized
         self.bn1 = self._norm("bn1")
         self.bn2 = self._norm("bn2")
         self.conv1 = SNConv2D(self.filters, 3, seed=seed, name="conv1", dtype=self.dtype_policy)
@@ -120,8 +129,9 @@ class GeneratorBlock(keras.layers.Layer):
     def _norm(self, name):
         if self.num_classes:
             return ConditionalBatchNormalization(self.num_classes, momentum=self.momentum, name=name,
-                                                 dtype=self.dtype_policy)
+                                                 synchronized=self.synchronized, dtype=self.dtype_policy)
         return keras.layers.BatchNormalization(momentum=self.momentum, epsilon=1e-5, name=name,
+                                               synchronized=_keras_bn_synchronized(self.synchronized),
                                                dtype=self.dtype_policy)
 
     def _bn(self, bn, x, labels, training):
@@ -155,7 +165,13 @@ class GeneratorBlock(keras.layers.Layer):
 
     def get_config(self):
         return {**super().get_config(), "filters": self.filters, "num_classes": self.num_classes,
-                "momentum": self.momentum, "seed": self.seed}
+                "momentum": self.momentum, "seed": self.seed, "synchronized": self.synchronized}
+
+
+def _keras_bn_synchronized(synchronized):
+    # keras.layers.BatchNormalization refuses synchronized=True on other backends (it is
+    # a tf.distribute feature); elsewhere there are no replicas to synchronise.
+    return bool(synchronized) and keras.backend.backend() == "tensorflow"
 
 
 @keras.saving.register_keras_serializable(package="zoo")
@@ -297,7 +313,8 @@ def build_generator(image_size=32, channels=3, num_classes=None, latent_dim=128,
         x = block(x, label) if num_classes else block(x)
         if resolution == attention:
             x = SelfAttention2D(seed=seed, name=ATTENTION_LAYER)(x)
-    x = keras.layers.BatchNormalization(momentum=0.9, epsilon=1e-5, name="bn_out")(x)
+    x = keras.layers.BatchNormalization(momentum=0.9, epsilon=1e-5, name="bn_out",
+                                        synchronized=_keras_bn_synchronized(True))(x)
     x = keras.layers.ReLU(name="relu_out")(x)
     x = SNConv2D(channels, 3, seed=seed, name="to_rgb")(x)
     image = keras.layers.Activation("tanh", name="image", dtype="float32")(x)
