@@ -5,6 +5,9 @@ Data: the embedded mirrored-shapes set by default (generated, offline),
 `--image-dir DIR` (one sub-folder per class). Evaluation: FID/KID in the feature
 space of a classifier trained on the real training images (kept in the run
 directory), with the real-train vs real-test distance as `fid_floor`.
+
+Runs on one device or under any `--strategy` (mirrored GPUs, several workers, TPU),
+with `--batch-size` the global batch split across the replicas (docs/distributed.md).
 """
 
 import os
@@ -16,7 +19,8 @@ def add_arguments(parser):
     add = parser.add_argument
     add("--out", default=None, help="run directory (default runs/sagan or runs/sagan-compare)")
     add("--epochs", type=int, default=None, help="passes over the training images (default 10)")
-    add("--batch-size", type=int, default=32, help="real images per D step (default 32)")
+    add("--batch-size", type=int, default=32,
+        help="real images per D step, split across replicas (global batch; default 32)")
     add("--n-dis", type=int, default=1, help="D steps per G step (default 1, as SAGAN with TTUR)")
     add("--lr-g", type=float, default=1e-4, help="generator learning rate (default 1e-4)")
     add("--lr-d", type=float, default=4e-4, help="discriminator learning rate (default 4e-4)")
@@ -121,7 +125,9 @@ def run(args):
         except ValueError as e:
             raise UsageError(f"--attention-resolution {args.attention}: {e}") from None
     import zoo  # noqa: F401  (imports keras quietly; after the cheap checks above)
-    from train.sagan_run import train_compare, train_one
+    from train.sagan_run import check_replicas, train_compare, train_one
+
+    check_replicas(args.batch_size)
 
     if args.compare:
         return train_compare(args, data)

@@ -1,4 +1,5 @@
-"""The SAGAN training step: hinge loss, TTUR, n_dis, EMA of G, resumable state.
+"""The SAGAN training step: hinge loss, TTUR, n_dis, EMA of G, resumable state,
+under any `tf.distribute` strategy (one device, mirrored GPUs, several workers, TPU).
 
 One D step uses one real batch and one generated batch (concatenated, so D's
 spectral-norm vectors move once per step); every `n_dis` D steps, one G step.
@@ -8,9 +9,22 @@ Losses (Lim and Ye, 2017; as in SAGAN):
 with y' drawn uniformly from the classes. Adam(beta_1=0, beta_2=0.9) with
 lr_D 4e-4 and lr_G 1e-4 (TTUR) by default.
 
+Distribution (as train/engine.py): the global batch is split row-wise across the
+replicas; each replica's hinge loss is the SUM over its rows divided by the GLOBAL
+batch size, and gradients are summed across replicas before Adam, so N replicas
+make exactly the one-device update. The latent noise and fake labels are drawn on
+the host from a generator seeded by (seed, D step, D or G) and split like the real
+batch: the same run on 1 or N replicas sees the same noise, and a resumed run the
+noise the uninterrupted run would have seen. The generator's batch norms are
+synchronised across replicas (zoo/sagan.py). The EMA of G is updated in
+cross-replica context. Under `mixed_float16` both optimizers scale the loss
+(`keras.optimizers.LossScaleOptimizer`).
+
 The whole training state (G, D, EMA-G variables and both optimizers' slots) is
 saved as one .npz written atomically, plus `state.json`; `restore` puts it back
-into freshly built models, so `--resume` continues where the run stopped.
+into freshly built models, so `--resume` continues where the run stopped. Values
+are stored per variable, not per device: a checkpoint written on N replicas
+restores on any number of replicas.
 """
 
 import os
@@ -19,24 +33,62 @@ import keras
 import numpy as np
 import tensorflow as tf
 
+from train.engine import _reduce_before_clipping, _split
 from train.rundir import atomic_save_npz, atomic_write_json, read_json
 
 STATE_NPZ = "state.npz"
 STATE_JSON = "state.json"
+_D_NOISE, _G_NOISE = 0, 1
+
+
+def _adam(lr, beta_1, beta_2):
+    optimizer = keras.optimizers.Adam(lr, beta_1=beta_1, beta_2=beta_2)
+    if keras.mixed_precision.global_policy().name == "mixed_float16":
+        optimizer = keras.optimizers.LossScaleOptimizer(optimizer)
+    return optimizer
+
+
+def _check_in_scope(strategy, models):
+    for model in models:
+        for v in model.variables:
+            if not strategy.extended.variable_created_in_scope(getattr(v, "value", v)):
+                raise ValueError(f"{model.name} was not built in the strategy's scope "
+                                 f"(variable {v.path}); build G, D and EMA-G in strategy.scope()")
 
 
 class SaganTrainer:
+    """Trains `generator` and `discriminator` (and the EMA copy `ema` of G).
+
+    The models must have been built in `strategy.scope()` (default: the current
+    `tf.distribute.get_strategy()`); the optimizers are built here, in that scope.
+    `seed` seeds the latent noise and fake labels of every step.
+    """
+
     def __init__(self, generator, discriminator, *, num_classes, latent_dim, lr_g=1e-4,
-                 lr_d=4e-4, beta_1=0.0, beta_2=0.9, n_dis=1, ema=None, ema_decay=0.999):
+                 lr_d=4e-4, beta_1=0.0, beta_2=0.9, n_dis=1, ema=None, ema_decay=0.999,
+                 seed=0, strategy=None):
+        self.strategy = strategy or tf.distribute.get_strategy()
         self.g, self.d, self.ema = generator, discriminator, ema
         self.num_classes = num_classes
         self.latent_dim = latent_dim
         self.n_dis = n_dis
         self.ema_decay = ema_decay
-        self.g_opt = keras.optimizers.Adam(lr_g, beta_1=beta_1, beta_2=beta_2)
-        self.d_opt = keras.optimizers.Adam(lr_d, beta_1=beta_1, beta_2=beta_2)
-        self.g_opt.build(self.g.trainable_variables)
-        self.d_opt.build(self.d.trainable_variables)
+        self.seed = int(seed)
+        self.replicas = self.strategy.num_replicas_in_sync
+        _check_in_scope(self.strategy, [m for m in (generator, discriminator, ema) if m is not None])
+        with self.strategy.scope():
+            self.g_opt = _adam(lr_g, beta_1, beta_2)
+            self.d_opt = _adam(lr_d, beta_1, beta_2)
+            self.g_opt.build(self.g.trainable_variables)
+            self.d_opt.build(self.d.trainable_variables)
+        if self.replicas > 1:
+            # Keras's TF optimizer does sum gradients across replicas itself (in
+            # `_backend_update_step`, replica context), but LossScaleOptimizer checks
+            # for Inf/NaN BEFORE that sum, on each replica's local gradients, so replicas
+            # could disagree on skipping a step. As the engine does, the replica steps
+            # sum first and the optimizers' own summation is turned off.
+            for optimizer in (self.g_opt, self.d_opt):
+                _reduce_before_clipping(optimizer)
         self.d_step = tf.function(self._d_step, reduce_retracing=True)
         self.g_step = tf.function(self._g_step, reduce_retracing=True)
         self.ema_step = tf.function(self._ema_step)
@@ -48,37 +100,57 @@ class SaganTrainer:
     def _d_inputs(self, images, labels):
         return {"image": images, "label": labels} if self.num_classes else {"image": images}
 
-    def _sample_latents(self, batch):
-        noise = tf.random.normal((batch, self.latent_dim))
-        labels = tf.random.uniform((batch,), 0, max(self.num_classes or 1, 1), dtype=tf.int32)
+    def latents(self, step, which, batch):
+        """Noise [batch, latent_dim] and fake labels [batch] of D step `step` (which=0)
+        or of the G step after it (which=1): a function of (seed, step, which) only."""
+        rng = np.random.default_rng([self.seed, int(step), which])
+        noise = rng.standard_normal((batch, self.latent_dim), dtype=np.float32)
+        labels = rng.integers(0, max(self.num_classes or 1, 1), size=batch, dtype=np.int32)
         return noise, labels
 
-    def _d_step(self, real, labels):
+    def _apply(self, optimizer, grads, variables):
+        if self.replicas > 1:
+            grads = tf.distribute.get_replica_context().all_reduce(tf.distribute.ReduceOp.SUM, grads)
+        optimizer.apply(grads, variables)
+
+    def _d_replica(self, real, labels, noise, fake_labels, global_batch):
         batch = tf.shape(real)[0]
-        noise, fake_labels = self._sample_latents(batch)
         fake = self.g(self._g_inputs(noise, fake_labels), training=True)
-        images = tf.concat([real, fake], axis=0)
+        images = tf.concat([real, tf.cast(fake, real.dtype)], axis=0)
         all_labels = tf.concat([labels, fake_labels], axis=0)
         with tf.GradientTape() as tape:
-            logits = self.d(self._d_inputs(images, all_labels), training=True)
+            logits = tf.cast(self.d(self._d_inputs(images, all_labels), training=True), tf.float32)
             real_logits, fake_logits = logits[:batch], logits[batch:]
-            loss_real = tf.reduce_mean(tf.nn.relu(1.0 - real_logits))
-            loss_fake = tf.reduce_mean(tf.nn.relu(1.0 + fake_logits))
-            loss = loss_real + loss_fake
-        grads = tape.gradient(loss, self.d.trainable_variables)
-        self.d_opt.apply(grads, self.d.trainable_variables)
-        return loss, tf.reduce_mean(real_logits), tf.reduce_mean(fake_logits)
+            loss = (tf.reduce_sum(tf.nn.relu(1.0 - real_logits))
+                    + tf.reduce_sum(tf.nn.relu(1.0 + fake_logits))) / global_batch
+            scaled = self.d_opt.scale_loss(loss)
+        grads = tape.gradient(scaled, self.d.trainable_variables)
+        self._apply(self.d_opt, grads, self.d.trainable_variables)
+        return loss, tf.reduce_sum(real_logits) / global_batch, tf.reduce_sum(fake_logits) / global_batch
 
-    def _g_step(self, batch):
-        noise, labels = self._sample_latents(batch)
+    def _g_replica(self, noise, labels, global_batch):
         with tf.GradientTape() as tape:
             fake = self.g(self._g_inputs(noise, labels), training=True)
-            loss = -tf.reduce_mean(self.d(self._d_inputs(fake, labels), training=True))
-        grads = tape.gradient(loss, self.g.trainable_variables)
-        self.g_opt.apply(grads, self.g.trainable_variables)
+            logits = tf.cast(self.d(self._d_inputs(fake, labels), training=True), tf.float32)
+            loss = -tf.reduce_sum(logits) / global_batch
+            scaled = self.g_opt.scale_loss(loss)
+        grads = tape.gradient(scaled, self.g.trainable_variables)
+        self._apply(self.g_opt, grads, self.g.trainable_variables)
         return loss
 
+    def _sum(self, per_replica):
+        return tf.nest.map_structure(
+            lambda v: self.strategy.reduce(tf.distribute.ReduceOp.SUM, v, axis=None), per_replica)
+
+    def _d_step(self, real, labels, noise, fake_labels, global_batch):
+        return self._sum(self.strategy.run(self._d_replica,
+                                           args=(real, labels, noise, fake_labels, global_batch)))
+
+    def _g_step(self, noise, labels, global_batch):
+        return self._sum(self.strategy.run(self._g_replica, args=(noise, labels, global_batch)))
+
     def _ema_step(self, step):
+        # Cross-replica context: one value per variable, assigned to every copy.
         # Warm-up: early on the average follows G closely (decay ~ (1+t)/(10+t)).
         step = tf.cast(step, tf.float32)
         decay = tf.minimum(self.ema_decay, (1.0 + step) / (10.0 + step))
@@ -87,24 +159,38 @@ class SaganTrainer:
                 target.assign(decay * target + (1.0 - decay) * source)
 
     def train_batch(self, real, labels, d_steps_done):
-        """One D step, and a G step (+ EMA) when it is G's turn. Returns logs."""
-        d_loss, real_logit, fake_logit = self.d_step(tf.constant(real), tf.constant(labels))
+        """One D step on the global batch (`real`, `labels`: NumPy, all rows), and a
+        G step (+ EMA) when it is G's turn. Returns logs (floats)."""
+        rows = len(real)
+        global_batch = tf.constant(float(rows), tf.float32)
+        noise, fake_labels = self.latents(d_steps_done, _D_NOISE, rows)
+        parts = _split(self.strategy, (np.asarray(real, np.float32), np.asarray(labels, np.int32),
+                                       noise, fake_labels))
+        d_loss, real_logit, fake_logit = self.d_step(*parts, global_batch)
         logs = {"d_loss": float(d_loss), "d_real": float(real_logit), "d_fake": float(fake_logit)}
         if (d_steps_done + 1) % self.n_dis == 0:
-            logs["g_loss"] = float(self.g_step(tf.constant(len(real), tf.int32)))
+            noise, fake_labels = self.latents(d_steps_done, _G_NOISE, rows)
+            logs["g_loss"] = float(self.g_step(*_split(self.strategy, (noise, fake_labels)), global_batch))
             if self.ema is not None:
-                self.ema_step(tf.constant(self.g_opt.iterations.numpy(), tf.int64))
+                with self.strategy.scope():
+                    self.ema_step(tf.constant(self.g_opt.iterations.numpy(), tf.int64))
         return logs
 
     # ------------------------------------------------------------ state
     def _groups(self):
         groups = {"g": self.g.variables, "d": self.d.variables,
-                  "g_opt": self.g_opt.variables, "d_opt": self.d_opt.variables}
+                  "g_opt": _inner(self.g_opt).variables, "d_opt": _inner(self.d_opt).variables}
         if self.ema is not None:
             groups["ema"] = self.ema.variables
+        # The loss scale (mixed_float16 only) is its own group, so a checkpoint moves
+        # between float32/bfloat16 and float16 runs.
+        for name, optimizer in (("g_scale", self.g_opt), ("d_scale", self.d_opt)):
+            if optimizer is not _inner(optimizer):
+                groups[name] = [optimizer.step_counter, optimizer.dynamic_scale]
         return groups
 
     def save(self, directory, state):
+        """Writes the state (the caller writes on the chief only)."""
         os.makedirs(directory, exist_ok=True)
         arrays = {f"{name}/{i}": np.asarray(v.numpy())
                   for name, variables in self._groups().items() for i, v in enumerate(variables)}
@@ -112,14 +198,20 @@ class SaganTrainer:
         atomic_write_json(os.path.join(directory, STATE_JSON), state)
 
     def restore(self, directory):
-        with np.load(os.path.join(directory, STATE_NPZ)) as saved:
+        with np.load(os.path.join(directory, STATE_NPZ)) as saved, self.strategy.scope():
             for name, variables in self._groups().items():
                 count = sum(1 for k in saved.files if k.startswith(name + "/"))
+                if count == 0 and name.endswith("_scale"):
+                    continue  # saved without float16 loss scaling: start from the initial scale
                 if count != len(variables):
                     raise ValueError(f"checkpoint holds {count} {name} variables, the model {len(variables)}")
                 for i, v in enumerate(variables):
                     v.assign(saved[f"{name}/{i}"])
         return read_json(os.path.join(directory, STATE_JSON))
+
+
+def _inner(optimizer):
+    return getattr(optimizer, "inner_optimizer", optimizer)
 
 
 def has_checkpoint(directory):

@@ -53,20 +53,62 @@ def _train_config(args):
 
 
 def _build(model_cfg, train_cfg):
+    """G, D and EMA-G, built in the distribution strategy's scope (train/strategy.py)."""
     import zoo
+    from train import strategy as dist
 
     g_cfg = dict(model_cfg)
     d_cfg = {k: v for k, v in model_cfg.items() if k != "latent_dim"}
-    try:
-        g = zoo.build("sagan_generator", **g_cfg)
-        d = zoo.build("sagan_discriminator", **d_cfg)
-    except ValueError as e:
-        raise UsageError(str(e)) from None
-    ema = None
-    if train_cfg["ema"] > 0:
-        ema = zoo.build("sagan_generator", **g_cfg)
-        ema.set_weights(g.get_weights())
+    with dist.scope():
+        try:
+            g = zoo.build("sagan_generator", **g_cfg)
+            d = zoo.build("sagan_discriminator", **d_cfg)
+        except ValueError as e:
+            raise UsageError(str(e)) from None
+        ema = None
+        if train_cfg["ema"] > 0:
+            ema = zoo.build("sagan_generator", **g_cfg)
+            ema.set_weights(g.get_weights())
     return g, d, ema
+
+
+class _Sampler:
+    """The model that makes images for FID, figures and model.keras.
+
+    Under a distribution strategy, Keras's `predict_on_batch` on a mirrored model hands
+    the whole batch to every replica and concatenates their outputs, so sampling (and
+    the saved model) use a plain one-device copy of the generator, refreshed from the
+    trained weights when asked. On one device it is the generator itself.
+    """
+
+    def __init__(self, source, model_cfg):
+        import tensorflow as tf
+
+        from train import strategy as dist
+
+        self.source = source
+        with dist.scope():
+            distributed = tf.distribute.has_strategy()
+        self.model = source
+        if distributed:
+            import zoo
+
+            self.model = zoo.build("sagan_generator", **model_cfg)
+            self.refresh()
+
+    def refresh(self):
+        if self.model is not self.source:
+            self.model.set_weights(self.source.get_weights())
+        return self.model
+
+
+def check_replicas(batch_size):
+    """--batch-size is the global batch: every replica needs at least one row of it."""
+    from train import strategy as dist
+
+    replicas = int(dist.get().num_replicas_in_sync)
+    if batch_size < replicas:
+        raise UsageError(f"--batch-size must be >= the number of replicas ({replicas}), got {batch_size}")
 
 
 def get_classifier(out, data, train_cfg, classifier=None):
@@ -133,6 +175,7 @@ def resume_run(args):
     train_cfg = config["train"]
     if args.epochs is not None:
         train_cfg["epochs"] = args.epochs
+    check_replicas(train_cfg["batch_size"])
     from train.data.images import load_images
 
     data = load_images(**{k: train_cfg[k] for k in ("dataset", "image_dir", "image_size", "train_size",
@@ -152,12 +195,13 @@ def resume_run(args):
 
 
 def _trainer(g, d, ema, model_cfg, train_cfg):
+    from train import strategy as dist
     from train.sagan_fit import SaganTrainer
 
     return SaganTrainer(g, d, num_classes=model_cfg["num_classes"], latent_dim=model_cfg["latent_dim"],
                         lr_g=train_cfg["lr_g"], lr_d=train_cfg["lr_d"], beta_1=train_cfg["beta1"],
                         beta_2=train_cfg["beta2"], n_dis=train_cfg["n_dis"], ema=ema,
-                        ema_decay=train_cfg["ema"])
+                        ema_decay=train_cfg["ema"], seed=train_cfg["seed"], strategy=dist.get())
 
 
 def _fixed_latents(model_cfg, seed, rows=None):
@@ -177,12 +221,15 @@ def _fit_and_finish(out, config, data, g, d, ema, classifier, classifier_report,
     import keras
     import tensorflow as tf
 
+    from train import strategy as dist
     from train.sagan_eval import Evaluator, generate
     from train.sagan_figures import save_sample_grid
 
     model_cfg, train_cfg = config["model"], config["train"]
     trainer = trainer or _trainer(g, d, ema, model_cfg, train_cfg)
-    sampler = ema if ema is not None else g
+    sampling = _Sampler(ema if ema is not None else g, model_cfg)
+    sampler = sampling.model
+    chief = dist.is_chief()
     ckpt = os.path.join(out, "checkpoints")
     samples_dir = os.path.join(out, "samples")
     os.makedirs(samples_dir, exist_ok=True)
@@ -194,6 +241,7 @@ def _fit_and_finish(out, config, data, g, d, ema, classifier, classifier_report,
     def quick_fid():
         if quick is None:
             return None
+        sampling.refresh()
         images, _ = generate(sampler, quick.n, model_cfg["latent_dim"], model_cfg["num_classes"],
                              seed=train_cfg["seed"] + 7)
         return round(quick.fid(images), 4)
@@ -235,7 +283,7 @@ def _fit_and_finish(out, config, data, g, d, ema, classifier, classifier_report,
         entry = {"epoch": epoch + 1, "steps": done, **means, "fid_quick": quick_fid()}
         state["history"].append(entry)
         state["epoch"] = epoch + 1
-        images = np.asarray(sampler.predict_on_batch(fixed))
+        images = np.asarray(sampling.refresh().predict_on_batch(fixed))
         save_sample_grid(images, GRID_COLUMNS, os.path.join(samples_dir, f"epoch_{epoch + 1:03d}.png"))
         with writer.as_default(step=epoch + 1):
             for k, v in entry.items():
@@ -243,15 +291,18 @@ def _fit_and_finish(out, config, data, g, d, ema, classifier, classifier_report,
                     tf.summary.scalar(k, v)
             tf.summary.image("samples", (images[:16] + 1.0) / 2.0, max_outputs=16)
         writer.flush()
-        trainer.save(ckpt, state)
+        if chief:
+            trainer.save(ckpt, state)
         print(f"  d_loss {means.get('d_loss')}  g_loss {means.get('g_loss')}  "
               f"quick FID {entry['fid_quick']}", file=sys.stderr, flush=True)
         if stopped:
             break
+    sampling.refresh()
     return _finish(out, config, data, g, d, sampler, classifier, classifier_report, state, stopped)
 
 
 def _finish(out, config, data, g, d, sampler, classifier, classifier_report, state, stopped):
+    from train import strategy as dist
     from train.sagan_eval import Evaluator
     from train.sagan_figures import save_attention_figure, save_sample_grid
     from zoo.sagan import attention_scores
@@ -270,6 +321,7 @@ def _finish(out, config, data, g, d, sampler, classifier, classifier_report, sta
         epochs=state["epoch"], d_steps=state["d_steps"], train_seconds=round(seconds, 1),
         images_per_second=round(state["d_steps"] * train_cfg["batch_size"] / seconds, 1) if seconds else None,
         stopped_by_time_limit=bool(stopped), attention_resolution=model_cfg["attention_resolution"],
+        distribution={k: v for k, v in dist.describe().items() if k != "jit_compile"},
         params_g=int(g.count_params()), params_d=int(d.count_params()), ema=train_cfg["ema"],
     )
     rundir.atomic_save_model(sampler, os.path.join(out, "model.keras"))

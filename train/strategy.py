@@ -68,8 +68,9 @@ def _visible_gpus():
     return len(tf.config.list_physical_devices("GPU"))
 
 
-# Commands whose training loop is not on train/engine.py yet: one device only.
-SINGLE_DEVICE = {"sagan": "train/sagan_fit.py (two optimizers, n_dis, EMA)"}
+# Commands whose training loop does not run under tf.distribute: one device only.
+# (sagan's own loop, train/sagan_fit.py, runs on strategy.run like train/engine.py.)
+SINGLE_DEVICE = {}
 
 
 def configure(args, command=None):
