@@ -10,7 +10,7 @@ import argparse
 import os
 import sys
 
-from zoo.cli_input import UsageError, check_utf8, run_kind
+from zoo.cli_input import UsageError, check_utf8, cli_boundary, run_kind
 
 
 class _Parser(argparse.ArgumentParser):
@@ -41,55 +41,41 @@ def main(argv=None):
         args = parser.parse_args(argv)
     except SystemExit as e:  # argparse: bad flags (2) and --help (0)
         return e.code
-    path = args.run_dir
-    if os.path.isdir(path):
-        path = os.path.join(path, "model.keras")
-    if not os.path.isfile(path):
-        print(f"error: no model found: {path}", file=sys.stderr)
-        return 2
-    if args.beam_width < 1:
-        print(f"error: --beam-width must be >= 1, got {args.beam_width}", file=sys.stderr)
-        return 2
-    try:
+
+    def body():
+        path = args.run_dir
+        if os.path.isdir(path):
+            path = os.path.join(path, "model.keras")
+        if not os.path.isfile(path):
+            raise UsageError(f"no model found: {path}")
+        if args.beam_width < 1:
+            raise UsageError(f"--beam-width must be >= 1, got {args.beam_width}")
         texts = args.text or _stdin_lines()
         check_utf8(texts, "input")
-    except UsageError as e:
-        print(f"error: {e}", file=sys.stderr)
-        return 2
-    if not texts:
-        print("error: no input text (give TEXT arguments or lines on stdin)", file=sys.stderr)
-        return 2
-    empty = [i + 1 for i, t in enumerate(texts) if not t.strip()]
-    if empty:
-        print(f"error: input {empty[0]} is empty: {texts[empty[0] - 1]!r}", file=sys.stderr)
-        return 2
-    try:
+        if not texts:
+            raise UsageError("no input text (give TEXT arguments or lines on stdin)")
+        empty = [i + 1 for i, t in enumerate(texts) if not t.strip()]
+        if empty:
+            raise UsageError(f"input {empty[0]} is empty: {texts[empty[0] - 1]!r}")
         from zoo import model_file
         from zoo.seq2seq import Seq2SeqTransformer
 
         kind = run_kind(args.run_dir) if os.path.isdir(args.run_dir) else None
         if kind not in (None, "seq2seq", "universal_transformer"):
-            print(f"error: {args.run_dir} is a {kind!r} run, not a seq2seq run", file=sys.stderr)
-            return 2
+            raise UsageError(f"{args.run_dir} is a {kind!r} run, not a seq2seq run")
         try:
             model = model_file.load(path, Seq2SeqTransformer)
         except model_file.ModelFileError as e:
-            print(f"error: {e}", file=sys.stderr)
-            return 2
+            raise UsageError(str(e)) from None
         try:
             outputs = model.translate(texts, beam_width=args.beam_width, alpha=args.alpha)
-        except ValueError as e:
-            print(f"error: {e}", file=sys.stderr)
-            return 2
-    except Exception as e:  # noqa: BLE001  (CLI boundary)
-        if args.debug:
-            raise
-        print(f"error: unexpected {type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}",
-              file=sys.stderr)
-        return 1
-    for line in outputs:
-        print(line)
-    return 0
+        except ValueError as e:  # e.g. an input longer than max_source_length
+            raise UsageError(str(e)) from None
+        for line in outputs:
+            print(line)
+        return 0
+
+    return cli_boundary(body, argv)
 
 
 if __name__ == "__main__":
