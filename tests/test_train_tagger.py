@@ -72,6 +72,45 @@ def test_resume_continues_epochs_and_optimizer_state(tmp_path, tiny_data):
     assert int(resumed.optimizer.iterations.numpy()) == 2 * steps
 
 
+def test_timing_probe_leaves_weights_and_optimizer_untouched(tiny_data):
+    from train import engine
+    from train.tagger_data import Batches, Encoded
+    from train.tagger_fit import compile_tagger
+    from train.tagger_run import _epochs_within_budget
+
+    from train.tagger_data import build_vocab
+
+    words, chars, tags = build_vocab(tiny_data)
+    model = zoo.build("tagger", words=words, chars=chars, tags=tags, max_chars=16, **TINY)
+    encoded = {name: Encoded(model.encoder, getattr(tiny_data, name), model.tags)
+               for name in ("train", "dev")}
+    compile_tagger(model, 1e-3, total_steps=100, warmup_steps=10, weight_decay=1e-4)
+    batches = Batches(encoded["train"], 16)
+    seconds = engine.seconds_per_step(model, [batches[i] for i in range(4)])
+    before = [v.numpy().copy() for v in model.variables]
+    assert seconds > 0
+    engine.seconds_per_step(model, [batches[i] for i in range(4)])
+    for a, v in zip(before, model.variables):
+        np.testing.assert_array_equal(a, v.numpy())
+    assert int(model.optimizer.iterations.numpy()) == 0
+    cfg = {"batch_size": 16, "seed": 0, "epochs": 40}
+    # One step costs `seconds`; an epoch len(batches) steps: a budget of ~3 epochs
+    # (plus the 30 s trace allowance) must plan between 1 and 40 epochs, fewer than 40.
+    epoch = seconds * len(batches)
+    planned = _epochs_within_budget(model, encoded, dict(cfg, max_minutes=(30 + 3 * epoch) / 60))
+    assert 1 <= planned < 40
+    assert _epochs_within_budget(model, encoded, dict(cfg, max_minutes=1e4)) == 40
+
+
+def test_default_epochs_shrink_to_fit_the_time_budget(tmp_path, tiny_data):
+    out = tmp_path / "budget"
+    train_one(make_args(epochs=None, max_minutes=0.01), tiny_data, "fc", str(out))
+    config = read_json(out / "config.json")
+    assert config["train"]["planned_epochs"] == 5  # the embedded data's default
+    assert config["train"]["epochs"] == 1
+    assert read_json(out / "metrics.json")["epochs"] == 1
+
+
 def run_cli(*args, module="train", timeout=300):
     env = dict(os.environ, KERAS_BACKEND="tensorflow", TF_CPP_MIN_LOG_LEVEL="2")
     cmd = [sys.executable, "-m", module, *args]

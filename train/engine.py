@@ -353,6 +353,32 @@ class Engine:
         return {"loss": total / count if count else float("nan"), **self.metric_results()}
 
 
+def seconds_per_step(model, batches, warmup=1):
+    """Median wall time of one training step of the compiled `model`, over `batches`
+    (a list of global batches; the first `warmup` are run untimed, tracing included).
+
+    Every model and optimizer variable (dropout seed states too) is put back
+    afterwards, so the run that follows starts exactly as if nothing had run."""
+    import time
+
+    engine = Engine(model)
+    engine.build(batches[0])
+    variables = list(model.variables) + list(engine.optimizer.variables)
+    saved = [v.numpy() for v in variables]
+    times = []
+    try:
+        for i, batch in enumerate(batches):
+            start = time.perf_counter()
+            engine.train_batch(batch)
+            if i >= warmup:
+                times.append(time.perf_counter() - start)
+    finally:
+        for v, value in zip(variables, saved):
+            v.assign(value)
+        engine.reset_metrics()
+    return float(np.median(times)) if times else 0.0
+
+
 def _check_finite(loss, epoch, step, checkpoint_dir):
     if loss is not None and not math.isfinite(loss):
         kept = checkpoint.latest(checkpoint_dir)[0] if checkpoint_dir else None

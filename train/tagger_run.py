@@ -64,8 +64,39 @@ def train_one(args, data, arch, out, vocab=None, verbose=None):
     rundir.atomic_write_json(os.path.join(out, "config.json"), config)
     encoded = _encode(model, data)
     _compile(model, encoded, train_cfg)
+    # Workers must agree on the schedule, and each would time its own steps: several
+    # workers keep the planned epochs (the time limit still stops them).
+    if args.epochs is None and args.max_minutes and distribute.worker()[1] == 1:
+        fitted = _epochs_within_budget(model, encoded, train_cfg)
+        if fitted < epochs:
+            # A schedule cut off by the time limit would stop with the learning rate
+            # still high; planning fewer epochs lets the decay finish inside the budget.
+            print(f"{arch}: {epochs} epochs do not fit in --max-minutes {args.max_minutes:g}; "
+                  f"planning {fitted}", file=sys.stderr)
+            train_cfg.update(epochs=fitted, planned_epochs=epochs)
+            _compile(model, encoded, train_cfg)
+            rundir.atomic_write_json(os.path.join(out, "config.json"), config)
     state = read_state(os.path.join(out, "checkpoints"))
     return _fit_and_finish(model, data, encoded, out, train_cfg, state, verbose or _verbosity())
+
+
+def _epochs_within_budget(model, encoded, train_cfg, probe_steps=12, margin=0.9):
+    """How many of the planned epochs fit in `max_minutes`, from the timed training
+    steps of a random sample of the run's own batches (weights left untouched)."""
+    batches = Batches(encoded["train"], train_cfg["batch_size"], shuffle=True,
+                      seed=[train_cfg["seed"], 10_000])
+    picked = np.random.default_rng(train_cfg["seed"]).choice(
+        len(batches), size=min(len(batches), probe_steps + 1), replace=False)
+    step = engine.seconds_per_step(model, [batches[int(i)] for i in picked])
+    train_tokens = float(encoded["train"].lengths.sum())
+    dev_tokens = float(encoded["dev"].lengths.sum())
+    # Evaluating a token costs about a third of training on it (no backward pass).
+    epoch_seconds = step * len(batches) * (1.0 + dev_tokens / (3.0 * max(train_tokens, 1.0)))
+    # The real run traces its step function again (a fresh optimizer): ~30 s on 2 cores.
+    budget = margin * (train_cfg["max_minutes"] * 60.0 - 30.0)
+    if epoch_seconds <= 0:
+        return train_cfg["epochs"]
+    return int(max(1, min(train_cfg["epochs"], budget // epoch_seconds)))
 
 
 def _compile(model, encoded, train_cfg):
