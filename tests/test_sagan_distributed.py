@@ -129,12 +129,16 @@ def _state(path):
         return {k: f[k] for k in f.files}
 
 
-# Biases that feed straight into a batch norm (the projection, and every conv of an
-# up-block: each is followed by a norm) have a true gradient of zero; their float-noise
+# Biases that feed straight into a batch norm (every conv of an up-block: each is
+# followed by a norm) have a true gradient of zero; their float-noise
 # gradients, normalised by Adam, move them by up to ~lr per step in a direction no
 # summation order reproduces, and the following norms' moving means track them. These
 # are compared to a bound on that drift; everything else to 1e-5.
-NULL_SPACE = re.compile(r"(^project|conv1|conv2|shortcut)/bias$|moving_mean$")
+# Not covered by any bound: a ReLU input within ~1e-5 of zero can take the other sign on
+# another summation order, and G's gradient then differs by up to a few percent (seen
+# without attention; see docs/distributed.md). This seed and size show no such tie on
+# this machine (everything else within 1.3e-6).
+NULL_SPACE = re.compile(r"(conv1|conv2|shortcut)/bias$|moving_mean$")
 NULL_SPACE_BOUND = 1e-3
 
 
