@@ -134,7 +134,7 @@ def test_two_worker_checkpoint_resumes_in_one_process(runs, tmp_path):
     (["tagger", "--checkpoint-every", "-1"], None, "--checkpoint-every must be >= 0, got -1"),
     (["tagger", "--strategy", "multi_worker"], None, "needs TF_CONFIG"),
     (["tagger", "--strategy", "multi_worker"], "{bad", "TF_CONFIG is not valid cluster JSON: '{bad'"),
-    (["sagan", "--strategy", "mirrored"], None, "--strategy mirrored is not supported by sagan"),
+    (["sagan", "--strategy", "mirrored", "--batch-size", "0"], None, "--batch-size must be >= 1, got 0"),
 ])
 def test_bad_distribution_flags_one_line_exit_2(argv, env, needle, tmp_path, capsys, monkeypatch):
     from train import strategy
