@@ -4,7 +4,7 @@ import keras
 from keras import ops
 
 
-def _gather_rows(table, flat_ids):
+def gather_rows(table, flat_ids):
     """`table[flat_ids]` for 1-D int32 `flat_ids`.
 
     `keras.ops.take` on TensorFlow first maps negative ids with `tf.where`,
@@ -108,7 +108,7 @@ class TokenEmbedding(keras.layers.Layer):
         if ids.dtype != "int32":
             ids = ops.cast(ids, "int32")
         flat = ops.reshape(ids, (-1,))
-        rows = _gather_rows(ops.convert_to_tensor(self.embeddings), flat)
+        rows = gather_rows(ops.convert_to_tensor(self.embeddings), flat)
         if len(ids.shape) == 0:
             out_shape = (self.output_dim,)
         elif all(d is not None for d in ids.shape):

@@ -9,7 +9,7 @@ import tensorflow as tf
 
 import zoo
 from zoo.tagger import Tagger, pad_tokens
-from zoo.tagger_layers import WordDropout
+from zoo.tagger_layers import Presence, WordDropout
 
 WORDS = ["<pad>", "<unk>", "i", "saw", "a", "the", "00"]
 CHARS = ["<pad>", "<unk>", "I", "s", "a", "w", "t", "h", "e", "1", "é"]
@@ -113,6 +113,17 @@ def test_word_dropout():
     assert (out[:, 4:] == 0).all()
     dropped = (out[:, :4] == 1).mean()
     assert abs(dropped - 0.3) < 0.02
+
+
+def test_presence_layer_standard_checks_and_values():
+    from tests.harness import run_layer_test
+
+    ids = np.array([[[3, 0, 1], [0, 0, 0]], [[2, 2, 4], [1, 0, 0]]], "int32")
+    run_layer_test(Presence, {"size": 5}, ids, expected_output_shape=(2, 2, 3), run_training=False)
+    np.testing.assert_array_equal(np.asarray(Presence(5)(ids)), (ids > 0).astype("float32"))
+    for bad in (0, 2.5, True):
+        with pytest.raises(ValueError, match="size"):
+            Presence(bad)
 
 
 @pytest.mark.parametrize("kwargs, name", [

@@ -12,14 +12,14 @@ import keras
 from keras import ops
 
 from layers import LayerNorm, TokenEmbedding, TransformerEncoderBlock
-from zoo.tagger_layers import WordDropout
+from zoo.tagger_layers import Presence, WordDropout
 
 ARCHS = ("attention", "fc", "window", "bilstm")
 
 
 def char_features(char_ids, num_chars, char_dim, char_filters, char_kernels, dropout):
     chars = TokenEmbedding(num_chars, char_dim, name="char_embedding")(char_ids)
-    present = ops.expand_dims(ops.cast(ops.greater(char_ids, 0), chars.dtype), -1)
+    present = ops.expand_dims(Presence(num_chars, name="char_presence")(char_ids), -1)
     pooled = []
     for k in char_kernels:
         conv = keras.layers.Conv2D(
@@ -35,8 +35,9 @@ def build_core(arch, num_words, num_chars, num_tags, max_chars, max_len, cfg):
     """Returns the functional id-level model. `cfg` holds the tagger's hyper-parameters."""
     word_ids = keras.Input(shape=(None,), dtype="int32", name="word_ids")
     char_ids = keras.Input(shape=(None, max_chars), dtype="int32", name="char_ids")
-    mask = ops.greater(word_ids, 0)
-    fmask = ops.expand_dims(ops.cast(mask, "float32"), -1)
+    presence = Presence(num_words, name="word_presence")(word_ids)
+    mask = ops.greater(presence, 0.5)
+    fmask = ops.expand_dims(presence, -1)
 
     dropped = WordDropout(cfg["word_dropout"], name="word_dropout")(word_ids)
     words = TokenEmbedding(num_words, cfg["word_dim"], name="word_embedding")(dropped)

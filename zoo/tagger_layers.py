@@ -1,7 +1,10 @@
 """Small layers used only by the tagger."""
 
 import keras
+import numpy as np
 from keras import ops
+
+from layers.embedding import gather_rows
 
 
 @keras.saving.register_keras_serializable(package="zoo")
@@ -55,3 +58,50 @@ class WordDropout(keras.layers.Layer):
         config = super().get_config()
         config.update(rate=self.rate, unknown_id=self.unknown_id, seed=self.seed)
         return config
+
+
+@keras.saving.register_keras_serializable(package="zoo")
+class Presence(keras.layers.Layer):
+    """1.0 where an id is a real token (id > 0), 0.0 on padding, as floats.
+
+    A lookup in a constant 0/1 table instead of `ids > 0`: a comparison on the raw
+    integer model input makes TFLite's int16x8 quantizer ask for that input's float
+    range (and fail), and the bool -> float cast is a float island in a full-int8
+    model. The lookup is a 1-D GATHER, which the mobile GPU delegate runs.
+
+    Args:
+        size: int, number of ids (the table the ids index).
+
+    Call arguments:
+        inputs: int tensor of ids in `[0, size)`, any shape.
+
+    Returns:
+        A float tensor of the same shape: 0.0 where the id is 0, else 1.0.
+
+    Example:
+
+    >>> import numpy as np
+    >>> np.asarray(Presence(5)(np.array([[3, 4, 0]], "int32"))).tolist()
+    [[1.0, 1.0, 0.0]]
+    """
+
+    def __init__(self, size, **kwargs):
+        super().__init__(**kwargs)
+        if isinstance(size, bool) or not isinstance(size, int) or size < 1:
+            raise ValueError(f"`size` must be a positive int. Received: size={size!r}")
+        self.size = size
+
+    def call(self, inputs):
+        table = np.ones((self.size,), "float32")
+        table[0] = 0.0
+        ids = ops.cast(inputs, "int32")
+        rows = gather_rows(ops.convert_to_tensor(table, dtype=self.compute_dtype),
+                           ops.reshape(ids, (-1,)))
+        shape = tuple(ids.shape) if all(d is not None for d in ids.shape) else ops.shape(ids)
+        return ops.reshape(rows, shape)
+
+    def compute_output_shape(self, input_shape):
+        return tuple(input_shape)
+
+    def get_config(self):
+        return {**super().get_config(), "size": self.size}
