@@ -63,7 +63,10 @@ def _converter(saved_dir, quantize, representative):
     elif quantize == "int16x8":
         conv.optimizations = [tf.lite.Optimize.DEFAULT]
         conv.representative_dataset = representative
-        ops = [tf.lite.OpsSet.EXPERIMENTAL_TFLITE_BUILTINS_ACTIVATIONS_INT16_WEIGHTS_INT8]
+        # Ops without a 16x8 kernel (the rotary SIN/COS, mask CASTs) stay float rather
+        # than failing the conversion; `check --target int8` lists them.
+        ops = [tf.lite.OpsSet.EXPERIMENTAL_TFLITE_BUILTINS_ACTIVATIONS_INT16_WEIGHTS_INT8,
+               tf.lite.OpsSet.TFLITE_BUILTINS]
     # No SELECT_TF_OPS: a Flex op must fail here, not on the phone.
     conv.target_spec.supported_ops = ops
     return conv
@@ -193,7 +196,15 @@ def export_tflite(source, out, quantize="none", static_shape=False, length=None,
     elif length is not None:
         raise UsageError("--length only applies with --static-shape")
     content, specs, kind, src = convert(src, quantize, static_length if static_shape else None)
-    report = proof(content, src, kind, specs, quantize, tolerance=tolerance, min_agreement=min_agreement)
+    try:
+        report = proof(content, src, kind, specs, quantize, tolerance=tolerance, min_agreement=min_agreement)
+    except RuntimeError as e:
+        if quantize == "int16x8" and not static_shape:
+            # Seen: a dynamic-length RANGE (rotary positions) left in float beside int16
+            # tensors fails LiteRT's prepare step; a static length folds it away.
+            raise ExportError(f"the int16x8 model does not run in LiteRT ({str(e).splitlines()[0]}); "
+                              "retry with --static-shape") from None
+        raise
 
     from export.runtime import interpreter, signature_runner
 

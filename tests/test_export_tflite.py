@@ -75,6 +75,30 @@ def test_tagger_static_export_passes_gpu_check(tagger_run, tmp_path):
     assert problems == [], "\n".join(map(str, problems))
 
 
+def test_tagger_int16x8_static_export_matches_keras(tagger_run, tmp_path):
+    import keras
+
+    import zoo  # noqa: F401
+
+    path = str(tmp_path / "i16.tflite")
+    tflite.export_tflite(str(tagger_run), path, quantize="int16x8", static_shape=True)
+    model = keras.models.load_model(os.path.join(tagger_run, "model.keras"))
+    with open(path + ".json") as f:
+        length = json.load(f)["inputs"]["word_ids"]["shape"][1]
+    with np.load(os.path.join(tagger_run, "calibration.npz")) as d:
+        words, chars = d["word_ids"][:4], d["char_ids"][:4]
+    # The static model takes exactly `length` positions: crop or zero-pad the rows.
+    words = np.pad(words[:, :length], ((0, 0), (0, max(0, length - words.shape[1]))))
+    chars = np.pad(chars[:, :length], ((0, 0), (0, max(0, length - chars.shape[1])), (0, 0)))
+    for i in range(len(words)):
+        x = {"word_ids": words[i:i + 1], "char_ids": chars[i:i + 1]}
+        want = np.asarray(model(x))
+        got = _litert(path, x)["probabilities"]
+        mask = x["word_ids"] > 0
+        # int16 activations: far closer to float than int8's 0.35 gate.
+        assert np.max(np.abs(got - want)[mask]) < 0.05
+
+
 def test_verify_and_bench_report(tagger_run, tmp_path):
     from export.savedmodel import export_savedmodel
 
