@@ -176,6 +176,20 @@ def test_decode_ids_batches_and_cuts_at_eos():
     assert got == [[int(t) for t in _cut(r) if t != EOS_ID] for r in want]
 
 
+def test_decode_ids_caps_output_length_by_source_length():
+    keras.utils.set_random_seed(3)
+    model = zoo.build("seq2seq", vocabulary_size=VOCAB, hidden_dim=32, num_heads=4,
+                      intermediate_dim=64, dropout=0.0, max_source_length=16, max_target_length=64)
+    rows = [[int(t) for t in r if t] for r in _source()]
+    # Sources pad to 8 positions: at most 2 * 8 + 10 -> 32 tokens (EOS included).
+    capped = decoding.decode_ids(model, rows)
+    full = decoding.decode_ids(model, rows, max_length=64)
+    assert all(len(c) <= 32 for c in capped)
+    for c, f in zip(capped, full):
+        assert f[:len(c)] == c  # greedy tokens do not depend on the cap, only stop earlier
+    assert any(len(f) > 32 for f in full)  # the untrained model rambles: the cap bites
+
+
 def test_bad_arguments():
     model = _model("preln-sinusoidal-shared")
     src = _source()

@@ -195,9 +195,13 @@ def decode_ids(model, ids, beam_width=1, alpha=0.6, max_length=None, batch_size=
     """list of id lists -> list of output id lists (cut at EOS, no BOS/EOS).
 
     Batches are padded to a fixed size and source lengths to multiples of 8,
-    so a handful of XLA programs serve every input."""
+    so a handful of XLA programs serve every input. Without `max_length`, a
+    batch whose (padded) sources have S positions stops after
+    `2 * S + 10` tokens (rounded up to 8, at most `max_target_length`), as
+    fairseq's max_len_a/max_len_b do: caches and the attention over them then
+    scale with the inputs, not with the longest output the model allows,
+    which matters most for beam search (it reorders every cache each step)."""
     kind = "greedy" if beam_width == 1 else "beam"
-    fn = compiled(model, kind, width=beam_width, alpha=alpha, max_length=max_length)
     order = sorted(range(len(ids)), key=lambda i: len(ids[i]))
     results = [None] * len(ids)
     for start in range(0, len(order), batch_size):
@@ -207,6 +211,8 @@ def decode_ids(model, ids, beam_width=1, alpha=0.6, max_length=None, batch_size=
         array = np.zeros((rows, width), "int32")
         for r, i in enumerate(chunk):
             array[r, :len(ids[i])] = ids[i]
+        limit = max_length or min(int(model.max_target_length), _bucket(2 * width + 10))
+        fn = compiled(model, kind, width=beam_width, alpha=alpha, max_length=limit)
         out = np.asarray(fn(array))
         for r, i in enumerate(chunk):
             row = out[r].tolist()
