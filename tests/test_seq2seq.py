@@ -200,6 +200,31 @@ def test_bad_inputs_one_line_exit_2(tmp_path, capsys):
     assert os.listdir(out) == ["notes.txt"]
 
 
+def test_summarisation_run_with_local_window_reports_rouge(tmp_path):
+    # Document/summary pairs through the same CLI: the summary is the document's
+    # first three words; the encoder attends within a local window.
+    rng = np.random.default_rng(0)
+    words = "the a dog cat sat ran on under mat rug big small red blue".split()
+    docs = [" ".join(rng.choice(words, size=12)) for _ in range(300)]
+    pairs = [f"{d}\t{' '.join(d.split()[:3])}" for d in docs]
+    train = _write(tmp_path / "train.tsv", pairs[:240])
+    test = _write(tmp_path / "test.tsv", pairs[240:])
+    out = str(tmp_path / "summ")
+    code = train_main(["seq2seq", "--train-tsv", train, "--test-tsv", test, "--window", "4",
+                       "--vocab-size", "40", "--hidden-dim", "32", "--intermediate-dim", "64",
+                       "--num-layers", "1", "--epochs", "1", "--max-minutes", "0",
+                       "--dev-sample", "0", "--verbose", "0", "--beam-width", "1", "--out", out])
+    assert code == 0
+    metrics = _metrics(out)
+    for key in ("test_bleu", "test_rouge1", "test_rouge2", "test_rougeL"):
+        assert 0.0 <= metrics[key] <= 100.0, (key, metrics[key])
+    with open(os.path.join(out, "config.json")) as f:
+        assert json.load(f)["model"]["window"] == 4
+    model = keras.models.load_model(os.path.join(out, "model.keras"), compile=False)
+    encoder_attention = model.encoder_blocks[0].self_attention
+    assert encoder_attention.window == 4
+
+
 def test_bad_input_exit_code_from_a_real_process(tmp_path):
     src = _write(tmp_path / "a.en", ["x", "y"])
     tgt = _write(tmp_path / "a.fr", ["x"])
