@@ -4,7 +4,7 @@ import keras
 from keras import ops
 
 
-def gather_rows(table, flat_ids):
+def _gather_rows(table, flat_ids):
     """`table[flat_ids]` for 1-D int32 `flat_ids`.
 
     `keras.ops.take` on TensorFlow first maps negative ids with `tf.where`,
@@ -17,6 +17,23 @@ def gather_rows(table, flat_ids):
 
         return tf.gather(table, flat_ids, axis=0)
     return ops.take(table, flat_ids, axis=0)
+
+
+def lookup_rows(table, ids):
+    """`table[ids]` for non-negative int ids of any shape (a scalar too):
+    `ids.shape + table.shape[1:]`.
+
+    The ids are flattened so the lookup converts to a TFLite GATHER with 1-D
+    int32 indices, the only form the mobile GPU delegate runs.
+    """
+    if ids.dtype != "int32":
+        ids = ops.cast(ids, "int32")
+    rows = _gather_rows(table, ops.reshape(ids, (-1,)))
+    if all(d is not None for d in ids.shape):
+        lead = tuple(ids.shape)
+    else:
+        lead = tuple(ops.shape(ids))
+    return ops.reshape(rows, lead + tuple(table.shape[1:]))
 
 
 @keras.saving.register_keras_serializable(package="layers")
@@ -104,19 +121,8 @@ class TokenEmbedding(keras.layers.Layer):
         )
 
     def call(self, inputs):
-        ids = inputs
-        if ids.dtype != "int32":
-            ids = ops.cast(ids, "int32")
-        flat = ops.reshape(ids, (-1,))
-        rows = gather_rows(ops.convert_to_tensor(self.embeddings), flat)
-        if len(ids.shape) == 0:
-            out_shape = (self.output_dim,)
-        elif all(d is not None for d in ids.shape):
-            out_shape = tuple(ids.shape) + (self.output_dim,)
-        else:
-            out_shape = tuple(ops.shape(ids)) + (self.output_dim,)
-        outputs = ops.reshape(rows, out_shape)
-        return ops.cast(outputs, self.compute_dtype)
+        rows = lookup_rows(ops.convert_to_tensor(self.embeddings), inputs)
+        return ops.cast(rows, self.compute_dtype)
 
     def compute_mask(self, inputs, mask=None):
         if not self.mask_zero:

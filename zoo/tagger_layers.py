@@ -4,7 +4,7 @@ import keras
 import numpy as np
 from keras import ops
 
-from layers.embedding import gather_rows
+from layers.embedding import lookup_rows
 
 
 @keras.saving.register_keras_serializable(package="zoo")
@@ -94,11 +94,7 @@ class Presence(keras.layers.Layer):
     def call(self, inputs):
         table = np.ones((self.size,), "float32")
         table[0] = 0.0
-        ids = ops.cast(inputs, "int32")
-        rows = gather_rows(ops.convert_to_tensor(table, dtype=self.compute_dtype),
-                           ops.reshape(ids, (-1,)))
-        shape = tuple(ids.shape) if all(d is not None for d in ids.shape) else ops.shape(ids)
-        return ops.reshape(rows, shape)
+        return lookup_rows(ops.convert_to_tensor(table, dtype=self.compute_dtype), inputs)
 
     def compute_output_shape(self, input_shape):
         return tuple(input_shape)
