@@ -229,13 +229,19 @@ def runs(tmp_path_factory):
     return base, output
 
 
+def _assert_equals_single(base, state_path, single_name):
+    """The state at `state_path` equals the one-device run's `single_name` (1e-5; the
+    batch-norm null-space variables within NULL_SPACE_BOUND). Returns the latter."""
+    single = _state(base / single_name)
+    exact, null = _max_diffs(_state(state_path), single, _generator_paths(base / "single"))
+    assert exact < 1e-5 and null < NULL_SPACE_BOUND, (exact, null)
+    return single
+
+
 def test_mirrored_two_replicas_equal_one_device(runs):
     base, output = runs
     assert "replicas 2" in output
-    mirrored = _state(base / "mirrored" / "checkpoints" / "state.npz")
-    single = _state(base / "single-e1.npz")
-    exact, null = _max_diffs(mirrored, single, _generator_paths(base / "single"))
-    assert exact < 1e-5 and null < NULL_SPACE_BOUND, (exact, null)
+    single = _assert_equals_single(base, base / "mirrored" / "checkpoints" / "state.npz", "single-e1.npz")
     # ... and training moved the weights (not a comparison of initial values)
     assert _moved(single, _state(base / "single-e2.npz")) > 1e-3
     metrics = json.loads((base / "mirrored" / "metrics.json").read_text())
@@ -251,10 +257,7 @@ def test_replicas_hold_identical_copies(runs):
 def test_mirrored_checkpoint_resumes_on_one_device(runs):
     base, output = runs
     assert "resumed replicas 1" in output
-    resumed = _state(base / "mirrored_resumed" / "checkpoints" / "state.npz")
-    single = _state(base / "single-e2.npz")
-    exact, null = _max_diffs(resumed, single, _generator_paths(base / "single"))
-    assert exact < 1e-5 and null < NULL_SPACE_BOUND, (exact, null)
+    _assert_equals_single(base, base / "mirrored_resumed" / "checkpoints" / "state.npz", "single-e2.npz")
     state = json.loads((base / "mirrored_resumed" / "checkpoints" / "state.json").read_text())
     assert state["epoch"] == 2 and state["d_steps"] == 8
 

@@ -27,6 +27,7 @@ What it does differently, on purpose:
 import math
 import os
 import sys
+import time
 
 import keras
 import numpy as np
@@ -359,8 +360,6 @@ def seconds_per_step(model, batches, warmup=1):
 
     Every model and optimizer variable (dropout seed states too) is put back
     afterwards, so the run that follows starts exactly as if nothing had run."""
-    import time
-
     engine = Engine(model)
     engine.build(batches[0])
     variables = list(model.variables) + list(engine.optimizer.variables)
