@@ -477,6 +477,7 @@ class MultiHeadAttention(keras.layers.Layer):
                 score_vector=score_vector,
                 dropout=self._dropout_layer,
                 training=training,
+                need_weights=return_attention_scores,
             )
             output = self.output_dense(context)
             if mask is not None:

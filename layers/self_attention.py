@@ -203,6 +203,7 @@ class SelfAttention(attention_ops.ScoresOutputSpec, keras.layers.Layer):
             score_vector=getattr(self, "score_vector", None),
             dropout=self._dropout_layer,
             training=training,
+            need_weights=return_attention_scores,
         )
         output = context
         if full_mask is not None:
