@@ -354,6 +354,38 @@ class Engine:
         return {"loss": total / count if count else float("nan"), **self.metric_results()}
 
 
+def _averaging_optimizer(model):
+    optimizer = getattr(model, "optimizer", None)
+    inner = getattr(optimizer, "inner_optimizer", optimizer)
+    return inner if getattr(inner, "use_ema", False) and inner.built else None
+
+
+class averaged_weights:
+    """Context in which the model holds its optimizer's moving averages of the weights
+    (`use_ema=True`) instead of the raw weights, which come back on exit. Evaluation
+    and the best-on-dev weights see the averages; training and its checkpoints keep
+    the raw weights, so a resumed run continues exactly. A no-op without `use_ema`."""
+
+    def __init__(self, model):
+        self.model = model
+        self.saved = None
+
+    def __enter__(self):
+        optimizer = _averaging_optimizer(self.model)
+        if optimizer is not None:
+            variables = self.model.trainable_variables
+            self.saved = [v.numpy() for v in variables]
+            optimizer.finalize_variable_values(variables)
+        return self
+
+    def __exit__(self, *exc):
+        if self.saved is not None:
+            for variable, value in zip(self.model.trainable_variables, self.saved):
+                variable.assign(value)
+            self.saved = None
+        return False
+
+
 def seconds_per_step(model, batches, warmup=1):
     """Median wall time of one training step of the compiled `model`, over `batches`
     (a list of global batches; the first `warmup` are run untimed, tracing included).
@@ -457,7 +489,8 @@ def fit(model, train_data, *, epochs, initial_epoch=0, validation_data=None, cal
                 break
         epoch_logs = dict(logs)
         if validation_data is not None:
-            val = engine.evaluate(validation_data)
+            with averaged_weights(model):
+                val = engine.evaluate(validation_data)
             epoch_logs.update({f"val_{k}": v for k, v in val.items()})
         cbs.on_epoch_end(epoch, epoch_logs)
         save(epoch, done, done >= steps)

@@ -31,6 +31,9 @@ def add_arguments(parser):
     parser.add_argument("--max-minutes", type=float, default=20.0,
                         help="stop training an arch after this many minutes (default 20; 0 = no limit)")
     parser.add_argument("--learning-rate", type=float, default=None, help="peak learning rate (default per arch)")
+    parser.add_argument("--ema-momentum", type=float, default=None,
+                        help="evaluate and save the moving average of the weights with this "
+                             "momentum, e.g. 0.995 (default: off)")
     parser.add_argument("--model-option", action="append", default=[], metavar="KEY=VALUE",
                         help="tagger hyper-parameter, e.g. hidden_dim=192 (JSON values; repeatable)")
 
@@ -48,6 +51,8 @@ def _validate(args):
         raise UsageError(f"--max-minutes must be >= 0, got {args.max_minutes}")
     if args.learning_rate is not None and not args.learning_rate > 0:
         raise UsageError(f"--learning-rate must be > 0, got {args.learning_rate}")
+    if args.ema_momentum is not None and not 0 <= args.ema_momentum < 1:
+        raise UsageError(f"--ema-momentum must be in [0, 1), got {args.ema_momentum}")
     args.model_options = _model_options(args.model_option)
     for path in (args.train_file, args.dev_file, args.test_file):
         if path and not os.path.isfile(path):

@@ -5,6 +5,7 @@ import time
 
 import keras
 
+from train.engine import averaged_weights
 from train.rundir import atomic_save_model, atomic_write_json, read_json
 
 LAST = "last.keras"
@@ -12,14 +13,18 @@ BEST = "best.weights.h5"
 STATE = "state.json"
 
 
-def compile_tagger(model, learning_rate, total_steps, warmup_steps, weight_decay):
+def compile_tagger(model, learning_rate, total_steps, warmup_steps, weight_decay,
+                   ema_momentum=None):
     warmup_steps = max(0, min(warmup_steps, total_steps - 1))
     schedule = keras.optimizers.schedules.CosineDecay(
         initial_learning_rate=0.0 if warmup_steps else learning_rate,
         decay_steps=max(1, total_steps - warmup_steps), alpha=0.05,
         warmup_target=learning_rate if warmup_steps else None, warmup_steps=warmup_steps)
+    # With ema_momentum, dev evaluation and the saved model use the moving average of
+    # the weights (Polyak averaging), which smooths out the last steps' noise.
+    averaging = {"use_ema": True, "ema_momentum": ema_momentum} if ema_momentum else {}
     optimizer = keras.optimizers.AdamW(learning_rate=schedule, weight_decay=weight_decay,
-                                       clipnorm=1.0)
+                                       clipnorm=1.0, **averaging)
     model.compile(optimizer=optimizer, loss=keras.losses.SparseCategoricalCrossentropy(),
                   weighted_metrics=[keras.metrics.SparseCategoricalAccuracy(name="acc")])
 
@@ -52,7 +57,8 @@ class RunCheckpoint(keras.callbacks.Callback):
         if val is not None and (best is None or val > best):
             self.state.update(best_val_acc=float(val), best_epoch=epoch + 1)
             tmp = os.path.join(self.dir, ".tmp-" + BEST)
-            self.model.save_weights(tmp)
+            with averaged_weights(self.model):
+                self.model.save_weights(tmp)
             os.replace(tmp, os.path.join(self.dir, BEST))
         self.state["epoch"] = epoch + 1
         self.state.setdefault("history", []).append(

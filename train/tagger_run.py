@@ -53,7 +53,8 @@ def train_one(args, data, arch, out, vocab=None, verbose=None):
         raise UsageError(f"bad --model-option: {e}") from None
     lr = args.learning_rate or LEARNING_RATES[arch]
     train_cfg = {**_data_flags(args), "epochs": epochs, "batch_size": args.batch_size,
-                 "learning_rate": lr, "max_minutes": args.max_minutes}
+                 "learning_rate": lr, "max_minutes": args.max_minutes,
+                 "ema_momentum": args.ema_momentum}
     rundir.create_run_dir(out, "tagger")
     _write_vocab(out, words, chars, tags)
     config = {"kind": "tagger",
@@ -104,7 +105,8 @@ def _compile(model, encoded, train_cfg):
     steps = len(Batches(encoded["train"], train_cfg["batch_size"]))
     with distribute.scope():
         compile_tagger(model, train_cfg["learning_rate"], total_steps=max(1, epochs * steps),
-                       warmup_steps=min(400, epochs * steps // 10), weight_decay=1e-4)
+                       warmup_steps=min(400, epochs * steps // 10), weight_decay=1e-4,
+                       ema_momentum=train_cfg.get("ema_momentum"))
 
 
 def _rebuild(out, config):
