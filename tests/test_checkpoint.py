@@ -165,7 +165,7 @@ def test_mixed_precision_tagger_and_seq2seq_train_without_nans(tmp_path):
 
     keras.config.set_dtype_policy("mixed_bfloat16")
     data = embedded.generate(seed=0, train_size=64, dev_size=16, test_size=16)
-    args = argparse.Namespace(epochs=1, batch_size=16, seed=0, learning_rate=None, max_minutes=0.0,
+    args = argparse.Namespace(epochs=1, batch_size=16, seed=0, learning_rate=None, max_minutes=0.0, ema_momentum=None,
                               model_options=dict(TINY), train_file=None, dev_file=None, test_file=None,
                               dataset=None, out=None, resume=False)
     train_one(args, data, "attention", str(tmp_path / "tagger"), verbose=0)

@@ -23,7 +23,7 @@ TINY = {"word_dim": 16, "char_dim": 8, "char_filters": 16, "hidden_dim": 32, "nu
 
 
 def make_args(**overrides):
-    args = dict(epochs=4, batch_size=16, seed=0, learning_rate=None, max_minutes=0.0,
+    args = dict(epochs=4, batch_size=16, seed=0, learning_rate=None, max_minutes=0.0, ema_momentum=None,
                 model_options=dict(TINY), train_file=None, dev_file=None, test_file=None,
                 dataset=None, out=None, resume=False)
     args.update(overrides)
