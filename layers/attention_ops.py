@@ -57,7 +57,8 @@ def normalize_scores(scores, mask, normalize):
 
     Args:
         scores: `[B, H, Tq, Tk]` raw scores, any float dtype.
-        mask: `None` or boolean mask broadcastable to `[B, 1, Tq, Tk]`.
+        mask: `None` or 0/1 mask (float32 from `combine_masks`, or boolean)
+            broadcastable to `[B, 1, Tq, Tk]`.
         normalize: `"softmax"` or `"relu"` (`alpha' = relu(alpha)`, no
             renormalisation, as in the lecture notes).
 
@@ -96,7 +97,8 @@ def weighted_sum(weights, value):
 def query_has_keys(mask):
     """`[B|1, Tq, 1]` float: 1 where a query row may attend to something.
 
-    A float max rather than `any`: REDUCE_ANY has no mobile GPU kernel."""
+    A float max rather than `any`: REDUCE_ANY has no mobile GPU kernel (and the
+    cast is a no-op for `combine_masks`' float masks)."""
     return ops.max(ops.cast(mask, "float32"), axis=-1, keepdims=True)
 
 

@@ -89,13 +89,17 @@ def combine_masks(
             `None`.
 
     Returns:
-        A boolean tensor of rank 3, or `None` when there is no mask at all.
+        A float32 0/1 tensor of rank 3, or `None` when there is no mask at all.
+        Float, not boolean: the masks meet the scores in float arithmetic
+        anyway, and a bool -> float cast has no integer kernel, so an int8
+        model would leave the integer accelerator for it. Masks given as 0/1
+        floats (the tagger's) stay in products of quantizable tensors.
     """
     mask = None
 
     def _and(a, b):
-        b = ops.cast(b, "bool")
-        return b if a is None else ops.logical_and(a, b)
+        b = ops.cast(b, "float32")
+        return b if a is None else a * b
 
     if structural is not None:
         mask = _and(mask, ops.expand_dims(structural, 0))
@@ -104,7 +108,6 @@ def combine_masks(
     if key_mask is not None:
         mask = _and(mask, ops.expand_dims(key_mask, -2))
     if attention_mask is not None:
-        attention_mask = ops.cast(attention_mask, "bool")
         if len(attention_mask.shape) == 2:
             attention_mask = ops.expand_dims(attention_mask, 0)
         mask = _and(mask, attention_mask)

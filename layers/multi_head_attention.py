@@ -422,9 +422,7 @@ class MultiHeadAttention(keras.layers.Layer):
             q = ops.multiply(q, ops.cast(1.0 / math.sqrt(self.key_dim), q.dtype))
 
         if key_mask is not None and value_mask is not None:
-            key_mask = ops.logical_and(
-                ops.cast(key_mask, "bool"), ops.cast(value_mask, "bool")
-            )
+            key_mask = ops.cast(key_mask, "float32") * ops.cast(value_mask, "float32")
         elif key_mask is None:
             key_mask = value_mask
         k, v = ops.cast(k, q.dtype), ops.cast(v, q.dtype)

@@ -62,7 +62,9 @@ def build_core(arch, num_words, num_chars, num_tags, max_chars, max_len, cfg):
             )(x, mask=mask)
             x = keras.layers.Dropout(cfg["dropout"], name=f"bilstm_dropout_{i}")(x)
     elif arch == "attention":
-        x = _attention_context(x, mask, fmask, cfg, max_len)
+        # The 0/1 float presence, not the boolean mask: in an int8 model a
+        # bool -> float cast would run outside the integer kernels.
+        x = _attention_context(x, presence, fmask, cfg, max_len)
     else:
         raise ValueError(f"`arch` must be one of {ARCHS}. Received: arch={arch!r}")
 
