@@ -22,11 +22,15 @@ QUANTIZE = ("none", "fp16", "dynamic", "int8", "int16x8")
 ENDPOINT = "serving_default"
 
 # Gates for "the converted model matches Keras": (max abs diff, min argmax agreement).
+# A full-int8 classifier is gated on agreement alone: its probabilities move in steps
+# of 1/256 through every layer, so on a handful of low-margin tokens they can swing by
+# more than any useful bound while the predicted classes stay the same (a trained
+# tagger: max abs diff 0.3-0.45 at 99.7% agreement and -0.1 accuracy points).
 TOLERANCES = {
     "none": (1e-4, 0.999),
     "fp16": (1e-2, 0.99),
     "dynamic": (0.25, 0.90),
-    "int8": (0.35, 0.85),
+    "int8": (0.35, 0.95),
     "int16x8": (0.1, 0.95),
 }
 
@@ -153,7 +157,9 @@ def proof(content, src, kind, specs, quantize, samples=64, tolerance=None, min_a
     for name, value in want.items():
         if np.issubdtype(value.dtype, np.floating) and np.ptp(value) > 1e-3 and np.ptp(got[name]) == 0:
             raise ExportError(f"LiteRT output {name!r} is constant while Keras's varies (broken conversion)")
-    if not worst <= max_diff:
+    by_agreement = quantize == "int8" and report["agreement"] is not None and tolerance is None
+    report.update(gated_on="agreement" if by_agreement else "max_abs_diff and agreement")
+    if not by_agreement and not worst <= max_diff:
         raise ExportError(f"LiteRT differs from Keras: max abs diff {worst:.3g} > {max_diff:g} ({quantize})")
     if report["agreement"] is not None and report["agreement"] < agreement:
         raise ExportError(

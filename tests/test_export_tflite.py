@@ -75,6 +75,30 @@ def test_tagger_static_export_passes_gpu_check(tagger_run, tmp_path):
     assert problems == [], "\n".join(map(str, problems))
 
 
+def test_tagger_int8_static_export_runs_in_integers_only(tagger_run, tmp_path):
+    # Masks meet the scores as 0/1 floats (layers.masks.combine_masks): no
+    # bool -> float cast is left to run outside the integer kernels.
+    path = str(tmp_path / "int8.tflite")
+    # The fixture is untrained: near-uniform probabilities whose argmax int8
+    # rounding flips at random, so the parity gate is off here (a trained
+    # tagger's int8 parity is measured by `make bench`, export figure).
+    tflite.export_tflite(str(tagger_run), path, quantize="int8", static_shape=True,
+                         tolerance=1.0, min_agreement=0.0)
+    content = open(path, "rb").read()
+    problems = check_model(content, "int8")
+    assert problems == [], "\n".join(map(str, problems))
+    assert "CAST" not in op_counts(content)
+
+
+def test_int8_classifier_is_gated_on_argmax_agreement(tagger_run, tmp_path):
+    # The untrained fixture flips many argmaxes under int8: the refusal must
+    # name the agreement gate (not max abs diff), and leave no file behind.
+    path = tmp_path / "int8.tflite"
+    with pytest.raises(ExportError, match=r"argmax agrees with Keras on .*% < 95% \(int8\)"):
+        tflite.export_tflite(str(tagger_run), str(path), quantize="int8", static_shape=True)
+    assert not path.exists()
+
+
 def test_tagger_int16x8_static_export_matches_keras(tagger_run, tmp_path):
     import keras
 
