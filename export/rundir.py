@@ -17,6 +17,9 @@ class Source:
         run_dir: the run directory, or None for a bare model file / live model.
         config: config.json contents ({} for a bare model).
         model: the loaded Keras model (loaded lazily by `load`).
+        sample_file: the run's file of example rows that `calibration()` reads:
+            calibration.npz (training data, for quantization) unless `held_out()`
+            chose the test-split rows training saved as evaluation.npz.
     """
 
     path: str
@@ -24,13 +27,23 @@ class Source:
     run_dir: str | None = None
     config: dict = dataclasses.field(default_factory=dict)
     model: object = None
+    sample_file: str = "calibration.npz"
 
     def file(self, *parts):
         return os.path.join(self.run_dir, *parts) if self.run_dir else None
 
+    def held_out(self):
+        """This source reading its rows (inputs and gold labels) from the run's
+        held-out evaluation.npz when training wrote one, so accuracy is measured on
+        test data; otherwise unchanged (calibration.npz, training data)."""
+        path = self.file("evaluation.npz")
+        if path and os.path.exists(path):
+            return dataclasses.replace(self, sample_file="evaluation.npz")
+        return self
+
     def calibration(self):
-        """The run's calibration.npz as a dict of arrays, or None."""
-        path = self.file("calibration.npz")
+        """The run's example rows (`sample_file`) as a dict of arrays, or None."""
+        path = self.file(self.sample_file)
         if not path or not os.path.exists(path):
             return None
         import numpy as np

@@ -76,7 +76,7 @@ def verify(run_dir, savedmodel=None, tflite=None, samples=64):
 
     if savedmodel is None and tflite is None:
         raise UsageError("verify needs --savedmodel and/or --tflite")
-    src = rundir.resolve(run_dir)
+    src = rundir.resolve(run_dir).held_out()
     kind = kinds.get(src.kind)
     kind.model(src)
     fn = kind.core_fn(src)
@@ -86,7 +86,7 @@ def verify(run_dir, savedmodel=None, tflite=None, samples=64):
     def keras_run(inputs):
         return {k: np.asarray(v) for k, v in fn(*[tf.constant(inputs[s.name]) for s in specs]).items()}
 
-    report = {"source": src.path, "kind": kind.name}
+    report = {"source": src.path, "kind": kind.name, "rows_from": src.sample_file}
     inputs = kind.sample_inputs(src, samples, specs=specs)
     want = keras_run(inputs)
     float_metric = kind.metric(src, inputs, want)

@@ -136,9 +136,37 @@ def test_verify_and_bench_report(tagger_run, tmp_path):
     assert report["tflite"]["quantize"] == "dynamic" and report["tflite"]["agreement"] >= 0.85
     name, value = report["tflite"]["metric"]
     assert name == "accuracy" and 0.0 <= value <= 1.0
+    assert report["rows_from"] == "calibration.npz"  # the fixture has no held-out rows
     b = bench.bench(path, runs=3, warmup=1)
     assert set(b["litert"]) == {1, 32} and set(b["keras"]) == {1, 32}
     assert b["size_bytes"] == os.path.getsize(path) and b["litert"][1]["p50_ms"] > 0
+
+
+def test_verify_measures_accuracy_on_held_out_rows(tagger_run, tmp_path):
+    import shutil
+
+    run = tmp_path / "run"
+    shutil.copytree(tagger_run, run)
+    path = str(tmp_path / "t.tflite")
+    tflite.export_tflite(str(run), path)
+    with np.load(run / "calibration.npz") as d:
+        rows = {k: d[k][:5] for k in d.files}
+    # Held-out gold tags equal to the float model's own predictions give
+    # accuracy 1.0; the fixture's calibration tags are random (about chance),
+    # so the metric shows which rows verify read.
+    import keras
+
+    import zoo  # noqa: F401
+
+    model = keras.models.load_model(run / "model.keras")
+    predicted = np.argmax(np.asarray(model.core({"word_ids": rows["word_ids"],
+                                                 "char_ids": rows["char_ids"]})), -1)
+    real = rows["word_ids"] > 0
+    np.savez(run / "evaluation.npz", word_ids=rows["word_ids"], char_ids=rows["char_ids"],
+             tag_ids=np.where(real, predicted, -1))
+    report = verify.verify(str(run), tflite=path, samples=5)
+    assert report["rows_from"] == "evaluation.npz"
+    assert report["keras"]["metric"] == ("accuracy", 1.0)
 
 
 def test_flex_model_fails_naming_ops_and_keeps_old_file(tmp_path, capsys):

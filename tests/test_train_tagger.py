@@ -149,6 +149,16 @@ def test_cli_writes_the_run_directory_contract(cli_run):
     assert calib["word_ids"].shape[0] == 200 and calib["word_ids"].dtype == np.int32
     assert calib["char_ids"].shape[:2] == calib["word_ids"].shape
     assert (out / "attention.png").stat().st_size > 1000
+    # The held-out rows are the whole (small) test split: the model's accuracy on
+    # them is the run's test accuracy.
+    held = np.load(out / "evaluation.npz")
+    assert set(held.files) == {"word_ids", "char_ids", "tag_ids"}
+    probs = keras.models.load_model(out / "model.keras").core(
+        {"word_ids": held["word_ids"], "char_ids": held["char_ids"]})
+    real = held["tag_ids"] >= 0
+    assert int(real.sum()) == metrics["test_tokens"]
+    accuracy = float((np.argmax(probs, -1)[real] == held["tag_ids"][real]).mean())
+    assert abs(accuracy - metrics["test_accuracy"]) < 1e-6
     assert (out / "checkpoints" / "last.keras").exists()
     assert any((out / "logs").rglob("events.out.tfevents.*"))
     model = keras.models.load_model(out / "model.keras")

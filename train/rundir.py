@@ -101,7 +101,7 @@ def atomic_write_lines(path, items):
 
 def atomic_save_npz(path, **arrays):
     buffer = io.BytesIO()
-    np.savez(buffer, **arrays)
+    np.savez_compressed(buffer, **arrays)
     _atomic(path, lambda f: f.write(buffer.getvalue()), "wb")
 
 

@@ -183,7 +183,10 @@ def _fit_and_finish(model, data, encoded, out, train_cfg, state, verbose):
     metrics = _evaluate(model, data, encoded, state, train_cfg, limit.stopped_early)
     rundir.atomic_save_model(model, os.path.join(out, "model.keras"))
     rundir.atomic_write_json(os.path.join(out, "metrics.json"), metrics)
-    _write_calibration(out, encoded["train"], train_cfg["seed"])
+    _write_rows(out, "calibration.npz", encoded["train"], train_cfg["seed"], rows=200)
+    # Held-out rows with gold tags: export verify reports quantized models' accuracy
+    # on test data next to float's (export reads run directories, never train/).
+    _write_rows(out, "evaluation.npz", encoded["test"], train_cfg["seed"], rows=2000)
     from train.tagger_figures import plot_attention
 
     if plot_attention(model, SAMPLE, os.path.join(out, "attention.png")):
@@ -218,14 +221,14 @@ def _write_vocab(out, words, chars, tags):
         rundir.atomic_write_lines(os.path.join(out, "vocab", f"{name}.txt"), items)
 
 
-def _write_calibration(out, encoded, seed, rows=200):
+def _write_rows(out, name, encoded, seed, rows):
     rng = np.random.default_rng(seed)
     picked = rng.choice(len(encoded), size=min(rows, len(encoded)), replace=False)
     x, tags, weights = encoded.batch(list(picked))
     # Gold tags (-1 on padding) let export report quantized models' accuracy
     # next to float's; export feeds only the arrays named like model inputs.
     gold = np.where(weights > 0, tags, -1).astype("int32")
-    rundir.atomic_save_npz(os.path.join(out, "calibration.npz"), tag_ids=gold, **x)
+    rundir.atomic_save_npz(os.path.join(out, name), tag_ids=gold, **x)
 
 
 def train_compare(args, data):
