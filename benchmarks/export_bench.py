@@ -7,7 +7,8 @@ Targets (issue 4):
 - int8 and dynamic at most 1/3 of the float size and within 0.5 accuracy
   points of float on the run's calibration sample (gold tags if stored there);
 - LiteRT batch-1 latency at most 1/3 of Keras `model(x)` latency;
-- the static-shape export passes `check --target gpu`.
+- the static-shape export passes `check --target gpu`;
+- the static-shape int8 export passes `check --target int8` (integers only).
 Prints one table and writes DIR/export_bench.json.
 """
 
@@ -55,6 +56,13 @@ def main(argv=None):
     except Exception as e:
         problems = [f"export failed: {e}"]
     results["static_gpu_check"] = problems
+    static_int8 = os.path.join(out, "tagger-static-int8.tflite")
+    try:
+        tflite.export_tflite(args.run_dir, static_int8, quantize="int8", static_shape=True)
+        int8_problems = [str(p) for p in check.check_file(static_int8, "int8")]
+    except Exception as e:
+        int8_problems = [f"export failed: {e}"]
+    results["static_int8_check"] = int8_problems
 
     base = results.get("none", {})
     print(f"{'mode':<8} {'size MB':>8} {'ratio':>6} {'max|diff|':>10} {'agree':>7} "
@@ -76,6 +84,8 @@ def main(argv=None):
     print("static-shape check --target gpu:", "PASS" if not problems else f"FAIL ({len(problems)})")
     for line in problems:
         print("  " + line.replace("\n", "\n  "))
+    print("static-shape int8 check --target int8:",
+          "PASS" if not int8_problems else f"FAIL ({len(int8_problems)})")
     targets = {}
     if "verify" in results.get("fp16", {}):
         targets["fp16 within 1e-3"] = max(results["fp16"]["verify"]["max_abs_diff"].values()) <= 1e-3
@@ -90,6 +100,7 @@ def main(argv=None):
         targets["LiteRT b1 <= 1/3 Keras"] = (base["bench"]["litert"][1]["p50_ms"]
                                              <= base["bench"]["keras"][1]["p50_ms"] / 3)
     targets["static gpu check"] = not problems
+    targets["static int8 check"] = not int8_problems
     for name, ok in targets.items():
         print(f"target {name:<28} {'met' if ok else 'MISSED'}")
     with open(os.path.join(out, "export_bench.json"), "w") as f:

@@ -42,8 +42,9 @@ def run(quick=False):
             first = min(bench["litert"], key=int)
             row["litert/keras_b1"] = bench["litert"][first]["p50_ms"] / bench["keras"][first]["p50_ms"]
         rows.append(row)
-    rows.append({"figure": "export", "mode": "static gpu check",
-                 "problems": len(report["results"].get("static_gpu_check", []))})
+    for check in ("gpu", "int8"):
+        rows.append({"figure": "export", "mode": f"static {check} check",
+                     "problems": len(report["results"].get(f"static_{check}_check", []))})
     for target, met in report.get("targets", {}).items():
         rows.append({"figure": "export", "mode": f"target: {target}", "met": met})
     return rows
