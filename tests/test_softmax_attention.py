@@ -119,3 +119,38 @@ def test_mixed_precision_gradients_keep_dtypes_and_stay_finite():
     assert all(v.dtype == tf.float32 for k, v in g.items() if k != "x")
     assert all(np.all(np.isfinite(np.asarray(v, "float32"))) for v in g.values())
     assert float(np.max(np.abs(np.asarray(g["query/kernel"])))) > 0.0
+
+
+def test_xla_functions_keep_autodiff_and_agree():
+    import layers.attention_ops as attention_ops
+
+    seen = []
+
+    @tf.function(jit_compile=True)
+    def compiled(t):
+        seen.append(attention_ops.compiled_by_xla())
+        return t
+
+    @tf.function
+    def plain(t):
+        seen.append(attention_ops.compiled_by_xla())
+        return t
+
+    compiled(tf.zeros(1))
+    plain(tf.zeros(1))
+    assert seen == [True, False] and not attention_ops.compiled_by_xla()
+    layer = MultiHeadAttention(num_heads=2, key_dim=4)
+    x = RNG.normal(size=(2, 5, 6)).astype("float32")
+    layer(x)
+
+    def grads(jit):
+        @tf.function(jit_compile=jit)
+        def step(t):
+            with tf.GradientTape() as tape:
+                loss = tf.reduce_sum(tf.sin(layer(t)))
+            return tape.gradient(loss, layer.trainable_variables)
+
+        return [np.asarray(g) for g in step(tf.constant(x))]
+
+    for a, b in zip(grads(True), grads(False)):
+        np.testing.assert_allclose(a, b, atol=1e-5)
