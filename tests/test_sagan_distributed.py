@@ -200,7 +200,8 @@ def runs(tmp_path_factory):
     env.pop("TF_CONFIG", None)
     cmd = [sys.executable, str(pathlib.Path(__file__).resolve()), "--logical-cpus", "2",
            "--cbn-check", str(base / "cbn.npz"), "--resume-copy", str(base / "mirrored_resumed"),
-           "--", "sagan", "--strategy", "mirrored", "--out", str(base / "mirrored"), "--epochs", "1", *TINY]
+           "--", "sagan", "--strategy", "mirrored", "--jit-compile", "--out", str(base / "mirrored"),
+           "--epochs", "1", *TINY]
     log = open(base / "mirrored.log", "w")  # a file, not a pipe: the child never blocks on output
     proc = subprocess.Popen(cmd, cwd=ROOT, env=env, stdout=log, stderr=subprocess.STDOUT)
     try:
@@ -246,6 +247,10 @@ def test_mirrored_two_replicas_equal_one_device(runs):
     assert _moved(single, _state(base / "single-e2.npz")) > 1e-3
     metrics = json.loads((base / "mirrored" / "metrics.json").read_text())
     assert metrics["distribution"]["replicas"] == 2 and metrics["distribution"]["strategy"] == "mirrored"
+    # --jit-compile on 2 replicas: the steps ran without XLA (sagan_fit.py says why), and
+    # the run says so instead of failing on XLA's one-device limit.
+    assert metrics["distribution"]["jit_compile"] is False
+    assert "XLA: off for sagan on 2 replicas" in output
 
 
 def test_replicas_hold_identical_copies(runs):
@@ -283,14 +288,19 @@ def test_synchronized_conditional_batch_norm_is_the_global_batch_norm(runs):
     assert np.max(np.abs(c["local_y"] - c["sync_y"])) > 1e-2
 
 
-def _tiny_trainer(seed=0):
+def _tiny_trainer(seed=0, attention=None, with_ema=False, **trainer_kwargs):
     import zoo
     from train.sagan_fit import SaganTrainer
 
-    kwargs = {"image_size": 32, "num_classes": 4, "width": 4, "attention_resolution": None, "seed": 1}
+    kwargs = {"image_size": 32, "num_classes": 4, "width": 4, "attention_resolution": attention, "seed": 1}
     g = zoo.build("sagan_generator", latent_dim=8, **kwargs)
     d = zoo.build("sagan_discriminator", **kwargs)
-    return SaganTrainer(g, d, num_classes=4, latent_dim=8, n_dis=1, seed=seed)
+    ema = None
+    if with_ema:
+        ema = zoo.build("sagan_generator", latent_dim=8, **kwargs)
+        ema.set_weights(g.get_weights())
+    trainer_kwargs = {"n_dis": 1, **trainer_kwargs}
+    return SaganTrainer(g, d, num_classes=4, latent_dim=8, seed=seed, ema=ema, **trainer_kwargs)
 
 
 def test_float16_scales_the_loss_and_its_checkpoint_restores_in_float32(tmp_path):
@@ -321,6 +331,56 @@ def test_float16_scales_the_loss_and_its_checkpoint_restores_in_float32(tmp_path
     for a, b in zip(trainer.g.variables + trainer.d_opt.inner_optimizer.variables,
                     restored.g.variables + restored.d_opt.variables):
         np.testing.assert_array_equal(np.asarray(a.numpy()), np.asarray(b.numpy()))
+
+
+def test_jit_compiled_d_step_equals_the_uncompiled_step(tmp_path):
+    """Six steps (3 D + G pairs, attention at 16x16, EMA) with the D step under XLA end
+    where the same steps without XLA end. Adam's epsilon is raised to 1 here: with
+    1e-7, Adam divides each gradient by its own size, so an element whose gradient is
+    ~1e-7 moves by up to lr on a rounding difference (seen: 2.3e-5 after one D step);
+    the comparison is then about Adam, not about the step."""
+    import keras
+    import numpy as np
+
+    rng = np.random.default_rng(0)
+    real = rng.uniform(-1, 1, size=(8, 32, 32, 3)).astype("float32")
+    labels = rng.integers(0, 4, size=8).astype("int32")
+    states = {}
+    for jit in (False, True):
+        keras.utils.set_random_seed(0)
+        trainer = _tiny_trainer(attention=16, with_ema=True, n_dis=2, lr_d=0.01, lr_g=0.01, jit_compile=jit)
+        assert trainer.jit_compile is jit
+        trainer.d_opt.epsilon = trainer.g_opt.epsilon = 1.0
+        trainer.save(str(tmp_path / "initial"), {})
+        for step in range(6):
+            logs = trainer.train_batch(real, labels, step)
+            assert all(np.isfinite(v) for v in logs.values()), logs
+        trainer.save(str(tmp_path / str(jit)), {})
+        states[jit] = _state(tmp_path / str(jit) / "state.npz")
+    exact, null = _max_diffs(states[True], states[False], [v.path for v in trainer.g.variables])
+    assert exact < 1e-5 and null < 1e-5, (exact, null)
+    # XLA's fused kernels round differently from TensorFlow's: a difference of exactly 0
+    # would mean the compiled step never ran.
+    assert exact > 0
+    assert _moved(_state(tmp_path / "initial" / "state.npz"), states[False]) > 1e-3
+
+
+def test_jit_compile_flag_reaches_the_sagan_trainer():
+    import train.sagan_run as sagan_run
+    from train import strategy as dist
+
+    trainer = _tiny_trainer()
+    model_cfg = {"num_classes": 4, "latent_dim": 8}
+    train_cfg = {"lr_g": 1e-4, "lr_d": 4e-4, "beta1": 0.0, "beta2": 0.9, "n_dis": 1, "ema": 0, "seed": 0}
+    try:
+        for flag in (True, False, None):
+            dist.configure(argparse.Namespace(strategy="default", mixed_precision=False, jit_compile=flag),
+                           command="sagan")
+            want = dist.device_kind() in ("gpu", "tpu") if flag is None else flag
+            made = sagan_run._trainer(trainer.g, trainer.d, None, model_cfg, train_cfg)
+            assert made.jit_compile is want, flag
+    finally:
+        dist.reset()
 
 
 def test_configure_accepts_every_strategy_for_sagan():

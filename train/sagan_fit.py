@@ -20,13 +20,25 @@ synchronised across replicas (zoo/sagan.py). The EMA of G is updated in
 cross-replica context. Under `mixed_float16` both optimizers scale the loss
 (`keras.optimizers.LossScaleOptimizer`).
 
-The whole training state (G, D, EMA-G variables and both optimizers' slots) is
-saved as one .npz written atomically, plus `state.json`; `restore` puts it back
-into freshly built models, so `--resume` continues where the run stopped. Values
-are stored per variable, not per device: a checkpoint written on N replicas
-restores on any number of replicas.
+XLA (`jit_compile=True`, `--jit-compile`): the D step (G's forward pass, D's
+forward and backward pass, Adam) is one XLA computation on one replica. The G step
+is not: the gradient of G's nearest-neighbour upsampling (`ops.image.resize(...,
+"nearest")` in zoo/sagan.py) is `ResizeNearestNeighborGrad`, which XLA's CPU
+compiler rejects (TF 2.21); in TensorFlow's source its XLA kernel is registered
+for TPU only, so XLA on GPU is expected to reject it too (not run here).
+On several replicas neither step is compiled: an XLA computation runs on one device
+and cannot reach the other replicas' variables ("Trying to access resource ...
+located in device CPU:1 from device CPU:0" on two logical CPUs, for the whole step
+and for the per-replica function alike). TPUStrategy compiles both steps itself.
+
+The whole training state (G, D, EMA-G variables and both optimizers' slots, and the
+JSON state) is saved as one .npz written atomically, plus a copy of the JSON state in
+`state.json`; `restore` puts it back into freshly built models, so `--resume`
+continues where the run stopped. Values are stored per variable, not per device: a
+checkpoint written on N replicas restores on any number of replicas.
 """
 
+import json
 import os
 
 import keras
@@ -38,6 +50,7 @@ from train.rundir import atomic_save_npz, atomic_write_json, read_json
 
 STATE_NPZ = "state.npz"
 STATE_JSON = "state.json"
+_STATE_KEY = "__state__"
 _D_NOISE, _G_NOISE = 0, 1
 
 
@@ -61,12 +74,14 @@ class SaganTrainer:
 
     The models must have been built in `strategy.scope()` (default: the current
     `tf.distribute.get_strategy()`); the optimizers are built here, in that scope.
-    `seed` seeds the latent noise and fake labels of every step.
+    `seed` seeds the latent noise and fake labels of every step. `jit_compile`
+    XLA-compiles the D step on one replica (the module docstring says why not the G
+    step, nor on several replicas); `self.jit_compile` says whether it is.
     """
 
     def __init__(self, generator, discriminator, *, num_classes, latent_dim, lr_g=1e-4,
                  lr_d=4e-4, beta_1=0.0, beta_2=0.9, n_dis=1, ema=None, ema_decay=0.999,
-                 seed=0, strategy=None):
+                 seed=0, strategy=None, jit_compile=False):
         self.strategy = strategy or tf.distribute.get_strategy()
         self.g, self.d, self.ema = generator, discriminator, ema
         self.num_classes = num_classes
@@ -89,7 +104,9 @@ class SaganTrainer:
             # sum first and the optimizers' own summation is turned off.
             for optimizer in (self.g_opt, self.d_opt):
                 _reduce_before_clipping(optimizer)
-        self.d_step = tf.function(self._d_step, reduce_retracing=True)
+        self.jit_compile = (bool(jit_compile) and self.replicas == 1
+                            and not isinstance(self.strategy, tf.distribute.TPUStrategy))
+        self.d_step = tf.function(self._d_step, reduce_retracing=True, jit_compile=self.jit_compile)
         self.g_step = tf.function(self._g_step, reduce_retracing=True)
         self.ema_step = tf.function(self._ema_step)
 
@@ -194,6 +211,9 @@ class SaganTrainer:
         os.makedirs(directory, exist_ok=True)
         arrays = {f"{name}/{i}": np.asarray(v.numpy())
                   for name, variables in self._groups().items() for i, v in enumerate(variables)}
+        # The JSON state travels inside the one atomically replaced .npz: a run killed
+        # between the two files' renames still resumes from a matching pair.
+        arrays[_STATE_KEY] = np.array(json.dumps(state))
         atomic_save_npz(os.path.join(directory, STATE_NPZ), **arrays)
         atomic_write_json(os.path.join(directory, STATE_JSON), state)
 
@@ -207,6 +227,8 @@ class SaganTrainer:
                     raise ValueError(f"checkpoint holds {count} {name} variables, the model {len(variables)}")
                 for i, v in enumerate(variables):
                     v.assign(saved[f"{name}/{i}"])
+            if _STATE_KEY in saved.files:
+                return json.loads(str(saved[_STATE_KEY]))
         return read_json(os.path.join(directory, STATE_JSON))
 
 

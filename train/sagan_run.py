@@ -8,7 +8,10 @@ RUN_DIR/metrics.json         fid, kid, fid_floor, kid_floor, class_accuracy, ...
 RUN_DIR/calibration.npz      noise (and label) rows for int8 calibration of the export
 RUN_DIR/vocab/classes.txt    class names, one per line (label id = line number)
 RUN_DIR/samples/epoch_NNN.png, samples.png, attention.png, logs/ (TensorBoard),
-RUN_DIR/checkpoints/         state.npz + state.json (resume)
+RUN_DIR/checkpoints/         state.npz + state.json (resume), at epoch ends and, with
+                             --checkpoint-every N, every N D steps (recording the
+                             batches done in the epoch and their losses, so --resume
+                             continues with the next batch of that epoch)
 """
 
 import os
@@ -190,7 +193,8 @@ def resume_run(args):
     trainer = _trainer(g, d, ema, config["model"], train_cfg)
     state = trainer.restore(ckpt)
     keras.utils.set_random_seed(train_cfg["seed"] + state["epoch"])
-    print(f"resuming {out} at epoch {state['epoch']} of {train_cfg['epochs']}", file=sys.stderr)
+    within = f", batch {state['batches_done']}" if state.get("batches_done") else ""
+    print(f"resuming {out} at epoch {state['epoch']}{within} of {train_cfg['epochs']}", file=sys.stderr)
     return _fit_and_finish(out, config, data, g, d, ema, classifier, report, state, trainer)
 
 
@@ -198,10 +202,15 @@ def _trainer(g, d, ema, model_cfg, train_cfg):
     from train import strategy as dist
     from train.sagan_fit import SaganTrainer
 
-    return SaganTrainer(g, d, num_classes=model_cfg["num_classes"], latent_dim=model_cfg["latent_dim"],
-                        lr_g=train_cfg["lr_g"], lr_d=train_cfg["lr_d"], beta_1=train_cfg["beta1"],
-                        beta_2=train_cfg["beta2"], n_dis=train_cfg["n_dis"], ema=ema,
-                        ema_decay=train_cfg["ema"], seed=train_cfg["seed"], strategy=dist.get())
+    trainer = SaganTrainer(g, d, num_classes=model_cfg["num_classes"], latent_dim=model_cfg["latent_dim"],
+                           lr_g=train_cfg["lr_g"], lr_d=train_cfg["lr_d"], beta_1=train_cfg["beta1"],
+                           beta_2=train_cfg["beta2"], n_dis=train_cfg["n_dis"], ema=ema,
+                           ema_decay=train_cfg["ema"], seed=train_cfg["seed"], strategy=dist.get(),
+                           jit_compile=dist.jit_compile())
+    if dist.jit_compile() and not trainer.jit_compile:
+        print(f"XLA: off for sagan on {trainer.replicas} replicas (an XLA computation runs on one "
+              f"device; docs/distributed.md)", file=sys.stderr)
+    return trainer
 
 
 def _fixed_latents(model_cfg, seed, rows=None):
@@ -246,13 +255,16 @@ def _fit_and_finish(out, config, data, g, d, ema, classifier, classifier_report,
                              seed=train_cfg["seed"] + 7)
         return round(quick.fid(images), 4)
 
-    if not state["history"]:
+    if "initial_fid" not in state:  # a step checkpoint of epoch 1 already holds it
         state["initial_fid"] = quick_fid()
     fixed = _fixed_latents(model_cfg, train_cfg["seed"])
     batch = train_cfg["batch_size"]
     steps = max(1, len(data.train) // batch)
     limit = train_cfg["max_minutes"] * 60.0
+    every = dist.checkpoint_every()
     stopped = False
+    # A step checkpoint: the batches of state["epoch"] already trained, and their logs.
+    skip, sums = state.pop("batches_done", 0), state.pop("partial_logs", {})
     for epoch in range(state["epoch"], train_cfg["epochs"]):
         if limit and state["train_seconds"] >= limit:
             stopped = True
@@ -261,9 +273,8 @@ def _fit_and_finish(out, config, data, g, d, ema, classifier, classifier_report,
         order = np.random.default_rng(train_cfg["seed"] + epoch).permutation(len(data.train))
         print(f"epoch {epoch + 1}/{train_cfg['epochs']}", file=sys.stderr, flush=True)
         bar = keras.utils.Progbar(steps, stateful_metrics=["d_loss", "g_loss", "d_real", "d_fake"])
-        sums = {}
-        done = 0
-        for i in range(steps):
+        done = skip
+        for i in range(skip, steps):
             idx = order[i * batch:(i + 1) * batch]
             real = data.train[idx].astype(np.float32) / 127.5 - 1.0
             labels = data.train_labels[idx] if model_cfg["num_classes"] else np.zeros(len(idx), np.int32)
@@ -275,6 +286,9 @@ def _fit_and_finish(out, config, data, g, d, ema, classifier, classifier_report,
                 sums.setdefault(k, []).append(v)
             bar.update(i + 1, [(k, v) for k, v in logs.items()])
             done = i + 1
+            if every and state["d_steps"] % every == 0 and done < steps and chief:
+                trainer.save(ckpt, {**state, "batches_done": done, "partial_logs": sums,
+                                    "train_seconds": state["train_seconds"] + time.perf_counter() - started})
             if limit and state["train_seconds"] + time.perf_counter() - started >= limit:
                 stopped = True
                 break
@@ -283,6 +297,7 @@ def _fit_and_finish(out, config, data, g, d, ema, classifier, classifier_report,
         entry = {"epoch": epoch + 1, "steps": done, **means, "fid_quick": quick_fid()}
         state["history"].append(entry)
         state["epoch"] = epoch + 1
+        skip, sums = 0, {}
         images = np.asarray(sampling.refresh().predict_on_batch(fixed))
         save_sample_grid(images, GRID_COLUMNS, os.path.join(samples_dir, f"epoch_{epoch + 1:03d}.png"))
         with writer.as_default(step=epoch + 1):
@@ -298,11 +313,13 @@ def _fit_and_finish(out, config, data, g, d, ema, classifier, classifier_report,
         if stopped:
             break
     sampling.refresh()
-    return _finish(out, config, data, g, d, sampler, classifier, classifier_report, state, stopped)
+    distribution = {**dist.describe(), "jit_compile": trainer.jit_compile}
+    return _finish(out, config, data, g, d, sampler, classifier, classifier_report, state, stopped,
+                   distribution)
 
 
-def _finish(out, config, data, g, d, sampler, classifier, classifier_report, state, stopped):
-    from train import strategy as dist
+def _finish(out, config, data, g, d, sampler, classifier, classifier_report, state, stopped,
+            distribution):
     from train.sagan_eval import Evaluator
     from train.sagan_figures import save_attention_figure, save_sample_grid
     from zoo.sagan import attention_scores
@@ -321,7 +338,7 @@ def _finish(out, config, data, g, d, sampler, classifier, classifier_report, sta
         epochs=state["epoch"], d_steps=state["d_steps"], train_seconds=round(seconds, 1),
         images_per_second=round(state["d_steps"] * train_cfg["batch_size"] / seconds, 1) if seconds else None,
         stopped_by_time_limit=bool(stopped), attention_resolution=model_cfg["attention_resolution"],
-        distribution={k: v for k, v in dist.describe().items() if k != "jit_compile"},
+        distribution=distribution,
         params_g=int(g.count_params()), params_d=int(d.count_params()), ema=train_cfg["ema"],
     )
     rundir.atomic_save_model(sampler, os.path.join(out, "model.keras"))

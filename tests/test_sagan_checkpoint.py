@@ -1,0 +1,86 @@
+"""`python -m train sagan --checkpoint-every N`: a run whose last checkpoint is a step
+checkpoint resumes with the next batch of the same epoch and ends where the
+uninterrupted run ends (weights, optimizers, EMA, the epochs' loss history)."""
+
+import json
+import os
+import shutil
+
+import pytest
+
+from tests.test_sagan_distributed import TINY, _assert_equals_single
+
+# TINY: 4 D steps per epoch. Every 3 D steps: step checkpoints inside epoch 1 (after
+# batch 3) and epoch 2 (after batch 2); the quick FID makes epoch 1's initial FID and
+# every epoch's FID part of what must match.
+ARGS = ["--epochs", "2", "--checkpoint-every", "3", *TINY, "--epoch-eval-samples", "16"]
+
+
+class _Killed(BaseException):
+    """Not an Exception: passes the CLI's error handling like a SIGKILL would."""
+
+
+def _main(argv, kill_after_d_steps=None, keep=None):
+    """Runs the CLI. `kill_after_d_steps`: stops dead right after the step checkpoint
+    written at that D step. `keep`: a folder that receives a copy of every step
+    checkpoint (state-<d_steps>.npz / .json)."""
+    from train import strategy as dist
+    from train.cli import main
+    from train.sagan_fit import STATE_JSON, STATE_NPZ, SaganTrainer
+
+    save = SaganTrainer.save
+
+    def spy(self, directory, state):
+        save(self, directory, state)
+        if not state.get("batches_done"):
+            return
+        if keep is not None:
+            for name in (STATE_NPZ, STATE_JSON):
+                stem, ext = os.path.splitext(name)
+                copy = os.path.join(keep, f"{stem}-{state['d_steps']}{ext}")
+                shutil.copy(os.path.join(directory, name), copy)
+        if state["d_steps"] == kill_after_d_steps:
+            raise _Killed
+
+    SaganTrainer.save = spy
+    try:
+        return main(argv)
+    finally:
+        SaganTrainer.save = save
+        dist.reset()
+
+
+def _json(path):
+    return json.loads(path.read_text())
+
+
+def test_step_checkpoints_resume_mid_epoch_and_end_where_the_uninterrupted_run_ends(tmp_path):
+    single, killed, kept = tmp_path / "single", tmp_path / "killed", tmp_path / "kept"
+    kept.mkdir()
+    assert _main(["sagan", "--out", str(single), *ARGS], keep=str(kept)) == 0
+    assert sorted(os.listdir(kept)) == ["state-3.json", "state-3.npz", "state-6.json", "state-6.npz"]
+    state = _json(kept / "state-3.json")
+    assert (state["epoch"], state["batches_done"], state["d_steps"], state["history"]) == (0, 3, 3, [])
+    assert len(state["partial_logs"]["d_loss"]) == 3 and len(state["partial_logs"]["g_loss"]) == 1
+
+    # The run as a kill right after the step checkpoint of epoch 1 left it (its later
+    # files are overwritten by the resumed run): then killed again inside epoch 2.
+    shutil.copytree(single, killed)
+    for name in ("state.npz", "state.json"):
+        stem, ext = os.path.splitext(name)
+        shutil.copy(kept / f"{stem}-3{ext}", killed / "checkpoints" / name)
+    resume = ["sagan", "--out", str(killed), "--resume", "--checkpoint-every", "3"]
+    with pytest.raises(_Killed):
+        _main(resume, kill_after_d_steps=6)
+    state = _json(killed / "checkpoints" / "state.json")
+    assert (state["epoch"], state["batches_done"], state["d_steps"], len(state["history"])) == (1, 2, 6, 1)
+    assert state == _json(kept / "state-6.json") | {"train_seconds": state["train_seconds"]}
+
+    assert _main(resume) == 0
+    _assert_equals_single(tmp_path, killed / "checkpoints" / "state.npz", "single/checkpoints/state.npz")
+    want, got = _json(single / "checkpoints" / "state.json"), _json(killed / "checkpoints" / "state.json")
+    assert got["d_steps"] == want["d_steps"] == 8 and "batches_done" not in got
+    assert got["history"] == want["history"] and got["initial_fid"] == want["initial_fid"]
+    assert [h["steps"] for h in got["history"]] == [4, 4]
+    metrics = _json(killed / "metrics.json")
+    assert metrics["distribution"]["jit_compile"] is False  # --jit-compile is off by default on CPU
