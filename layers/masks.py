@@ -101,14 +101,23 @@ def combine_masks(
         b = ops.cast(b, "float32")
         return b if a is None else a * b
 
-    if structural is not None:
-        mask = _and(mask, ops.expand_dims(structural, 0))
-    if query_mask is not None:
+    # The full [B, Tq, Tk] factor comes first, so every later product broadcasts
+    # one operand only: the mobile GPU delegate has no MUL broadcasting both ways.
+    if query_mask is not None and key_mask is not None:
+        # The padding outer product as a matmul, [B, Tq, 1] x [B, 1, Tk], for the
+        # same reason.
+        mask = ops.matmul(
+            ops.expand_dims(ops.cast(query_mask, "float32"), -1),
+            ops.expand_dims(ops.cast(key_mask, "float32"), -2),
+        )
+    elif query_mask is not None:
         mask = _and(mask, ops.expand_dims(query_mask, -1))
-    if key_mask is not None:
+    elif key_mask is not None:
         mask = _and(mask, ops.expand_dims(key_mask, -2))
     if attention_mask is not None:
         if len(attention_mask.shape) == 2:
             attention_mask = ops.expand_dims(attention_mask, 0)
         mask = _and(mask, attention_mask)
+    if structural is not None:
+        mask = _and(mask, ops.expand_dims(structural, 0))
     return mask
