@@ -24,6 +24,7 @@ What it does differently, on purpose:
   which `compile` installs); `--jit-compile` XLA-compiles the forward and backward pass.
 """
 
+import contextlib
 import math
 import os
 import sys
@@ -360,30 +361,31 @@ def _averaging_optimizer(model):
     return inner if getattr(inner, "use_ema", False) and inner.built else None
 
 
-class averaged_weights:
+@contextlib.contextmanager
+def _restoring(variables):
+    """Puts `variables` back to their current values when the block ends."""
+    saved = [v.numpy() for v in variables]
+    try:
+        yield
+    finally:
+        for variable, value in zip(variables, saved):
+            variable.assign(value)
+
+
+@contextlib.contextmanager
+def averaged_weights(model):
     """Context in which the model holds its optimizer's moving averages of the weights
     (`use_ema=True`) instead of the raw weights, which come back on exit. Evaluation
     and the best-on-dev weights see the averages; training and its checkpoints keep
     the raw weights, so a resumed run continues exactly. A no-op without `use_ema`."""
-
-    def __init__(self, model):
-        self.model = model
-        self.saved = None
-
-    def __enter__(self):
-        optimizer = _averaging_optimizer(self.model)
-        if optimizer is not None:
-            variables = self.model.trainable_variables
-            self.saved = [v.numpy() for v in variables]
-            optimizer.finalize_variable_values(variables)
-        return self
-
-    def __exit__(self, *exc):
-        if self.saved is not None:
-            for variable, value in zip(self.model.trainable_variables, self.saved):
-                variable.assign(value)
-            self.saved = None
-        return False
+    optimizer = _averaging_optimizer(model)
+    if optimizer is None:
+        yield
+        return
+    variables = model.trainable_variables
+    with _restoring(variables):
+        optimizer.finalize_variable_values(variables)
+        yield
 
 
 def seconds_per_step(model, batches, warmup=1):
@@ -394,18 +396,15 @@ def seconds_per_step(model, batches, warmup=1):
     afterwards, so the run that follows starts exactly as if nothing had run."""
     engine = Engine(model)
     engine.build(batches[0])
-    variables = list(model.variables) + list(engine.optimizer.variables)
-    saved = [v.numpy() for v in variables]
     times = []
     try:
-        for i, batch in enumerate(batches):
-            start = time.perf_counter()
-            engine.train_batch(batch)
-            if i >= warmup:
-                times.append(time.perf_counter() - start)
+        with _restoring(list(model.variables) + list(engine.optimizer.variables)):
+            for i, batch in enumerate(batches):
+                start = time.perf_counter()
+                engine.train_batch(batch)
+                if i >= warmup:
+                    times.append(time.perf_counter() - start)
     finally:
-        for v, value in zip(variables, saved):
-            v.assign(value)
         engine.reset_metrics()
     return float(np.median(times)) if times else 0.0
 
