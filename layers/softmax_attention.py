@@ -33,7 +33,7 @@ def softmax_attention(query, key, value, keep, normalize_scores):
         query: `[B, Tq, H, d]` (or `[B, Tq, d]` without the head axis).
         key: `[B, Tk, H, d]` (or `[B, Tk, d]`).
         value: `[B, Tk, H, dv]` (or `[B, Tk, dv]`).
-        keep: `None` or boolean mask broadcastable to the weights
+        keep: `None` or 0/1 mask (float or boolean) broadcastable to the weights
             `[B, 1, Tq, Tk]` (or `[B, Tq, Tk]`); constant for the gradient.
         normalize_scores: the function turning float scores and `keep` into
             float32 weights (`attention_ops.normalize_scores` with softmax),

@@ -72,7 +72,7 @@ def test_resume_continues_epochs_and_optimizer_state(tmp_path, tiny_data):
     assert int(resumed.optimizer.iterations.numpy()) == 2 * steps
 
 
-def test_timing_probe_leaves_weights_and_optimizer_untouched(tiny_data):
+def test_timing_probe_leaves_weights_and_optimizer_untouched(tiny_data, monkeypatch):
     from train import engine
     from train.tagger_data import Batches, Encoded
     from train.tagger_fit import compile_tagger
@@ -94,15 +94,20 @@ def test_timing_probe_leaves_weights_and_optimizer_untouched(tiny_data):
         np.testing.assert_array_equal(a, v.numpy())
     assert int(model.optimizer.iterations.numpy()) == 0
     cfg = {"batch_size": 16, "seed": 0, "epochs": 40}
-    # One step costs `seconds` (timed on the shortest batches: the probe's random ones
-    # cost more), an epoch len(batches) steps: a budget of ~3 epochs plus the 30 s trace
-    # allowance plans at most 3 (6 leaves room for timing noise), a huge one all 40, and
-    # one below the allowance the floor of 1.
-    epoch = seconds * len(batches)
-    planned = _epochs_within_budget(model, encoded, dict(cfg, max_minutes=(30 + 3 * epoch) / 60))
-    assert 1 <= planned <= 6, planned
+    # With real timings: a huge budget plans all 40 epochs, one below the 30 s trace
+    # allowance the floor of 1.
     assert _epochs_within_budget(model, encoded, dict(cfg, max_minutes=1e4)) == 40
     assert _epochs_within_budget(model, encoded, dict(cfg, max_minutes=0.1)) == 1
+    # With a fixed step time the plan is exact: an epoch is len(batches) steps plus
+    # dev evaluation at a third of a training token's cost; a budget (after the 30 s
+    # allowance and the 0.9 margin) of 3.5 epochs plans 3.
+    monkeypatch.setattr(engine, "seconds_per_step", lambda model, batches: 0.25)
+    train_tokens = float(encoded["train"].lengths.sum())
+    dev_tokens = float(encoded["dev"].lengths.sum())
+    epoch = 0.25 * len(batches) * (1.0 + dev_tokens / (3.0 * train_tokens))
+    minutes = (30.0 + 3.5 * epoch / 0.9) / 60.0
+    assert _epochs_within_budget(model, encoded, dict(cfg, max_minutes=minutes)) == 3
+    assert _epochs_within_budget(model, encoded, dict(cfg, max_minutes=(30.0 + 7.5 * epoch / 0.9) / 60.0)) == 7
 
 
 def test_default_epochs_shrink_to_fit_the_time_budget(tmp_path, tiny_data):
