@@ -51,6 +51,32 @@ def test_builder_bad_arguments(kwargs, message):
 
 
 # ---------------------------------------------------------------- FID / KID
+@pytest.mark.parametrize("jit_compile", [False, True])
+def test_upsampling_gradient_is_the_2x2_block_sum(jit_compile):
+    """G's upsampling: nearest-neighbour forward, and a gradient that compiles under XLA
+    (TensorFlow's own, ResizeNearestNeighborGrad, does not)."""
+    import tensorflow as tf
+
+    from zoo.sagan import upsample_nearest_2x
+
+    rng = np.random.default_rng(0)
+    x = rng.standard_normal((2, 3, 4, 5)).astype("float32")
+    weights = rng.standard_normal((2, 6, 8, 5)).astype("float32")
+
+    @tf.function(jit_compile=jit_compile)
+    def forward_backward(x):
+        with tf.GradientTape() as tape:
+            tape.watch(x)
+            y = upsample_nearest_2x(x)
+            loss = tf.reduce_sum(y * weights)
+        return y, tape.gradient(loss, x)
+
+    y, grad = forward_backward(tf.constant(x))
+    np.testing.assert_array_equal(y.numpy(), x.repeat(2, axis=1).repeat(2, axis=2))
+    np.testing.assert_allclose(grad.numpy(), weights.reshape(2, 3, 2, 4, 2, 5).sum(axis=(2, 4)),
+                               rtol=1e-6, atol=1e-6)
+
+
 def test_fid_against_itself_is_zero_and_against_noise_large():
     rng = np.random.default_rng(0)
     mixing = rng.normal(size=(16, 16)) / 4

@@ -333,8 +333,8 @@ def test_float16_scales_the_loss_and_its_checkpoint_restores_in_float32(tmp_path
         np.testing.assert_array_equal(np.asarray(a.numpy()), np.asarray(b.numpy()))
 
 
-def test_jit_compiled_d_step_equals_the_uncompiled_step(tmp_path):
-    """Six steps (3 D + G pairs, attention at 16x16, EMA) with the D step under XLA end
+def test_jit_compiled_steps_equal_the_uncompiled_steps(tmp_path):
+    """Six steps (3 D + G pairs, attention at 16x16, EMA) with both steps under XLA end
     where the same steps without XLA end. Adam's epsilon is raised to 1 here: with
     1e-7, Adam divides each gradient by its own size, so an element whose gradient is
     ~1e-7 moves by up to lr on a rounding difference (seen: 2.3e-5 after one D step);

@@ -21,11 +21,10 @@ cross-replica context. Under `mixed_float16` both optimizers scale the loss
 (`keras.optimizers.LossScaleOptimizer`).
 
 XLA (`jit_compile=True`, `--jit-compile`): the D step (G's forward pass, D's
-forward and backward pass, Adam) is one XLA computation on one replica. The G step
-is not: the gradient of G's nearest-neighbour upsampling (`ops.image.resize(...,
-"nearest")` in zoo/sagan.py) is `ResizeNearestNeighborGrad`, which XLA's CPU
-compiler rejects (TF 2.21); in TensorFlow's source its XLA kernel is registered
-for TPU only, so XLA on GPU is expected to reject it too (not run here).
+forward and backward pass, Adam) and the G step (G's and D's forward pass, G's
+backward pass, Adam) are each one XLA computation on one replica. G's upsampling
+carries its own gradient (`zoo.sagan.upsample_nearest_2x`): TensorFlow's,
+`ResizeNearestNeighborGrad`, has no XLA kernel outside TPUs.
 On several replicas neither step is compiled: an XLA computation runs on one device
 and cannot reach the other replicas' variables ("Trying to access resource ...
 located in device CPU:1 from device CPU:0" on two logical CPUs, for the whole step
@@ -75,8 +74,8 @@ class SaganTrainer:
     The models must have been built in `strategy.scope()` (default: the current
     `tf.distribute.get_strategy()`); the optimizers are built here, in that scope.
     `seed` seeds the latent noise and fake labels of every step. `jit_compile`
-    XLA-compiles the D step on one replica (the module docstring says why not the G
-    step, nor on several replicas); `self.jit_compile` says whether it is.
+    XLA-compiles the D and G steps on one replica (the module docstring says why not
+    on several replicas); `self.jit_compile` says whether they are.
     """
 
     def __init__(self, generator, discriminator, *, num_classes, latent_dim, lr_g=1e-4,
@@ -107,7 +106,7 @@ class SaganTrainer:
         self.jit_compile = (bool(jit_compile) and self.replicas == 1
                             and not isinstance(self.strategy, tf.distribute.TPUStrategy))
         self.d_step = tf.function(self._d_step, reduce_retracing=True, jit_compile=self.jit_compile)
-        self.g_step = tf.function(self._g_step, reduce_retracing=True)
+        self.g_step = tf.function(self._g_step, reduce_retracing=True, jit_compile=self.jit_compile)
         self.ema_step = tf.function(self._ema_step)
 
     # ------------------------------------------------------------ steps

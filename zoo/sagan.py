@@ -86,6 +86,26 @@ def _validate(image_size, channels, num_classes, width, latent_dim):
         )
 
 
+@ops.custom_gradient
+def upsample_nearest_2x(x):
+    """2x nearest-neighbour upsampling of [B, H, W, C] (static H, W, C).
+
+    Forward: one RESIZE_NEAREST_NEIGHBOR (keras.layers.UpSampling2D repeats through a
+    5-D TILE, which the mobile GPU delegate rejects). Backward: each input pixel's
+    gradient is the sum over its 2x2 output block, written as a reshape and a sum
+    because TensorFlow's own gradient (ResizeNearestNeighborGrad) has no XLA kernel
+    outside TPUs, which kept G's training step from compiling.
+    """
+    _, h, w, c = x.shape
+    y = ops.image.resize(x, (2 * h, 2 * w), interpolation="nearest")
+
+    def grad(*args, upstream=None):
+        dy = args[0] if upstream is None else upstream
+        return ops.sum(ops.reshape(dy, (-1, h, 2, w, 2, c)), axis=(2, 4))
+
+    return y, grad
+
+
 @keras.saving.register_keras_serializable(package="zoo")
 class GeneratorBlock(keras.layers.Layer):
     """SAGAN/BigGAN residual up-block with (conditional) batch norm.
@@ -122,9 +142,7 @@ class GeneratorBlock(keras.layers.Layer):
 
     @staticmethod
     def upsample(x):
-        # RESIZE_NEAREST_NEIGHBOR; keras.layers.UpSampling2D repeats through a 5-D TILE,
-        # which the mobile GPU delegate rejects.
-        return ops.image.resize(x, (2 * x.shape[1], 2 * x.shape[2]), interpolation="nearest")
+        return upsample_nearest_2x(x)
 
     def _norm(self, name):
         if self.num_classes:
