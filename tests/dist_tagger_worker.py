@@ -4,8 +4,10 @@ python tests/dist_tagger_worker.py --strategy default|mirrored|multi_worker --ou
     [--epochs N] [--resume]
 Trains the tagger of train.tagger_run (same model, optimizer, batches, engine) on a small
 embedded data set for --epochs epochs of 3 steps each; at each epoch end every process
-writes its weights to DIR/weights-e{epoch}-w{worker}.npz. The chief writes step
-checkpoints to DIR/checkpoints. `mirrored` uses two logical CPU devices.
+writes its weights to DIR/weights-e{epoch}-w{worker}.npz and their moving average
+(the optimizer's EMA, `--ema-momentum`, on in every run: it leaves the raw updates
+alone) to DIR/averaged-e{epoch}-w{worker}.npz. The chief writes step checkpoints to
+DIR/checkpoints. `mirrored` uses two logical CPU devices.
 """
 
 import argparse
@@ -20,6 +22,7 @@ TINY = {"word_dim": 16, "char_dim": 8, "char_filters": 8, "char_kernels": [3], "
         "num_heads": 2, "num_layers": 1, "dropout": 0.0, "word_dropout": 0.0}
 STEPS = 3
 GLOBAL_BATCH = 8
+EMA_MOMENTUM = 0.5  # low, so a few steps move the average far from the initial weights
 
 
 def main():
@@ -55,7 +58,8 @@ def main():
     with distribute.scope():
         model = zoo.build("tagger", words=words, chars=chars, tags=tags, arch="attention",
                           max_chars=MAX_CHARS, max_len=64, **TINY)
-        compile_tagger(model, 3e-3, total_steps=100, warmup_steps=0, weight_decay=1e-4)
+        compile_tagger(model, 3e-3, total_steps=100, warmup_steps=0, weight_decay=1e-4,
+                       ema_momentum=EMA_MOMENTUM)
     encoded = _encode(model, data)
     index, _ = distribute.worker()
 
@@ -63,6 +67,9 @@ def main():
         def on_epoch_end(self, epoch, logs=None):
             np.savez(os.path.join(args.out, f"weights-e{epoch + 1}-w{index}.npz"),
                      *[np.asarray(v.numpy()) for v in model.trainable_variables])
+            with engine.averaged_weights(model):
+                np.savez(os.path.join(args.out, f"averaged-e{epoch + 1}-w{index}.npz"),
+                         *[np.asarray(v.numpy()) for v in model.trainable_variables])
             print(f"epoch {epoch + 1} loss {logs['loss']:.6f}", flush=True)
 
     os.makedirs(args.out, exist_ok=True)

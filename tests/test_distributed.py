@@ -90,22 +90,27 @@ def runs(tmp_path_factory):
 def test_two_workers_equal_each_other_and_one_device(runs):
     base, outputs = runs
     assert "replicas 2" in outputs[1] and "replicas 2" in outputs[2]
-    w0 = _weights(base / "multi" / "weights-e1-w0.npz")
-    w1 = _weights(base / "multi" / "weights-e1-w1.npz")
-    single = _weights(base / "single" / "weights-e1-w0.npz")
-    _assert_same(w0, w1, atol=0)
-    _assert_same(w0, single)
-    # and training moved the weights (the comparison is not between initial values)
-    initial_moved = any(not np.allclose(a, b) for a, b in
-                        zip(single, _weights(base / "single" / "weights-e2-w0.npz")))
-    assert initial_moved
+    for kind in ("weights", "averaged"):  # the raw weights and the optimizer's EMA of them
+        w0 = _weights(base / "multi" / f"{kind}-e1-w0.npz")
+        w1 = _weights(base / "multi" / f"{kind}-e1-w1.npz")
+        single = _weights(base / "single" / f"{kind}-e1-w0.npz")
+        _assert_same(w0, w1, atol=0)
+        _assert_same(w0, single)
+        # and training moved them (the comparison is not between initial values)
+        initial_moved = any(not np.allclose(a, b) for a, b in
+                            zip(single, _weights(base / "single" / f"{kind}-e2-w0.npz")))
+        assert initial_moved, kind
+    # the average is not the raw weights
+    assert any(not np.allclose(a, b) for a, b in zip(_weights(base / "single" / "weights-e1-w0.npz"),
+                                                     _weights(base / "single" / "averaged-e1-w0.npz")))
 
 
 def test_mirrored_on_two_devices_equals_one_device(runs):
     base, outputs = runs
     assert "replicas 2" in outputs[3]
-    _assert_same(_weights(base / "mirrored" / "weights-e1-w0.npz"),
-                 _weights(base / "single" / "weights-e1-w0.npz"))
+    for kind in ("weights", "averaged"):
+        _assert_same(_weights(base / "mirrored" / f"{kind}-e1-w0.npz"),
+                     _weights(base / "single" / f"{kind}-e1-w0.npz"))
 
 
 def test_only_the_chief_wrote_checkpoints(runs):
@@ -125,8 +130,10 @@ def test_two_worker_checkpoint_resumes_in_one_process(runs, tmp_path):
     shutil.copytree(base / "multi" / "checkpoints", resumed / "checkpoints")
     (out,) = _finish([_start(resumed, "default", epochs=2, resume=True)])
     assert "replicas 1" in out and "restored step-00000003.npz" in out
-    # 1 epoch on 2 workers + 1 epoch in one process == 2 epochs in one process
-    _assert_same(_weights(resumed / "weights-e2-w0.npz"), _weights(base / "single" / "weights-e2-w0.npz"))
+    # 1 epoch on 2 workers + 1 epoch in one process == 2 epochs in one process, the
+    # moving average (optimizer state in the checkpoint) included
+    for kind in ("weights", "averaged"):
+        _assert_same(_weights(resumed / f"{kind}-e2-w0.npz"), _weights(base / "single" / f"{kind}-e2-w0.npz"))
 
 
 @pytest.mark.parametrize("argv, env, needle", [
