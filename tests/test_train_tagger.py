@@ -98,16 +98,23 @@ def test_timing_probe_leaves_weights_and_optimizer_untouched(tiny_data, monkeypa
     # allowance the floor of 1.
     assert _epochs_within_budget(model, encoded, dict(cfg, max_minutes=1e4)) == 40
     assert _epochs_within_budget(model, encoded, dict(cfg, max_minutes=0.1)) == 1
-    # With a fixed step time the plan is exact: an epoch is len(batches) steps plus
-    # dev evaluation at a third of a training token's cost; a budget (after the 30 s
-    # allowance and the 0.9 margin) of 3.5 epochs plans 3.
-    monkeypatch.setattr(engine, "seconds_per_step", lambda model, batches: 0.25)
+    # With a step time proportional to the padded batch size the plan is exact, whichever
+    # batches the probe times: an epoch is 1 ms per padded token slot of all its batches,
+    # plus dev evaluation at a third of a training token's cost; a budget (after the 30 s
+    # allowance and the 0.9 margin) of 3.01 epochs plans 3, of 6.99 plans 6.
+    monkeypatch.setattr(engine, "seconds_per_step", lambda model, timed: 1e-3 * float(
+        np.mean([b[0]["word_ids"].size for b in timed[1:]])))
+    epoch_batches = Batches(encoded["train"], 16, shuffle=True, seed=[0, 10_000])
+    slots = sum(epoch_batches[i][0]["word_ids"].size for i in range(len(epoch_batches)))
+    # sizes differ, so timing any subset without the scaling would misplan the budgets
+    # below, which sit within 0.3% of a whole number of epochs
+    assert len({epoch_batches.padded_size(i) for i in range(len(epoch_batches))}) > 1
     train_tokens = float(encoded["train"].lengths.sum())
     dev_tokens = float(encoded["dev"].lengths.sum())
-    epoch = 0.25 * len(batches) * (1.0 + dev_tokens / (3.0 * train_tokens))
-    minutes = (30.0 + 3.5 * epoch / 0.9) / 60.0
+    epoch = 1e-3 * slots * (1.0 + dev_tokens / (3.0 * train_tokens))
+    minutes = (30.0 + 3.01 * epoch / 0.9) / 60.0
     assert _epochs_within_budget(model, encoded, dict(cfg, max_minutes=minutes)) == 3
-    assert _epochs_within_budget(model, encoded, dict(cfg, max_minutes=(30.0 + 7.5 * epoch / 0.9) / 60.0)) == 7
+    assert _epochs_within_budget(model, encoded, dict(cfg, max_minutes=(30.0 + 6.99 * epoch / 0.9) / 60.0)) == 6
 
 
 def test_default_epochs_shrink_to_fit_the_time_budget(tmp_path, tiny_data):
