@@ -102,8 +102,8 @@ def test_timing_probe_leaves_weights_and_optimizer_untouched(tiny_data, monkeypa
     # batches the probe times: an epoch is 1 ms per padded token slot of all its batches,
     # plus dev evaluation at a third of a training token's cost; a budget (after the 30 s
     # allowance and the 0.9 margin) of 3.01 epochs plans 3, of 6.99 plans 6.
-    monkeypatch.setattr(engine, "seconds_per_step", lambda model, timed: 1e-3 * float(
-        np.mean([b[0]["word_ids"].size for b in timed[1:]])))
+    monkeypatch.setattr(engine, "seconds_per_step", lambda model, probe, warmup: 1e-3 * float(
+        np.mean([b[0]["word_ids"].size for b in probe[warmup:]])))
     epoch_batches = Batches(encoded["train"], 16, shuffle=True, seed=[0, 10_000])
     slots = sum(epoch_batches[i][0]["word_ids"].size for i in range(len(epoch_batches)))
     # sizes differ, so timing any subset without the scaling would misplan the budgets

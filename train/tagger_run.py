@@ -88,11 +88,12 @@ def _epochs_within_budget(model, encoded, train_cfg, probe_steps=12, margin=0.9)
                       seed=[train_cfg["seed"], 10_000])
     picked = np.random.default_rng(train_cfg["seed"]).choice(
         len(batches), size=min(len(batches), probe_steps + 1), replace=False)
-    step = engine.seconds_per_step(model, [batches[int(i)] for i in picked])
+    warmup = 1  # the first probe step traces the function and is not timed
+    step = engine.seconds_per_step(model, [batches[int(i)] for i in picked], warmup=warmup)
     # A step's time grows with its padded size, and a dozen random batches are not the
     # epoch's average: scale the timed steps' mean to the epoch's mean padded size (on
     # 12k sentences the plain median step planned 30 epochs of ~35 s; they took ~40 s).
-    timed = [batches.padded_size(int(i)) for i in picked[1:]]
+    timed = [batches.padded_size(int(i)) for i in picked[warmup:]]
     if timed:
         step *= np.mean([batches.padded_size(i) for i in range(len(batches))]) / np.mean(timed)
     train_tokens = float(encoded["train"].lengths.sum())
