@@ -139,8 +139,7 @@ def attention_context(
 
     Args:
         query: `[B, Tq, H, d]`, already projected (and scaled if the caller
-            wants `scaled_dot`: scaling the query like Keras does keeps
-            results bit-compatible with `keras.layers.MultiHeadAttention`).
+            wants `scaled_dot`).
         key: `[B, Tk, H, d]`.
         value: `[B, Tk, H, dv]`.
         mask: `None` or boolean `[B|1, Tq, Tk]`.
