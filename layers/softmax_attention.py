@@ -54,11 +54,16 @@ def softmax_attention(query, key, value, keep, normalize_scores):
             d_out = args[0] if upstream is None else upstream
             d_out = ops.cast(d_out, v.dtype)
             d_v = ops.matmul(_transpose_last(ops.cast(weights, v.dtype)), d_out)
-            d_weights = ops.cast(ops.matmul(d_out, _transpose_last(v)), "float32")
             row = ops.sum(
                 ops.cast(d_out, "float32") * ops.cast(out, "float32"), axis=-1, keepdims=True
             )
-            d_scores = ops.cast(weights * (d_weights - row), q.dtype)
+            # `dO V^T - D` as one product of operands widened by a column,
+            # [dO, -D] [V, 1]^T: no separate pass over the [Tq, Tk] tensor.
+            d_weights = ops.matmul(
+                ops.concatenate([d_out, ops.cast(-row, v.dtype)], axis=-1),
+                _transpose_last(ops.concatenate([v, ops.ones_like(v[..., :1])], axis=-1)),
+            )
+            d_scores = ops.cast(weights * ops.cast(d_weights, "float32"), q.dtype)
             d_q = ops.matmul(d_scores, k)
             d_k = ops.matmul(_transpose_last(d_scores), q)
             return d_q, d_k, d_v
