@@ -9,6 +9,8 @@ from keras.layers import EinsumDense
 
 from layers import attention_ops
 from layers.masks import combine_masks, structural_mask
+from layers.projection import flat_matmul, heads_first_projection
+from layers.softmax_attention import softmax_attention
 from layers.validation import (
     check_choice,
     check_int,
@@ -19,17 +21,10 @@ from layers.validation import (
 )
 
 
-def _flat_matmul(x, kernel, bias=None, in_rank=1):
-    """`[B, T, *in] x [*in, *out] (+ bias [*out]) -> [B, T, *out]` as one
-    `[B*T, prod(in)] x [prod(in), prod(out)]` matmul."""
-    in_size = math.prod(kernel.shape[:in_rank])
-    out_dims = tuple(kernel.shape[in_rank:])
-    out_size = math.prod(out_dims)
-    flat = ops.matmul(ops.reshape(x, (-1, in_size)), ops.reshape(kernel, (in_size, out_size)))
-    if bias is not None:
-        flat = flat + ops.reshape(bias, (out_size,))
-    steps = x.shape[1] if x.shape[1] is not None else ops.shape(x)[1]
-    return ops.reshape(flat, (-1, steps) + out_dims)
+def _merge_key_masks(key_mask, value_mask):
+    if key_mask is not None and value_mask is not None:
+        return ops.cast(key_mask, "float32") * ops.cast(value_mask, "float32")
+    return value_mask if key_mask is None else key_mask
 
 
 @keras.saving.register_keras_serializable(package="layers")
@@ -279,7 +274,7 @@ class MultiHeadAttention(keras.layers.Layer):
         sub-layer's; `scale` multiplies the small kernel and bias instead of
         the projected activations."""
         kernel, bias = self._scaled_weights(dense, scale)
-        return _flat_matmul(inputs, kernel, bias, in_rank)
+        return flat_matmul(inputs, kernel, bias, in_rank)
 
     def _scaled_weights(self, dense, scale=1.0):
         kernel = ops.cast(dense.kernel, self.compute_dtype)
@@ -301,7 +296,59 @@ class MultiHeadAttention(keras.layers.Layer):
         ]
         kernel = ops.concatenate([w[0] for w in weights], axis=1)
         bias = ops.concatenate([w[1] for w in weights], axis=0) if self.use_bias else None
-        return ops.split(_flat_matmul(inputs, kernel, bias), 3, axis=2)
+        return ops.split(flat_matmul(inputs, kernel, bias), 3, axis=2)
+
+    def _heads_first(self, self_attention, cache, return_attention_scores, training):
+        """Whether self-attention can run in the `[H, B, T, d]` layout: the
+        dot-product softmax path with the hand-written backward (see
+        `attention_ops.attention_context`), without a cache, rotary
+        embedding or chunking, which work on `[B, T, H, d]`."""
+        dropping = self.dropout > 0 and training is not None and training is not False
+        return (
+            self_attention
+            and self.value_dim == self.key_dim
+            and cache is None
+            and self.chunk_size is None
+            and self._rotary_layer is None
+            and not return_attention_scores
+            and self.score != "additive"
+            and self.normalize == "softmax"
+            and not dropping
+            and not attention_ops.compiled_by_xla()
+        )
+
+    def _heads_first_call(self, query, query_mask, key_mask, attention_mask, query_scale):
+        """Self-attention projected straight into `[H, B, T, d]`: between the
+        projection and the output's `[B, T, H*d]` there is one transpose (of
+        the context) instead of a split and four transposes each way
+        (measured ~0.95x the time forward and backward at B16 N256)."""
+        weights = [
+            self._scaled_weights(self.query_dense, query_scale),
+            self._scaled_weights(self.key_dense),
+            self._scaled_weights(self.value_dense),
+        ]
+        q, k, v = heads_first_projection(
+            query, [w[0] for w in weights], [w[1] for w in weights] if self.use_bias else None
+        )
+        length = ops.shape(query)[1]
+        structural = structural_mask(
+            length, length, causal=self.causal, window=self.window, include_self=self.include_self
+        )
+        mask = combine_masks(structural, query_mask, key_mask, attention_mask)
+        keep = None if mask is None else ops.expand_dims(mask, 0)
+        context = softmax_attention(
+            q,
+            k,
+            v,
+            keep,
+            lambda s, keep: attention_ops.normalize_scores(s, keep, "softmax"),
+            heads_first=True,
+        )
+        context = ops.transpose(context, (1, 2, 0, 3))
+        output = self._project(self.output_dense, context, in_rank=2)
+        if mask is not None:
+            output = output * ops.cast(attention_ops.query_has_keys(mask), output.dtype)
+        return output
 
     def _check_call_shapes(
         self, query, value, key, query_mask, value_mask, key_mask, attention_mask, cache, cache_index
@@ -423,13 +470,17 @@ class MultiHeadAttention(keras.layers.Layer):
             if value_mask is None and cache is None:
                 value_mask = query_mask
         key = value if key is None else key
+        # Rotary embedding is linear, so scaling the query's kernel before it
+        # equals scaling the rotated query.
+        query_scale = 1.0 / math.sqrt(self.key_dim) if self.score == "scaled_dot" else 1.0
+        if self._heads_first(self_attention, cache, return_attention_scores, training):
+            return self._heads_first_call(
+                query, query_mask, _merge_key_masks(key_mask, value_mask), attention_mask, query_scale
+            )
 
         offset = 0 if cache_index is None else cache_index
         key_valid_length = None
         cross_cache = cache is not None and cache_index is None
-        # Rotary embedding is linear, so scaling the query's kernel before it
-        # equals scaling the rotated query.
-        query_scale = 1.0 / math.sqrt(self.key_dim) if self.score == "scaled_dot" else 1.0
         if cross_cache:
             q = self._project(self.query_dense, query, scale=query_scale)
         elif self_attention and self.value_dim == self.key_dim:
@@ -459,10 +510,7 @@ class MultiHeadAttention(keras.layers.Layer):
         if self._rotary_layer is not None:
             q = self._rotary_layer(q, start_index=offset)
 
-        if key_mask is not None and value_mask is not None:
-            key_mask = ops.cast(key_mask, "float32") * ops.cast(value_mask, "float32")
-        elif key_mask is None:
-            key_mask = value_mask
+        key_mask = _merge_key_masks(key_mask, value_mask)
         k, v = ops.cast(k, q.dtype), ops.cast(v, q.dtype)
         score_vector = getattr(self, "score_vector", None)
         if self.chunk_size is not None:

@@ -26,7 +26,7 @@ def _transpose_last(x):
     return ops.transpose(x, tuple(range(rank - 2)) + (rank - 1, rank - 2))
 
 
-def softmax_attention(query, key, value, keep, normalize_scores):
+def softmax_attention(query, key, value, keep, normalize_scores, heads_first=False):
     """`softmax(q k^T) v` with masked weights, in the `attention_ops` layout.
 
     Args:
@@ -38,12 +38,18 @@ def softmax_attention(query, key, value, keep, normalize_scores):
         normalize_scores: the function turning float scores and `keep` into
             float32 weights (`attention_ops.normalize_scores` with softmax),
             so that both paths share one forward.
+        heads_first: bool; with `True` the operands already are
+            `[H, B, T, d]` (see `projection.heads_first_projection`), `keep`
+            broadcasts to `[1, B, Tq, Tk]`, and the context is returned in
+            the same layout, without any transpose.
 
     Returns:
         The context `[B, Tq, H, dv]` (or `[B, Tq, dv]`) in the value dtype.
     """
-    per_head = len(query.shape) == 4
-    q, k, v = _to_head_major(query), _to_head_major(key), _to_head_major(value)
+    per_head = len(query.shape) == 4 and not heads_first
+    if per_head:
+        query, key, value = _to_head_major(query), _to_head_major(key), _to_head_major(value)
+    q, k, v = query, key, value
 
     @ops.custom_gradient
     def attend(q, k, v):

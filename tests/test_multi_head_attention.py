@@ -204,3 +204,42 @@ def test_bad_shapes_name_the_input():
         )
     with pytest.raises(ValueError, match=r"value_dim=8"):
         MultiHeadAttention(num_heads=2, key_dim=4, value_dim=8).compute_cache(np.zeros((1, 3, 8), "float32"))
+
+
+def test_self_attention_runs_heads_first_and_equals_the_token_major_path(monkeypatch):
+    import tensorflow as tf
+
+    import layers.multi_head_attention as mha
+
+    calls = []
+    real = mha.heads_first_projection
+    monkeypatch.setattr(mha, "heads_first_projection", lambda *a: calls.append(1) or real(*a))
+    layer = MultiHeadAttention(num_heads=2, key_dim=4, window=2)
+    x = tf.constant(RNG.normal(size=(3, 6, 8)).astype("float32"))
+    query_mask = np.array([[1] * 6, [1] * 2 + [0] * 4, [0] * 6], bool)
+
+    def outputs_and_gradients():
+        with tf.GradientTape() as tape:
+            tape.watch(x)
+            y = layer(x, query_mask=query_mask)
+            # Every output element weighs differently: no error can cancel.
+            weights = tf.reshape(tf.cos(tf.range(tf.size(y), dtype=y.dtype)), tf.shape(y))
+            loss = tf.reduce_sum(y * weights)
+        return [np.asarray(t) for t in [y] + tape.gradient(loss, [x] + layer.trainable_variables)]
+
+    heads_first = outputs_and_gradients()
+    assert calls
+    calls.clear()
+    monkeypatch.setattr(MultiHeadAttention, "_heads_first", lambda self, *a: False)
+    token_major = outputs_and_gradients()
+    assert not calls
+    for a, b in zip(heads_first, token_major):
+        np.testing.assert_allclose(a, b, rtol=1e-5, atol=1e-5)
+    monkeypatch.undo()
+
+    # Paths that need [B, T, H, d] (scores out, rotary, cache) stay off it.
+    monkeypatch.setattr(mha, "heads_first_projection", lambda *a: calls.append(1) or real(*a))
+    layer(x, return_attention_scores=True)
+    MultiHeadAttention(num_heads=2, key_dim=4, rotary=True)(x)
+    layer(x[:, :1], cache=np.zeros((3, 2, 6, 2, 4), "float32"), cache_index=0)
+    assert not calls
