@@ -301,15 +301,14 @@ class MultiHeadAttention(keras.layers.Layer):
     def _heads_first(self, self_attention, cache, return_attention_scores, training):
         """Whether self-attention can run in the `[H, B, T, d]` layout: the
         dot-product softmax path with the hand-written backward (see
-        `attention_ops.attention_context`), without a cache, rotary
-        embedding or chunking, which work on `[B, T, H, d]`."""
+        `attention_ops.attention_context`), without a cache or chunking,
+        which work on `[B, T, H, d]`."""
         dropping = self.dropout > 0 and training is not None and training is not False
         return (
             self_attention
             and self.value_dim == self.key_dim
             and cache is None
             and self.chunk_size is None
-            and self._rotary_layer is None
             and not return_attention_scores
             and self.score != "additive"
             and self.normalize == "softmax"
@@ -330,6 +329,14 @@ class MultiHeadAttention(keras.layers.Layer):
         q, k, v = heads_first_projection(
             query, [w[0] for w in weights], [w[1] for w in weights] if self.use_bias else None
         )
+        if self._rotary_layer is not None:
+            # Rotary embedding rotates along axis 1 of a rank-3 tensor: fold
+            # the heads into the batch, [H*B, T, d], and back.
+            shape = ops.shape(q)
+            q, k = (
+                ops.reshape(self._rotary_layer(ops.reshape(t, (-1, shape[2], self.key_dim))), shape)
+                for t in (q, k)
+            )
         length = ops.shape(query)[1]
         structural = structural_mask(
             length, length, causal=self.causal, window=self.window, include_self=self.include_self

@@ -214,7 +214,7 @@ def test_self_attention_runs_heads_first_and_equals_the_token_major_path(monkeyp
     calls = []
     real = mha.heads_first_projection
     monkeypatch.setattr(mha, "heads_first_projection", lambda *a: calls.append(1) or real(*a))
-    layer = MultiHeadAttention(num_heads=2, key_dim=4, window=2)
+    layer = MultiHeadAttention(num_heads=2, key_dim=4, window=2, rotary=True)
     x = tf.constant(RNG.normal(size=(3, 6, 8)).astype("float32"))
     query_mask = np.array([[1] * 6, [1] * 2 + [0] * 4, [0] * 6], bool)
 
@@ -237,9 +237,9 @@ def test_self_attention_runs_heads_first_and_equals_the_token_major_path(monkeyp
         np.testing.assert_allclose(a, b, rtol=1e-5, atol=1e-5)
     monkeypatch.undo()
 
-    # Paths that need [B, T, H, d] (scores out, rotary, cache) stay off it.
+    # Paths that need [B, T, H, d] (scores out, the cache, chunks) stay off it.
     monkeypatch.setattr(mha, "heads_first_projection", lambda *a: calls.append(1) or real(*a))
     layer(x, return_attention_scores=True)
-    MultiHeadAttention(num_heads=2, key_dim=4, rotary=True)(x)
     layer(x[:, :1], cache=np.zeros((3, 2, 6, 2, 4), "float32"), cache_index=0)
+    MultiHeadAttention(num_heads=2, key_dim=4, chunk_size=4)(x)
     assert not calls
