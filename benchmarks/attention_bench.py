@@ -96,13 +96,16 @@ def speed(quick=False):
             getattr(ours, f"{name}_dense").set_weights(getattr(theirs, f"_{name}_dense").get_weights())
         for jit in (False, True):
             fns = _functions(ours, theirs, jit)
-            # Interleave ours and Keras's so drifting machine load hits both.
+            # Interleave ours and Keras's so drifting machine load hits both,
+            # and take the ratio within each round (ours timed right before
+            # Keras's): the median of those ratios is steadier than a ratio
+            # of medians, which a slow spell on one side can swing by 10%.
             t = {k: [] for k in fns}
-            for _ in range(1 if quick else 3):
+            for _ in range(1 if quick else 5):
                 for key, fn in fns.items():
                     t[key].append(median_time(fn, x, repeats=3 if quick else 5))
-            t = {k: float(np.median(v)) for k, v in t.items()}
             for kind in ("forward", "backward"):
+                ours_t, keras_t = np.array(t[f"ours_{kind}"]), np.array(t[f"keras_{kind}"])
                 rows.append(
                     {
                         "figure": "attention_speed",
@@ -110,9 +113,9 @@ def speed(quick=False):
                         "length": length,
                         "jit_compile": jit,
                         "pass": "forward" if kind == "forward" else "forward+backward",
-                        "ours_ms": 1e3 * t[f"ours_{kind}"],
-                        "keras_ms": 1e3 * t[f"keras_{kind}"],
-                        "ratio": t[f"ours_{kind}"] / t[f"keras_{kind}"],
+                        "ours_ms": 1e3 * float(np.median(ours_t)),
+                        "keras_ms": 1e3 * float(np.median(keras_t)),
+                        "ratio": float(np.median(ours_t / keras_t)),
                     }
                 )
     return rows
