@@ -106,6 +106,25 @@ def normalize_scores(scores, mask, normalize):
     return weights
 
 
+def softmax_weights(scores, keep):
+    """`normalize_scores` with softmax: the forward `softmax_attention` shares."""
+    return normalize_scores(scores, keep, "softmax")
+
+
+def takes_softmax_backward(score, normalize, dropout, training, need_weights):
+    """Whether attention can run through `softmax_attention`'s hand-written
+    backward: dot-product softmax scores, weights not returned, no active
+    dropout on them, and not traced for XLA (see `compiled_by_xla`)."""
+    dropping = dropout is not None and dropout.rate > 0 and training is not None and training is not False
+    return (
+        not need_weights
+        and score != "additive"
+        and normalize == "softmax"
+        and not dropping
+        and not compiled_by_xla()
+    )
+
+
 def weighted_sum(weights, value):
     """`[B, H, Tq, Tk] x [B, Tk, H, dv] -> [B, Tq, H, dv]`; without the head
     axis `[B, Tq, Tk] x [B, Tk, dv] -> [B, Tq, dv]`."""
@@ -159,13 +178,8 @@ def attention_context(
     """
     per_head = len(query.shape) == 4
     head_mask = mask if mask is None or not per_head else ops.expand_dims(mask, 1)
-    dropping = dropout is not None and dropout.rate > 0 and training is not None and training is not False
-    fast = not need_weights and score != "additive" and normalize == "softmax"
-    if fast and not dropping and not compiled_by_xla():
-        context = softmax_attention(
-            query, key, value, head_mask, lambda s, keep: normalize_scores(s, keep, "softmax")
-        )
-        return context, None
+    if takes_softmax_backward(score, normalize, dropout, training, need_weights):
+        return softmax_attention(query, key, value, head_mask, softmax_weights), None
     if score == "additive":
         scores = additive_scores(query, key, score_vector)
     else:

@@ -306,17 +306,14 @@ class MultiHeadAttention(keras.layers.Layer):
         dot-product softmax path with the hand-written backward (see
         `attention_ops.attention_context`), without a cache or chunking,
         which work on `[B, T, H, d]`."""
-        dropping = self.dropout > 0 and training is not None and training is not False
         return (
             self_attention
             and self.value_dim == self.key_dim
             and cache is None
             and self.chunk_size is None
-            and not return_attention_scores
-            and self.score != "additive"
-            and self.normalize == "softmax"
-            and not dropping
-            and not attention_ops.compiled_by_xla()
+            and attention_ops.takes_softmax_backward(
+                self.score, self.normalize, self._dropout_layer, training, return_attention_scores
+            )
         )
 
     def _heads_first_call(self, query, query_mask, key_mask, attention_mask, query_scale):
@@ -338,20 +335,26 @@ class MultiHeadAttention(keras.layers.Layer):
                 for t in (q, k)
             )
         length = ops.shape(query)[1]
-        structural = structural_mask(
-            length, length, causal=self.causal, window=self.window, include_self=self.include_self
-        )
-        mask = combine_masks(structural, query_mask, key_mask, attention_mask)
+        mask = self._mask(length, length, query_mask, key_mask, attention_mask)
         keep = None if mask is None else ops.expand_dims(mask, 0)
-        context = softmax_attention(
-            q,
-            k,
-            v,
-            keep,
-            lambda s, keep: attention_ops.normalize_scores(s, keep, "softmax"),
-            heads_first=True,
+        context = softmax_attention(q, k, v, keep, attention_ops.softmax_weights, heads_first=True)
+        return self._output(ops.transpose(context, (1, 2, 0, 3)), mask)
+
+    def _mask(self, query_length, key_length, query_mask, key_mask, attention_mask, **structural):
+        """Every mask source combined into one `[B|1, Tq, Tk]` mask, or `None`."""
+        structural = structural_mask(
+            query_length,
+            key_length,
+            causal=self.causal,
+            window=self.window,
+            include_self=self.include_self,
+            **structural,
         )
-        context = ops.transpose(context, (1, 2, 0, 3))
+        return combine_masks(structural, query_mask, key_mask, attention_mask)
+
+    def _output(self, context, mask):
+        """The output projection of `[B, T, H, d]` context; rows whose query
+        may attend to nothing are zero (one rule on every path)."""
         output = self._project(self.output_dense, context, in_rank=2)
         if mask is not None:
             output = output * ops.cast(attention_ops.query_has_keys(mask), output.dtype)
@@ -549,16 +552,15 @@ class MultiHeadAttention(keras.layers.Layer):
             output = self._project(self.output_dense, context, in_rank=2)
             output = output * ops.cast(has_keys, self.compute_dtype)
         else:
-            structural = structural_mask(
+            mask = self._mask(
                 ops.shape(q)[1],
                 ops.shape(k)[1],
-                causal=self.causal,
-                window=self.window,
-                include_self=self.include_self,
+                query_mask,
+                key_mask,
+                attention_mask,
                 query_offset=offset,
                 key_valid_length=key_valid_length,
             )
-            mask = combine_masks(structural, query_mask, key_mask, attention_mask)
             context, weights = attention_ops.attention_context(
                 q,
                 k,
@@ -571,9 +573,7 @@ class MultiHeadAttention(keras.layers.Layer):
                 training=training,
                 need_weights=return_attention_scores,
             )
-            output = self._project(self.output_dense, context, in_rank=2)
-            if mask is not None:
-                output = output * ops.cast(attention_ops.query_has_keys(mask), output.dtype)
+            output = self._output(context, mask)
 
         results = [output]
         if return_attention_scores:

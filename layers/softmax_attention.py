@@ -47,9 +47,7 @@ def softmax_attention(query, key, value, keep, normalize_scores, heads_first=Fal
         The context `[B, Tq, H, dv]` (or `[B, Tq, dv]`) in the value dtype.
     """
     per_head = len(query.shape) == 4 and not heads_first
-    if per_head:
-        query, key, value = _to_head_major(query), _to_head_major(key), _to_head_major(value)
-    q, k, v = query, key, value
+    q, k, v = (_to_head_major(t) for t in (query, key, value)) if per_head else (query, key, value)
 
     @ops.custom_gradient
     def attend(q, k, v):
