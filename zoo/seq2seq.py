@@ -22,6 +22,7 @@ from layers import (
     TransformerEncoderBlock,
 )
 from layers.attention_ops import without_keras_mask
+from zoo import seq2seq_objectives  # noqa: F401  (registers what trained models' compile configs name)
 from zoo.tokenization import BOS_ID, EOS_ID, PAD_ID, Tokenizer, decode_proto
 
 POSITIONS = ("sinusoidal", "learned")
