@@ -181,3 +181,139 @@ def test_mixed_precision_tagger_and_seq2seq_train_without_nans(tmp_path):
     assert keras.config.dtype_policy().name == "mixed_bfloat16"
     history = read_json(out / "checkpoints" / "state.json")["history"]
     assert np.isfinite(history[0]["loss"]) and np.isfinite(history[0]["val_loss"])
+
+
+# ---------------------------------------------------------------------------
+# Checkpoints keyed by variable path, with the config hash and a checksum.
+
+class _Pair(keras.Model):
+    """Two same-shaped Dense layers, `first` then `second`; `order` is the order in which
+    they are created, which is the order of `variables` (what positions used to key)."""
+
+    def __init__(self, order=("first", "second"), activation="relu", names=None, **kwargs):
+        super().__init__(**kwargs)
+        names = names or {}
+        self.order, self.activation = tuple(order), activation
+        for n in order:  # attribute order is variable order
+            setattr(self, n, keras.layers.Dense(4, activation=activation, name=names.get(n, n)))
+
+    def call(self, x):
+        return self.second(self.first(x))
+
+    def get_config(self):
+        return {"activation": self.activation}
+
+
+def _two_layer(order=("first", "second"), activation="relu", names=None):
+    model = _Pair(order, activation, names, name="pair")
+    model(np.zeros((1, 4), "float32"))
+    model.compile(optimizer=keras.optimizers.Adam(1e-2), loss="mse")
+    model.optimizer.build(model.trainable_variables)
+    return model
+
+
+def _randomise(model, seed):
+    rng = np.random.default_rng(seed)
+    for v in model.variables:
+        v.assign(rng.normal(size=v.shape).astype(v.dtype))
+
+
+def test_restore_goes_by_path_not_position(tmp_path):
+    a = _two_layer(("first", "second"))
+    _randomise(a, 0)
+    path = checkpoint.save(str(tmp_path), a, a.optimizer, {"step": 1, "epoch": 0, "batches_done": 1})
+    b = _two_layer(("second", "first"))  # same layers, created in the other order
+    assert "second/" in b.trainable_variables[0].path and "first/" in a.trainable_variables[0].path
+    checkpoint.restore(path, b, b.optimizer)
+    for name in ("first", "second"):
+        for x, y in zip(getattr(a, name).weights, getattr(b, name).weights):
+            np.testing.assert_array_equal(x.numpy(), y.numpy())
+    x = np.random.default_rng(1).normal(size=(3, 4)).astype("float32")
+    np.testing.assert_allclose(np.asarray(a(x)), np.asarray(b(x)), atol=1e-6)
+
+
+def test_a_renamed_variable_is_refused_naming_it_and_nothing_is_assigned(tmp_path):
+    a = _two_layer()
+    path = checkpoint.save(str(tmp_path), a, a.optimizer, {"step": 1, "epoch": 0, "batches_done": 1})
+    b = _two_layer(names={"second": "third"})
+    before = [v.numpy().copy() for v in b.variables]
+    with pytest.raises(checkpoint.UsageError, match=r"model variable '[a-z_0-9]*/?third/kernel' is not in the checkpoint"):
+        checkpoint.restore(path, b, b.optimizer)
+    assert all(np.array_equal(x, v.numpy()) for x, v in zip(before, b.variables))
+
+
+def test_a_changed_shape_is_refused_naming_the_variable(tmp_path):
+    a = _tiny_classifier()
+    engine.Engine(a).build(_batches(1)[0])
+    path = checkpoint.save(str(tmp_path), a, a.optimizer, {"step": 1, "epoch": 0, "batches_done": 1})
+    b = keras.Sequential([keras.Input((5,)), keras.layers.Dense(3, activation="softmax")])
+    b.compile(optimizer=keras.optimizers.Adam(1e-2), loss="mse")
+    b.optimizer.build(b.trainable_variables)
+    with pytest.raises(checkpoint.UsageError, match=r"'[a-z_0-9/]*dense(_\d+)?/kernel' has shape \(4, 3\) there, \(5, 3\) here"):
+        checkpoint.restore(path, b, b.optimizer)
+
+
+def test_another_model_configuration_is_refused(tmp_path):
+    a = _two_layer(activation="relu")
+    path = checkpoint.save(str(tmp_path), a, a.optimizer, {"step": 1, "epoch": 0, "batches_done": 1})
+    b = _two_layer(activation="tanh")  # same variables, another function
+    with pytest.raises(checkpoint.UsageError, match="another model configuration"):
+        checkpoint.restore(path, b, b.optimizer)
+    c = _two_layer(activation="relu")  # control: the same configuration restores
+    checkpoint.restore(path, c, c.optimizer)
+
+
+def _positional_save(path, model, optimizer, record):
+    """The first checkpoint format, as it was written before the keys were paths."""
+    arrays = {f"model/{i}": np.asarray(v.numpy()) for i, v in enumerate(model.variables)}
+    arrays.update({f"optimizer/{i}": np.asarray(v.numpy()) for i, v in enumerate(optimizer.variables)})
+    arrays["record"] = np.frombuffer(json.dumps(record).encode("utf-8"), dtype=np.uint8)
+    np.savez(path, **arrays)
+
+
+def test_a_positional_checkpoint_still_restores_and_says_so(tmp_path, capsys):
+    a = _two_layer()
+    _randomise(a, 2)
+    path = str(tmp_path / "step-00000001.npz")
+    _positional_save(path, a, a.optimizer, {"step": 1, "epoch": 0, "batches_done": 1})
+    assert checkpoint.latest(tmp_path)[0] == path
+    b = _two_layer()
+    record = checkpoint.restore(path, b, b.optimizer)
+    assert record["step"] == 1
+    assert all(np.array_equal(x.numpy(), y.numpy()) for x, y in zip(a.variables, b.variables))
+    assert "positional checkpoint" in capsys.readouterr().err
+
+
+def test_a_member_changed_behind_the_zip_crc_fails_the_checksum(tmp_path):
+    """Re-zipped with one changed value (valid CRCs): only the SHA-256 can tell."""
+    import zipfile
+
+    a = _two_layer()
+    path = checkpoint.save(str(tmp_path), a, a.optimizer, {"step": 1, "epoch": 0, "batches_done": 1})
+    with np.load(path) as saved:
+        arrays = {k: saved[k] for k in saved.files}
+    key = next(k for k in arrays if k.endswith("first/kernel"))
+    arrays[key] = arrays[key] + 1.0
+    np.savez(path, **arrays)
+    with zipfile.ZipFile(path) as z:
+        assert z.testzip() is None
+    with pytest.raises(checkpoint.DamagedCheckpoint, match="SHA-256"):
+        checkpoint.restore(path, a, a.optimizer)
+
+
+def test_resume_falls_back_past_a_damaged_checkpoint_and_says_so(tmp_path, capsys):
+    model = _tiny_classifier()
+    engine.fit(model, _batches(6), epochs=1, verbose=0, checkpoint_dir=str(tmp_path), checkpoint_every=2)
+    paths = checkpoint.list_checkpoints(tmp_path)
+    assert [os.path.basename(p) for p in paths] == ["step-00000002.npz", "step-00000004.npz", "step-00000006.npz"]
+    data = pathlib.Path(paths[-1]).read_bytes()
+    pathlib.Path(paths[-1]).write_bytes(data[: len(data) * 3 // 5])
+    capsys.readouterr()
+    resumed = _tiny_classifier()
+    engine.fit(resumed, _batches(6), epochs=1, verbose=0, checkpoint_dir=str(tmp_path), checkpoint_every=2)
+    err = capsys.readouterr().err
+    assert "step-00000006.npz" in err and "falling back to step-00000004.npz" in err
+    assert "restored step-00000004.npz: epoch 1, batch 4" in err
+    # It retrained batches 5 and 6 into equal weights (same data, same optimizer state).
+    for x, y in zip(model.variables, resumed.variables):
+        np.testing.assert_allclose(x.numpy(), y.numpy(), atol=1e-6)

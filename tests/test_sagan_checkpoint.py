@@ -84,3 +84,77 @@ def test_step_checkpoints_resume_mid_epoch_and_end_where_the_uninterrupted_run_e
     assert [h["steps"] for h in got["history"]] == [4, 4]
     metrics = _json(killed / "metrics.json")
     assert metrics["distribution"]["jit_compile"] is False  # --jit-compile is off by default on CPU
+
+
+# ---------------------------------------------------------------------------
+# SaganTrainer.save/restore: keyed by variable path, config hash, checksum, fallback.
+
+def _trainer(**kwargs):
+    from tests.test_sagan_distributed import _tiny_trainer
+
+    return _tiny_trainer(with_ema=True, **kwargs)
+
+
+def _values(trainer):
+    import numpy as np
+
+    return [np.array(v.numpy()) for group in trainer._groups().values() for v in group]
+
+
+def _step(trainer, step=0):
+    import numpy as np
+
+    rng = np.random.default_rng(step)
+    real = rng.uniform(-1, 1, size=(4, 32, 32, 3)).astype("float32")
+    trainer.train_batch(real, rng.integers(0, 4, size=4).astype("int32"), step)
+
+
+def test_sagan_state_keeps_the_previous_one_and_falls_back_to_it(tmp_path, capsys):
+    import numpy as np
+
+    trainer = _trainer()
+    _step(trainer, 0)
+    trainer.save(str(tmp_path), {"epoch": 1})
+    first = _values(trainer)
+    _step(trainer, 1)
+    trainer.save(str(tmp_path), {"epoch": 2})
+    assert sorted(os.listdir(tmp_path)) == ["state.json", "state.npz", "state.prev.npz"]
+    restored = _trainer()
+    assert restored.restore(str(tmp_path))["epoch"] == 2
+    data = (tmp_path / "state.npz").read_bytes()
+    (tmp_path / "state.npz").write_bytes(data[: len(data) // 2])  # truncated (a full disk, a crash)
+    capsys.readouterr()
+    restored = _trainer()
+    assert restored.restore(str(tmp_path))["epoch"] == 1
+    assert "falling back to state.prev.npz" in capsys.readouterr().err
+    assert all(np.array_equal(a, b) for a, b in zip(first, _values(restored)))
+
+
+def test_sagan_restore_refuses_other_variables_naming_the_first(tmp_path):
+    from train.errors import UsageError
+
+    _trainer(attention=16).save(str(tmp_path), {"epoch": 1})
+    other = _trainer()  # no attention block: G and D lack its variables
+    before = _values(other)
+    with pytest.raises(UsageError, match=r"does not fit this model: g variable '[^']*attention[^']*' is in the "
+                                         r"checkpoint but not in this model"):
+        other.restore(str(tmp_path))
+    import numpy as np
+
+    assert all(np.array_equal(a, b) for a, b in zip(before, _values(other)))
+
+
+def test_sagan_positional_state_still_restores(tmp_path, capsys):
+    """A state.npz of the first format (`g/0`, `g/1`, ...: by position) still resumes."""
+    import numpy as np
+
+    trainer = _trainer()
+    _step(trainer, 0)
+    arrays = {f"{name}/{i}": np.asarray(v.numpy())
+              for name, variables in trainer._groups().items() for i, v in enumerate(variables)}
+    arrays["__state__"] = np.array(json.dumps({"epoch": 4}))
+    np.savez(tmp_path / "state.npz", **arrays)
+    restored = _trainer()
+    assert restored.restore(str(tmp_path)) == {"epoch": 4}
+    assert all(np.array_equal(a, b) for a, b in zip(_values(trainer), _values(restored)))
+    assert "positional checkpoint" in capsys.readouterr().err

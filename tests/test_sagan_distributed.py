@@ -182,7 +182,9 @@ def _max_diffs(a, b, paths, groups=GROUPS):
         assert keys and keys == sorted(k for k in b if k.startswith(group + "/")), group
         for key in keys:
             diff = float(np.max(np.abs(a[key].astype("float64") - b[key])))
-            if group in ("g", "ema") and NULL_SPACE.search(paths[int(key.split("/")[1])]):
+            name = key.split("/", 1)[1]  # the variable's path (by index in old checkpoints)
+            path = paths[int(name)] if name.isdigit() else name
+            if group in ("g", "ema") and NULL_SPACE.search(path):
                 null = max(null, diff)
             else:
                 exact = max(exact, diff)

@@ -449,7 +449,10 @@ def fit(model, train_data, *, epochs, initial_epoch=0, validation_data=None, cal
 
     epoch, skip = initial_epoch, 0
     if checkpoint_dir and resume:
-        path, record = checkpoint.latest(checkpoint_dir)
+        path, record, damaged = checkpoint.latest_good(checkpoint_dir)
+        for bad, reason in damaged:
+            instead = f"falling back to {os.path.basename(path)}" if path else "no earlier one to fall back to"
+            print(f"{reason}; {instead}", file=sys.stderr)
         if record is not None and record["epoch"] >= initial_epoch:
             checkpoint.restore(path, model, engine.optimizer)
             epoch, skip = record["epoch"], record["batches_done"]

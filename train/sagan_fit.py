@@ -39,16 +39,20 @@ checkpoint written on N replicas restores on any number of replicas.
 
 import json
 import os
+import sys
 
 import keras
 import numpy as np
 import tensorflow as tf
 
+from train import checkpoint
 from train.engine import _reduce_before_clipping, _split
-from train.rundir import atomic_save_npz, atomic_write_json, read_json
+from train.errors import UsageError
+from train.rundir import atomic_write_json, read_json
 
 STATE_NPZ = "state.npz"
 STATE_JSON = "state.json"
+STATE_PREV = "state.prev.npz"
 _STATE_KEY = "__state__"
 _D_NOISE, _G_NOISE = 0, 1
 
@@ -205,30 +209,49 @@ class SaganTrainer:
                 groups[name] = [optimizer.step_counter, optimizer.dynamic_scale]
         return groups
 
+    def _refs(self):
+        """The variables each optimizer group updates (checkpoint keys name them)."""
+        return {"g_opt": self.g.trainable_variables, "d_opt": self.d.trainable_variables,
+                "g_scale": [], "d_scale": []}
+
     def save(self, directory, state):
-        """Writes the state (the caller writes on the chief only)."""
+        """Writes the state (the caller writes on the chief only): every variable keyed
+        by its path (train.checkpoint), the models' config hash and a SHA-256; the
+        previous state.npz is kept as state.prev.npz, the fallback of `restore`."""
         os.makedirs(directory, exist_ok=True)
-        arrays = {f"{name}/{i}": np.asarray(v.numpy())
-                  for name, variables in self._groups().items() for i, v in enumerate(variables)}
         # The JSON state travels inside the one atomically replaced .npz: a run killed
         # between the two files' renames still resumes from a matching pair.
-        arrays[_STATE_KEY] = np.array(json.dumps(state))
-        atomic_save_npz(os.path.join(directory, STATE_NPZ), **arrays)
+        arrays = checkpoint.pack(self._groups(), refs=self._refs(),
+                                 config=checkpoint.config_hash(self.g, self.d),
+                                 extra={_STATE_KEY: np.array(json.dumps(state))})
+        checkpoint.write_npz(os.path.join(directory, STATE_NPZ), arrays,
+                             previous=os.path.join(directory, STATE_PREV))
         atomic_write_json(os.path.join(directory, STATE_JSON), state)
 
     def restore(self, directory):
-        with np.load(os.path.join(directory, STATE_NPZ)) as saved, self.strategy.scope():
-            for name, variables in self._groups().items():
-                count = sum(1 for k in saved.files if k.startswith(name + "/"))
-                if count == 0 and name.endswith("_scale"):
-                    continue  # saved without float16 loss scaling: start from the initial scale
-                if count != len(variables):
-                    raise ValueError(f"checkpoint holds {count} {name} variables, the model {len(variables)}")
-                for i, v in enumerate(variables):
-                    v.assign(saved[f"{name}/{i}"])
-            if _STATE_KEY in saved.files:
+        """Restores state.npz, or state.prev.npz (saying so) when state.npz is damaged;
+        refuses (UsageError, one line) a checkpoint of other variables or config."""
+        damaged = []
+        for name in (STATE_NPZ, STATE_PREV):
+            path = os.path.join(directory, name)
+            if not os.path.exists(path):
+                continue
+            try:
+                saved = checkpoint.load_verified(path)
+            except checkpoint.DamagedCheckpoint as e:
+                damaged.append(str(e))
+                continue
+            if damaged:
+                print(f"{damaged[0]}; falling back to {name}", file=sys.stderr)
+            with self.strategy.scope():
+                checkpoint.unpack(path, saved, self._groups(), refs=self._refs(),
+                                  config=checkpoint.config_hash(self.g, self.d),
+                                  optional=("g_scale", "d_scale"))
+            if _STATE_KEY in saved:
                 return json.loads(str(saved[_STATE_KEY]))
-        return read_json(os.path.join(directory, STATE_JSON))
+            return read_json(os.path.join(directory, STATE_JSON))
+        raise UsageError(damaged[0] + "; no earlier checkpoint to fall back to" if damaged
+                         else f"no checkpoint in {directory}")
 
 
 def _inner(optimizer):
