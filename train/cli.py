@@ -6,7 +6,8 @@
 
 Exit codes: 0 success, 2 bad input (one line on stderr naming the problem and value,
 nothing already written is lost), 1 unexpected failure (short message; the traceback only
-with --debug), 130 interrupted.
+with --debug), 143 / 130 stopped by SIGTERM / SIGINT (a training loop first finishes its
+step and writes a checkpoint: train.preemption).
 """
 
 import argparse
@@ -61,18 +62,14 @@ def main(argv=None):
     if name not in commands:
         return _fail(f"unknown model {name!r}; choose from: {', '.join(commands)}", EXIT_USAGE)
     debug = "--debug" in rest
-    try:
-        module = importlib.import_module(COMMANDS[name][0])
-        parser = OneLineParser(prog=f"python -m train {name}", description=commands[name])
-        parser.add_argument("--debug", action="store_true",
-                            help="show tracebacks of unexpected errors")
-        module.add_arguments(parser)
-        from train import strategy
+    from train import preemption
 
-        strategy.add_arguments(parser)
-        args = parser.parse_args(rest)
-        strategy.configure(args, command=name)
-        return int(module.run(args) or 0)
+    try:
+        with preemption.handlers():
+            return _run(name, rest, commands)
+    except preemption.Stopped as e:
+        print(str(e), file=sys.stderr)
+        return e.code
     except UsageError as e:
         return _fail(str(e), EXIT_USAGE)
     except KeyboardInterrupt:
@@ -83,3 +80,17 @@ def main(argv=None):
         message = str(e).strip().splitlines()[0] if str(e).strip() else ""
         hint = "" if debug else " (run with --debug for the traceback)"
         return _fail(f"unexpected {type(e).__name__}: {message}{hint}", EXIT_FAILURE)
+
+
+def _run(name, rest, commands):
+    module = importlib.import_module(COMMANDS[name][0])
+    parser = OneLineParser(prog=f"python -m train {name}", description=commands[name])
+    parser.add_argument("--debug", action="store_true",
+                        help="show tracebacks of unexpected errors")
+    module.add_arguments(parser)
+    from train import strategy
+
+    strategy.add_arguments(parser)
+    args = parser.parse_args(rest)
+    strategy.configure(args, command=name)
+    return int(module.run(args) or 0)

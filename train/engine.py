@@ -34,7 +34,7 @@ import keras
 import numpy as np
 import tensorflow as tf
 
-from train import checkpoint, strategy as dist
+from train import checkpoint, preemption, strategy as dist
 from train.errors import UsageError
 
 
@@ -420,6 +420,12 @@ def _check_finite(loss, epoch, step, checkpoint_dir):
             f"{where} (lower --learning-rate, or check the data)")
 
 
+def _written(checkpoint_dir, chief, step):
+    if not (checkpoint_dir and chief):
+        return "no checkpoint (no checkpoint directory here)"
+    return os.path.join(checkpoint_dir, os.path.basename(checkpoint.path_for(checkpoint_dir, step)))
+
+
 def fit(model, train_data, *, epochs, initial_epoch=0, validation_data=None, callbacks=(),
         verbose="auto", steps_per_epoch=None, checkpoint_dir=None, checkpoint_every=None,
         loss_terms=None, jit_compile=None, resume=True):
@@ -469,36 +475,47 @@ def fit(model, train_data, *, epochs, initial_epoch=0, validation_data=None, cal
                          "epoch_complete": complete, "steps_per_epoch": steps,
                          "strategy": dist.describe()})
 
+    def stop_for_signal(epoch_, done):
+        # The step is finished: save it (as an incomplete epoch, so that the resumed run
+        # still validates and closes the epoch), then leave with the signal's exit code.
+        save(epoch_, done, False)
+        preemption.stop(f"wrote {_written(checkpoint_dir, chief, global_step)} at epoch {epoch_ + 1}, batch {done}")
+
     model.stop_training = False
     cbs.on_train_begin()
     logs = {}
-    while epoch < epochs and not model.stop_training:
-        engine.reset_metrics()
-        cbs.on_epoch_begin(epoch)
-        total, count, done = 0.0, 0.0, skip
-        for batch in _prefetched(data.batches(epoch, skip)):
-            cbs.on_train_batch_begin(done)
-            loss, n = engine.train_batch(batch)
-            global_step += 1
-            done += 1
-            _check_finite(loss, epoch, global_step, checkpoint_dir)
-            if loss is not None:
-                total += loss * n
-                count += n
-            logs = {"loss": total / count if count else 0.0, **engine.metric_results()}
-            cbs.on_train_batch_end(done - 1, logs)
-            if every and global_step % every == 0 and done < steps:
-                save(epoch, done, False)
-            if model.stop_training:
-                break
-        epoch_logs = dict(logs)
-        if validation_data is not None:
-            with averaged_weights(model):
-                val = engine.evaluate(validation_data)
-            epoch_logs.update({f"val_{k}": v for k, v in val.items()})
-        cbs.on_epoch_end(epoch, epoch_logs)
-        save(epoch, done, done >= steps)
-        logs = epoch_logs
-        epoch, skip = epoch + 1, 0
+    with preemption.listening():
+        while epoch < epochs and not model.stop_training:
+            engine.reset_metrics()
+            cbs.on_epoch_begin(epoch)
+            total, count, done = 0.0, 0.0, skip
+            for batch in _prefetched(data.batches(epoch, skip)):
+                cbs.on_train_batch_begin(done)
+                loss, n = engine.train_batch(batch)
+                global_step += 1
+                done += 1
+                _check_finite(loss, epoch, global_step, checkpoint_dir)
+                if loss is not None:
+                    total += loss * n
+                    count += n
+                logs = {"loss": total / count if count else 0.0, **engine.metric_results()}
+                cbs.on_train_batch_end(done - 1, logs)
+                if every and global_step % every == 0 and done < steps:
+                    save(epoch, done, False)
+                if preemption.requested():
+                    stop_for_signal(epoch, done)
+                if model.stop_training:
+                    break
+            epoch_logs = dict(logs)
+            if validation_data is not None:
+                with averaged_weights(model):
+                    val = engine.evaluate(validation_data)
+                epoch_logs.update({f"val_{k}": v for k, v in val.items()})
+            cbs.on_epoch_end(epoch, epoch_logs)
+            save(epoch, done, done >= steps)
+            if preemption.requested():
+                preemption.stop(f"wrote {_written(checkpoint_dir, chief, global_step)} at the end of epoch {epoch + 1}")
+            logs = epoch_logs
+            epoch, skip = epoch + 1, 0
     cbs.on_train_end(logs)
     return history

@@ -1,0 +1,144 @@
+"""SIGTERM / SIGINT during training: the run finishes its step, writes a checkpoint,
+exits 143 / 130 with one line, and `--resume` ends where an uninterrupted run ends.
+
+Real processes receive real signals (tagger, seq2seq). The SAGAN's loop is checked in
+tests/test_sagan_checkpoint.py (a signal sent to the test process itself)."""
+
+import json
+import os
+import re
+import signal
+import subprocess
+import sys
+import time
+
+import pytest
+
+from tests.test_checkpoint import ROOT, TINY, _write_conllu
+from train import checkpoint
+from train.rundir import read_json
+
+EPOCHS = 2
+
+
+def _env():
+    env = dict(os.environ, KERAS_BACKEND="tensorflow", TF_CPP_MIN_LOG_LEVEL="2", PYTHONHASHSEED="0")
+    env.pop("TF_CONFIG", None)
+    return env
+
+
+def _tagger(out, files, *extra):
+    options = [f"--model-option={k}={json.dumps(v)}" for k, v in TINY.items()]
+    return [sys.executable, "-m", "train", "tagger", "--out", str(out), "--epochs", str(EPOCHS),
+            "--batch-size", "8", "--checkpoint-every", "2", "--seed", "3", *files, *options, *extra]
+
+
+def _seq2seq(out, files, *extra):
+    return [sys.executable, "-m", "train", "seq2seq", "--out", str(out), "--task", "reverse",
+            "--train-size", "96", "--epochs", str(EPOCHS), "--batch-size", "8", "--hidden-dim", "16",
+            "--num-layers", "1", "--num-heads", "2", "--intermediate-dim", "32", "--dev-sample", "0",
+            "--verbose", "0", "--checkpoint-every", "2", "--seed", "3", *extra]
+
+
+@pytest.fixture(scope="module")
+def data_files(tmp_path_factory):
+    from train.data import embedded
+
+    root = tmp_path_factory.mktemp("preemption")
+    data = embedded.generate(seed=1, train_size=240, dev_size=40, test_size=60)
+    files = []
+    for split in ("train", "dev", "test"):
+        _write_conllu(root / f"{split}.conllu", getattr(data, split))
+        files += [f"--{split}-file", str(root / f"{split}.conllu")]
+    return root, files
+
+
+def test_sigterm_mid_epoch_writes_a_checkpoint_and_resume_ends_like_an_uninterrupted_run(data_files):
+    """Real processes: the uninterrupted run and the signalled one run side by side."""
+    root, files = data_files
+    full = subprocess.Popen(_tagger(root / "full", files), cwd=ROOT, env=_env(), stdout=subprocess.DEVNULL,
+                            stderr=subprocess.PIPE, text=True)
+    out = root / "stopped"
+    proc = subprocess.Popen(_tagger(out, files), cwd=ROOT, env=_env(), stdout=subprocess.DEVNULL,
+                            stderr=subprocess.PIPE, text=True)
+    ckpt = out / "checkpoints"
+    deadline = time.monotonic() + 240
+    try:
+        while time.monotonic() < deadline and proc.poll() is None:
+            _, record = checkpoint.latest(ckpt) if ckpt.exists() else (None, None)
+            if record and record["epoch"] == 1 and not record["epoch_complete"]:
+                proc.send_signal(signal.SIGTERM)
+                break
+            time.sleep(0.05)
+        _, err = proc.communicate(timeout=120)
+        assert proc.returncode == 143, (proc.returncode, err[-3000:])
+        assert "Traceback" not in err
+        path, record = _check_stop_line(err.strip().splitlines()[-1], "SIGTERM", ckpt)
+        assert not (out / "metrics.json").exists()
+        resumed = subprocess.run(_tagger(out, files, "--resume"), cwd=ROOT, env=_env(), capture_output=True,
+                                 text=True, timeout=240)
+        assert resumed.returncode == 0, resumed.stderr[-3000:]
+        assert f"restored {os.path.basename(path)}: epoch 2, batch {record['batches_done']}" in resumed.stderr
+        assert full.wait(timeout=240) == 0, full.stderr.read()[-3000:]
+    finally:
+        for p in (full, proc):
+            if p.poll() is None:
+                p.kill()
+                p.wait()
+    _check_same_end(root / "full", out, ("test_accuracy", "dev_accuracy", "test_unseen_accuracy"))
+
+
+def _check_stop_line(line, name, ckpt):
+    match = re.fullmatch(rf"stopped by {name}: wrote (\S+step-(\d+)\.npz) at epoch 2, batch (\d+); "
+                         r"continue with --resume", line)
+    assert match, line
+    path, record = checkpoint.latest(ckpt)
+    assert path == match.group(1) and record["step"] == int(match.group(2))
+    assert record["batches_done"] == int(match.group(3)) and not record["epoch_complete"]
+    # The signal came after a checkpoint every 2 steps; the stop wrote its own at once.
+    return path, record
+
+
+def _check_same_end(full, stopped, keys):
+    a, b = read_json(full / "metrics.json"), read_json(stopped / "metrics.json")
+    for key in keys:
+        assert abs(a[key] - b[key]) <= 0.01, (key, a[key], b[key])
+    history = read_json(stopped / "checkpoints" / "state.json")["history"]
+    assert [h["epoch"] for h in history] == list(range(1, EPOCHS + 1))  # none redone, none lost
+
+
+def test_sigint_mid_epoch_seq2seq_in_process(tmp_path, monkeypatch, capsys):
+    """The same for seq2seq and SIGINT (Ctrl-C), sent by the process to itself right
+    after its 5th training step of epoch 2 (the CLI's handler, as in a real process)."""
+    from train import engine
+    from train import strategy as dist
+    from train.cli import main
+
+    def run(out, *extra):
+        try:
+            return main(_seq2seq(out, None, *extra)[3:])
+        finally:
+            dist.reset()
+
+    assert run(tmp_path / "full") == 0
+    steps = checkpoint.latest(tmp_path / "full" / "checkpoints")[1]["steps_per_epoch"]
+    train_batch = engine.Engine.train_batch
+    calls = []
+
+    def signalling(self, batch):
+        result = train_batch(self, batch)
+        calls.append(1)
+        if len(calls) == steps + 5:
+            os.kill(os.getpid(), signal.SIGINT)
+        return result
+
+    monkeypatch.setattr(engine.Engine, "train_batch", signalling)
+    capsys.readouterr()
+    assert run(tmp_path / "stopped") == 130
+    err = capsys.readouterr().err
+    path, record = _check_stop_line(err.strip().splitlines()[-1], "SIGINT", tmp_path / "stopped" / "checkpoints")
+    assert record["batches_done"] == 5
+    monkeypatch.setattr(engine.Engine, "train_batch", train_batch)
+    assert run(tmp_path / "stopped", "--resume") == 0
+    assert f"restored {os.path.basename(path)}: epoch 2, batch 5" in capsys.readouterr().err
+    _check_same_end(tmp_path / "full", tmp_path / "stopped", ("test_exact_match",))
