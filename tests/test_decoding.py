@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 
 import zoo
-from zoo import decoding
+from zoo import decoding, samplers
 from zoo.tokenization import BOS_ID, EOS_ID
 
 VOCAB = 24
@@ -88,8 +88,9 @@ def reference_greedy(model, src, length):
     return out
 
 
-def reference_beam(model, src_row, width, alpha, length):
-    """Plain-Python beam search with the documented rules, full recompute."""
+def reference_beam(model, src_row, width, alpha, length, n_best=False):
+    """Plain-Python beam search with the documented rules, full recompute. With
+    `n_best`: every (ids, normalised score) it ends with, finished ones first."""
     def penalty(n):
         return ((5.0 + n) / 6.0) ** alpha
 
@@ -106,6 +107,8 @@ def reference_beam(model, src_row, width, alpha, length):
         alive = [(seq, s) for s, seq in top if seq[-1] != EOS_ID][:width]
         if len(finished) == width and finished[-1][1] >= alive[0][1] / penalty(i + 1):
             break
+    if n_best:
+        return finished + [(seq, s / penalty(length)) for seq, s in alive]
     return finished[0][0] if finished else alive[0][0]
 
 
@@ -204,3 +207,104 @@ def test_bad_arguments():
     learned = _model("postln-learned-separate-window")
     with pytest.raises(ValueError, match="max_length"):
         decoding.greedy(learned, src, max_length=LENGTH + 1)
+
+
+def test_beam_n_best_are_the_reference_hypotheses_with_their_scores():
+    model = _trained("preln-sinusoidal-shared")
+    src = _source(4)
+    rows = [[int(t) for t in r if t] for r in src]
+    got = decoding.generate_ids(model, rows, samplers.Beam(width=3, length_penalty=0.6),
+                                num_return_sequences=3, max_length=LENGTH)
+    best = decoding.decode_ids(model, rows, beam_width=3, alpha=0.6, max_length=LENGTH)
+    for row, candidates, first in zip(src, got, best):
+        want = reference_beam(model, row, 3, 0.6, LENGTH, n_best=True)[:3]
+        assert [ids for ids, _ in candidates] == [[t for t in seq if t != EOS_ID] for seq, _ in want]
+        np.testing.assert_allclose([s for _, s in candidates], [s for _, s in want], atol=2e-4)
+        assert candidates[0][0] == first
+
+
+def test_greedy_scores_are_the_reference_log_probabilities():
+    model = _trained("universal-act")
+    src = _source()
+    rows = [[int(t) for t in r if t] for r in src]
+    got = decoding.generate_ids(model, rows, samplers.Greedy(), max_length=LENGTH)
+    want = reference_greedy(model, src, LENGTH)
+    for b, ((ids, score), ) in enumerate(got):
+        seq = _cut(want[b])
+        logp = _log_softmax(full_logits(model, src[b:b + 1], [[BOS_ID] + seq[:-1]])[0])
+        assert ids == [t for t in seq if t != EOS_ID]
+        np.testing.assert_allclose(score, sum(logp[i, t] for i, t in enumerate(seq)), atol=2e-4)
+
+
+def _reference_filter(logits, temperature, top_k, top_p):
+    x = np.asarray(logits, "float64") / temperature
+    keep = np.ones_like(x, bool)
+    for r, row in enumerate(x):
+        order = np.argsort(-row)
+        if top_k is not None:
+            keep[r, order[top_k:]] = False
+        if top_p is not None:  # on the top-k survivors, renormalised (as Hugging Face's warpers)
+            p = np.where(keep[r], np.exp(row - row.max()), 0.0)
+            p = p[order] / p.sum()
+            n = int(np.searchsorted(np.cumsum(p), top_p - 1e-9)) + 1  # smallest prefix reaching top_p
+            keep[r, order[n:]] = False
+    return x, keep
+
+
+@pytest.mark.parametrize("temperature,top_k,top_p", [(1.0, 3, None), (0.5, None, 0.8), (2.0, 5, 0.6),
+                                                     (1.0, None, None)])
+def test_filter_logits_keeps_the_reference_tokens(temperature, top_k, top_p):
+    logits = np.random.default_rng(0).normal(size=(4, VOCAB)).astype("float32") * 3
+    got = np.asarray(decoding.filter_logits(logits, temperature, top_k, top_p))
+    scaled, keep = _reference_filter(logits, temperature, top_k, top_p)
+    np.testing.assert_array_equal(got > -1e8, keep)
+    np.testing.assert_allclose(got[keep], scaled[keep], rtol=1e-6)
+
+
+def test_sampled_first_tokens_follow_the_filtered_softmax():
+    """4000 draws of the first token: frequencies within 4 standard errors of the
+    temperature-scaled, top-k-filtered softmax of the full decoder; filtered
+    tokens never drawn."""
+    model = _trained("preln-sinusoidal-shared")
+    n = 4000
+    src = np.repeat(_source()[:1], n, axis=0)
+    logits = full_logits(model, src[:1], [[BOS_ID]])[0, -1]
+    scaled, keep = _reference_filter(logits[None], 3.0, 6, None)
+    p = np.where(keep[0], np.exp(scaled[0] - scaled[0].max()), 0.0)
+    p /= p.sum()
+    assert p.max() < 0.6, "too peaked to test the distribution"
+    first = np.asarray(decoding.sample(model, src, 7, temperature=3.0, top_k=6, max_length=1))[:, 0]
+    freq = np.bincount(first, minlength=VOCAB) / n
+    assert np.all(freq[p == 0] == 0)
+    np.testing.assert_array_less(np.abs(freq - p), 4 * np.sqrt(p * (1 - p) / n) + 1e-3)
+
+
+def test_sampling_is_repeatable_with_a_seed_and_top_k_1_is_greedy():
+    model = _trained("preln-sinusoidal-shared")
+    rows = [[int(t) for t in r if t] for r in _source()]
+    draw = lambda seed: decoding.generate_ids(  # noqa: E731
+        model, rows, samplers.Sampling(temperature=5.0), num_return_sequences=4, seed=seed)
+    first = draw(1)
+    assert draw(1) == first and draw(2) != first
+    assert all(len(c) == 4 for c in first)
+    assert len({tuple(ids) for c in first for ids, _ in c}) > 4
+    greedy = decoding.decode_ids(model, rows)
+    top1 = decoding.generate_ids(model, rows, samplers.TopK(1), num_return_sequences=2, seed=0)
+    assert [[ids for ids, _ in c] for c in top1] == [[g, g] for g in greedy]
+
+
+def test_generation_arguments_are_checked():
+    model = _model("preln-sinusoidal-shared")
+    rows = [[5, 6, 7]]
+    with pytest.raises(ValueError, match="num_return_sequences"):
+        decoding.generate_ids(model, rows, samplers.Greedy(), num_return_sequences=2)
+    with pytest.raises(ValueError, match="num_return_sequences"):
+        decoding.generate_ids(model, rows, samplers.Beam(width=2), num_return_sequences=3)
+    with pytest.raises(ValueError, match="top_p"):
+        samplers.Sampling(top_p=1.5)
+    with pytest.raises(ValueError, match="temperature"):
+        samplers.Sampling(temperature=0)
+    with pytest.raises(ValueError, match="sampler"):
+        samplers.get("nucleus")
+    with pytest.raises(ValueError, match="top_k"):
+        decoding.filter_logits(np.zeros((1, VOCAB), "float32"), top_k=0)

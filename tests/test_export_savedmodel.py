@@ -274,3 +274,14 @@ def test_bad_input_exits_2_with_one_line(tmp_path, capsys):
         assert len(err) == 1 and needle in err[0], (argv, err)
     assert a_file.read_text() == "x"
     assert not (tmp_path / "o").exists()
+
+
+def test_zoo_load_tags_with_the_savedmodel_like_keras(tagger_export):
+    import zoo
+
+    run, base, version_dir, reference = tagger_export
+    for path in (base, version_dir):
+        tagger = zoo.load(path)
+        assert (tagger.kind, tagger.format) == ("tagger", "savedmodel")
+        assert tagger.tag([" ".join(s) for s in SENTENCES]) == reference
+    assert zoo.load(run).tag([list(s) for s in SENTENCES]) == reference

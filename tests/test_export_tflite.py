@@ -10,7 +10,7 @@ from export import tflite, verify, bench
 from export.__main__ import main
 from export.check import check_model, op_counts
 from export.errors import ExportError
-from tests.test_export_support import TAGS, make_dense_model, make_tagger_run
+from tests.test_export_support import SENTENCES, TAGS, make_dense_model, make_tagger_run
 
 
 def _litert(path, x):
@@ -64,6 +64,19 @@ def test_tagger_dynamic_export_sidecar_and_parity(tagger_run, tmp_path):
     mask = x["word_ids"] > 0
     assert np.max(np.abs(got["probabilities"] - want)[mask]) < 1e-4
     np.testing.assert_array_equal(got["tag_ids"][mask], np.argmax(want, -1)[mask])
+
+
+def test_zoo_load_tags_with_the_tflite_file_like_keras(tagger_run, tmp_path):
+    import zoo
+
+    path = str(tmp_path / "tagger.tflite")
+    assert main(["tflite", str(tagger_run), "--out", path]) == 0
+    tagger = zoo.load(path)
+    assert (tagger.kind, tagger.format, tagger.tags) == ("tagger", "tflite", TAGS)
+    sentences = [" ".join(s) for s in SENTENCES]
+    assert tagger.tag(sentences) == zoo.load(tagger_run).tag(sentences)
+    with pytest.raises(ValueError, match="empty"):
+        tagger.tag(["I saw", " "])
 
 
 def test_tagger_static_export_passes_gpu_check(tagger_run, tmp_path):

@@ -54,6 +54,16 @@ CHILD = textwrap.dedent("""
         result["keras"] = model.translate(%(texts)r)
         schedule = model.optimizer._learning_rate
         result["schedule"] = type(schedule).__name__
+    task = zoo.load(run)
+    result["task"] = [type(task).__name__, task.kind, task.format]
+    if kind == "tagger":
+        result["tagged"] = task.tag(%(sentences)r)
+    elif kind == "sagan":
+        arrays["task"] = task.generate([0, 1, 2], seed=5)
+    else:
+        result["generated"] = task.generate(%(texts)r)
+        result["beam"] = task.generate(%(texts)r, sampler="beam", num_return_sequences=2,
+                                       return_scores=True)
     np.savez(out + ".npz", **arrays)
     with open(out + ".json", "w") as f:
         json.dump(result, f)
@@ -77,13 +87,18 @@ def _expected(kind, run):
 
     model = model_file.load(os.path.join(run, "model.keras"))
     if kind == "tagger":
-        return {"keras": np.asarray(model.predict_ids(pad_tokens([s.split() for s in SENTENCES])))}
+        return {"keras": np.asarray(model.predict_ids(pad_tokens([s.split() for s in SENTENCES]))),
+                "tagged": [[list(p) for p in s] for s in model.tag(SENTENCES)]}
     if kind == "sagan":
         rng = np.random.default_rng(0)
         feed = {"noise": rng.standard_normal((3, model.input["noise"].shape[-1])).astype("float32"),
                 "label": np.array([0, 1, 2], "int32")}
-        return {"keras": np.asarray(model(feed, training=False))}
-    return {"translations": model.translate(TEXTS)}
+        # zoo.load's generator: the noise of `python -m zoo.generate --seed 5`, tanh -> [0, 1].
+        noise = np.random.default_rng(5).standard_normal((3, feed["noise"].shape[1])).astype("float32")
+        task = model({"noise": noise, "label": feed["label"]}, training=False)
+        return {"keras": np.asarray(model(feed, training=False)), "task": (np.asarray(task) + 1) / 2}
+    return {"translations": model.translate(TEXTS),
+            "beam": model.generate(TEXTS, sampler="beam", num_return_sequences=2, return_scores=True)}
 
 
 def test_every_kind_loads_in_a_fresh_process_with_default_arguments(runs, tmp_path):
@@ -106,9 +121,60 @@ def test_every_kind_loads_in_a_fresh_process_with_default_arguments(runs, tmp_pa
         else:
             # Trained models keep their compile state, optimizer and schedule included.
             assert result["compiled"] and result["optimizer"] in ("Adam", "AdamW"), result
+        assert result["task"] == [{"tagger": "TaggerTask", "sagan": "ImageGenerator"}.get(kind, "Translator"),
+                                  kind, "keras"]
         if kind in ("seq2seq", "universal_transformer"):
             assert result["schedule"] == "WarmupInverseSqrt"
-            assert result["keras"] == expected["translations"]
+            assert result["keras"] == result["generated"] == expected["translations"]
+            beam = [[[text, score] for text, score in row] for row in expected["beam"]]
+            assert [[c[0] for c in row] for row in result["beam"]] == [[c[0] for c in row] for row in beam]
+            np.testing.assert_allclose([[c[1] for c in row] for row in result["beam"]],
+                                       [[c[1] for c in row] for row in beam], atol=1e-5)
         else:
             with np.load(out + ".npz") as got:
                 np.testing.assert_allclose(got["keras"], expected["keras"], rtol=0, atol=1e-5)
+                if kind == "sagan":
+                    np.testing.assert_allclose(got["task"], expected["task"], rtol=0, atol=1e-5)
+            if kind == "tagger":
+                assert result["tagged"] == expected["tagged"]
+
+
+def test_zoo_load_runs_the_sagan_exports_like_the_run(runs, tmp_path):
+    """A SavedModel and a batch-1 `.tflite` of the generator, loaded with
+    `zoo.load`, give the run's images for the same class ids and seed."""
+    import zoo
+    from export.__main__ import main as export_main
+
+    run = runs["sagan"]
+    want = zoo.load(run).generate([3, 0, 1], seed=2)
+    assert want.shape == (3, 32, 32, 3) and 0 <= want.min() and want.max() <= 1
+    assert export_main(["savedmodel", run, "--out", str(tmp_path / "serving" / "g")]) == 0
+    assert export_main(["tflite", run, "--out", str(tmp_path / "g.tflite"), "--static-shape"]) == 0
+    for path, fmt in ((tmp_path / "serving" / "g", "savedmodel"), (tmp_path / "g.tflite", "tflite")):
+        task = zoo.load(path)
+        assert (task.kind, task.format, task.conditional) == ("sagan", fmt, True)
+        np.testing.assert_allclose(task.generate([3, 0, 1], seed=2), want, rtol=0, atol=1e-4)
+    task = zoo.load(tmp_path / "g.tflite")
+    names = task.class_names
+    np.testing.assert_allclose(task.generate([names[3], names[0]], seed=2), want[:2], rtol=0, atol=1e-4)
+    with pytest.raises(ValueError, match="class_ids"):
+        task.generate([4])
+    with pytest.raises(ValueError, match="class_ids"):
+        task.generate(None, num_images=2)
+
+
+def test_zoo_load_refuses_what_it_cannot_load(runs, tmp_path):
+    import zoo
+
+    with pytest.raises(ValueError, match="does not exist"):
+        zoo.load(tmp_path / "missing")
+    with pytest.raises(ValueError, match="without model.keras or saved_model.pb"):
+        zoo.load(tmp_path)
+    (tmp_path / "x.tflite").write_bytes(b"not a model")
+    with pytest.raises(ValueError, match="sidecar"):
+        zoo.load(tmp_path / "x.tflite")
+    (tmp_path / "x.keras").write_bytes(b"not a zip")
+    with pytest.raises(ValueError, match="not a .keras model file"):
+        zoo.load(tmp_path / "x.keras")
+    with pytest.raises(ValueError, match="must be a run directory"):
+        zoo.load(os.path.join(runs["tagger"], "config.json"))

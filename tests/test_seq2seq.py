@@ -57,6 +57,26 @@ def test_loaded_model_translates_raw_strings(copy_run):
     assert model.translate(texts, beam_width=3) == texts
 
 
+def test_zoo_load_generates_with_every_sampler(copy_run):
+    from zoo import samplers
+
+    translator = zoo.load(copy_run)
+    texts = ["abcde", "jjab"]
+    assert (translator.kind, translator.format) == ("seq2seq", "keras")
+    assert translator.generate(texts) == texts == translator.translate(texts)
+    best = translator.generate(texts, sampler=samplers.Beam(width=3, length_penalty=1.0),
+                               num_return_sequences=3, return_scores=True)
+    assert [row[0][0] for row in best] == translator.model.translate(texts, beam_width=3, alpha=1.0)
+    for row in best:
+        assert len(row) == 3 and len({t for t, _ in row}) == 3
+    # Nucleus sampling at a low temperature: the trained copy is all but certain.
+    drawn = translator.generate("abcde", sampler=samplers.TopP(0.9, temperature=0.5),
+                                num_return_sequences=2, seed=0, return_scores=True)
+    assert [t for t, _ in drawn] == ["abcde", "abcde"] and all(s <= 0 for _, s in drawn)
+    assert translator.generate(texts, sampler="top_k", seed=3) == translator.generate(
+        texts, sampler="top_k", seed=3)
+
+
 def test_save_load_keeps_numbers_config_and_tokenizer(tmp_path):
     proto = train_sentencepiece(["two dogs run", "un chien court", "a dog"] * 20, vocab_size=40)
     for kind, extra in (("seq2seq", {"share_embeddings": False, "position": "learned"}),
@@ -105,6 +125,11 @@ def test_savedmodel_translate_from_a_fresh_process(copy_run, tmp_path):
                             capture_output=True, text=True, env=env, cwd=str(tmp_path), timeout=300)
     assert result.returncode == 0, result.stderr[-2000:]
     assert json.loads(result.stdout.strip().splitlines()[-1]) == want
+    translator = zoo.load(os.path.dirname(version))  # the TF Serving base: highest version
+    assert (translator.kind, translator.format) == ("seq2seq", "savedmodel")
+    assert translator.generate(texts) == want and translator.translate(texts[0]) == want[0]
+    with pytest.raises(ValueError, match="greedily"):
+        translator.generate(texts, sampler="beam")
     import tensorflow as tf
 
     ids_fn = tf.saved_model.load(version).signatures["translate_ids"]

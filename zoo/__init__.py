@@ -1,5 +1,7 @@
-"""Model builders of the attention zoo.
+"""Model builders of the attention zoo, and `zoo.load` for trained ones.
 
+`zoo.load(path)` returns a task object (tagger, translator, image generator) for
+a run directory, `.keras` file, SavedModel or `.tflite` file (`zoo.tasks`).
 `zoo.build(name, **kwargs)` builds a registered model; `zoo.names()` lists them.
 Importing `zoo` imports `layers` and every zoo model module, so that
 `keras.models.load_model` finds all registered classes after `import zoo`.
@@ -63,6 +65,13 @@ def register(name):
 def names():
     """Sorted names accepted by `build`."""
     return sorted(_BUILDERS)
+
+
+def load(path):
+    """A trained model as a task object: see `zoo.tasks.load`."""
+    from zoo import tasks
+
+    return tasks.load(path)
 
 
 def build(name, **kwargs):

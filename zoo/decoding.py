@@ -93,6 +93,18 @@ def _gather_beams(x, index, batch, width, grouped=False):
 def beam(model, source_ids, width=4, alpha=0.6, max_length=None):
     """Beam search. source ids int32 `[B, S]` -> (ids `[B, max_length]`,
     normalised scores `[B]`)."""
+    finished_seq, finished_score, alive_seq, alive_score = beam_candidates(
+        model, source_ids, width, alpha, max_length)
+    has_finished = finished_score[:, 0] > _NEG / 2
+    best_seq = ops.where(ops.reshape(has_finished, (-1, 1)), finished_seq[:, 0], alive_seq[:, 0])
+    best_score = ops.where(has_finished, finished_score[:, 0], alive_score[:, 0])
+    return best_seq, best_score
+
+
+def beam_candidates(model, source_ids, width=4, alpha=0.6, max_length=None):
+    """Beam search's final hypotheses: (finished ids `[B, width, L]`, their
+    normalised scores `[B, width]` (best first; `-1e9` marks an empty slot),
+    live ids `[B, width, L]`, their scores normalised at length L)."""
     if isinstance(width, bool) or not isinstance(width, (int, np.integer)) or width <= 0:
         raise ValueError(f"`width` must be a positive int. Received: width={width!r}")
     if not isinstance(alpha, (int, float)) or alpha < 0:
@@ -162,33 +174,144 @@ def beam(model, source_ids, width=4, alpha=0.6, max_length=None):
              finished_seq, finished_score, done)
     out = ops.while_loop(cond, body, state)
     _, _, _, alive_logp, alive_seq, finished_seq, finished_score, _ = out
-    has_finished = finished_score[:, 0] > _NEG / 2
-    last = length_penalty(max_length, alpha)
-    best_seq = ops.where(ops.reshape(has_finished, (-1, 1)), finished_seq[:, 0], alive_seq[:, 0])
-    best_score = ops.where(has_finished, finished_score[:, 0], alive_logp[:, 0] / last)
-    return best_seq, best_score
+    return finished_seq, finished_score, alive_seq, alive_logp / length_penalty(max_length, alpha)
 
 
-def compiled(model, kind="greedy", width=4, alpha=0.6, max_length=None, jit_compile=True):
-    """A cached `tf.function` (XLA by default) of `greedy` or `beam` for `model`."""
+def _check_sampling(temperature, top_k, top_p):
+    if isinstance(temperature, bool) or not isinstance(temperature, (int, float)) or temperature <= 0:
+        raise ValueError(f"`temperature` must be a number > 0. Received: temperature={temperature!r}")
+    if top_k is not None and (isinstance(top_k, bool) or not isinstance(top_k, (int, np.integer))
+                              or top_k <= 0):
+        raise ValueError(f"`top_k` must be a positive int or None. Received: top_k={top_k!r}")
+    if top_p is not None and (isinstance(top_p, bool) or not isinstance(top_p, (int, float))
+                              or not 0 < top_p <= 1):
+        raise ValueError(f"`top_p` must be in (0, 1] or None. Received: top_p={top_p!r}")
+
+
+def filter_logits(logits, temperature=1.0, top_k=None, top_p=None):
+    """Logits `[B, V]` divided by `temperature`; then every token outside the
+    `top_k` most likely set to -1e9; then, of the survivors (renormalised),
+    every token outside the smallest set whose probability reaches `top_p`
+    (nucleus). The order of Hugging Face's logits warpers; the most likely
+    token always stays."""
+    _check_sampling(temperature, top_k, top_p)
+    logits = ops.cast(logits, "float32") / float(temperature)
+    vocab = int(logits.shape[-1])
+    if top_k is not None and top_k < vocab:
+        kth = ops.top_k(logits, int(top_k))[0][:, -1:]
+        logits = ops.where(logits < kth, _NEG, logits)
+    if top_p is not None and top_p < 1:
+        ranked = ops.top_k(logits, vocab)[0]
+        probs = ops.softmax(ranked, axis=-1)
+        before = ops.cumsum(probs, axis=-1) - probs  # mass of the tokens ranked above
+        kept = ops.where(before < float(top_p), ranked, ops.full_like(ranked, np.inf))
+        threshold = ops.min(kept, axis=-1, keepdims=True)
+        logits = ops.where(logits < threshold, _NEG, logits)
+    return logits
+
+
+def sample(model, source_ids, seed, temperature=1.0, top_k=None, top_p=None, max_length=None):
+    """Ancestral sampling with the cached decoder. source ids int32 `[B, S]` ->
+    ids `[B, max_length]`. `seed` (int32 scalar tensor or int) fixes the draws:
+    step i uses the stateless seed `(seed, i)` (Gumbel-max on the filtered
+    logits), so equal seeds give equal outputs under XLA and without it."""
+    import tensorflow as tf
+
+    _check_sampling(temperature, top_k, top_p)
+    max_length = _max_length(model, max_length)
+    source_ids = ops.cast(source_ids, "int32")
+    batch = ops.shape(source_ids)[0]
+    seed = ops.cast(seed, "int32")
+    encoder_output, source_mask = model.encode(source_ids)
+    cross = model.cross_caches(encoder_output)
+    caches = model.empty_caches(batch, max_length)
+    tokens = ops.zeros((batch, max_length), "int32")
+    current = ops.full((batch,), BOS_ID, "int32")
+    done = ops.zeros((batch,), "bool")
+
+    def cond(i, current, done, tokens, caches):
+        return ops.logical_and(i < max_length, ops.logical_not(ops.all(done)))
+
+    def body(i, current, done, tokens, caches):
+        logits, caches = model.decode_step(current, i, caches, cross, source_mask)
+        logits = filter_logits(logits, temperature, top_k, top_p)
+        uniform = tf.random.stateless_uniform(tf.shape(logits), seed=tf.stack([seed, i]),
+                                              minval=1e-20, maxval=1.0)
+        nxt = _argmax(logits - ops.log(-ops.log(uniform)))
+        nxt = ops.where(done, PAD_ID, nxt)
+        tokens = ops.slice_update(tokens, [ops.zeros((), "int32"), i], ops.reshape(nxt, (-1, 1)))
+        done = ops.logical_or(done, ops.equal(nxt, EOS_ID))
+        return i + 1, nxt, done, tokens, caches
+
+    loop = ops.while_loop(cond, body, (ops.zeros((), "int32"), current, done, tokens, caches))
+    return loop[3]
+
+
+def sequence_log_probability(model, source_ids, output_ids):
+    """Log-probability under `model` (teacher-forced) of each output row:
+    `[B, L]` ids (the tokens, EOS, then padding) -> `[B]` float32, the sum over
+    the tokens up to and including EOS."""
+    source_ids = ops.cast(source_ids, "int32")
+    output_ids = ops.cast(output_ids, "int32")
+    batch = ops.shape(output_ids)[0]
+    inputs = ops.concatenate([ops.full((batch, 1), BOS_ID, "int32"), output_ids[:, :-1]], axis=1)
+    logits = model({"source_ids": source_ids, "target_ids": inputs}, training=False)
+    logp = ops.log_softmax(ops.cast(logits, "float32"), axis=-1)
+    picked = ops.squeeze(ops.take_along_axis(logp, ops.expand_dims(output_ids, -1), axis=-1), -1)
+    return ops.sum(ops.where(ops.not_equal(output_ids, PAD_ID), picked, 0.0), axis=-1)
+
+
+def compiled(model, kind="greedy", width=4, alpha=0.6, max_length=None, jit_compile=True,
+             temperature=1.0, top_k=None, top_p=None):
+    """A cached `tf.function` (XLA by default) of one decoder for `model`:
+    "greedy" and "beam" (ids), "beam_candidates" (`beam_candidates`'s four
+    tensors), "sample" (called with the source ids and an int32 seed)."""
     import tensorflow as tf
 
     max_length = _max_length(model, max_length)
-    key = (kind, width, float(alpha), max_length, jit_compile)
+    key = (kind, width, float(alpha), max_length, jit_compile, float(temperature), top_k, top_p)
     cache = model.__dict__.setdefault("_compiled_decoders", {})
     if key not in cache:
         if kind == "greedy":
             fn = lambda src: greedy(model, src, max_length)  # noqa: E731
         elif kind == "beam":
             fn = lambda src: beam(model, src, width, alpha, max_length)[0]  # noqa: E731
+        elif kind == "beam_candidates":
+            fn = lambda src: beam_candidates(model, src, width, alpha, max_length)  # noqa: E731
+        elif kind == "sample":
+            _check_sampling(temperature, top_k, top_p)
+            fn = lambda src, seed: sample(  # noqa: E731
+                model, src, seed, temperature, top_k, top_p, max_length)
         else:
-            raise ValueError(f"`kind` must be 'greedy' or 'beam'. Received: kind={kind!r}")
+            raise ValueError("`kind` must be 'greedy', 'beam', 'beam_candidates' or 'sample'. "
+                             f"Received: kind={kind!r}")
         cache[key] = tf.function(fn, jit_compile=jit_compile, reduce_retracing=False)
     return cache[key]
 
 
 def _bucket(length, step=8):
     return max(step, -(-length // step) * step)
+
+
+def _cut(row):
+    row = list(row)
+    return row[:row.index(EOS_ID)] if EOS_ID in row else row
+
+
+def _batches(model, ids, batch_size, max_length):
+    """Yields (input indices, padded int32 source array, decode length): batches
+    of similar lengths, padded to a fixed row count and to multiples of 8, so a
+    handful of XLA programs serve every input."""
+    order = sorted(range(len(ids)), key=lambda i: len(ids[i]))
+    for start in range(0, len(order), batch_size):
+        chunk = order[start:start + batch_size]
+        width = _bucket(max(1, max(len(ids[i]) for i in chunk)))
+        rows = batch_size if len(order) > batch_size else _bucket(len(chunk), 1)
+        array = np.zeros((rows, width), "int32")
+        for r, i in enumerate(chunk):
+            array[r, :len(ids[i])] = ids[i]
+        limit = max_length or min(int(model.max_target_length), _bucket(2 * width + 10))
+        yield chunk, array, limit
 
 
 def decode_ids(model, ids, beam_width=1, alpha=0.6, max_length=None, batch_size=64):
@@ -202,19 +325,65 @@ def decode_ids(model, ids, beam_width=1, alpha=0.6, max_length=None, batch_size=
     scale with the inputs, not with the longest output the model allows,
     which matters most for beam search (it reorders every cache each step)."""
     kind = "greedy" if beam_width == 1 else "beam"
-    order = sorted(range(len(ids)), key=lambda i: len(ids[i]))
     results = [None] * len(ids)
-    for start in range(0, len(order), batch_size):
-        chunk = order[start:start + batch_size]
-        width = _bucket(max(1, max(len(ids[i]) for i in chunk)))
-        rows = batch_size if len(order) > batch_size else _bucket(len(chunk), 1)
-        array = np.zeros((rows, width), "int32")
-        for r, i in enumerate(chunk):
-            array[r, :len(ids[i])] = ids[i]
-        limit = max_length or min(int(model.max_target_length), _bucket(2 * width + 10))
+    for chunk, array, limit in _batches(model, ids, batch_size, max_length):
         fn = compiled(model, kind, width=beam_width, alpha=alpha, max_length=limit)
         out = np.asarray(fn(array))
         for r, i in enumerate(chunk):
-            row = out[r].tolist()
-            results[i] = row[:row.index(EOS_ID)] if EOS_ID in row else row
+            results[i] = _cut(out[r].tolist())
+    return results
+
+
+def generate_ids(model, ids, sampler, num_return_sequences=1, max_length=None, batch_size=64,
+                 seed=None):
+    """list of id lists -> for each input, `num_return_sequences` (ids, score)
+    pairs, best first for beam search (ids cut at EOS, no BOS/EOS).
+
+    `sampler` is a `zoo.samplers` object. Scores: beam search's length-normalised
+    log-probability (`log p / ((5 + length) / 6) ** alpha`); for greedy decoding
+    and sampling, the sequence's log-probability under the model (EOS included,
+    temperature and top-k/top-p filtering not applied)."""
+    from zoo import samplers
+
+    n = num_return_sequences
+    if isinstance(n, bool) or not isinstance(n, (int, np.integer)) or n <= 0:
+        raise ValueError(f"`num_return_sequences` must be a positive int. Received: num_return_sequences={n!r}")
+    results = [None] * len(ids)
+    if isinstance(sampler, samplers.Greedy):
+        if n != 1:
+            raise ValueError("greedy decoding returns one sequence per input; use a beam or "
+                             f"sampling sampler. Received: num_return_sequences={n}")
+        for chunk, array, limit in _batches(model, ids, batch_size, max_length):
+            out = np.asarray(compiled(model, "greedy", max_length=limit)(array))
+            scores = np.asarray(sequence_log_probability(model, array, out))
+            for r, i in enumerate(chunk):
+                results[i] = [(_cut(out[r].tolist()), float(scores[r]))]
+    elif isinstance(sampler, samplers.Beam):
+        if n > sampler.width:
+            raise ValueError(f"`num_return_sequences` must be at most the beam width ({sampler.width}). "
+                             f"Received: num_return_sequences={n}")
+        for chunk, array, limit in _batches(model, ids, batch_size, max_length):
+            fn = compiled(model, "beam_candidates", width=sampler.width, alpha=sampler.length_penalty,
+                          max_length=limit)
+            fin_seq, fin_score, live_seq, live_score = (np.asarray(t) for t in fn(array))
+            for r, i in enumerate(chunk):
+                # Finished hypotheses first (as `beam` picks its best), then live ones.
+                found = [(fin_seq[r, j], fin_score[r, j]) for j in range(sampler.width)
+                         if fin_score[r, j] > _NEG / 2]
+                found += [(live_seq[r, j], live_score[r, j]) for j in range(sampler.width)]
+                results[i] = [(_cut(s.tolist()), float(v)) for s, v in found[:n]]
+    elif isinstance(sampler, samplers.Sampling):
+        rng = np.random.default_rng(seed)
+        for chunk, array, limit in _batches(model, [row for row in ids for _ in range(n)],
+                                            batch_size, max_length):
+            fn = compiled(model, "sample", max_length=limit, temperature=sampler.temperature,
+                          top_k=sampler.top_k, top_p=sampler.top_p)
+            out = np.asarray(fn(array, np.int32(rng.integers(0, 2**31 - 1))))
+            scores = np.asarray(sequence_log_probability(model, array, out))
+            for r, j in enumerate(chunk):
+                i = j // n
+                results[i] = (results[i] or []) + [(_cut(out[r].tolist()), float(scores[r]))]
+    else:
+        raise ValueError("`sampler` must be a zoo.samplers object or name. "
+                         f"Received: sampler={sampler!r}")
     return results

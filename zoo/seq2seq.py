@@ -285,16 +285,55 @@ class Seq2SeqTransformer(keras.Model):
 
         single = isinstance(texts, str)
         texts = [texts] if single else list(texts)
+        ids = self._source_ids(texts)
+        out_ids = decoding.decode_ids(self, ids, beam_width=beam_width, alpha=alpha,
+                                      max_length=max_length, batch_size=batch_size)
+        outputs = self.tokenizer.decode(out_ids)
+        return outputs[0] if single else outputs
+
+    def generate(self, texts, sampler="greedy", num_return_sequences=1, return_scores=False,
+                 max_length=None, seed=None, batch_size=64):
+        """Raw strings in, generated strings out, with any `zoo.samplers` sampler.
+
+        Args:
+            texts: str or list of str.
+            sampler: "greedy", "beam", "top_k", "top_p", "random" or a
+                `zoo.samplers` object (e.g. `Beam(width=5, length_penalty=1.0)`,
+                `Sampling(temperature=0.7, top_p=0.9)`).
+            num_return_sequences: int, outputs per input (beam: at most its
+                width, best first; sampling: independent draws).
+            return_scores: bool, return (text, score) pairs (see
+                `zoo.decoding.generate_ids` for what the score is).
+            max_length: int, most output tokens (default: scaled to the input).
+            seed: int, makes sampling repeatable.
+
+        Returns:
+            With one sequence and no scores, a str per input (as `translate`);
+            otherwise, per input, a list of `num_return_sequences` (text, score)
+            pairs. A single str input returns its entry alone.
+        """
+        from zoo import decoding, samplers
+
+        single = isinstance(texts, str)
+        texts = [texts] if single else list(texts)
+        ids = self._source_ids(texts)
+        found = decoding.generate_ids(self, ids, samplers.get(sampler), num_return_sequences,
+                                      max_length=max_length, batch_size=batch_size, seed=seed)
+        outputs = []
+        for candidates in found:
+            decoded = self.tokenizer.decode([c[0] for c in candidates])
+            pairs = [(text, score) for text, (_, score) in zip(decoded, candidates)]
+            outputs.append(pairs if return_scores or num_return_sequences != 1 else pairs[0][0])
+        return outputs[0] if single else outputs
+
+    def _source_ids(self, texts):
         ids = self.tokenizer.encode(texts)
         for i, row in enumerate(ids):
             if len(row) > self.max_source_length:
                 raise ValueError(
                     f"input {i} has {len(row)} tokens, more than max_source_length="
                     f"{self.max_source_length}: {texts[i][:60]!r}")
-        out_ids = decoding.decode_ids(self, ids, beam_width=beam_width, alpha=alpha,
-                                      max_length=max_length, batch_size=batch_size)
-        outputs = self.tokenizer.decode(out_ids)
-        return outputs[0] if single else outputs
+        return ids
 
     def get_config(self):
         config = super().get_config()
