@@ -28,9 +28,14 @@ def _pid_alive(pid):
 
 
 def clean_stale(directory):
-    """Removes temporaries left in `directory` by export runs that were killed."""
+    """Removes temporaries (and a lock file) left in `directory` by runs that were killed."""
     if not os.path.isdir(directory):
         return
+    from export import runlock
+
+    if runlock.holder(directory) is None:  # a lock file left by a killed process
+        with contextlib.suppress(OSError):
+            os.remove(os.path.join(directory, runlock.LOCK_NAME))
     for name in os.listdir(directory):
         if not name.startswith(_PREFIX):
             continue

@@ -11,7 +11,7 @@ import os
 
 import numpy as np
 
-from export import atomic, kinds, rundir, warmup
+from export import atomic, kinds, rundir, runlock, warmup
 from export.errors import ExportError, UsageError
 
 SIGNATURE_JSON = "signature.json"
@@ -112,10 +112,25 @@ def export_savedmodel(source, out, version=None, model_name=None):
     """
     out = os.path.abspath(os.fspath(out))
     _check_out(out, version)
+    _check_unlocked(out)
     src = rundir.resolve(source)
     kind = kinds.get(src.kind)
     archive, endpoints = build_archive(src, kind)
-    os.makedirs(out, exist_ok=True)
+    try:
+        os.makedirs(out, exist_ok=True)
+    except OSError as e:
+        raise UsageError(f"cannot create --out {out}: {e.strerror}") from None
+    with runlock.locked(out):
+        return _write_version(out, version, model_name, kind, archive, endpoints)
+
+
+def _check_unlocked(out):
+    pid = runlock.holder(out) if os.path.isdir(out) else None
+    if pid is not None and pid != os.getpid():
+        raise UsageError(str(runlock.LockedError(out, pid)))
+
+
+def _write_version(out, version, model_name, kind, archive, endpoints):
     atomic.clean_stale(out)
     version = version or next_version(out)
     target = os.path.join(out, str(version))

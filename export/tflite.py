@@ -15,7 +15,7 @@ import tempfile
 
 import numpy as np
 
-from export import atomic, kinds, runtime, rundir
+from export import atomic, kinds, runlock, runtime, rundir
 from export.errors import ExportError, UsageError
 
 QUANTIZE = ("none", "fp16", "dynamic", "int8", "int16x8")
@@ -190,6 +190,9 @@ def export_tflite(source, out, quantize="none", static_shape=False, length=None,
         raise UsageError(f"--out is a directory: {out}")
     if not out.endswith(".tflite"):
         raise UsageError(f"--out must end in .tflite: {out}")
+    pid = runlock.holder(os.path.dirname(out)) if os.path.isdir(os.path.dirname(out)) else None
+    if pid is not None and pid != os.getpid():
+        raise UsageError(str(runlock.LockedError(os.path.dirname(out), pid)))
     src = rundir.resolve(source)
     kind = kinds.get(src.kind)
     kind.model(src)
@@ -227,15 +230,19 @@ def export_tflite(source, out, quantize="none", static_shape=False, length=None,
         parity=report,
         source=os.path.abspath(src.path) if src.run_dir or os.path.exists(src.path) else None,
     )
-    os.makedirs(os.path.dirname(out), exist_ok=True)
-    atomic.clean_stale(os.path.dirname(out))
+    try:
+        os.makedirs(os.path.dirname(out), exist_ok=True)
+    except OSError as e:
+        raise UsageError(f"cannot create the directory of --out {out}: {e.strerror}") from None
     sidecar_path = out + ".json"
-    # Both files are complete under temporary names before either is renamed
-    # into place; a failure before the renames changes nothing.
-    with atomic.building(out) as tmp_model, atomic.building(sidecar_path) as tmp_sidecar:
-        with open(tmp_model, "wb") as f:
-            f.write(content)
-        with open(tmp_sidecar, "w") as f:
-            json.dump(sidecar, f, indent=2)
-            f.write("\n")
+    with runlock.locked(os.path.dirname(out)):
+        atomic.clean_stale(os.path.dirname(out))
+        # Both files are complete under temporary names before either is renamed
+        # into place; a failure before the renames changes nothing.
+        with atomic.building(out) as tmp_model, atomic.building(sidecar_path) as tmp_sidecar:
+            with open(tmp_model, "wb") as f:
+                f.write(content)
+            with open(tmp_sidecar, "w") as f:
+                json.dump(sidecar, f, indent=2)
+                f.write("\n")
     return Result(out, sidecar_path, len(content), report)

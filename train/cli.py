@@ -62,7 +62,7 @@ def main(argv=None):
     if name not in commands:
         return _fail(f"unknown model {name!r}; choose from: {', '.join(commands)}", EXIT_USAGE)
     debug = "--debug" in rest
-    from train import preemption
+    from train import preemption, runlock
 
     try:
         with preemption.handlers():
@@ -80,6 +80,8 @@ def main(argv=None):
         message = str(e).strip().splitlines()[0] if str(e).strip() else ""
         hint = "" if debug else " (run with --debug for the traceback)"
         return _fail(f"unexpected {type(e).__name__}: {message}{hint}", EXIT_FAILURE)
+    finally:
+        runlock.release_all()
 
 
 def _run(name, rest, commands):

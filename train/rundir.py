@@ -12,6 +12,7 @@ import tempfile
 
 import numpy as np
 
+from train import runlock
 from train.errors import UsageError
 
 MARKER = ".zoo-run"
@@ -50,9 +51,13 @@ def check_out_dir(path, resume=False, kinds=None):
         if resume:
             raise UsageError(f"--resume: run directory not found: {path}")
         return False
-    if not os.listdir(path):
+    pid = runlock.holder(path)
+    if pid is not None and pid != os.getpid():
+        raise UsageError(str(runlock.LockedError(path, pid)))
+    if not [name for name in os.listdir(path) if name != runlock.LOCK_NAME]:
         if resume:
             raise UsageError(f"--resume: nothing to resume in empty directory: {path}")
+        lock(path)
         return True
     if not is_run_dir(path):
         raise UsageError(f"--out exists and is not a run directory (refusing to write into it): {path}")
@@ -63,11 +68,27 @@ def check_out_dir(path, resume=False, kinds=None):
     if kinds and found is not None and found not in kinds:
         raise UsageError(
             f"--resume: {path} is a {found!r} run, not {' or '.join(repr(k) for k in kinds)}")
+    lock(path)
     return True
 
 
+def lock(path):
+    """Locks the run directory `path` for this process (train.runlock); another live
+    process holding it is a UsageError naming its PID. Released when the CLI ends."""
+    try:
+        runlock.acquire(path)
+    except runlock.LockedError as e:
+        raise UsageError(str(e)) from None
+    except OSError as e:
+        raise UsageError(f"cannot write into {path}: {e.strerror}") from None
+
+
 def create_run_dir(path, kind):
-    os.makedirs(path, exist_ok=True)
+    try:
+        os.makedirs(path, exist_ok=True)
+    except OSError as e:
+        raise UsageError(f"cannot create the run directory {path}: {e.strerror}") from None
+    lock(path)
     marker = os.path.join(path, MARKER)
     if not os.path.exists(marker):
         atomic_write_text(marker, kind + "\n")

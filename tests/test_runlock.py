@@ -1,0 +1,102 @@
+"""One writer per run directory: a second train or export into the same --out refuses
+with one line naming the holder's PID (exit 2); a lock left by a dead process is taken
+over; the lock file goes away with its holder's command."""
+
+import inspect
+import os
+import signal
+import subprocess
+import sys
+
+import pytest
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+HOLD = ("import sys, time; sys.path.insert(0, {root!r}); from train import runlock; "
+        "runlock.acquire({path!r}); print('held', flush=True); time.sleep(120)")
+
+
+@pytest.fixture
+def holder(tmp_path):
+    """A live process holding tmp_path/run's lock (train.runlock)."""
+    run = tmp_path / "run"
+    run.mkdir()
+    proc = subprocess.Popen([sys.executable, "-c", HOLD.format(root=ROOT, path=str(run))],
+                            stdout=subprocess.PIPE, text=True)
+    assert proc.stdout.readline().strip() == "held"
+    yield run, proc
+    if proc.poll() is None:
+        proc.kill()
+        proc.wait()
+
+
+def _cli(*argv):
+    env = dict(os.environ, PYTHONPATH=ROOT)
+    return subprocess.run([sys.executable, *argv], cwd=ROOT, env=env, capture_output=True, text=True,
+                          timeout=120)
+
+
+def _one_line(proc, needle):
+    lines = [line for line in proc.stderr.splitlines() if line.strip()]
+    assert proc.returncode == 2, (proc.returncode, proc.stderr)
+    assert len(lines) == 1 and "Traceback" not in proc.stderr, proc.stderr
+    assert needle in lines[0], lines[0]
+
+
+def test_a_second_training_run_refuses_naming_the_holders_pid(holder):
+    run, proc = holder
+    before = sorted(os.listdir(run))
+    _one_line(_cli("-m", "train", "tagger", "--out", str(run)), f"in use by process {proc.pid}")
+    _one_line(_cli("-m", "train", "seq2seq", "--out", str(run)), f"in use by process {proc.pid}")
+    assert sorted(os.listdir(run)) == before == [".zoo-lock"]
+    # The holder goes (SIGKILL: no clean-up): its lock file stays, naming a dead PID ...
+    proc.send_signal(signal.SIGKILL)
+    proc.wait()
+    assert (run / ".zoo-lock").read_text().strip() == str(proc.pid)
+    # ... and is taken over: this run gets past the lock to its data check, then releases it.
+    missing = run.parent / "missing.conllu"
+    _one_line(_cli("-m", "train", "tagger", "--out", str(run), "--train-file", str(missing)), str(missing))
+    result = _cli("-m", "train", "tagger", "--out", str(run), "--train-file",
+                  os.path.join(ROOT, "tests", "fixtures", "tagger", "empty.conllu"))
+    _one_line(result, "empty.conllu")
+    assert os.listdir(run) == []  # the stale lock was taken over, then released with the command
+
+
+def test_an_export_into_a_locked_directory_refuses(holder, tmp_path, capsys):
+    from export.__main__ import main
+    from tests.test_export_support import make_tagger_run
+
+    run, proc = holder
+    source = tmp_path / "tagger_run"
+    make_tagger_run(str(source))
+    for argv in (["savedmodel", str(source), "--out", str(run)],
+                 ["tflite", str(source), "--out", str(run / "t.tflite")]):
+        assert main(argv) == 2
+        err = capsys.readouterr().err.strip().splitlines()
+        assert len(err) == 1 and f"in use by process {proc.pid}" in err[0], err
+    assert sorted(os.listdir(run)) == [".zoo-lock"]
+
+
+def test_train_holds_its_run_directory_and_releases_it(tmp_path):
+    from train import rundir, runlock
+
+    out = tmp_path / "run"
+    rundir.create_run_dir(str(out), "tagger")
+    try:
+        assert runlock.holder(str(out)) == os.getpid()
+        assert (out / ".zoo-lock").read_text().strip() == str(os.getpid())
+        # Another process sees the lock (flock, not the file's mere presence).
+        probe = _cli("-c", f"import sys; sys.path.insert(0, {ROOT!r}); from export import runlock; "
+                           f"print(runlock.holder({str(out)!r}))")
+        assert probe.stdout.strip() == str(os.getpid()), probe.stderr
+    finally:
+        runlock.release_all()
+    assert not (out / ".zoo-lock").exists() and runlock.holder(str(out)) is None
+
+
+def test_the_train_and_export_copies_of_the_lock_agree():
+    from export import runlock as export_lock
+    from train import runlock as train_lock
+
+    assert export_lock.LOCK_NAME == train_lock.LOCK_NAME
+    for name in ("_read_pid", "holder", "acquire", "release", "release_all"):
+        assert inspect.getsource(getattr(export_lock, name)) == inspect.getsource(getattr(train_lock, name)), name
