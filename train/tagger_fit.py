@@ -57,9 +57,13 @@ class RunCheckpoint(keras.callbacks.Callback):
         if val is not None and (best is None or val > best):
             self.state.update(best_val_acc=float(val), best_epoch=epoch + 1)
             tmp = os.path.join(self.dir, ".tmp-" + BEST)
-            with averaged_weights(self.model):
-                self.model.save_weights(tmp)
-            os.replace(tmp, os.path.join(self.dir, BEST))
+            try:
+                with averaged_weights(self.model):
+                    self.model.save_weights(tmp)
+                os.replace(tmp, os.path.join(self.dir, BEST))
+            finally:  # a failed write (a full disk) leaves no partial file
+                if os.path.exists(tmp):
+                    os.unlink(tmp)
         self.state["epoch"] = epoch + 1
         self.state.setdefault("history", []).append(
             {"epoch": epoch + 1, **{k: round(float(v), 5) for k, v in logs.items()
