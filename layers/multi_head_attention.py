@@ -4,6 +4,7 @@ import math
 import numbers
 
 import keras
+import numpy as np
 from keras import ops
 from keras.layers import EinsumDense
 
@@ -25,6 +26,58 @@ def _merge_key_masks(key_mask, value_mask):
     if key_mask is not None and value_mask is not None:
         return ops.cast(key_mask, "float32") * ops.cast(value_mask, "float32")
     return value_mask if key_mask is None else key_mask
+
+
+def _check_use_causal_mask(use_causal_mask):
+    if not isinstance(use_causal_mask, (bool, np.bool_)):
+        raise ValueError(
+            "`use_causal_mask` must be a Python bool. "
+            f"Received: use_causal_mask={use_causal_mask!r}"
+        )
+    return bool(use_causal_mask)
+
+
+def _keras_names(output_dim, window, output_shape, attention_axes, sliding_window, flash_attention,
+                 use_gate):
+    """Maps `keras.layers.MultiHeadAttention`'s constructor names onto ours;
+    returns `(output_dim, window)`."""
+    if output_shape is not None:
+        shape = (output_shape,) if isinstance(output_shape, numbers.Integral) else output_shape
+        if not isinstance(shape, (tuple, list)) or len(shape) != 1:
+            raise ValueError(
+                "`output_shape` must be an int or a 1-tuple (outputs of rank 3). "
+                f"Received: output_shape={output_shape!r}"
+            )
+        if output_dim is not None and output_dim != shape[0]:
+            raise ValueError(
+                "Pass `output_dim` or `output_shape`, not both. "
+                f"Received: output_dim={output_dim}, output_shape={output_shape!r}"
+            )
+        output_dim = shape[0]
+    axes = (attention_axes,) if isinstance(attention_axes, numbers.Integral) else attention_axes
+    if axes is not None and tuple(axes) not in ((1,), (-2,)):
+        raise ValueError(
+            "`attention_axes` may only name the sequence axis of [batch, length, "
+            "features] inputs (1 or -2); for 2-D feature maps see SelfAttention2D. "
+            f"Received: attention_axes={attention_axes!r}"
+        )
+    if sliding_window is not None:
+        sliding_window = check_int("sliding_window", sliding_window)
+        if window is not None and window != sliding_window - 1:
+            raise ValueError(
+                "Pass `window` or `sliding_window` (= window + 1), not both. "
+                f"Received: window={window}, sliding_window={sliding_window}"
+            )
+        window = sliding_window - 1
+    if flash_attention not in (None, False):
+        raise ValueError(
+            "`flash_attention` must be None or False: this layer has its own "
+            "fused paths, and `chunk_size` for long sequences. "
+            f"Received: flash_attention={flash_attention!r}"
+        )
+    if use_gate not in (None, False):
+        raise ValueError(f"`use_gate` must be False (not supported). Received: use_gate={use_gate!r}")
+    return output_dim, window
 
 
 @keras.saving.register_keras_serializable(package="layers")
@@ -74,8 +127,19 @@ class MultiHeadAttention(keras.layers.Layer):
             Cannot be combined with `return_attention_scores`.
         kernel_initializer: initializer of the projection kernels.
         bias_initializer: initializer of the projection biases.
+        kernel_regularizer, bias_regularizer, kernel_constraint,
+            bias_constraint: of the projections (as in Keras's layer).
         seed: optional int, seed of the dropout.
-        **kwargs: other `keras.layers.Layer` arguments (`name`, `dtype`).
+        output_shape, attention_axes, sliding_window, flash_attention,
+            use_gate: Keras's names, accepted so that a model written for
+            `keras.layers.MultiHeadAttention` runs unchanged: `output_shape`
+            (an int or 1-tuple) is `output_dim`; `sliding_window=w` (keys
+            with `|i - j| < w`) is `window=w - 1`; `attention_axes` may only
+            name the sequence axis (`None`, `1`, `(1,)`, `-2`); `flash_attention`
+            may be `None` or `False` (long sequences: `chunk_size`);
+            `use_gate` must be `False`.
+        **kwargs: other `keras.layers.Layer` arguments (`name`, `dtype`,
+            `activity_regularizer`).
 
     Call arguments:
         query: `[batch, target_length, query_features]`.
@@ -88,7 +152,8 @@ class MultiHeadAttention(keras.layers.Layer):
             values. Defaults to the Keras mask of `value` (of `query` for
             self-attention without a cache).
         key_mask: `[batch, source_length]`, an extra key padding mask.
-        attention_mask: boolean `[batch, target_length, source_length]`;
+        attention_mask: boolean `[batch, target_length, source_length]` (or
+            broadcastable: `[batch, 1, source_length]`, batch 1);
             `True` where a query may attend to a key.
         cache: `None`, `[batch, 2, max_length, num_heads, key_dim]`, or the
             same split into a pair `(key_cache, value_cache)` of
@@ -103,6 +168,13 @@ class MultiHeadAttention(keras.layers.Layer):
         return_attention_scores: bool, also return the attention weights
             `[batch, num_heads, target_length, source_length]`.
         training: bool, dropout is active only when training.
+        use_causal_mask: bool, this call is causal (Keras's argument; the
+            same as constructing the layer with `causal=True`).
+
+    The call takes Keras's arguments in Keras's order (`query, value, key,
+    query_mask, value_mask, key_mask, attention_mask,
+    return_attention_scores, training, use_causal_mask`), then `cache` and
+    `cache_index`.
 
     Returns:
         `output`, followed by the attention weights if
@@ -149,10 +221,22 @@ class MultiHeadAttention(keras.layers.Layer):
         chunk_size=None,
         kernel_initializer="glorot_uniform",
         bias_initializer="zeros",
+        kernel_regularizer=None,
+        bias_regularizer=None,
+        kernel_constraint=None,
+        bias_constraint=None,
         seed=None,
+        output_shape=None,
+        attention_axes=None,
+        sliding_window=None,
+        flash_attention=None,
+        use_gate=False,
         **kwargs,
     ):
         super().__init__(**kwargs)
+        output_dim, window = _keras_names(
+            output_dim, window, output_shape, attention_axes, sliding_window, flash_attention, use_gate
+        )
         self.num_heads = check_int("num_heads", num_heads)
         self.key_dim = check_int("key_dim", key_dim)
         self.value_dim = check_int("value_dim", value_dim, allow_none=True) or self.key_dim
@@ -173,6 +257,10 @@ class MultiHeadAttention(keras.layers.Layer):
             )
         self.kernel_initializer = keras.initializers.get(kernel_initializer)
         self.bias_initializer = keras.initializers.get(bias_initializer)
+        self.kernel_regularizer = keras.regularizers.get(kernel_regularizer)
+        self.bias_regularizer = keras.regularizers.get(bias_regularizer)
+        self.kernel_constraint = keras.constraints.get(kernel_constraint)
+        self.bias_constraint = keras.constraints.get(bias_constraint)
         self.seed = seed
         self.supports_masking = True
         self._dropout_layer = (
@@ -197,6 +285,10 @@ class MultiHeadAttention(keras.layers.Layer):
             bias_initializer=self.bias_initializer.__class__.from_config(
                 self.bias_initializer.get_config()
             ),
+            kernel_regularizer=self.kernel_regularizer,
+            bias_regularizer=self.bias_regularizer,
+            kernel_constraint=self.kernel_constraint,
+            bias_constraint=self.bias_constraint,
             dtype=self.dtype_policy,
             name=name,
         )
@@ -239,6 +331,8 @@ class MultiHeadAttention(keras.layers.Layer):
                 initializer=self.kernel_initializer.__class__.from_config(
                     self.kernel_initializer.get_config()
                 ),
+                regularizer=self.kernel_regularizer,
+                constraint=self.kernel_constraint,
             )
         self.built = True
 
@@ -316,7 +410,7 @@ class MultiHeadAttention(keras.layers.Layer):
             )
         )
 
-    def _heads_first_call(self, query, query_mask, key_mask, attention_mask, query_scale):
+    def _heads_first_call(self, query, query_mask, key_mask, attention_mask, query_scale, causal):
         """Self-attention projected straight into `[H, B, T, d]`: between the
         projection and the output's `[B, T, H*d]` there is one transpose (of
         the context) instead of a split and four transposes each way
@@ -335,17 +429,19 @@ class MultiHeadAttention(keras.layers.Layer):
                 for t in (q, k)
             )
         length = ops.shape(query)[1]
-        mask = self._mask(length, length, query_mask, key_mask, attention_mask)
+        mask = self._mask(length, length, query_mask, key_mask, attention_mask, causal=causal)
         keep = None if mask is None else ops.expand_dims(mask, 0)
         context = softmax_attention(q, k, v, keep, attention_ops.softmax_weights, heads_first=True)
         return self._output(ops.transpose(context, (1, 2, 0, 3)), mask)
 
-    def _mask(self, query_length, key_length, query_mask, key_mask, attention_mask, **structural):
+    def _mask(
+        self, query_length, key_length, query_mask, key_mask, attention_mask, causal, **structural
+    ):
         """Every mask source combined into one `[B|1, Tq, Tk]` mask, or `None`."""
         structural = structural_mask(
             query_length,
             key_length,
-            causal=self.causal,
+            causal=causal,
             window=self.window,
             include_self=self.include_self,
             **structural,
@@ -408,11 +504,12 @@ class MultiHeadAttention(keras.layers.Layer):
             check_shape("value_mask", value_mask, (batch, k_len), "(batch, key_length)")
             check_shape("key_mask", key_mask, (batch, k_len), "(batch, key_length)")
         batch_or_one = None if batch is None else (batch, 1)
+        # Broadcast over queries too ([B, 1, Tk], as keras-io examples pass).
         check_shape(
             "attention_mask",
             attention_mask,
-            (batch_or_one, q_len, k_len),
-            "(batch or 1, query_length, key_length)",
+            (batch_or_one, None if q_len is None else (q_len, 1), k_len),
+            "(batch or 1, query_length or 1, key_length)",
         )
 
     def _check_cache_shape(self, cache, batch):
@@ -463,11 +560,13 @@ class MultiHeadAttention(keras.layers.Layer):
         value_mask=None,
         key_mask=None,
         attention_mask=None,
-        cache=None,
-        cache_index=None,
         return_attention_scores=False,
         training=None,
+        use_causal_mask=False,
+        cache=None,
+        cache_index=None,
     ):
+        causal = self.causal or _check_use_causal_mask(use_causal_mask)
         query = attention_ops.without_keras_mask(query)
         value = attention_ops.without_keras_mask(value)
         key = attention_ops.without_keras_mask(key)
@@ -485,7 +584,12 @@ class MultiHeadAttention(keras.layers.Layer):
         query_scale = 1.0 / math.sqrt(self.key_dim) if self.score == "scaled_dot" else 1.0
         if self._heads_first(self_attention, cache, return_attention_scores, training):
             return self._heads_first_call(
-                query, query_mask, _merge_key_masks(key_mask, value_mask), attention_mask, query_scale
+                query,
+                query_mask,
+                _merge_key_masks(key_mask, value_mask),
+                attention_mask,
+                query_scale,
+                causal,
             )
 
         offset = 0 if cache_index is None else cache_index
@@ -538,7 +642,7 @@ class MultiHeadAttention(keras.layers.Layer):
                 score=self.score,
                 normalize=self.normalize,
                 score_vector=score_vector,
-                causal=self.causal,
+                causal=causal,
                 window=self.window,
                 include_self=self.include_self,
                 query_offset=offset,
@@ -558,6 +662,7 @@ class MultiHeadAttention(keras.layers.Layer):
                 query_mask,
                 key_mask,
                 attention_mask,
+                causal,
                 query_offset=offset,
                 key_valid_length=key_valid_length,
             )
@@ -641,6 +746,10 @@ class MultiHeadAttention(keras.layers.Layer):
                 "chunk_size": self.chunk_size,
                 "kernel_initializer": keras.initializers.serialize(self.kernel_initializer),
                 "bias_initializer": keras.initializers.serialize(self.bias_initializer),
+                "kernel_regularizer": keras.regularizers.serialize(self.kernel_regularizer),
+                "bias_regularizer": keras.regularizers.serialize(self.bias_regularizer),
+                "kernel_constraint": keras.constraints.serialize(self.kernel_constraint),
+                "bias_constraint": keras.constraints.serialize(self.bias_constraint),
                 "seed": self.seed,
             }
         )
