@@ -1,5 +1,5 @@
 # Two commands are the contract (README): `make demo` and `make test`.
-# Both create .venv from pyproject.toml on a fresh machine; nothing else is needed.
+# Both create .venv from pyproject.toml + constraints.txt on a fresh machine; nothing else is needed.
 PYTHON ?= python3.11
 VENV := .venv
 PY := $(VENV)/bin/python
@@ -12,15 +12,14 @@ export PYTHONHASHSEED ?= 0
 
 venv: $(STAMP)
 
-$(STAMP): pyproject.toml
+$(STAMP): pyproject.toml constraints.txt
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install --quiet --upgrade pip
-	$(PY) -m pip install --quiet -e '.[dev]'
-	# TF Serving's client protos (warm-up requests, tests) declare a dependency
-	# on full `tensorflow`, which would clash with tensorflow-cpu (FACTS.md).
-	$(PY) -m pip install --quiet --no-deps tensorflow-serving-api==2.21.0
-	# The in-graph SentencePiece tokenizer of the seq2seq SavedModel; same clash.
-	$(PY) -m pip install --quiet --no-deps tensorflow-text==2.21.1
+	# Venvs made before the switch to `tensorflow` hold tensorflow-cpu: its files
+	# and the `tensorflow` wheel's are the same paths, so it goes first.
+	$(PY) -m pip uninstall --quiet --yes tensorflow-cpu 2>/dev/null || true
+	# Ranges in pyproject.toml, the tested versions in constraints.txt.
+	$(PY) -m pip install --quiet -c constraints.txt -e '.[dev]'
 	touch $(STAMP)
 
 # The main demo (offline, embedded data): train the four tagger archs and

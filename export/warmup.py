@@ -1,9 +1,10 @@
 """TF Serving warm-up requests: `assets.extra/tf_serving_warmup_requests`.
 
 A TFRecord file of `tensorflow.serving.PredictionLog` protos. The official
-`tensorflow-serving-api` messages are used when installed; it declares a
-dependency on full `tensorflow`, which clashes with `tensorflow-cpu`, so it
-can only be installed with `--no-deps`. Without it, the same messages are
+`tensorflow-serving-api` messages are used when installed (a declared
+dependency; an environment may still lack it, e.g. one built on
+`tensorflow-cpu`, which the API's own dependency on `tensorflow` clashes
+with). Without it, the same messages are
 built from a descriptor that declares only the fields we write, with the same
 field numbers and wire types (a proto map is, on the wire, a repeated
 key/value message; a nested message is length-delimited bytes), so the
