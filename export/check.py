@@ -1,9 +1,9 @@
 """Delegate-compatibility check of a .tflite file: our own rules.
 
 `tf.lite.experimental.Analyzer(gpu_compatibility=True)` checks nothing on
-TF 2.21 (FACTS.md), so the rules are written here, following the mobile GPU
+TF 2.21 (docs/facts.md), so the rules are written here, following the mobile GPU
 delegate's own compatibility code (tensorflow/lite/tools/versioning/
-gpu_compatibility.cc) and what FACTS.md saw it reject:
+gpu_compatibility.cc) and what docs/facts.md saw it reject:
 
 gpu:  every op on the allowlist below with its per-op constraints; tensors of
       rank <= 4; no dynamic (-1) dimension; no Flex or custom ops.
@@ -38,7 +38,7 @@ _OTHER = {"ADD", "ADD_N", "AVERAGE_POOL_2D", "BATCH_MATMUL", "CAST", "CONCATENAT
           "PADV2", "MIRROR_PAD", "STABLEHLO_CLAMP"}
 GPU_OPS = frozenset(_UNARY | _BINARY | _OTHER)
 
-# Seen rejected by the delegate (FACTS.md); named so the message can say why.
+# Seen rejected by the delegate (docs/facts.md); named so the message can say why.
 _KNOWN_REJECTED = {
     "SHAPE": "dynamic-shape op", "BROADCAST_TO": "use implicit broadcasting",
     "FILL": "build constants at export time", "RANGE": "build positions as constants",

@@ -40,7 +40,7 @@ def build_archive(source, kind):
     endpoints = kind.serving_endpoints(source)
     names = [e.name for e in endpoints]
     if "serve" in names and len(names) > 1:
-        # FACTS: the converter then silently keeps only serving_default.
+        # docs/facts.md: the converter then silently keeps only serving_default.
         raise ExportError("an endpoint may not be called 'serve' next to others")
     archive = keras.export.ExportArchive()
     archive.track(model)

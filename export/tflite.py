@@ -1,7 +1,7 @@
 """TFLite export: ExportArchive -> SavedModel -> TFLiteConverter, builtin ops only.
 
 Every model is run in ai_edge_litert and compared with Keras before anything
-is written (FACTS.md: converted models can silently return zeros). The model
+is written (docs/facts.md: converted models can silently return zeros). The model
 and its sidecar `FILE.tflite.json` (labels, vocab, input/output names) are
 written atomically.
 """

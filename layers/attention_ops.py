@@ -9,7 +9,7 @@ afterwards does not convert to TFLite with dynamic shapes.
 One rule for fully masked query rows, on every path: their attention weights
 are all zero, so their context vector is zero (the layers then also zero their
 output). Keras's own layer gives uniform weights on one path and zeros on
-another (FACTS.md).
+another (docs/facts.md).
 """
 
 import keras

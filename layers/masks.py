@@ -3,7 +3,7 @@
 Masks are computed by arithmetic on `ops.arange` comparisons rather than by
 slicing a precomputed triangle: a slice whose bounds depend on a dynamic
 sequence length becomes a Flex `StridedSlice` in TFLite, while comparisons of
-ranges stay builtin (FACTS.md).
+ranges stay builtin (docs/facts.md).
 
 Convention everywhere: a mask is boolean (or 0/1), `True` means "may attend".
 """

@@ -3,7 +3,7 @@
 Why our own layers and not `keras.layers.SpectralNormalization`: in training,
 Keras's wrapper computes `W / sigma` and *assigns* it back into the wrapped
 layer's kernel, so the forward pass uses a variable and no gradient flows
-through `sigma` (FACTS.md). The paper, its Chainer code and TF-GAN
+through `sigma` (docs/facts.md). The paper, its Chainer code and TF-GAN
 differentiate through `sigma(W)`; that extra term (`-(g . W_sn) u v^T / sigma`)
 removes the gradient component that would only grow the top singular value.
 Here the kernel variable stays the unnormalised `W`, every call divides it by

@@ -120,7 +120,7 @@ def export_saved_model(model, input_shapes, directory, endpoint=ENDPOINT):
         model: a Keras model with named inputs.
         input_shapes: {input name: (shape, dtype)}; `None` dims are dynamic.
         directory: where to write the SavedModel.
-        endpoint: the signature name (never `serve`, see FACTS.md).
+        endpoint: the signature name (never `serve`, see docs/facts.md).
     """
     names = _input_names(model)
     missing = set(names) - set(input_shapes)
@@ -170,7 +170,7 @@ def convert_saved_model(
     converter = tf.lite.TFLiteConverter.from_saved_model(
         directory, signature_keys=[endpoint]
     )
-    # Builtins only: a Flex op must fail here, not on the phone (FACTS.md).
+    # Builtins only: a Flex op must fail here, not on the phone (docs/facts.md).
     ops_set = [tf.lite.OpsSet.TFLITE_BUILTINS]
     if quantize is not None:
         converter.optimizations = [tf.lite.Optimize.DEFAULT]
@@ -524,7 +524,7 @@ def run_layer_test(
         tflite_atol: max abs difference TFLite vs Keras.
         tflite_static_and_dynamic: also convert with dynamic batch and
             sequence; `False` checks the static-shape model only (for layers
-            that need static lengths, e.g. causal masks, FACTS.md).
+            that need static lengths, e.g. causal masks, docs/facts.md).
         dynamic_axes: {input name: axes} made `None` in the symbolic and
             dynamic-TFLite stages; default: batch and axis 1.
         mixed_precision_atol: {policy: tolerance} overriding

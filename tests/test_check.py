@@ -1,7 +1,7 @@
 """`python -m export check`: our GPU / int8 delegate rules on hand-built TFLite models.
 
 Each model is built from plain TF ops (no project code), so what is in the
-flatbuffer is known from the graph; the expectations follow FACTS.md and the
+flatbuffer is known from the graph; the expectations follow docs/facts.md and the
 delegate's own compatibility rules.
 """
 

@@ -100,7 +100,7 @@ class EagerOnlyOffset(keras.layers.Layer):
 
 @keras.saving.register_keras_serializable(package=PACKAGE)
 class FlexOp(keras.layers.Layer):
-    """keras.ops.argmax on floats lowers to BitwiseAnd, a Flex op (FACTS.md)."""
+    """keras.ops.argmax on floats lowers to BitwiseAnd, a Flex op (docs/facts.md)."""
 
     def call(self, x):
         index = ops.cast(ops.argmax(x, axis=-1), x.dtype)

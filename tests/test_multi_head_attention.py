@@ -57,7 +57,7 @@ def test_explicit_query_mask_is_honoured_and_masked_rows_are_zero():
     unmasked = np.asarray(ours(q, v))
     np.testing.assert_allclose(out[:, :3], unmasked[:, :3], atol=1e-6)
     assert np.all(out[:, 3:] == 0.0)
-    # Keras ignores the explicit query mask (FACTS.md): its rows 3-4 are not zero.
+    # Keras ignores the explicit query mask (docs/facts.md): its rows 3-4 are not zero.
     assert np.abs(np.asarray(ref(q, v, query_mask=query_mask))[:, 3:]).max() > 0
 
 
