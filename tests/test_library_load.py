@@ -178,3 +178,65 @@ def test_zoo_load_refuses_what_it_cannot_load(runs, tmp_path):
         zoo.load(tmp_path / "x.keras")
     with pytest.raises(ValueError, match="must be a run directory"):
         zoo.load(os.path.join(runs["tagger"], "config.json"))
+
+
+def _parser(kind):
+    import importlib
+
+    from train import cli, strategy
+
+    parser = cli.OneLineParser(prog=kind)
+    parser.add_argument("--debug", action="store_true")
+    importlib.import_module(cli.COMMANDS[kind][0]).add_arguments(parser)
+    strategy.add_arguments(parser)
+    return parser
+
+
+@pytest.mark.parametrize("kind", list(KINDS))
+def test_config_flags_parse_back_to_the_recorded_options(runs, kind):
+    from train import replay
+
+    config = replay.read_config(runs[kind], kind)
+    parser = _parser(kind)
+    args = vars(parser.parse_args(replay.config_argv(parser, config)))
+    recorded = {k: v for k, v in config["train"].items() if k in args and k not in ("out", "resume")}
+    assert recorded and {k: args[k] for k in recorded} == recorded
+    if kind == "tagger":  # hyper-parameters travel as --model-option
+        options = dict(item.split("=", 1) for item in args["model_option"])
+        assert json.loads(options["hidden_dim"]) == config["model"]["hidden_dim"] == 32
+        assert args["arch"] == config["model"]["arch"]
+
+
+def test_config_replays_a_tagger_run(runs, tmp_path, capsys):
+    out = str(tmp_path / "replay")
+    # A later flag overrides the file.
+    assert train_main(["tagger", "--config", os.path.join(runs["tagger"], "config.json"),
+                       "--out", out, "--batch-size", "16"]) == 0
+    with open(os.path.join(runs["tagger"], "config.json")) as f:
+        original = json.load(f)
+    with open(os.path.join(out, "config.json")) as f:
+        replayed = json.load(f)
+    assert replayed["model"] == original["model"]
+    assert replayed["train"] == {**original["train"], "batch_size": 16}
+    capsys.readouterr()
+    assert train_main(["seq2seq", "--config", runs["tagger"], "--out", str(tmp_path / "x")]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "is a 'tagger' run, not 'seq2seq'" in err[0]
+    assert train_main(["tagger", "--config", str(tmp_path / "none.json")]) == 2
+    assert "--config: file not found" in capsys.readouterr().err
+
+
+def test_console_script_dispatches_to_each_cli(runs, capsys):
+    from zoo import console
+
+    assert console.main(["--help"]) == 0
+    assert "attention-zoo COMMAND" in capsys.readouterr().out
+    assert console.main(["tag", runs["tagger"], "I saw a saw"]) == 0
+    assert len(capsys.readouterr().out.split()) == 4
+    assert console.main(["translate", runs["seq2seq"], "abcde"]) == 0
+    capsys.readouterr()
+    assert console.main(["nope"]) == 2 and "unknown command" in capsys.readouterr().err
+    assert console.main(["train", "nope"]) == 2
+    with open(os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))),
+                           "pyproject.toml")) as f:
+        assert 'attention-zoo = "zoo.console:main"' in f.read()

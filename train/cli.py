@@ -90,9 +90,14 @@ def _run(name, rest, commands):
     parser.add_argument("--debug", action="store_true",
                         help="show tracebacks of unexpected errors")
     module.add_arguments(parser)
-    from train import strategy
+    from train import replay, strategy
 
     strategy.add_arguments(parser)
+    parser.add_argument("--config", metavar="FILE",
+                        help="replay the settings of a run's config.json (later flags override)")
+    config_path, rest = replay.split_config(rest)
+    if config_path is not None:
+        rest = replay.config_argv(parser, replay.read_config(config_path, name)) + rest
     args = parser.parse_args(rest)
     strategy.configure(args, command=name)
     return int(module.run(args) or 0)
