@@ -24,6 +24,26 @@ def _positive_int(text):
     return value
 
 
+def _fraction(text):
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"not a number: {text!r}")
+    if not 0.0 <= value <= 1.0:
+        raise argparse.ArgumentTypeError(f"must be in [0, 1], got {value:g}")
+    return value
+
+
+def _non_negative(text):
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"not a number: {text!r}")
+    if not value >= 0.0:
+        raise argparse.ArgumentTypeError(f"must be >= 0, got {value:g}")
+    return value
+
+
 def build_parser():
     from export.check import TARGETS
     from export.tflite import QUANTIZE
@@ -44,8 +64,8 @@ def build_parser():
     t.add_argument("--quantize", default="none", choices=QUANTIZE)
     t.add_argument("--static-shape", action="store_true", help="batch 1, fixed length (GPU/NPU)")
     t.add_argument("--length", type=_positive_int, help="fixed length for --static-shape")
-    t.add_argument("--tolerance", type=float, help="max abs diff allowed vs Keras")
-    t.add_argument("--min-agreement", type=float, help="min argmax agreement vs Keras")
+    t.add_argument("--tolerance", type=_non_negative, help="max abs diff allowed vs Keras")
+    t.add_argument("--min-agreement", type=_fraction, help="min argmax agreement vs Keras (0 to 1)")
     t.add_argument("--debug", action="store_true", default=argparse.SUPPRESS, help=argparse.SUPPRESS)
 
     c = sub.add_parser("check", help="delegate compatibility of a .tflite")

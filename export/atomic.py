@@ -52,6 +52,21 @@ def clean_stale(directory):
                     os.remove(path)
 
 
+def check_target(path, flag="--out"):
+    """Before any export work: `path`'s nearest existing ancestor must be a directory
+    this process can write into (an --out under a file, or in a read-only directory,
+    is bad input). Raises export.errors.UsageError."""
+    from export.errors import UsageError
+
+    parent = os.path.dirname(os.path.abspath(path))
+    while not os.path.exists(parent) and os.path.dirname(parent) != parent:
+        parent = os.path.dirname(parent)
+    if not os.path.isdir(parent):
+        raise UsageError(f"{flag} {path}: {parent} is not a directory")
+    if not os.access(parent, os.W_OK | os.X_OK):
+        raise UsageError(f"{flag} {path}: {parent} is not writable")
+
+
 def temp_path(target, directory=False):
     """A fresh hidden temporary path beside `target` (created if a directory)."""
     parent = os.path.dirname(os.path.abspath(target)) or "."

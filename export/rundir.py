@@ -111,10 +111,10 @@ def resolve(path_or_model, kind=None):
             f"not a run directory (needs config.json and model.keras): {path}"
         )
     try:
-        with open(config_path) as f:
+        with open(config_path, encoding="utf-8") as f:
             config = json.load(f)
-    except (OSError, json.JSONDecodeError) as e:
-        raise UsageError(f"unreadable {config_path}: {e}") from e
+    except (OSError, ValueError) as e:  # ValueError: bad JSON or not UTF-8
+        raise UsageError(f"unreadable {config_path}: {e}") from None
     if not isinstance(config, dict) or "kind" not in config:
         raise UsageError(f"{config_path} has no \"kind\"")
     return Source(path=path, kind=kind or str(config["kind"]), run_dir=path, config=config)

@@ -25,6 +25,7 @@ def next_version(base):
 def _check_out(out, version):
     if os.path.exists(out) and not os.path.isdir(out):
         raise UsageError(f"--out exists and is not a directory: {out}")
+    atomic.check_target(os.path.join(out, "1"))
     if version is not None:
         if isinstance(version, bool) or not isinstance(version, int) or version < 1:
             raise UsageError(f"--version must be a positive integer, got {version!r}")

@@ -190,6 +190,7 @@ def export_tflite(source, out, quantize="none", static_shape=False, length=None,
         raise UsageError(f"--out is a directory: {out}")
     if not out.endswith(".tflite"):
         raise UsageError(f"--out must end in .tflite: {out}")
+    atomic.check_target(out)
     pid = runlock.holder(os.path.dirname(out)) if os.path.isdir(os.path.dirname(out)) else None
     if pid is not None and pid != os.getpid():
         raise UsageError(str(runlock.LockedError(os.path.dirname(out), pid)))

@@ -82,6 +82,24 @@ def sandbox(tmp_path_factory):
     _write(os.path.join(root, "pairs.tsv"), "a\tb\nno tab here\n")
     _write(os.path.join(root, "blank_line.txt"), "a\n\nb\n")
     _write(os.path.join(root, "three.txt"), "a\nb\nc\n")
+    # Reliability II (#23): unreadable, empty, truncated, wrong-kind and non-UTF-8 inputs.
+    _write(os.path.join(root, "binary.conllu"), bytes(range(256)) * 4)
+    _write(os.path.join(root, "latin1.tsv"), b"caf\xe9\tx\n")
+    import gzip
+
+    _write(os.path.join(root, "truncated.txt.gz"), gzip.compress(b"a b c\n" * 100)[:30])
+    _write(os.path.join(root, "images_file"), "not a directory\n")
+    _write(os.path.join(root, "empty.tflite"), b"")
+    _write(os.path.join(root, "latin1side.tflite"), b"\x00" * 64)
+    _write(os.path.join(root, "latin1side.tflite.json"), b'{"kind": "tagg\xe9r"}')
+    os.makedirs(os.path.join(root, "dir.tflite"))
+    for name, config in (("emptycfg_run", b""), ("truncfg_run", b'{"kind": "tag'),
+                         ("latincfg_run", b'{"kind": "tagg\xe9r"}'), ("listcfg_run", b"[1, 2]")):
+        _write(os.path.join(root, name, "config.json"), config)
+        _write(os.path.join(root, name, "model.keras"), model_bytes)
+    _write(os.path.join(root, "seq_run", "config.json"), json.dumps({"kind": "seq2seq"}))
+    _write(os.path.join(root, "seq_run", ".zoo-run"), "seq2seq\n")
+    _write(os.path.join(root, "seq_run", "model.keras"), model_bytes)
     return root
 
 
@@ -170,6 +188,43 @@ FAST = [
     (["export", "check", "{R}/missing.tflite"], "{R}/missing.tflite"),
     (["export", "check", "{R}/garbage.tflite"], "TFL3"),
     (["export", "check", "{R}/garbage.tflite", "--target", "tpu9"], "'tpu9'"),
+    # Reliability II (#23): more inputs of each kind, all refused before TensorFlow.
+    (["train", "tagger", "--train-file", "{R}/empty_dir"], "data file is a directory: {R}/empty_dir"),
+    (["train", "tagger", "--train-file", "{R}/binary.conllu"], "binary.conllu: not UTF-8"),
+    (["train", "tagger", "--train-file", "{F}/small.conllu", "--test-file", "{R}/binary.conllu"],
+     "binary.conllu: not UTF-8"),
+    (["train", "tagger", "--out", "{R}/existing.png"], "--out exists and is not a directory"),
+    (["train", "tagger", "--out", "{R}/existing.png/run"], "{R}/existing.png is not a directory"),
+    (["train", "tagger", "--checkpoint-every", "-1"], "--checkpoint-every must be >= 0, got -1"),
+    (["train", "tagger", "--max-minutes", "-1"], "--max-minutes must be >= 0"),
+    (["train", "tagger", "--ema-momentum", "1.5"], "--ema-momentum must be in [0, 1), got 1.5"),
+    (["train", "tagger", "--seed", "x"], "'x'"),
+    (["train", "tagger", "--strategy", "quantum"], "'quantum'"),
+    (["train", "tagger", "--resume", "--out", "{R}/hover_run"], "'hovercraft' run"),
+    (["train", "tagger", "--resume", "--out", "{R}/empty_dir"], "nothing to resume"),
+    (["train", "tagger", "--compare", "--resume"], "--compare cannot be combined with --resume"),
+    (["train", "seq2seq", "--label-smoothing", "1"], "--label-smoothing must be in [0, 1)"),
+    (["train", "seq2seq", "--alpha", "-1"], "--alpha must be >= 0"),
+    (["train", "seq2seq", "--verbose", "7"], "'7'"),
+    (["train", "seq2seq", "--train-source", "{R}/src.txt"], "must be given together"),
+    (["train", "seq2seq", "--train-source", "{R}/empty_dir", "--train-target", "{R}/src.txt"],
+     "data file is a directory: {R}/empty_dir"),
+    (["train", "seq2seq", "--resume", "--out", "{R}/sagan_run"], "'sagan' run"),
+    (["train", "seq2seq", "--out", "{R}/existing.png/run"], "{R}/existing.png is not a directory"),
+    (["train", "sagan", "--beta1", "1"], "--beta1 must be in [0, 1), got 1.0"),
+    (["train", "sagan", "--ema", "2"], "--ema must be in [0, 1), got 2.0"),
+    (["train", "sagan", "--max-images", "2"], "--max-images must be >= 4, got 2"),
+    (["train", "sagan", "--n-dis", "0"], "--n-dis must be >= 1, got 0"),
+    (["train", "sagan", "--lr-d", "0"], "--lr-d must be > 0"),
+    (["train", "sagan", "--image-dir", "{R}/images_file"], "{R}/images_file"),
+    (["train", "sagan", "--resume", "--out", "{R}/seq_run"], "'seq2seq' run, not 'sagan'"),
+    (["train", "sagan", "--out", "{R}/existing.png"], "--out exists and is not a directory"),
+    (["export", "check", "{R}/empty.tflite"], "TFL3"),
+    (["export", "check", "{R}/dir.tflite"], "{R}/dir.tflite"),
+    (["export", "verify", "{R}/tagger_run", "--samples", "0"], "got 0"),
+    (["export", "bench", "{R}/garbage.tflite", "--runs", "0"], "got 0"),
+    (["export", "tflite", "{R}/tagger_run", "--out", "{R}/t.tflite", "--tolerance", "-1"], "must be >= 0"),
+    (["export", "tflite", "{R}/tagger_run", "--out", "{R}/t.tflite", "--min-agreement", "2"], "[0, 1]"),
 ]
 
 
@@ -230,6 +285,43 @@ SLOW = [
     (["zoo.generate", "{R}/sagan_run", "--out", "{R}/g.png", "--num", "0"], "got 0"),
     (["zoo.generate", "{R}/sagan_run", "--out", "{R}/g.txt"], "{R}/g.txt"),
     (["zoo.generate", "{R}/garbage2.tflite", "--out", "{R}/g.png"], "TFL3"),
+    # Reliability II (#23)
+    (["train", "seq2seq", "--train-tsv", "{R}/latin1.tsv"], "{R}/latin1.tsv is not UTF-8"),
+    (["train", "seq2seq", "--train-tsv", "{R}/empty.txt"], "{R}/empty.txt"),
+    (["train", "seq2seq", "--train-source", "{R}/truncated.txt.gz", "--train-target", "{R}/truncated.txt.gz"],
+     "cannot read {R}/truncated.txt.gz"),
+    (["train", "seq2seq", "--num-heads", "3", "--hidden-dim", "16", "--train-size", "300"],
+     "--num-heads 3 must divide --hidden-dim 16"),
+    (["export", "savedmodel", "{R}/emptycfg_run", "--out", "{R}/sm"], "unreadable {R}/emptycfg_run/config.json"),
+    (["export", "savedmodel", "{R}/truncfg_run", "--out", "{R}/sm"], "unreadable {R}/truncfg_run/config.json"),
+    (["export", "savedmodel", "{R}/latincfg_run", "--out", "{R}/sm"], "unreadable {R}/latincfg_run/config.json"),
+    (["export", "savedmodel", "{R}/listcfg_run", "--out", "{R}/sm"], "has no \"kind\""),
+    (["export", "savedmodel", "{R}/tagger_run", "--out", "{R}/existing.png/sm"], "{R}/existing.png is not a directory"),
+    (["export", "tflite", "{R}/tagger_run", "--out", "{R}/existing.png/t.tflite"], "{R}/existing.png is not a directory"),
+    (["export", "tflite", "{R}/tagger_run", "--out", "{R}/t.txt"], "--out must end in .tflite"),
+    (["export", "tflite", "{R}/tagger_run", "--out", "{R}/dir.tflite"], "--out is a directory"),
+    (["export", "tflite", "{R}/src.txt", "--out", "{R}/t.tflite"], "not a run directory or .keras model file"),
+    (["export", "tflite", "{R}/empty_dir", "--out", "{R}/t.tflite"], "not a run directory"),
+    (["export", "tflite", "{R}/tagger_run", "--out", "{R}/t.tflite", "--length", "4"], "--length only applies"),
+    (["export", "verify", "{R}/tagger_run", "--tflite", "{R}/missing.tflite"], "{R}/missing.tflite"),
+    (["export", "verify", "{R}/tagger_run"], "--savedmodel and/or --tflite"),
+    (["export", "bench", "{R}/empty.tflite"], "TFL3"),
+    (["export", "bench", "{R}/missing.tflite"], "{R}/missing.tflite"),
+    (["zoo.tag", "{R}/empty_dir", "I saw"], "{R}/empty_dir"),
+    (["zoo.tag", "{R}/emptycfg_run", "I saw"], "unreadable {R}/emptycfg_run/config.json"),
+    (["zoo.tag", "{R}/truncfg_run", "I saw"], "unreadable {R}/truncfg_run/config.json"),
+    (["zoo.tag", "{R}/latin1side.tflite", "I saw"], "unreadable sidecar file"),
+    (["zoo.tag", "{R}/empty.tflite", "I saw"], "missing sidecar"),
+    (["zoo.tag", "{R}/src.txt", "I saw"], "{R}/src.txt"),
+    (["zoo.translate", "{R}/sagan_run", "hello"], "'sagan' run"),
+    (["zoo.translate", "{R}/empty_dir", "hello"], "{R}/empty_dir/model.keras"),
+    (["zoo.translate", "{R}/seq_run", "hello", "--alpha", "-1"], "--alpha must be >= 0"),
+    (["zoo.generate", "{R}/seq_run", "--out", "{R}/g.png"], "'seq2seq' run, not 'sagan'"),
+    (["zoo.generate", "{R}/sagan_run", "--out", "{R}/existing.png/g.png"], "{R}/existing.png is not a directory"),
+    (["zoo.generate", "{R}/sagan_run", "--out", "{R}/empty_dir"], "{R}/empty_dir"),
+    (["zoo.generate", "{R}/sagan_run", "--out", "{R}/g.png", "--columns", "0"], "got 16 and 0"),
+    (["zoo.generate", "{R}/empty_dir", "--out", "{R}/g.png"], "{R}/empty_dir"),
+    (["zoo.generate", "{R}/empty.tflite", "--out", "{R}/g.png"], "missing sidecar"),
 ]
 
 
@@ -269,6 +361,51 @@ def test_cli_bad_input_real_process_after_tensorflow_import(sandbox, argv, needl
     _check_output(proc.returncode, proc.stderr, needle)
     assert snapshot(sandbox) == before
     assert not os.path.exists(os.path.join(sandbox, "PWNED"))
+
+
+# ---------------------------------------------------------------------------
+# Permissions: unreadable inputs, directories that cannot be written. Root reads and
+# writes through file modes, so these run for other users only.
+
+@pytest.fixture
+def locked_down(tmp_path):
+    unreadable = tmp_path / "unreadable.conllu"
+    unreadable.write_bytes(open(os.path.join(FIXTURES, "small.conllu"), "rb").read())
+    unreadable_tsv = tmp_path / "unreadable.tsv"
+    unreadable_tsv.write_text("a\tb\n" * 200)
+    read_only = tmp_path / "ro"
+    read_only.mkdir()
+    for path, mode in ((unreadable, 0o000), (unreadable_tsv, 0o000), (read_only, 0o555)):
+        os.chmod(path, mode)
+    yield str(tmp_path)
+    for path, mode in ((unreadable, 0o644), (unreadable_tsv, 0o644), (read_only, 0o755)):
+        os.chmod(path, mode)
+
+
+PERMISSIONS = [
+    (["train", "tagger", "--train-file", "{P}/unreadable.conllu"], "cannot read {P}/unreadable.conllu"),
+    (["train", "seq2seq", "--train-tsv", "{P}/unreadable.tsv"], "cannot read {P}/unreadable.tsv"),
+    (["train", "tagger", "--out", "{P}/ro/run"], "{P}/ro is not writable"),
+    (["train", "sagan", "--out", "{P}/ro"], "--out is not writable: {P}/ro"),
+    (["export", "tflite", "{R}/tagger_run", "--out", "{P}/ro/t.tflite"], "{P}/ro is not writable"),
+    (["export", "savedmodel", "{R}/tagger_run", "--out", "{P}/ro/sm"], "{P}/ro is not writable"),
+    (["zoo.generate", "{R}/sagan_run", "--out", "{P}/ro/g.png"], "{P}/ro is not writable"),
+]
+
+
+@pytest.mark.skipif(hasattr(os, "geteuid") and os.geteuid() == 0,
+                    reason="root reads and writes regardless of file modes")
+@pytest.mark.parametrize("argv,needle", PERMISSIONS, ids=[" ".join(a[:2]) + f" #{i}" for i, (a, _) in
+                                                         enumerate(PERMISSIONS)])
+def test_cli_permission_denied(sandbox, locked_down, argv, needle, capsys, monkeypatch):
+    monkeypatch.chdir(sandbox)
+    expand = lambda items: [a.replace("{P}", locked_down) for a in _expand(items, sandbox)]  # noqa: E731
+    listing = lambda: sorted((p, os.stat(os.path.join(d, p)).st_mtime_ns)  # noqa: E731
+                             for d, _, files in os.walk(locked_down) for p in files + [""])
+    before = snapshot(sandbox), listing()
+    rc = _main(argv[0])(expand(argv[1:]))
+    _check_output(rc, capsys.readouterr().err, expand([needle])[0])
+    assert (snapshot(sandbox), listing()) == before
 
 
 # ---------------------------------------------------------------------------

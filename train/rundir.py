@@ -50,7 +50,10 @@ def check_out_dir(path, resume=False, kinds=None):
     if not os.path.exists(path):
         if resume:
             raise UsageError(f"--resume: run directory not found: {path}")
+        check_creatable(path)
         return False
+    if not os.access(path, os.W_OK | os.X_OK):
+        raise UsageError(f"--out is not writable: {path}")
     pid = runlock.holder(path)
     if pid is not None and pid != os.getpid():
         raise UsageError(str(runlock.LockedError(path, pid)))
@@ -81,6 +84,18 @@ def lock(path):
         raise UsageError(str(e)) from None
     except OSError as e:
         raise UsageError(f"cannot write into {path}: {e.strerror}") from None
+
+
+def check_creatable(path, flag="--out"):
+    """`path` does not exist yet: its nearest existing ancestor must be a directory this
+    process can write into (found before any work, not when the first file is written)."""
+    parent = os.path.dirname(os.path.abspath(path))
+    while not os.path.exists(parent) and os.path.dirname(parent) != parent:
+        parent = os.path.dirname(parent)
+    if not os.path.isdir(parent):
+        raise UsageError(f"{flag} {path}: {parent} is not a directory")
+    if not os.access(parent, os.W_OK | os.X_OK):
+        raise UsageError(f"{flag} {path}: cannot create it, {parent} is not writable")
 
 
 def create_run_dir(path, kind):

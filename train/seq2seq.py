@@ -104,6 +104,8 @@ def validate(args):
     for flag in ("train_source", "train_target", "dev_source", "dev_target", "test_source",
                  "test_target", "train_tsv", "dev_tsv", "test_tsv"):
         path = getattr(args, flag)
+        if path and os.path.isdir(path):
+            raise UsageError(f"--{flag.replace('_', '-')}: data file is a directory: {path}")
         if path and not os.path.isfile(path):
             raise UsageError(f"--{flag.replace('_', '-')}: data file not found: {path}")
     text = bool(args.dataset or args.train_source or args.train_tsv)

@@ -55,6 +55,8 @@ def _validate(args):
         raise UsageError(f"--ema-momentum must be in [0, 1), got {args.ema_momentum}")
     args.model_options = _model_options(args.model_option)
     for path in (args.train_file, args.dev_file, args.test_file):
+        if path and os.path.isdir(path):
+            raise UsageError(f"data file is a directory: {path}")
         if path and not os.path.isfile(path):
             raise UsageError(f"data file not found: {path}")
     if args.out is None:

@@ -53,6 +53,18 @@ def tflite_interpreter(path):
         raise UsageError(f"cannot load TFLite model {path}: {' '.join(str(e).split())[:200]}") from None
 
 
+def check_out_file(path, flag="--out"):
+    """Before any work: the nearest existing ancestor of the file `path` must be a
+    directory this process can write into."""
+    parent = os.path.dirname(os.path.abspath(path))
+    while not os.path.exists(parent) and os.path.dirname(parent) != parent:
+        parent = os.path.dirname(parent)
+    if not os.path.isdir(parent):
+        raise UsageError(f"{flag} {path}: {parent} is not a directory")
+    if not os.access(parent, os.W_OK | os.X_OK):
+        raise UsageError(f"{flag} {path}: {parent} is not writable")
+
+
 def check_utf8(texts, what="argument"):
     """Command-line text that is not valid UTF-8 arrives with lone surrogates."""
     for i, text in enumerate(texts, 1):

@@ -17,7 +17,7 @@ import numpy as np
 
 from zoo.cli_input import UsageError as _Usage
 from zoo.cli_input import cli_boundary
-from zoo.cli_input import read_sidecar, run_kind, tflite_interpreter
+from zoo.cli_input import check_out_file, read_sidecar, run_kind, tflite_interpreter
 
 
 class _Parser(argparse.ArgumentParser):
@@ -153,6 +153,9 @@ def main(argv=None):
             raise _Usage(f"--out must be a .png file: {args.out}")
         if os.path.exists(args.out) and not args.force:
             raise _Usage(f"--out exists (use --force to overwrite): {args.out}")
+        if os.path.isdir(args.out):
+            raise _Usage(f"--out is a directory: {args.out}")
+        check_out_file(args.out)
         if not os.path.exists(args.path):
             raise _Usage(f"no such run directory or .tflite file: {args.path}")
         if os.path.isdir(args.path):

@@ -50,6 +50,8 @@ def main(argv=None):
             raise UsageError(f"no model found: {path}")
         if args.beam_width < 1:
             raise UsageError(f"--beam-width must be >= 1, got {args.beam_width}")
+        if not args.alpha >= 0:
+            raise UsageError(f"--alpha must be >= 0, got {args.alpha}")
         texts = args.text or _stdin_lines()
         check_utf8(texts, "input")
         if not texts:

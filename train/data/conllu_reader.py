@@ -34,6 +34,8 @@ def read_conllu(path):
             lines = f.read().splitlines()
     except UnicodeDecodeError as e:
         raise DataError(f"{path}: not UTF-8 text ({e.reason} at byte {e.start})") from None
+    except OSError as e:  # unreadable: permissions, a device error
+        raise DataError(f"cannot read {path}: {e.strerror or e}") from None
     sentences = []
     block, start = [], 0
     for number, line in enumerate(lines + [""], start=1):
