@@ -18,6 +18,8 @@ from train.errors import UsageError
 _KINDS = {"tagger": ("tagger",), "seq2seq": ("seq2seq", "universal_transformer"),
           "universal_transformer": ("universal_transformer", "seq2seq"), "sagan": ("sagan",)}
 _NEVER = {"out", "resume", "debug", "config", "help"}
+# Options recorded under an earlier name: seq2seq's `xla` is now `--jit-compile`.
+_RENAMED = {"xla": "jit_compile"}
 
 
 def split_config(argv):
@@ -60,12 +62,10 @@ def read_config(path, command):
 def _flag(action, value):
     """argv items setting `action.dest` to `value`, or None when it cannot."""
     option = next((o for o in action.option_strings if o.startswith("--")), action.option_strings[0])
-    if isinstance(action, (argparse._StoreTrueAction, argparse._StoreFalseAction,
-                           argparse._StoreConstAction)):
+    if action.nargs == 0:  # store_true / store_false / store_const
         return [option] if value == action.const else None
-    if isinstance(action, argparse._StoreAction) and action.nargs is None:
-        if isinstance(value, (dict, list)):
-            return None
+    if action.nargs is None and not isinstance(action, argparse._AppendAction) \
+            and not isinstance(value, (dict, list)):
         return [option, str(value)]
     return None
 
@@ -73,7 +73,9 @@ def _flag(action, value):
 def config_argv(parser, config):
     """The flags of `parser` that reproduce `config` (see the module doc)."""
     by_dest = {}
-    for action in parser._actions:
+    # Canonical flags first: hidden aliases (help suppressed) only as a fallback.
+    actions = sorted(parser._actions, key=lambda a: a.help == argparse.SUPPRESS)
+    for action in actions:
         if action.option_strings and action.dest not in _NEVER:
             by_dest.setdefault(action.dest, []).append(action)
     values = {}
@@ -83,6 +85,8 @@ def config_argv(parser, config):
         for key, value in (config.get(section) or {}).items():
             if key in by_dest:
                 values.setdefault(key, value)
+            elif _RENAMED.get(key) in by_dest and value:
+                values[_RENAMED[key]] = values.get(_RENAMED[key]) or value
             elif section == "model":
                 leftovers[key] = value
     argv = []

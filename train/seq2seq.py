@@ -10,6 +10,7 @@ Writes RUN_DIR (--out): model.keras (tokenizer inside), config.json, metrics.jso
 calibration.npz, vocab/, checkpoints/, logs/ (TensorBoard).
 """
 
+import argparse
 import os
 
 from train.errors import UsageError
@@ -67,8 +68,9 @@ def add_arguments(parser):
     t.add_argument("--learning-rate", type=float, help="peak learning rate (default 1e-3 text, 2e-3 tasks)")
     t.add_argument("--warmup-steps", type=int, help="linear warm-up steps (default 800 text, 200 tasks)")
     t.add_argument("--label-smoothing", type=float, default=0.1)
-    t.add_argument("--xla", action="store_true",
-                   help="XLA-compile training steps (one compile per batch shape; pays off on long runs)")
+    # The earlier name of --jit-compile (one XLA flag across train commands), hidden.
+    t.add_argument("--xla", dest="jit_compile", action="store_const", const=True,
+                   help=argparse.SUPPRESS)
     e = p.add_argument_group("evaluation")
     e.add_argument("--beam-width", type=int, help="beam width for the test set (default 4 text, 1 tasks)")
     e.add_argument("--alpha", type=float, default=0.6, help="length penalty exponent (default 0.6)")
@@ -98,6 +100,8 @@ def validate(args):
         raise UsageError(f"--dropout must be in [0, 1), got {args.dropout}")
     if not 0 <= args.label_smoothing < 1:
         raise UsageError(f"--label-smoothing must be in [0, 1), got {args.label_smoothing}")
+    # --jit-compile (or --xla): XLA for the compiled model and the training steps.
+    args.xla = getattr(args, "jit_compile", None) is True
     if args.verbose not in ("auto", "0", "1", "2"):
         raise UsageError(f"--verbose must be auto, 0, 1 or 2, got {args.verbose!r}")
     args.verbose = args.verbose if args.verbose == "auto" else int(args.verbose)

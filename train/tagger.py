@@ -4,6 +4,7 @@ Data: the embedded generated grammar by default (offline), CoNLL-U files
 (--train-file/--dev-file/--test-file), or --dataset tfds:NAME (downloads).
 """
 
+import argparse
 import json
 import os
 import sys
@@ -12,6 +13,15 @@ import time
 from train.errors import UsageError
 
 ARCHS = ("attention", "fc", "window", "bilstm")
+
+
+class _Named(argparse.Action):
+    """Stores the value and the flag that gave it (`args.<dest>_flag`), so a bad
+    value is reported under the name the user typed."""
+
+    def __call__(self, parser, namespace, values, option_string=None):
+        setattr(namespace, self.dest, values)
+        setattr(namespace, f"{self.dest}_flag", option_string)
 
 
 def add_arguments(parser):
@@ -31,9 +41,16 @@ def add_arguments(parser):
     parser.add_argument("--max-minutes", type=float, default=20.0,
                         help="stop training an arch after this many minutes (default 20; 0 = no limit)")
     parser.add_argument("--learning-rate", type=float, default=None, help="peak learning rate (default per arch)")
-    parser.add_argument("--ema-momentum", type=float, default=None,
+    parser.add_argument("--ema", dest="ema_momentum", type=float, default=None, metavar="MOMENTUM",
+                        action=_Named,
                         help="evaluate and save the moving average of the weights with this "
                              "momentum, e.g. 0.995 (default: off)")
+    # The earlier name, kept working (hidden): one EMA flag across train commands.
+    parser.add_argument("--ema-momentum", dest="ema_momentum", type=float, action=_Named,
+                        help=argparse.SUPPRESS)
+    parser.add_argument("--verbose", default="auto",
+                        help="Keras progress output: auto (bars on a terminal, a line per epoch "
+                             "otherwise), 0, 1, 2")
     parser.add_argument("--model-option", action="append", default=[], metavar="KEY=VALUE",
                         help="tagger hyper-parameter, e.g. hidden_dim=192 (JSON values; repeatable)")
 
@@ -52,7 +69,12 @@ def _validate(args):
     if args.learning_rate is not None and not args.learning_rate > 0:
         raise UsageError(f"--learning-rate must be > 0, got {args.learning_rate}")
     if args.ema_momentum is not None and not 0 <= args.ema_momentum < 1:
-        raise UsageError(f"--ema-momentum must be in [0, 1), got {args.ema_momentum}")
+        flag = getattr(args, "ema_momentum_flag", None) or "--ema"
+        raise UsageError(f"{flag} must be in [0, 1), got {args.ema_momentum}")
+    verbose = getattr(args, "verbose", "auto")
+    if verbose not in ("auto", "0", "1", "2", 0, 1, 2):
+        raise UsageError(f"--verbose must be auto, 0, 1 or 2, got {verbose!r}")
+    args.verbose = verbose if verbose == "auto" else int(verbose)
     args.model_options = _model_options(args.model_option)
     for path in (args.train_file, args.dev_file, args.test_file):
         if path and os.path.isdir(path):

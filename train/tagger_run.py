@@ -36,8 +36,11 @@ def _default_epochs(data):
     return 5 if data.source.get("name") == "embedded" else 40
 
 
-def _verbosity():
-    # Progress bars on a terminal; one line per epoch in logs and pipes.
+def _verbosity(requested=None):
+    # --verbose 0/1/2 as asked; by default progress bars on a terminal, one line
+    # per epoch in logs and pipes.
+    if requested not in (None, "auto"):
+        return int(requested)
     return 1 if sys.stdout.isatty() else 2
 
 
@@ -78,7 +81,9 @@ def train_one(args, data, arch, out, vocab=None, verbose=None):
             _compile(model, encoded, train_cfg)
             rundir.atomic_write_json(os.path.join(out, "config.json"), config)
     state = read_state(os.path.join(out, "checkpoints"))
-    return _fit_and_finish(model, data, encoded, out, train_cfg, state, verbose or _verbosity())
+    if verbose is None:
+        verbose = _verbosity(getattr(args, "verbose", None))
+    return _fit_and_finish(model, data, encoded, out, train_cfg, state, verbose)
 
 
 def _epochs_within_budget(model, encoded, train_cfg, probe_steps=12, margin=0.9):
@@ -158,7 +163,8 @@ def resume_run(args):
     rundir.atomic_write_json(config_path, config)
     state = read_state(ckpt_dir)
     print(f"resuming {out} at epoch {state['epoch']} of {train_cfg['epochs']}", file=sys.stderr)
-    return _fit_and_finish(model, data, encoded, out, train_cfg, state, _verbosity())
+    return _fit_and_finish(model, data, encoded, out, train_cfg, state,
+                           _verbosity(getattr(args, "verbose", None)))
 
 
 def _encode(model, data):
