@@ -88,8 +88,8 @@ def test_sigterm_mid_epoch_writes_a_checkpoint_and_resume_ends_like_an_uninterru
     _check_same_end(root / "full", out, ("test_accuracy", "dev_accuracy", "test_unseen_accuracy"))
 
 
-def _check_stop_line(line, name, ckpt):
-    match = re.fullmatch(rf"stopped by {name}: wrote (\S+step-(\d+)\.npz) at epoch 2, batch (\d+); "
+def _check_stop_line(line, name, ckpt, epoch=2):
+    match = re.fullmatch(rf"stopped by {name}: wrote (\S+step-(\d+)\.npz) at epoch {epoch}, batch (\d+); "
                          r"continue with --resume", line)
     assert match, line
     path, record = checkpoint.latest(ckpt)
@@ -107,9 +107,11 @@ def _check_same_end(full, stopped, keys):
     assert [h["epoch"] for h in history] == list(range(1, EPOCHS + 1))  # none redone, none lost
 
 
-def test_sigint_mid_epoch_seq2seq_in_process(tmp_path, monkeypatch, capsys):
+def test_sigint_in_the_first_epoch_seq2seq_in_process(tmp_path, monkeypatch, capsys):
     """The same for seq2seq and SIGINT (Ctrl-C), sent by the process to itself right
-    after its 5th training step of epoch 2 (the CLI's handler, as in a real process)."""
+    after its 5th training step (the CLI's handler, as in a real process). Stopped in
+    the first epoch, the run has no model file yet: --resume rebuilds the model from
+    config.json and vocab/spm.model and restores the step checkpoint into it."""
     from train import engine
     from train import strategy as dist
     from train.cli import main
@@ -121,24 +123,24 @@ def test_sigint_mid_epoch_seq2seq_in_process(tmp_path, monkeypatch, capsys):
             dist.reset()
 
     assert run(tmp_path / "full") == 0
-    steps = checkpoint.latest(tmp_path / "full" / "checkpoints")[1]["steps_per_epoch"]
     train_batch = engine.Engine.train_batch
     calls = []
 
     def signalling(self, batch):
         result = train_batch(self, batch)
         calls.append(1)
-        if len(calls) == steps + 5:
+        if len(calls) == 5:
             os.kill(os.getpid(), signal.SIGINT)
         return result
 
     monkeypatch.setattr(engine.Engine, "train_batch", signalling)
     capsys.readouterr()
-    assert run(tmp_path / "stopped") == 130
+    stopped = tmp_path / "stopped"
+    assert run(stopped) == 130
     err = capsys.readouterr().err
-    path, record = _check_stop_line(err.strip().splitlines()[-1], "SIGINT", tmp_path / "stopped" / "checkpoints")
-    assert record["batches_done"] == 5
+    path, record = _check_stop_line(err.strip().splitlines()[-1], "SIGINT", stopped / "checkpoints", epoch=1)
+    assert record["batches_done"] == 5 and not (stopped / "checkpoints" / "last.keras").exists()
     monkeypatch.setattr(engine.Engine, "train_batch", train_batch)
-    assert run(tmp_path / "stopped", "--resume") == 0
-    assert f"restored {os.path.basename(path)}: epoch 2, batch 5" in capsys.readouterr().err
-    _check_same_end(tmp_path / "full", tmp_path / "stopped", ("test_exact_match",))
+    assert run(stopped, "--resume") == 0
+    assert f"restored {os.path.basename(path)}: epoch 1, batch 5" in capsys.readouterr().err
+    _check_same_end(tmp_path / "full", stopped, ("test_exact_match",))

@@ -18,7 +18,7 @@ import keras
 import numpy as np
 
 import zoo
-from train import engine, rundir
+from train import checkpoint, engine, rundir
 from train import strategy as distribute
 from train.errors import UsageError
 from train.progress import markdown_table
@@ -97,11 +97,26 @@ def train_new(args, data):
     return _fit_and_finish(model, data, encoded, out, train_cfg, state, args.verbose)
 
 
+def _rebuild(out, config, train_cfg):
+    """The run's untrained, compiled model from config.json and vocab/spm.model, for a
+    run stopped before its first epoch ended: its step checkpoint then restores the
+    weights and the optimizer (and checks they fit)."""
+    with open(os.path.join(out, config.get("tokenizer", "vocab/spm.model")), "rb") as f:
+        proto = f.read()
+    with distribute.scope():
+        model = zoo.build(config["kind"], tokenizer=encode_proto(proto), **config["model"])
+        compile_seq2seq(model, train_cfg["learning_rate"], train_cfg["warmup_steps"],
+                        train_cfg["label_smoothing"], jit_compile=train_cfg.get("xla"))
+    return model
+
+
 def resume_run(args):
     out = args.out
     config_path = os.path.join(out, "config.json")
-    last = os.path.join(out, "checkpoints", LAST)
-    if not os.path.exists(config_path) or not os.path.exists(last):
+    ckpt_dir = os.path.join(out, "checkpoints")
+    last = os.path.join(ckpt_dir, LAST)
+    step_checkpoint = checkpoint.latest(ckpt_dir)[1] if os.path.isdir(ckpt_dir) else None
+    if not os.path.exists(config_path) or not (os.path.exists(last) or step_checkpoint):
         raise UsageError(f"--resume: no checkpoint to resume in {out} (missing config.json or checkpoints/{LAST})")
     config = rundir.read_json(config_path)
     if config.get("kind") not in ("seq2seq", "universal_transformer"):
@@ -113,8 +128,11 @@ def resume_run(args):
     data = load_data(stored)
     import train.seq2seq_fit  # noqa: F401  (registers the loss, metric and schedule)
 
-    with distribute.scope():
-        model = keras.models.load_model(last)
+    if os.path.exists(last):
+        with distribute.scope():
+            model = keras.models.load_model(last)
+    else:  # stopped in the first epoch: only step checkpoints exist
+        model = _rebuild(out, config, train_cfg)
     encoded = _encode_all(model.tokenizer, data, model, train_cfg.get("truncate", False))
     config["train"] = train_cfg
     rundir.atomic_write_json(config_path, config)
