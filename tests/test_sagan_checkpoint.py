@@ -54,10 +54,18 @@ def _json(path):
     return json.loads(path.read_text())
 
 
-def test_step_checkpoints_resume_mid_epoch_and_end_where_the_uninterrupted_run_ends(tmp_path):
+@pytest.fixture(scope="module")
+def uninterrupted(tmp_path_factory):
+    """The uninterrupted run (tmp/single), with a copy of each step checkpoint (tmp/kept)."""
+    base = tmp_path_factory.mktemp("sagan_checkpoint")
+    (base / "kept").mkdir()
+    assert _main(["sagan", "--out", str(base / "single"), *ARGS], keep=str(base / "kept")) == 0
+    return base
+
+
+def test_step_checkpoints_resume_mid_epoch_and_end_where_the_uninterrupted_run_ends(uninterrupted):
+    tmp_path = uninterrupted
     single, killed, kept = tmp_path / "single", tmp_path / "killed", tmp_path / "kept"
-    kept.mkdir()
-    assert _main(["sagan", "--out", str(single), *ARGS], keep=str(kept)) == 0
     assert sorted(os.listdir(kept)) == ["state-3.json", "state-3.npz", "state-6.json", "state-6.npz"]
     state = _json(kept / "state-3.json")
     assert (state["epoch"], state["batches_done"], state["d_steps"], state["history"]) == (0, 3, 3, [])
@@ -158,3 +166,41 @@ def test_sagan_positional_state_still_restores(tmp_path, capsys):
     assert restored.restore(str(tmp_path)) == {"epoch": 4}
     assert all(np.array_equal(a, b) for a, b in zip(_values(trainer), _values(restored)))
     assert "positional checkpoint" in capsys.readouterr().err
+
+
+def test_sigterm_mid_epoch_saves_the_step_and_resume_ends_where_the_uninterrupted_run_ends(
+        uninterrupted, capsys):
+    """SIGTERM (sent by the process to itself, through the CLI's handler) right after
+    D step 5, the first batch of epoch 2: the step is saved, exit 143 with one line,
+    and --resume continues with batch 2 to the uninterrupted run's final state."""
+    import signal
+
+    from train.sagan_fit import SaganTrainer
+
+    base = uninterrupted
+    stopped = base / "stopped"
+    train_batch = SaganTrainer.train_batch
+
+    def signalling(self, real, labels, d_steps_done):
+        logs = train_batch(self, real, labels, d_steps_done)
+        if d_steps_done + 1 == 5:
+            os.kill(os.getpid(), signal.SIGTERM)
+        return logs
+
+    SaganTrainer.train_batch = signalling
+    try:
+        capsys.readouterr()
+        assert _main(["sagan", "--out", str(stopped), *ARGS]) == 143
+    finally:
+        SaganTrainer.train_batch = train_batch
+    last = capsys.readouterr().err.strip().splitlines()[-1]
+    assert last == (f"stopped by SIGTERM: wrote {stopped / 'checkpoints' / 'state.npz'} at epoch 2, batch 1; "
+                    f"continue with --resume")
+    state = _json(stopped / "checkpoints" / "state.json")
+    assert (state["epoch"], state["batches_done"], state["d_steps"], len(state["history"])) == (1, 1, 5, 1)
+    assert not (stopped / "metrics.json").exists()
+    assert _main(["sagan", "--out", str(stopped), "--resume", "--checkpoint-every", "3"]) == 0
+    assert "resuming" in capsys.readouterr().err
+    _assert_equals_single(base, stopped / "checkpoints" / "state.npz", "single/checkpoints/state.npz")
+    want, got = _json(base / "single" / "checkpoints" / "state.json"), _json(stopped / "checkpoints" / "state.json")
+    assert got["d_steps"] == want["d_steps"] == 8 and got["history"] == want["history"]

@@ -77,6 +77,14 @@ def listening():
         listen(False)
 
 
+def done_listening(saved):
+    """Ends a `listen()` region; a signal that came after the loop's last poll (during
+    its final epoch-end work, after the last checkpoint) stops the command here."""
+    listen(False)
+    if _state["requested"] is not None:
+        stop(saved)
+
+
 def requested():
     """The signal received while listening, or None."""
     return _state["requested"]

@@ -265,6 +265,9 @@ def _fit_and_finish(out, config, data, g, d, ema, classifier, classifier_report,
     stopped = False
     # A step checkpoint: the batches of state["epoch"] already trained, and their logs.
     skip, sums = state.pop("batches_done", 0), state.pop("partial_logs", {})
+    from train import preemption  # SIGTERM / SIGINT: save the step, then stop (#23)
+
+    preemption.listen()
     for epoch in range(state["epoch"], train_cfg["epochs"]):
         if limit and state["train_seconds"] >= limit:
             stopped = True
@@ -289,6 +292,11 @@ def _fit_and_finish(out, config, data, g, d, ema, classifier, classifier_report,
             if every and state["d_steps"] % every == 0 and done < steps and chief:
                 trainer.save(ckpt, {**state, "batches_done": done, "partial_logs": sums,
                                     "train_seconds": state["train_seconds"] + time.perf_counter() - started})
+            if preemption.requested():
+                if chief:
+                    trainer.save(ckpt, {**state, "batches_done": done, "partial_logs": sums,
+                                        "train_seconds": state["train_seconds"] + time.perf_counter() - started})
+                preemption.stop(f"wrote {os.path.join(ckpt, 'state.npz')} at epoch {epoch + 1}, batch {done}")
             if limit and state["train_seconds"] + time.perf_counter() - started >= limit:
                 stopped = True
                 break
@@ -312,6 +320,7 @@ def _fit_and_finish(out, config, data, g, d, ema, classifier, classifier_report,
               f"quick FID {entry['fid_quick']}", file=sys.stderr, flush=True)
         if stopped:
             break
+    preemption.done_listening(f"wrote {os.path.join(ckpt, 'state.npz')} at the end of epoch {state['epoch']}")
     sampling.refresh()
     distribution = {**dist.describe(), "jit_compile": trainer.jit_compile}
     return _finish(out, config, data, g, d, sampler, classifier, classifier_report, state, stopped,
