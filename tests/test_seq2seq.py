@@ -166,6 +166,12 @@ def test_litert_step_decoding_equals_keras_greedy(copy_run, tmp_path):
         want = want[:want.index(EOS_ID) + 1]
         assert kind.litert_greedy(result["steps"], ids, model.max_target_length) == want
         assert model.tokenizer.decode([want]) == [text]
+    # zoo.load runs either file on raw text (the sidecar carries the SentencePiece model).
+    texts = ["abcde", "ba", "jjjjj"]
+    for path in (result["steps"], result["greedy"]):
+        translator = zoo.load(path)
+        assert (translator.kind, translator.format) == ("seq2seq", "tflite")
+        assert translator.generate(texts) == model.translate(texts) == texts
 
 
 def test_resume_continues_from_the_checkpoint(copy_run, tmp_path, capsys):

@@ -8,7 +8,8 @@ directory) or a `.tflite` file with its sidecar `<file>.json`
 - `TaggerTask`: `tag(sentences)` -> per sentence, a list of (token, tag) pairs.
 - `Translator`: `generate(texts, sampler=..., num_return_sequences=...,
   return_scores=...)` (all samplers from Keras files; greedy only from a
-  SavedModel, whose graph decodes greedily), and `translate(texts)`.
+  SavedModel or .tflite file, whose graphs decode greedily), and
+  `translate(texts)`.
 - `ImageGenerator`: `generate(class_ids, seed=...)` -> float images in [0, 1]
   `[N, S, S, C]`; the same noise as `python -m zoo.generate --seed`.
 
@@ -166,6 +167,10 @@ def _from_tflite(path):
     from zoo.cli_input import UsageError, read_sidecar, tflite_interpreter
 
     meta = _read_json(path + ".json")
+    if not meta:  # `python -m export.kinds.seq2seq` writes one sidecar for its two files
+        shared = _read_json(os.path.join(os.path.dirname(os.path.abspath(path)), "seq2seq.tflite.json"))
+        if os.path.basename(path) in (shared.get("files") or {}).values():
+            meta = shared
     kind = meta.get("kind")
     try:
         if kind == "tagger":
@@ -190,13 +195,63 @@ def _from_tflite(path):
 
             return ImageGenerator(run, int(meta["latent_dim"]), meta.get("num_classes"),
                                   meta.get("class_names") or [], fmt="tflite")
+        if kind in ("seq2seq", "universal_transformer"):
+            return _tflite_translator(path, meta, tflite_interpreter(path), kind)
     except UsageError as e:
         raise ValueError(str(e)) from None
-    if kind in ("seq2seq", "universal_transformer"):
-        raise ValueError(f"{path}: a seq2seq .tflite file decodes ids, not text (its sidecar has no "
-                         "tokenizer); load the run directory or the SavedModel instead")
     raise ValueError(f"{path}: missing or unknown sidecar {path}.json (kind {kind!r}; "
-                     "expected 'tagger' or 'sagan')")
+                     "expected 'tagger', 'seq2seq' or 'sagan')")
+
+
+def _tflite_translator(path, meta, interpreter, kind):
+    """Greedy decoding with a seq2seq .tflite file: the one-file WHILE model
+    (`source_ids` -> `tokens`) or the step model (`encode`, `decode_step`, the
+    loop run here as an app would)."""
+    from zoo.tokenization import EOS_ID, Tokenizer, decode_proto
+
+    if not meta.get("tokenizer"):
+        raise ValueError(f"{path}: the sidecar has no tokenizer (exported before it was added); "
+                         "re-export, or load the run directory or the SavedModel")
+    tokenizer = Tokenizer(decode_proto(meta["tokenizer"]))
+    signatures = interpreter.get_signature_list()
+    if "decode_step" in signatures:
+        encode = interpreter.get_signature_runner("encode")
+        step = interpreter.get_signature_runner("decode_step")
+        length = int(encode.get_input_details()["source_ids"]["shape"][1])
+        cache_shape = step.get_input_details()["self_cache"]["shape"]
+
+        def decode(ids):
+            enc = encode(source_ids=ids)
+            cache = np.zeros(cache_shape, np.float32)
+            token, out = 2, []  # BOS
+            for position in range(int(cache_shape[1])):
+                result = step(token=np.array([token], np.int32), position=np.array(position, np.int32),
+                              cross_cache=enc["cross_cache"], encoder_mask=enc["encoder_mask"],
+                              self_cache=cache)
+                cache, token = result["self_cache"], int(np.argmax(result["logits"][0]))
+                out.append(token)
+                if token == EOS_ID:
+                    break
+            return out
+    else:
+        runner = interpreter.get_signature_runner(sorted(signatures)[0])
+        length = int(runner.get_input_details()["source_ids"]["shape"][1])
+
+        def decode(ids):
+            return runner(source_ids=ids)["tokens"][0].tolist()
+
+    def greedy(texts):
+        outputs = []
+        for i, row in enumerate(tokenizer.encode(texts)):
+            if len(row) > length:
+                raise ValueError(f"input {i} has {len(row)} tokens, more than the model's {length}: "
+                                 f"{texts[i][:60]!r}")
+            ids = np.zeros((1, length), np.int32)
+            ids[0, :len(row)] = row
+            outputs.append(tokenizer.decode([decode(ids)])[0])
+        return outputs
+
+    return Translator(greedy=greedy, fmt="tflite", kind=kind)
 
 
 # ---------------------------------------------------------------- tasks

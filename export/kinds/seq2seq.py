@@ -137,7 +137,10 @@ class Seq2SeqKind(ExportKind):
 
     def sidecar(self, source, static_length=None):
         m = self.model(source)
-        return {"kind": self.name, "pieces": m.tokenizer.pieces(), "pad_id": 0, "unk_id": 1,
+        # The SentencePiece model itself (base64), so an app or `zoo.load` can
+        # tokenize text exactly as training did; `pieces` alone cannot.
+        return {"kind": self.name, "tokenizer": m.tokenizer_proto,
+                "pieces": m.tokenizer.pieces(), "pad_id": 0, "unk_id": 1,
                 "bos_id": 2, "eos_id": 3, "max_source_length": int(static_length or m.max_source_length),
                 "max_target_length": int(m.max_target_length)}
 
