@@ -157,3 +157,47 @@ def test_bad_distribution_flags_one_line_exit_2(argv, env, needle, tmp_path, cap
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1 and needle in err[0], err
     assert not (tmp_path / "run").exists()
+
+
+def test_sigterm_to_one_of_two_workers_stops_both_and_resumes_in_one_process(tmp_path):
+    """A preempted VM signals its own worker only: both workers stop at the same step
+    (they agree by an all-reduce of their flags), the chief writes the checkpoint, both
+    exit 143; the checkpoint resumes in one process and ends where one device ends."""
+    import signal
+    import time
+
+    from train import checkpoint
+
+    epochs = 30
+    ports = _free_ports(2)
+    cluster = {"worker": [f"127.0.0.1:{p}" for p in ports]}
+    single = _start(tmp_path / "single", "default", epochs=epochs)
+    workers = [_start(tmp_path / "multi", "multi_worker", epochs=epochs,
+                      tf_config={"cluster": cluster, "task": {"type": "worker", "index": i}})
+               for i in range(2)]
+    ckpt = tmp_path / "multi" / "checkpoints"
+    try:
+        deadline = time.monotonic() + TIMEOUT
+        while time.monotonic() < deadline and workers[1].poll() is None:
+            if ckpt.exists() and checkpoint.list_checkpoints(ckpt):
+                workers[1].send_signal(signal.SIGTERM)
+                break
+            time.sleep(0.02)
+        outputs = [p.communicate(timeout=TIMEOUT)[0] for p in workers]
+    finally:
+        for p in workers:
+            if p.poll() is None:
+                p.kill()
+                p.wait()
+    assert [p.returncode for p in workers] == [143, 143], outputs
+    assert "stopped by SIGTERM on another worker: wrote" in outputs[0]
+    assert "stopped by SIGTERM: the chief wrote the checkpoint at epoch" in outputs[1]
+    path, record = checkpoint.latest(ckpt)
+    assert not record["epoch_complete"] and record["epoch"] < epochs - 1
+    assert f"wrote {path} at epoch {record['epoch'] + 1}, batch {record['batches_done']}" in outputs[0]
+    (out,) = _finish([_start(tmp_path / "multi", "default", epochs=epochs, resume=True)])
+    assert "replicas 1" in out and f"restored {os.path.basename(path)}" in out
+    _finish([single])
+    for kind in ("weights", "averaged"):
+        _assert_same(_weights(tmp_path / "multi" / f"{kind}-e{epochs}-w0.npz"),
+                     _weights(tmp_path / "single" / f"{kind}-e{epochs}-w0.npz"), atol=1e-4)

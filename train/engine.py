@@ -421,9 +421,12 @@ def _check_finite(loss, epoch, step, checkpoint_dir):
 
 
 def _written(checkpoint_dir, chief, step):
-    if not (checkpoint_dir and chief):
-        return "no checkpoint (no checkpoint directory here)"
-    return os.path.join(checkpoint_dir, os.path.basename(checkpoint.path_for(checkpoint_dir, step)))
+    """What the stop wrote, for its one line."""
+    if not checkpoint_dir:
+        return "no checkpoint directory, nothing written"
+    if not chief:
+        return "the chief wrote the checkpoint"
+    return f"wrote {os.path.join(checkpoint_dir, os.path.basename(checkpoint.path_for(checkpoint_dir, step)))}"
 
 
 def fit(model, train_data, *, epochs, initial_epoch=0, validation_data=None, callbacks=(),
@@ -454,6 +457,7 @@ def fit(model, train_data, *, epochs, initial_epoch=0, validation_data=None, cal
     engine.build(first)
 
     epoch, skip = initial_epoch, 0
+    partial, total, count = (0.0, 0.0), 0.0, 0.0
     if checkpoint_dir and resume:
         path, record, damaged = checkpoint.latest_good(checkpoint_dir)
         for bad, reason in damaged:
@@ -464,22 +468,43 @@ def fit(model, train_data, *, epochs, initial_epoch=0, validation_data=None, cal
             epoch, skip = record["epoch"], record["batches_done"]
             if record.get("epoch_complete"):
                 epoch, skip = record["epoch"] + 1, 0
+            else:
+                partial = tuple(record.get("partial_loss", partial))
             print(f"restored {os.path.basename(path)}: epoch {epoch + 1}, batch {skip}", file=sys.stderr)
     global_step = int(engine.optimizer.iterations.numpy())
 
     def save(epoch_, done, complete):
         if not (checkpoint_dir and chief):
             return
+        # partial_loss: the epoch's running loss sum and count, so that a resumed epoch
+        # reports the mean over all its batches (an epoch resumed after its last batch
+        # has a loss too).
         checkpoint.save(checkpoint_dir, model, engine.optimizer,
                         {"step": global_step, "epoch": epoch_, "batches_done": done,
                          "epoch_complete": complete, "steps_per_epoch": steps,
-                         "strategy": dist.describe()})
+                         "partial_loss": [total, count], "strategy": dist.describe()})
+
+    several_workers = dist.worker()[1] > 1
+
+    def signalled():
+        """Whether to stop for a signal. Several workers must stop at the same step
+        (a worker that went on would wait forever in the next collective), and a
+        preempted VM signals only its own worker: they agree with one all-reduce of
+        their flags per step, and a worker stops for a peer's signal too."""
+        if not several_workers:
+            return preemption.requested() is not None
+        local = 0.0 if preemption.requested() is None else 1.0
+        per_replica = engine.strategy.run(lambda: tf.constant(local))
+        if float(engine.strategy.reduce(tf.distribute.ReduceOp.SUM, per_replica, axis=None)) == 0:
+            return False
+        preemption.from_peer()
+        return True
 
     def stop_for_signal(epoch_, done):
         # The step is finished: save it (as an incomplete epoch, so that the resumed run
         # still validates and closes the epoch), then leave with the signal's exit code.
         save(epoch_, done, False)
-        preemption.stop(f"wrote {_written(checkpoint_dir, chief, global_step)} at epoch {epoch_ + 1}, batch {done}")
+        preemption.stop(f"{_written(checkpoint_dir, chief, global_step)} at epoch {epoch_ + 1}, batch {done}")
 
     model.stop_training = False
     cbs.on_train_begin()
@@ -488,7 +513,10 @@ def fit(model, train_data, *, epochs, initial_epoch=0, validation_data=None, cal
         while epoch < epochs and not model.stop_training:
             engine.reset_metrics()
             cbs.on_epoch_begin(epoch)
-            total, count, done = 0.0, 0.0, skip
+            (total, count), done = partial, skip
+            partial = (0.0, 0.0)
+            if count:
+                logs = {"loss": total / count}
             for batch in _prefetched(data.batches(epoch, skip)):
                 cbs.on_train_batch_begin(done)
                 loss, n = engine.train_batch(batch)
@@ -502,7 +530,7 @@ def fit(model, train_data, *, epochs, initial_epoch=0, validation_data=None, cal
                 cbs.on_train_batch_end(done - 1, logs)
                 if every and global_step % every == 0 and done < steps:
                     save(epoch, done, False)
-                if preemption.requested():
+                if signalled():
                     stop_for_signal(epoch, done)
                 if model.stop_training:
                     break
@@ -513,8 +541,8 @@ def fit(model, train_data, *, epochs, initial_epoch=0, validation_data=None, cal
                 epoch_logs.update({f"val_{k}": v for k, v in val.items()})
             cbs.on_epoch_end(epoch, epoch_logs)
             save(epoch, done, done >= steps)
-            if preemption.requested():
-                preemption.stop(f"wrote {_written(checkpoint_dir, chief, global_step)} at the end of epoch {epoch + 1}")
+            if signalled():
+                preemption.stop(f"{_written(checkpoint_dir, chief, global_step)} at the end of epoch {epoch + 1}")
             logs = epoch_logs
             epoch, skip = epoch + 1, 0
     cbs.on_train_end(logs)

@@ -16,7 +16,7 @@ import signal
 import threading
 
 SIGNALS = (signal.SIGTERM, signal.SIGINT)
-_state = {"listening": 0, "requested": None}
+_state = {"listening": 0, "requested": None, "peer": False}
 
 
 class Stopped(BaseException):
@@ -60,7 +60,7 @@ def handlers():
 
 
 def reset():
-    _state.update(listening=0, requested=None)
+    _state.update(listening=0, requested=None, peer=False)
 
 
 def listen(on=True):
@@ -85,6 +85,13 @@ def done_listening(saved):
         stop(saved)
 
 
+def from_peer():
+    """Another worker of the run was signalled: this one stops too (SIGTERM's code)."""
+    if _state["requested"] is None:
+        _state["requested"] = signal.SIGTERM
+        _state["peer"] = True
+
+
 def requested():
     """The signal received while listening, or None."""
     return _state["requested"]
@@ -93,4 +100,5 @@ def requested():
 def stop(saved):
     """Raises `Stopped` for the signal received; `saved` says what was written."""
     signum = _state["requested"] or signal.SIGTERM
-    raise Stopped(signum, f"stopped by {_name(signum)}: {saved}; continue with --resume")
+    how = f"{_name(signum)} on another worker" if _state["peer"] else _name(signum)
+    raise Stopped(signum, f"stopped by {how}: {saved}; continue with --resume")
