@@ -484,21 +484,9 @@ def fit(model, train_data, *, epochs, initial_epoch=0, validation_data=None, cal
                          "epoch_complete": complete, "steps_per_epoch": steps,
                          "partial_loss": [total, count], "strategy": dist.describe()})
 
-    several_workers = dist.worker()[1] > 1
-
     def signalled():
-        """Whether to stop for a signal. Several workers must stop at the same step
-        (a worker that went on would wait forever in the next collective), and a
-        preempted VM signals only its own worker: they agree with one all-reduce of
-        their flags per step, and a worker stops for a peer's signal too."""
-        if not several_workers:
-            return preemption.requested() is not None
-        local = 0.0 if preemption.requested() is None else 1.0
-        per_replica = engine.strategy.run(lambda: tf.constant(local))
-        if float(engine.strategy.reduce(tf.distribute.ReduceOp.SUM, per_replica, axis=None)) == 0:
-            return False
-        preemption.from_peer()
-        return True
+        # Under several workers a collective: they stop at the same step (preemption.py).
+        return preemption.requested() is not None
 
     def stop_for_signal(epoch_, done):
         # The step is finished: save it (as an incomplete epoch, so that the resumed run

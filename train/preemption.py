@@ -80,8 +80,9 @@ def listening():
 def done_listening(saved):
     """Ends a `listen()` region; a signal that came after the loop's last poll (during
     its final epoch-end work, after the last checkpoint) stops the command here."""
+    pending = requested()  # a collective under several workers, as in the loop
     listen(False)
-    if _state["requested"] is not None:
+    if pending is not None:
         stop(saved)
 
 
@@ -93,7 +94,23 @@ def from_peer():
 
 
 def requested():
-    """The signal received while listening, or None."""
+    """The signal received while listening, or None.
+
+    Under several workers (train.strategy) this is a collective that every worker
+    calls at the same points of its loop: a preempted VM signals only its own worker,
+    and a worker that stopped alone would leave the others waiting in their next
+    collective. The workers all-reduce their flags; a worker stops for a peer's
+    signal too (`from_peer`)."""
+    from train import strategy as dist
+
+    if _state["listening"] and dist.worker()[1] > 1:
+        import tensorflow as tf
+
+        strategy = dist.get()
+        local = 0.0 if _state["requested"] is None else 1.0
+        total = strategy.reduce(tf.distribute.ReduceOp.SUM, strategy.run(lambda: tf.constant(local)), axis=None)
+        if float(total) > 0:
+            from_peer()
     return _state["requested"]
 
 
