@@ -55,6 +55,7 @@ CHILD = textwrap.dedent("""
         schedule = model.optimizer._learning_rate
         result["schedule"] = type(schedule).__name__
     task = zoo.load(run)
+    assert not {m.split(".")[0] for m in sys.modules} & {"train", "export"}
     result["task"] = [type(task).__name__, task.kind, task.format]
     if kind == "tagger":
         result["tagged"] = task.tag(%(sentences)r)
