@@ -168,7 +168,7 @@ def test_sigterm_to_one_of_two_workers_stops_both_and_resumes_in_one_process(tmp
 
     from train import checkpoint
 
-    epochs = 30
+    epochs = 10
     ports = _free_ports(2)
     cluster = {"worker": [f"127.0.0.1:{p}" for p in ports]}
     single = _start(tmp_path / "single", "default", epochs=epochs)
