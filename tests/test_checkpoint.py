@@ -3,6 +3,7 @@
 import json
 import os
 import pathlib
+import re
 import signal
 import subprocess
 import sys
@@ -317,3 +318,57 @@ def test_resume_falls_back_past_a_damaged_checkpoint_and_says_so(tmp_path, capsy
     # It retrained batches 5 and 6 into equal weights (same data, same optimizer state).
     for x, y in zip(model.variables, resumed.variables):
         np.testing.assert_allclose(x.numpy(), y.numpy(), atol=1e-6)
+
+
+def test_resume_into_a_changed_model_is_refused_with_one_line_and_exit_2(tmp_path, capsys, monkeypatch):
+    """End to end: a tagger stopped in its first epoch (only step checkpoints), then its
+    config changed (a wider hidden layer, as after a code change): --resume rebuilds the
+    model from config.json and refuses the checkpoint, naming the first variable that
+    differs; exit 2, one line, nothing in the run directory touched."""
+    import hashlib
+
+    from train.cli import main
+
+    data = embedded.generate(seed=1, train_size=96, dev_size=16, test_size=16)
+    files = []
+    for split in ("train", "dev", "test"):
+        _write_conllu(tmp_path / f"{split}.conllu", getattr(data, split))
+        files += [f"--{split}-file", str(tmp_path / f"{split}.conllu")]
+    out = tmp_path / "run"
+    argv = _cli(out, files)[3:]
+    calls = []
+    train_batch = engine.Engine.train_batch
+
+    def signalling(self, batch):
+        calls.append(1)
+        if len(calls) == 3:
+            os.kill(os.getpid(), signal.SIGINT)
+        return train_batch(self, batch)
+
+    monkeypatch.setattr(engine.Engine, "train_batch", signalling)
+    try:
+        assert main(argv) == 130
+    finally:
+        distribute.reset()
+    monkeypatch.setattr(engine.Engine, "train_batch", train_batch)
+    assert not (out / "checkpoints" / "last.keras").exists() and checkpoint.latest(out / "checkpoints")[0]
+    config = read_json(out / "config.json")
+    config["model"]["hidden_dim"] = 24
+    (out / "config.json").write_text(json.dumps(config, indent=2) + "\n")
+
+    def snapshot():
+        return {str(p.relative_to(out)): hashlib.sha256(p.read_bytes()).hexdigest()
+                for p in sorted(out.rglob("*")) if p.is_file()}
+
+    before = snapshot()
+    capsys.readouterr()
+    try:
+        assert main(argv + ["--resume"]) == 2
+    finally:
+        distribute.reset()
+    err = [line for line in capsys.readouterr().err.splitlines() if line.strip()]
+    # The run's 'resuming RUN at epoch 0 of 3' comes first; then the one error line.
+    assert len(err) == 2 and err[0].startswith("resuming "), err
+    assert re.fullmatch(r"error: checkpoint \S+step-00000003\.npz does not fit this model: model variable "
+                        r"'attention_in/kernel' has shape \(24, 16\) there, \(24, 24\) here", err[1]), err[1]
+    assert snapshot() == before
