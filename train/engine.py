@@ -431,7 +431,7 @@ def _written(checkpoint_dir, chief, step):
 
 def fit(model, train_data, *, epochs, initial_epoch=0, validation_data=None, callbacks=(),
         verbose="auto", steps_per_epoch=None, checkpoint_dir=None, checkpoint_every=None,
-        loss_terms=None, jit_compile=None, resume=True):
+        loss_terms=None, jit_compile=None, resume=True, announce=None):
     """Trains a compiled `model` like `model.fit`, under `train.strategy.get()`.
 
     train_data: `epoch -> sized iterable of global batches` ((x, y) or (x, y, weights),
@@ -439,6 +439,8 @@ def fit(model, train_data, *, epochs, initial_epoch=0, validation_data=None, cal
     checkpoint_dir: where step checkpoints go (None: none). With `resume`, a checkpoint
         there that is at or after `initial_epoch` is restored first and its epoch
         continues from the batch after the one it saved.
+    announce: a line for stderr, printed once the checkpoint is restored (so that a
+        checkpoint refused as not fitting the model is the only line).
     Returns the `keras.callbacks.History`.
     """
     engine = Engine(model, loss_terms=loss_terms, jit_compile=jit_compile)
@@ -458,6 +460,7 @@ def fit(model, train_data, *, epochs, initial_epoch=0, validation_data=None, cal
 
     epoch, skip = initial_epoch, 0
     partial, total, count = (0.0, 0.0), 0.0, 0.0
+    restored = None
     if checkpoint_dir and resume:
         path, record, damaged = checkpoint.latest_good(checkpoint_dir)
         for bad, reason in damaged:
@@ -470,7 +473,11 @@ def fit(model, train_data, *, epochs, initial_epoch=0, validation_data=None, cal
                 epoch, skip = record["epoch"] + 1, 0
             else:
                 partial = tuple(record.get("partial_loss", partial))
-            print(f"restored {os.path.basename(path)}: epoch {epoch + 1}, batch {skip}", file=sys.stderr)
+            restored = f"restored {os.path.basename(path)}: epoch {epoch + 1}, batch {skip}"
+    # After the restore: a checkpoint that does not fit is the run's one line on stderr.
+    for line in (announce, restored):
+        if line:
+            print(line, file=sys.stderr)
     global_step = int(engine.optimizer.iterations.numpy())
 
     def save(epoch_, done, complete):

@@ -138,8 +138,8 @@ def resume_run(args):
     rundir.atomic_write_json(config_path, config)
     state = read_state(os.path.join(out, "checkpoints"))
     keras.utils.set_random_seed(train_cfg["seed"] + state["epoch"])
-    print(f"resuming {out} at epoch {state['epoch']} of {train_cfg['epochs']}", file=sys.stderr)
-    return _fit_and_finish(model, data, encoded, out, train_cfg, state, args.verbose)
+    announce = f"resuming {out} at epoch {state['epoch']} of {train_cfg['epochs']}"
+    return _fit_and_finish(model, data, encoded, out, train_cfg, state, args.verbose, announce=announce)
 
 
 def _dev_scorer(model, data, encoded, train_cfg, out):
@@ -156,7 +156,7 @@ def _dev_scorer(model, data, encoded, train_cfg, out):
     return DevScore(score, "bleu" if data.task == "text" else "exact_match", os.path.join(out, "logs"))
 
 
-def _fit_and_finish(model, data, encoded, out, train_cfg, state, verbose):
+def _fit_and_finish(model, data, encoded, out, train_cfg, state, verbose, announce=None):
     ckpt_dir = os.path.join(out, "checkpoints")
     checkpoint = RunCheckpoint(ckpt_dir, state)
     limit = TimeLimit(train_cfg["max_minutes"] * 60.0, state["train_seconds"])
@@ -176,7 +176,9 @@ def _fit_and_finish(model, data, encoded, out, train_cfg, state, verbose):
                    steps_per_epoch=train_cfg.get("steps_per_epoch"), initial_epoch=state["epoch"],
                    callbacks=callbacks, verbose=verbose, checkpoint_dir=ckpt_dir,
                    loss_terms=engine.masked_mean_terms(model.loss, PAD_ID),
-                   jit_compile=True if train_cfg.get("xla") else None)
+                   jit_compile=True if train_cfg.get("xla") else None, announce=announce)
+    elif announce:
+        print(announce, file=sys.stderr)
     state = checkpoint.state if checkpoint.started else state
     best = os.path.join(ckpt_dir, BEST)
     if os.path.exists(best):

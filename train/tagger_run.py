@@ -162,9 +162,9 @@ def resume_run(args):
     config["train"] = train_cfg
     rundir.atomic_write_json(config_path, config)
     state = read_state(ckpt_dir)
-    print(f"resuming {out} at epoch {state['epoch']} of {train_cfg['epochs']}", file=sys.stderr)
+    announce = f"resuming {out} at epoch {state['epoch']} of {train_cfg['epochs']}"
     return _fit_and_finish(model, data, encoded, out, train_cfg, state,
-                           _verbosity(getattr(args, "verbose", None)))
+                           _verbosity(getattr(args, "verbose", None)), announce=announce)
 
 
 def _encode(model, data):
@@ -172,7 +172,7 @@ def _encode(model, data):
             for name in ("train", "dev", "test")}
 
 
-def _fit_and_finish(model, data, encoded, out, train_cfg, state, verbose):
+def _fit_and_finish(model, data, encoded, out, train_cfg, state, verbose, announce=None):
     ckpt_dir = os.path.join(out, "checkpoints")
     checkpoint = RunCheckpoint(ckpt_dir, state)
     limit = TimeLimit(train_cfg["max_minutes"] * 60.0, state["train_seconds"])
@@ -188,7 +188,9 @@ def _fit_and_finish(model, data, encoded, out, train_cfg, state, verbose):
     if state["epoch"] < epochs:
         engine.fit(model, train_batches, validation_data=dev_batches, epochs=epochs,
                    initial_epoch=state["epoch"], callbacks=callbacks, verbose=verbose,
-                   checkpoint_dir=ckpt_dir)
+                   checkpoint_dir=ckpt_dir, announce=announce)
+    elif announce:
+        print(announce, file=sys.stderr)
     state = checkpoint.state if checkpoint.started else state
     best = os.path.join(ckpt_dir, BEST)
     if os.path.exists(best):
