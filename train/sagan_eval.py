@@ -54,6 +54,15 @@ class Evaluator:
         features, _ = features_and_outputs(self.classifier, images)
         return frechet_distance(features, self.ref_features)
 
+    def progress(self, generator, latent_dim, num_classes, seed):
+        """The per-epoch signal: FID, class accuracy and consistency (no KID)."""
+        images, labels = generate(generator, self.n, latent_dim, num_classes, seed)
+        features, out = features_and_outputs(self.classifier, images)
+        accuracy = float(np.mean(np.argmax(out["class"], axis=-1) == labels)) if num_classes else None
+        return {"fid_quick": round(frechet_distance(features, self.ref_features), 4),
+                "class_accuracy_quick": None if accuracy is None else round(accuracy, 4),
+                "consistent_quick": round(float(np.mean(out["consistent"][:, 0] > 0.5)), 4)}
+
     def evaluate(self, generator, latent_dim, num_classes, seed, class_names=None):
         images, labels = generate(generator, self.n, latent_dim, num_classes, seed)
         features, out = features_and_outputs(self.classifier, images)

@@ -77,3 +77,30 @@ def save_attention_figure(images, scores, feature_side, path, class_names=None, 
     plt.close(fig)
     _atomic(path, lambda f: f.write(buffer.getvalue()), "wb")
     return path
+
+
+def save_progress_figure(history, path):
+    """FID (log scale), class accuracy and consistency of the per-epoch evaluations."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    epochs = [h["epoch"] for h in history]
+    fig, (left, right) = plt.subplots(1, 2, figsize=(9, 3.2))
+    fids = [h.get("fid_quick") for h in history]
+    if any(f is not None for f in fids):
+        left.plot(epochs, [f if f is not None else np.nan for f in fids], "o-")
+        left.set_yscale("log")
+    left.set(xlabel="epoch", ylabel="FID (classifier features)", title="FID per epoch")
+    for key, label in (("class_accuracy_quick", "class accuracy"), ("consistent_quick", "consistent")):
+        values = [h.get(key) for h in history]
+        if any(v is not None for v in values):
+            right.plot(epochs, [v if v is not None else np.nan for v in values], "o-", label=label)
+    right.set(xlabel="epoch", ylim=(0, 1), title="generated images")
+    right.legend(loc="lower right")
+    fig.tight_layout()
+    buffer = io.BytesIO()
+    fig.savefig(buffer, format="png", dpi=80)
+    plt.close(fig)
+    _atomic(path, lambda f: f.write(buffer.getvalue()), "wb")

@@ -84,8 +84,17 @@ class SaganTrainer:
 
     def __init__(self, generator, discriminator, *, num_classes, latent_dim, lr_g=1e-4,
                  lr_d=4e-4, beta_1=0.0, beta_2=0.9, n_dis=1, ema=None, ema_decay=0.999,
-                 seed=0, strategy=None, jit_compile=False):
+                 seed=0, strategy=None, jit_compile=False, mode_seeking=0.0, class_loss=0.0):
         self.strategy = strategy or tf.distribute.get_strategy()
+        self.mode_seeking = float(mode_seeking)
+        self.class_loss = float(class_loss) if num_classes else 0.0
+        if self.class_loss:
+            # One forward pass gives the logits and the trunk features the class scores
+            # are taken from (the same layers, so spectral-norm vectors move once per call).
+            head = discriminator.get_layer("logits")
+            trunk = discriminator.get_layer("block_4").output
+            self._d_both = keras.Model(discriminator.inputs, [discriminator.outputs[0], trunk])
+            self._class_scores = head.class_scores
         self.g, self.d, self.ema = generator, discriminator, ema
         self.num_classes = num_classes
         self.latent_dim = latent_dim
@@ -133,30 +142,61 @@ class SaganTrainer:
             grads = tf.distribute.get_replica_context().all_reduce(tf.distribute.ReduceOp.SUM, grads)
         optimizer.apply(grads, variables)
 
+    def _d_forward(self, images, labels):
+        """D's logits [B, 1] (float32) and, with a class loss, the class scores [B, K]."""
+        inputs = self._d_inputs(images, labels)
+        if not self.class_loss:
+            return tf.cast(self.d(inputs, training=True), tf.float32), None
+        logits, trunk = self._d_both(inputs, training=True)
+        return tf.cast(logits, tf.float32), self._class_scores(trunk)
+
+    def _class_term(self, scores, labels, global_batch):
+        ce = tf.nn.sparse_softmax_cross_entropy_with_logits(labels=tf.cast(labels, tf.int32), logits=scores)
+        return self.class_loss * tf.reduce_sum(ce) / global_batch
+
     def _d_replica(self, real, labels, noise, fake_labels, global_batch):
         batch = tf.shape(real)[0]
         fake = self.g(self._g_inputs(noise, fake_labels), training=True)
         images = tf.concat([real, tf.cast(fake, real.dtype)], axis=0)
         all_labels = tf.concat([labels, fake_labels], axis=0)
         with tf.GradientTape() as tape:
-            logits = tf.cast(self.d(self._d_inputs(images, all_labels), training=True), tf.float32)
+            logits, scores = self._d_forward(images, all_labels)
             real_logits, fake_logits = logits[:batch], logits[batch:]
             loss = (tf.reduce_sum(tf.nn.relu(1.0 - real_logits))
                     + tf.reduce_sum(tf.nn.relu(1.0 + fake_logits))) / global_batch
-            scaled = self.d_opt.scale_loss(loss)
+            total = loss
+            if scores is not None:  # D learns the classes of real images only
+                total = total + self._class_term(scores[:batch], labels, global_batch)
+            scaled = self.d_opt.scale_loss(total)
         grads = tape.gradient(scaled, self.d.trainable_variables)
         self._apply(self.d_opt, grads, self.d.trainable_variables)
         return loss, tf.reduce_sum(real_logits) / global_batch, tf.reduce_sum(fake_logits) / global_batch
 
+    @staticmethod
+    def mode_seeking_loss(fake, noise, global_batch):
+        """Mode seeking (Mao et al., 2019): rows 2i and 2i+1 share a label (train_batch);
+        each pair adds 1 / (mean|G(z1)-G(z2)| / mean|z1-z2| + eps), so a generator that
+        ignores its noise (one image per class) pays for it. Summed over pairs and divided
+        by the global number of pairs, as the hinge loss is, so replicas add up."""
+        n = (tf.shape(fake)[0] // 2) * 2
+        fake = tf.cast(fake, tf.float32)
+        images = tf.reduce_mean(tf.abs(fake[0:n:2] - fake[1:n:2]), axis=[1, 2, 3])
+        latents = tf.reduce_mean(tf.abs(noise[0:n:2] - noise[1:n:2]), axis=1)
+        return tf.reduce_sum(1.0 / (images / latents + 1e-5)) / (global_batch / 2.0)
+
     def _g_replica(self, noise, labels, global_batch):
         with tf.GradientTape() as tape:
             fake = self.g(self._g_inputs(noise, labels), training=True)
-            logits = tf.cast(self.d(self._d_inputs(fake, labels), training=True), tf.float32)
+            logits, scores = self._d_forward(fake, labels)
             loss = -tf.reduce_sum(logits) / global_batch
-            scaled = self.g_opt.scale_loss(loss)
+            seeking = self.mode_seeking_loss(fake, noise, global_batch) if self.mode_seeking else tf.zeros(())
+            total = loss + self.mode_seeking * seeking
+            if scores is not None:  # G makes images D classifies as the label asked for
+                total = total + self._class_term(scores, labels, global_batch)
+            scaled = self.g_opt.scale_loss(total)
         grads = tape.gradient(scaled, self.g.trainable_variables)
         self._apply(self.g_opt, grads, self.g.trainable_variables)
-        return loss
+        return loss, seeking
 
     def _sum(self, per_replica):
         return tf.nest.map_structure(
@@ -190,7 +230,12 @@ class SaganTrainer:
         logs = {"d_loss": float(d_loss), "d_real": float(real_logit), "d_fake": float(fake_logit)}
         if (d_steps_done + 1) % self.n_dis == 0:
             noise, fake_labels = self.latents(d_steps_done, _G_NOISE, rows)
-            logs["g_loss"] = float(self.g_step(*_split(self.strategy, (noise, fake_labels)), global_batch))
+            if self.mode_seeking:
+                fake_labels[1::2] = fake_labels[0::2][:rows // 2]
+            g_loss, seeking = self.g_step(*_split(self.strategy, (noise, fake_labels)), global_batch)
+            logs["g_loss"] = float(g_loss)
+            if self.mode_seeking:
+                logs["mode_seeking"] = float(seeking)
             if self.ema is not None:
                 with self.strategy.scope():
                     self.ema_step(tf.constant(self.g_opt.iterations.numpy(), tf.int64))

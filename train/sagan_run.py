@@ -29,7 +29,7 @@ SUMMARY_COLUMNS = [
     ("class_accuracy", "class acc"), ("consistent", "consistent"), ("params_g", "G params"),
     ("train_seconds", "train s"), ("epochs", "epochs"),
 ]
-DEFAULT_EPOCHS = 10
+DEFAULT_EPOCHS = 100
 GRID_COLUMNS = 8
 
 
@@ -41,15 +41,23 @@ def _model_config(args, data, attention):
     return {"image_size": data.image_size, "channels": data.channels,
             "num_classes": data.num_classes if conditional else None,
             "latent_dim": args.latent_dim, "width": args.width,
-            "attention_resolution": attention, "seed": args.seed}
+            "attention_resolution": attention, "seed": args.seed,
+            "class_embedding": args.class_embedding if conditional else 0}
 
 
-def _train_config(args):
+def _d_config(model_cfg):
+    return {k: v for k, v in model_cfg.items() if k not in ("latent_dim", "class_embedding")}
+
+
+def _train_config(args, data_seed=None):
     from train.sagan import data_flags
 
-    return {**data_flags(args), "epochs": DEFAULT_EPOCHS if args.epochs is None else args.epochs,
+    # data_seed: the seed the data were made or split with (--compare trains several
+    # model seeds on one data set).
+    return {**data_flags(args), "data_seed": args.seed if data_seed is None else data_seed, "epochs": DEFAULT_EPOCHS if args.epochs is None else args.epochs,
             "batch_size": args.batch_size, "n_dis": args.n_dis, "lr_g": args.lr_g, "lr_d": args.lr_d,
-            "beta1": args.beta1, "beta2": args.beta2, "ema": args.ema,
+            "beta1": args.beta1, "beta2": args.beta2, "ema": args.ema, "mode_seeking": args.mode_seeking,
+            "class_loss": args.class_loss,
             "eval_samples": args.eval_samples, "epoch_eval_samples": args.epoch_eval_samples,
             "classifier_epochs": args.classifier_epochs, "max_minutes": args.max_minutes,
             "unconditional": bool(args.unconditional)}
@@ -61,7 +69,7 @@ def _build(model_cfg, train_cfg):
     from train import strategy as dist
 
     g_cfg = dict(model_cfg)
-    d_cfg = {k: v for k, v in model_cfg.items() if k != "latent_dim"}
+    d_cfg = _d_config(model_cfg)
     with dist.scope():
         try:
             g = zoo.build("sagan_generator", **g_cfg)
@@ -144,18 +152,19 @@ def get_classifier(out, data, train_cfg, classifier=None):
 _FLAG = object()
 
 
-def train_one(args, data, out, attention=_FLAG, classifier=None):
-    """One run; `attention` overrides --attention-resolution (None = no attention)."""
+def train_one(args, data, out, attention=_FLAG, classifier=None, data_seed=None):
+    """One run; `attention` overrides --attention-resolution (None = no attention);
+    `data_seed` the seed `data` were made with when it is not --seed (--compare)."""
     import keras
 
     attention = args.attention if attention is _FLAG else attention
     keras.utils.set_random_seed(args.seed)
     model_cfg = _model_config(args, data, attention)
-    train_cfg = _train_config(args)
+    train_cfg = _train_config(args, data_seed)
     g, d, ema = _build(model_cfg, train_cfg)
     rundir.create_run_dir(out, "sagan")
     rundir.atomic_write_lines(os.path.join(out, "vocab", "classes.txt"), data.class_names)
-    d_cfg = {k: v for k, v in model_cfg.items() if k != "latent_dim"}
+    d_cfg = _d_config(model_cfg)
     config = {"kind": "sagan", "model": model_cfg, "discriminator": d_cfg, "train": train_cfg,
               "data": data.source, "class_names": list(data.class_names)}
     rundir.atomic_write_json(os.path.join(out, "config.json"), config)
@@ -181,8 +190,9 @@ def resume_run(args):
     check_replicas(train_cfg["batch_size"])
     from train.data.images import load_images
 
-    data = load_images(**{k: train_cfg[k] for k in ("dataset", "image_dir", "image_size", "train_size",
-                                                     "test_size", "max_images", "seed")})
+    flags = {k: train_cfg[k] for k in ("dataset", "image_dir", "image_size", "train_size", "test_size",
+                                        "max_images")}
+    data = load_images(**flags, seed=train_cfg.get("data_seed", train_cfg["seed"]))
     import keras
 
     keras.utils.set_random_seed(train_cfg["seed"])
@@ -206,7 +216,8 @@ def _trainer(g, d, ema, model_cfg, train_cfg):
                            lr_g=train_cfg["lr_g"], lr_d=train_cfg["lr_d"], beta_1=train_cfg["beta1"],
                            beta_2=train_cfg["beta2"], n_dis=train_cfg["n_dis"], ema=ema,
                            ema_decay=train_cfg["ema"], seed=train_cfg["seed"], strategy=dist.get(),
-                           jit_compile=dist.jit_compile())
+                           jit_compile=dist.jit_compile(), mode_seeking=train_cfg.get("mode_seeking", 0.0),
+                           class_loss=train_cfg.get("class_loss", 0.0))
     if dist.jit_compile() and not trainer.jit_compile:
         print(f"XLA: off for sagan on {trainer.replicas} replicas (an XLA computation runs on one "
               f"device; docs/distributed.md)", file=sys.stderr)
@@ -231,8 +242,8 @@ def _fit_and_finish(out, config, data, g, d, ema, classifier, classifier_report,
     import tensorflow as tf
 
     from train import strategy as dist
-    from train.sagan_eval import Evaluator, generate
-    from train.sagan_figures import save_sample_grid
+    from train.sagan_eval import Evaluator
+    from train.sagan_figures import save_progress_figure, save_sample_grid
 
     model_cfg, train_cfg = config["model"], config["train"]
     trainer = trainer or _trainer(g, d, ema, model_cfg, train_cfg)
@@ -247,16 +258,15 @@ def _fit_and_finish(out, config, data, g, d, ema, classifier, classifier_report,
     if train_cfg["epoch_eval_samples"]:
         quick = Evaluator(classifier, data, train_cfg["epoch_eval_samples"], seed=train_cfg["seed"])
 
-    def quick_fid():
+    def quick_eval():
         if quick is None:
-            return None
+            return {"fid_quick": None}
         sampling.refresh()
-        images, _ = generate(sampler, quick.n, model_cfg["latent_dim"], model_cfg["num_classes"],
-                             seed=train_cfg["seed"] + 7)
-        return round(quick.fid(images), 4)
+        return quick.progress(sampler, model_cfg["latent_dim"], model_cfg["num_classes"],
+                              seed=train_cfg["seed"] + 7)
 
     if "initial_fid" not in state:  # a step checkpoint of epoch 1 already holds it
-        state["initial_fid"] = quick_fid()
+        state["initial_fid"] = quick_eval()["fid_quick"]
     fixed = _fixed_latents(model_cfg, train_cfg["seed"])
     batch = train_cfg["batch_size"]
     steps = max(1, len(data.train) // batch)
@@ -275,7 +285,7 @@ def _fit_and_finish(out, config, data, g, d, ema, classifier, classifier_report,
         started = time.perf_counter()
         order = np.random.default_rng(train_cfg["seed"] + epoch).permutation(len(data.train))
         print(f"epoch {epoch + 1}/{train_cfg['epochs']}", file=sys.stderr, flush=True)
-        bar = keras.utils.Progbar(steps, stateful_metrics=["d_loss", "g_loss", "d_real", "d_fake"])
+        bar = keras.utils.Progbar(steps, stateful_metrics=["d_loss", "g_loss", "d_real", "d_fake", "mode_seeking"])
         done = skip
         for i in range(skip, steps):
             idx = order[i * batch:(i + 1) * batch]
@@ -302,7 +312,7 @@ def _fit_and_finish(out, config, data, g, d, ema, classifier, classifier_report,
                 break
         state["train_seconds"] += time.perf_counter() - started
         means = {k: round(float(np.mean(v)), 5) for k, v in sums.items()}
-        entry = {"epoch": epoch + 1, "steps": done, **means, "fid_quick": quick_fid()}
+        entry = {"epoch": epoch + 1, "steps": done, **means, **quick_eval()}
         state["history"].append(entry)
         state["epoch"] = epoch + 1
         skip, sums = 0, {}
@@ -317,7 +327,10 @@ def _fit_and_finish(out, config, data, g, d, ema, classifier, classifier_report,
         if chief:
             trainer.save(ckpt, state)
         print(f"  d_loss {means.get('d_loss')}  g_loss {means.get('g_loss')}  "
-              f"quick FID {entry['fid_quick']}", file=sys.stderr, flush=True)
+              f"FID {entry['fid_quick']}  class acc {entry.get('class_accuracy_quick')}  "
+              f"consistent {entry.get('consistent_quick')}", file=sys.stderr, flush=True)
+        if chief:
+            save_progress_figure(state["history"], os.path.join(out, "progress.png"))
         if stopped:
             break
     preemption.done_listening(f"wrote {os.path.join(ckpt, 'state.npz')} at the end of epoch {state['epoch']}")
@@ -342,6 +355,8 @@ def _finish(out, config, data, g, d, sampler, classifier, classifier_report, sta
         classifier_report,
         initial_fid_quick=state.get("initial_fid"),
         fid_quick_history=[h.get("fid_quick") for h in state["history"]],
+        class_accuracy_history=[h.get("class_accuracy_quick") for h in state["history"]],
+        consistent_history=[h.get("consistent_quick") for h in state["history"]],
         d_loss=state["history"][-1].get("d_loss") if state["history"] else None,
         g_loss=state["history"][-1].get("g_loss") if state["history"] else None,
         epochs=state["epoch"], d_steps=state["d_steps"], train_seconds=round(seconds, 1),
@@ -373,23 +388,73 @@ def _finish(out, config, data, g, d, sampler, classifier, classifier_report, sta
     return 0
 
 
+COMPARE_METRICS = (("fid", "FID"), ("class_accuracy", "class acc"), ("consistent", "consistent"),
+                   ("kid", "KID"))
+
+
+def summarize_compare(rows):
+    """Per arm (attention / no_attention): mean and sample standard deviation over seeds."""
+    summary = []
+    for arm in ("attention", "no_attention"):
+        runs = [r for r in rows if r["arm"] == arm]
+        entry = {"name": arm, "seeds": len(runs)}
+        for key, _ in COMPARE_METRICS:
+            values = [r[key] for r in runs if r.get(key) is not None]
+            if values:
+                entry[f"{key}_mean"] = round(float(np.mean(values)), 4)
+                entry[f"{key}_std"] = round(float(np.std(values, ddof=1)), 4) if len(values) > 1 else 0.0
+        entry["fid_floor"] = runs[0].get("fid_floor") if runs else None
+        entry["real_consistent"] = runs[0].get("real_consistent") if runs else None
+        summary.append(entry)
+    return summary
+
+
+def _summary_table(summary):
+    def cell(entry, key):
+        if f"{key}_mean" not in entry:
+            return ""
+        return f"{entry[f'{key}_mean']:.4g} ± {entry[f'{key}_std']:.2g}"
+
+    head = "| arm | seeds | " + " | ".join(title for _, title in COMPARE_METRICS) + " | FID floor | real consistent |"
+    lines = [head, "|" + "---|" * (len(COMPARE_METRICS) + 4)]
+    for e in summary:
+        cells = [cell(e, key) for key, _ in COMPARE_METRICS]
+        lines.append(f"| {e['name']} | {e['seeds']} | " + " | ".join(cells)
+                     + f" | {e['fid_floor']} | {e['real_consistent']} |")
+    return "\n".join(lines)
+
+
 def train_compare(args, data):
-    """The same budget with and without attention, evaluated by one shared classifier."""
+    """With and without attention, on the same budget and data, for --seeds model seeds
+    (--seed, --seed + 1, ...), evaluated by one shared classifier; mean ± std per arm."""
+    import copy
+
     rundir.create_run_dir(args.out, "sagan-compare")
     train_cfg = _train_config(args)
     classifier, _ = get_classifier(args.out, data, train_cfg)
     rows = []
-    for name, attention in (("attention", args.attention or "auto"), ("no_attention", None)):
-        print(f"\n=== {name} ===", flush=True)
-        run_dir = os.path.join(args.out, name)
-        train_one(args, data, run_dir, attention=attention, classifier=classifier)
-        rows.append({"name": name, **rundir.read_json(os.path.join(run_dir, "metrics.json"))})
+    for k in range(args.seeds):
+        seed_args = copy.copy(args)
+        seed_args.seed = args.seed + k
+        for arm, attention in (("attention", args.attention or "auto"), ("no_attention", None)):
+            name = arm if args.seeds == 1 else f"{arm}_seed{seed_args.seed}"
+            print(f"\n=== {name} ===", flush=True)
+            run_dir = os.path.join(args.out, name)
+            train_one(seed_args, data, run_dir, attention=attention, classifier=classifier,
+                      data_seed=args.seed)
+            rows.append({"name": name, "arm": arm, "seed": seed_args.seed,
+                         **rundir.read_json(os.path.join(run_dir, "metrics.json"))})
+    summary = summarize_compare(rows)
     table = markdown_table(rows, SUMMARY_COLUMNS)
+    means = _summary_table(summary)
     title = (f"SAGAN with vs without self-attention on {data.source.get('name')} data "
-             f"(same budget; FID in the run's classifier feature space)")
-    rundir.atomic_write_text(os.path.join(args.out, "compare.md"), f"# {title}\n\n{table}\n")
-    rundir.atomic_write_json(os.path.join(args.out, "compare.json"), {"data": data.source, "runs": rows})
-    print(f"\n{title}\n{table}")
-    print(f"FID with attention: {rows[0]['fid']}   without: {rows[1]['fid']}   "
-          f"(floor {rows[0]['fid_floor']})")
+             f"({args.seeds} seed(s), same budget; FID in the run's classifier feature space)")
+    text = f"# {title}\n\nMean ± standard deviation over seeds:\n\n{means}\n\nEvery run:\n\n{table}\n"
+    rundir.atomic_write_text(os.path.join(args.out, "compare.md"), text)
+    rundir.atomic_write_json(os.path.join(args.out, "compare.json"),
+                             {"data": data.source, "summary": summary, "runs": rows})
+    print(f"\n{text}")
+    att, no = summary
+    print(f"FID with attention: {att.get('fid_mean')}   without: {no.get('fid_mean')}   "
+          f"(floor {att['fid_floor']})")
     return 0

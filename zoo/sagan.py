@@ -287,6 +287,17 @@ class ProjectionHead(keras.layers.Layer):
             out = out + ops.sum(self.embed(onehot, training=training) * h, axis=-1, keepdims=True)
         return out
 
+    def class_scores(self, inputs):
+        """`<embed(k), h>` for every class k: [B, num_classes] (float32).
+
+        The projection term of each class, for all classes at once; their softmax is
+        the discriminator's own class posterior (the unconditional term is the same for
+        every class and cancels). Training adds a cross-entropy on these scores
+        (`train/sagan_fit.py`, dual projection). No state change.
+        """
+        h = ops.sum(ops.relu(ops.cast(inputs, "float32")), axis=(1, 2))
+        return ops.matmul(h, ops.transpose(self.embed.normalized_kernel(training=False)))
+
     def compute_output_shape(self, inputs_shape, labels_shape=None):
         return (inputs_shape[0], 1)
 
@@ -294,9 +305,52 @@ class ProjectionHead(keras.layers.Layer):
         return {**super().get_config(), "num_classes": self.num_classes, "seed": self.seed}
 
 
+@keras.saving.register_keras_serializable(package="zoo")
+class ClassEmbedding(keras.layers.Layer):
+    """A learned embedding of class ids, `table[label]`, as a one-hot matmul.
+
+    The generator concatenates it to the noise, so the label moves every channel
+    of the first feature map from the first step (cGAN input conditioning); the
+    conditional batch norms alone move it only through per-class gains that Adam
+    changes by about one learning rate per step. The lookup is EQUAL, CAST and
+    FULLY_CONNECTED (GPU-delegate ops), as in `ConditionalBatchNormalization`.
+
+    Args:
+        num_classes: number of classes.
+        dim: embedding size.
+
+    Call arguments:
+        labels: int32 [B] (or [B, 1]).
+
+    Returns:
+        float [B, dim].
+    """
+
+    def __init__(self, num_classes, dim, **kwargs):
+        super().__init__(**kwargs)
+        self.num_classes = int(num_classes)
+        self.dim = int(dim)
+
+    def build(self, labels_shape):
+        self.table = self.add_weight(name="table", shape=(self.num_classes, self.dim),
+                                     initializer=keras.initializers.RandomNormal(stddev=1.0))
+
+    def call(self, labels):
+        labels = ops.reshape(ops.cast(labels, "int32"), (-1, 1))
+        class_ids = ops.arange(self.num_classes, dtype="int32")
+        onehot = ops.cast(ops.equal(labels, class_ids[None, :]), self.compute_dtype)
+        return ops.matmul(onehot, ops.cast(self.table, self.compute_dtype))
+
+    def compute_output_shape(self, labels_shape):
+        return (labels_shape[0], self.dim)
+
+    def get_config(self):
+        return {**super().get_config(), "num_classes": self.num_classes, "dim": self.dim}
+
+
 @register("sagan_generator")
 def build_generator(image_size=32, channels=3, num_classes=None, latent_dim=128, width=32,
-                    attention_resolution="auto", seed=None):
+                    attention_resolution="auto", seed=None, class_embedding=0):
     """SAGAN generator (see the module docstring).
 
     Args:
@@ -308,11 +362,17 @@ def build_generator(image_size=32, channels=3, num_classes=None, latent_dim=128,
         attention_resolution: feature-map side after which `SelfAttention2D`
             runs; "auto" = image_size // 2 (the second-largest map), None = none.
         seed: seed of the spectral-norm vectors.
+        class_embedding: size of a learned class embedding concatenated to the
+            noise (conditional models only; 0 = none, the label acts through the
+            conditional batch norms alone).
 
     Returns:
         A functional `keras.Model` named "sagan_generator".
     """
     _validate(image_size, channels, num_classes, width, latent_dim)
+    if isinstance(class_embedding, bool) or not isinstance(class_embedding, int) or class_embedding < 0:
+        raise ValueError("`class_embedding` must be an integer >= 0 (0: none). "
+                         f"Received: class_embedding={class_embedding!r}")
     attention = resolve_attention(image_size, attention_resolution)
     noise = keras.Input((latent_dim,), name="noise")
     label = keras.Input((), dtype="int32", name="label") if num_classes else None
@@ -320,7 +380,11 @@ def build_generator(image_size=32, channels=3, num_classes=None, latent_dim=128,
     # The dense projection as a 1x1 conv on a 1x1 map (the same matrix, also for the
     # spectral norm): with fp16 weights, TFLite's FULLY_CONNECTED gets its weights and
     # bias through DEQUANTIZE ops, which the GPU check counts as runtime inputs.
-    x = keras.layers.Reshape((1, 1, latent_dim), name="noise_map")(noise)
+    x = noise
+    if num_classes and class_embedding:
+        embedded = ClassEmbedding(num_classes, class_embedding, name="class_embedding")(label)
+        x = keras.layers.Concatenate(name="noise_and_class")([noise, embedded])
+    x = keras.layers.Reshape((1, 1, int(x.shape[-1])), name="noise_map")(x)
     x = SNConv2D(4 * 4 * c0, 1, seed=seed, name="project")(x)
     x = keras.layers.Reshape((4, 4, c0), name="to_map")(x)
     resolution = 4
