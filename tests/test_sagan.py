@@ -293,6 +293,11 @@ def test_bad_inputs_one_line_exit_2_nothing_overwritten(tmp_path):
         (["--image-dir", str(odd)], "power of two"),
         (["--image-size", "48"], "--image-size must be a power of two >= 32"),
         (["--image-dir", str(tmp_path / "missing")], "not a directory"),
+        (["--class-embedding", "-1"], "--class-embedding must be >= 0, got -1"),
+        (["--mode-seeking", "-0.5"], "--mode-seeking must be >= 0, got -0.5"),
+        (["--class-loss", "nan"], "--class-loss must be >= 0, got nan"),
+        (["--compare", "--seeds", "0"], "--seeds must be >= 1, got 0"),
+        (["--verbose", "loud"], "--verbose must be auto, 0, 1 or 2, got 'loud'"),
     ]
     for extra, message in cases:
         out = tmp_path / "out"

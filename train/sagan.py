@@ -24,7 +24,7 @@ def add_arguments(parser):
         help="real images per D step, split across replicas (global batch; default 32)")
     add("--n-dis", type=int, default=1, help="D steps per G step (default 1)")
     # Not SAGAN's TTUR (1e-4 / 4e-4): on a short budget D won every step (d_loss ~0) and G
-    # learned slowly; equal rates kept the game balanced (benchmarks/results.md, SAGAN).
+    # learned slowly; equal rates kept the game balanced (benchmarks/sagan.md).
     add("--lr-g", type=float, default=2e-4, help="generator learning rate (default 2e-4)")
     add("--lr-d", type=float, default=2e-4, help="discriminator learning rate (default 2e-4)")
     add("--beta1", type=float, default=0.0, help="Adam beta_1 (default 0)")
@@ -63,6 +63,9 @@ def add_arguments(parser):
     add("--max-minutes", type=float, default=12.0,
         help="stop training after this many minutes (default 12, so the default run with its "
              "classifier and evaluation takes under 15 minutes on 2 CPU cores; 0 = no limit)")
+    add("--verbose", default="auto",
+        help="progress output: auto (a bar on a terminal, else one line per epoch), 0 (one "
+             "line per epoch), 1 (bar), 2 (one line per epoch)")
     add("--seed", type=int, default=0, help="random seed (models, noise, embedded data)")
     add("--resume", action="store_true", help="continue the run in --out from its last checkpoint")
     add("--compare", action="store_true",
@@ -101,6 +104,8 @@ def _validate(args):
     for flag, value in (("--beta1", args.beta1), ("--beta2", args.beta2), ("--ema", args.ema)):
         if not 0 <= value < 1:
             raise UsageError(f"{flag} must be in [0, 1), got {value}")
+    if str(args.verbose) not in ("auto", "0", "1", "2"):
+        raise UsageError(f"--verbose must be auto, 0, 1 or 2, got {args.verbose!r}")
     if not args.class_loss >= 0:
         raise UsageError(f"--class-loss must be >= 0, got {args.class_loss}")
     if not args.mode_seeking >= 0:

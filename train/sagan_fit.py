@@ -1,13 +1,16 @@
-"""The SAGAN training step: hinge loss, TTUR, n_dis, EMA of G, resumable state,
+"""The SAGAN training step: hinge loss, n_dis, EMA of G, resumable state,
 under any `tf.distribute` strategy (one device, mirrored GPUs, several workers, TPU).
 
 One D step uses one real batch and one generated batch (concatenated, so D's
 spectral-norm vectors move once per step); every `n_dis` D steps, one G step.
 Losses (Lim and Ye, 2017; as in SAGAN):
-    L_D = E[relu(1 - D(x, y))] + E[relu(1 + D(G(z, y'), y'))]
-    L_G = -E[D(G(z, y'), y')]
-with y' drawn uniformly from the classes. Adam(beta_1=0, beta_2=0.9) with
-lr_D 4e-4 and lr_G 1e-4 (TTUR) by default.
+    L_D = E[relu(1 - D(x, y))] + E[relu(1 + D(G(z, y'), y'))] + c * CE(s(x), y)
+    L_G = -E[D(G(z, y'), y')] + c * CE(s(G(z, y')), y') + m * MS
+with y' drawn uniformly from the classes, s(.) D's projection class scores
+(`ProjectionHead.class_scores`, dual projection; c = `class_loss`) and MS the
+mode-seeking term (`mode_seeking_loss`, weight m; G-step rows 2i and 2i+1 share a
+label). Adam(beta_1=0, beta_2=0.9); the rates are the caller's (the CLI's defaults
+and why: train/sagan.py).
 
 Distribution (as train/engine.py): the global batch is split row-wise across the
 replicas; each replica's hinge loss is the SUM over its rows divided by the GLOBAL

@@ -57,7 +57,7 @@ def _train_config(args, data_seed=None):
     return {**data_flags(args), "data_seed": args.seed if data_seed is None else data_seed, "epochs": DEFAULT_EPOCHS if args.epochs is None else args.epochs,
             "batch_size": args.batch_size, "n_dis": args.n_dis, "lr_g": args.lr_g, "lr_d": args.lr_d,
             "beta1": args.beta1, "beta2": args.beta2, "ema": args.ema, "mode_seeking": args.mode_seeking,
-            "class_loss": args.class_loss,
+            "class_loss": args.class_loss, "verbose": str(args.verbose),
             "eval_samples": args.eval_samples, "epoch_eval_samples": args.epoch_eval_samples,
             "classifier_epochs": args.classifier_epochs, "max_minutes": args.max_minutes,
             "unconditional": bool(args.unconditional)}
@@ -187,6 +187,7 @@ def resume_run(args):
     train_cfg = config["train"]
     if args.epochs is not None:
         train_cfg["epochs"] = args.epochs
+    train_cfg["verbose"] = str(args.verbose)
     check_replicas(train_cfg["batch_size"])
     from train.data.images import load_images
 
@@ -246,6 +247,8 @@ def _fit_and_finish(out, config, data, g, d, ema, classifier, classifier_report,
     from train.sagan_figures import save_progress_figure, save_sample_grid
 
     model_cfg, train_cfg = config["model"], config["train"]
+    verbose = str(train_cfg.get("verbose", "auto"))
+    show_bar = verbose == "1" or (verbose == "auto" and sys.stderr.isatty())
     trainer = trainer or _trainer(g, d, ema, model_cfg, train_cfg)
     sampling = _Sampler(ema if ema is not None else g, model_cfg)
     sampler = sampling.model
@@ -285,7 +288,8 @@ def _fit_and_finish(out, config, data, g, d, ema, classifier, classifier_report,
         started = time.perf_counter()
         order = np.random.default_rng(train_cfg["seed"] + epoch).permutation(len(data.train))
         print(f"epoch {epoch + 1}/{train_cfg['epochs']}", file=sys.stderr, flush=True)
-        bar = keras.utils.Progbar(steps, stateful_metrics=["d_loss", "g_loss", "d_real", "d_fake", "mode_seeking"])
+        bar = keras.utils.Progbar(steps, stateful_metrics=["d_loss", "g_loss", "d_real", "d_fake", "mode_seeking"],
+                                  verbose=1 if show_bar else 0)
         done = skip
         for i in range(skip, steps):
             idx = order[i * batch:(i + 1) * batch]
