@@ -347,20 +347,25 @@ def test_image_dir_reader_labels_by_sub_folder(tmp_path):
     assert sorted(labels.tolist()) == [0] * 6 + [1] * 4
 
 
-def test_compare_trains_one_run_with_and_one_without_attention(tmp_path, monkeypatch, capsys):
-    """The orchestration of --compare (training itself is replaced by a stub)."""
+def _stub_training(monkeypatch, metrics):
+    """--compare's orchestration without training: each run writes metrics(config, has_attention)."""
     import train.sagan_run as sagan_run
-    from train.cli import main
 
     def fake_fit(out, config, data, g, d, ema, *rest, **kwargs):
         has_attention = any(layer.name == "self_attention" for layer in g.layers)
-        fid = 1.0 if has_attention else 2.0
-        sagan_run.rundir.atomic_write_json(os.path.join(out, "metrics.json"),
-                                           {"fid": fid, "fid_floor": 0.1, "has_attention": has_attention})
+        sagan_run.rundir.atomic_write_json(os.path.join(out, "metrics.json"), metrics(config, has_attention))
         return 0
 
     monkeypatch.setattr(sagan_run, "_fit_and_finish", fake_fit)
     monkeypatch.setattr(sagan_run, "get_classifier", lambda *a, **k: (None, {}))
+
+
+def test_compare_trains_one_run_with_and_one_without_attention(tmp_path, monkeypatch, capsys):
+    """The orchestration of --compare (training itself is replaced by a stub)."""
+    from train.cli import main
+
+    _stub_training(monkeypatch, lambda config, has_attention: {
+        "fid": 1.0 if has_attention else 2.0, "fid_floor": 0.1, "has_attention": has_attention})
     out = str(tmp_path / "cmp")
     assert main(["sagan", "--compare", "--seeds", "1", "--out", out, "--train-size", "64",
                  "--test-size", "16", "--width", "4", "--latent-dim", "8"]) == 0
@@ -374,24 +379,18 @@ def test_compare_trains_one_run_with_and_one_without_attention(tmp_path, monkeyp
 def test_compare_over_seeds_reports_mean_and_spread(tmp_path, monkeypatch):
     """--compare --seeds 3: six runs (model seeds 5, 6, 7 on one data set), and per arm
     the mean and sample standard deviation of FID, class accuracy and consistency."""
-    import train.sagan_run as sagan_run
     from train.cli import main
 
     fids = {}
 
-    def fake_fit(out, config, data, g, d, ema, *rest, **kwargs):
-        has_attention = any(layer.name == "self_attention" for layer in g.layers)
+    def metrics(config, has_attention):
         seed = config["train"]["seed"]
         assert config["train"]["data_seed"] == 5 and config["model"]["seed"] == seed
-        fid = seed * (1.0 if has_attention else 2.0)
-        fids[(has_attention, seed)] = fid
-        sagan_run.rundir.atomic_write_json(os.path.join(out, "metrics.json"), {
-            "fid": fid, "fid_floor": 0.1, "class_accuracy": 0.1 * seed, "consistent": 0.5,
-            "kid": 1.0, "real_consistent": 0.9})
-        return 0
+        fids[(has_attention, seed)] = seed * (1.0 if has_attention else 2.0)
+        return {"fid": fids[(has_attention, seed)], "fid_floor": 0.1, "class_accuracy": 0.1 * seed,
+                "consistent": 0.5, "kid": 1.0, "real_consistent": 0.9}
 
-    monkeypatch.setattr(sagan_run, "_fit_and_finish", fake_fit)
-    monkeypatch.setattr(sagan_run, "get_classifier", lambda *a, **k: (None, {}))
+    _stub_training(monkeypatch, metrics)
     out = str(tmp_path / "cmp")
     assert main(["sagan", "--compare", "--seed", "5", "--out", out, "--train-size", "64",
                  "--test-size", "16", "--width", "4", "--latent-dim", "8"]) == 0
