@@ -79,16 +79,9 @@ def main():
         from train import checkpoint
 
         initial = checkpoint.latest(ckpt)[1]["epoch"]
-    from train import preemption
-
-    try:
-        with preemption.handlers():  # SIGTERM / SIGINT as under python -m train
-            engine.fit(model, lambda e: Batches(encoded["train"], GLOBAL_BATCH, shuffle=True, seed=[0, e]),
-                       validation_data=Batches(encoded["dev"], 8), epochs=args.epochs, initial_epoch=initial,
-                       callbacks=[Dump()], verbose=0, checkpoint_dir=ckpt, resume=args.resume)
-    except preemption.Stopped as e:
-        print(e, flush=True)
-        sys.exit(e.code)
+    engine.fit(model, lambda e: Batches(encoded["train"], GLOBAL_BATCH, shuffle=True, seed=[0, e]),
+               validation_data=Batches(encoded["dev"], 8), epochs=args.epochs, initial_epoch=initial,
+               callbacks=[Dump()], verbose=0, checkpoint_dir=ckpt, resume=args.resume)
     print("replicas", distribute.get().num_replicas_in_sync, flush=True)
 
 

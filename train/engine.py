@@ -492,7 +492,8 @@ def fit(model, train_data, *, epochs, initial_epoch=0, validation_data=None, cal
                          "partial_loss": [total, count], "strategy": dist.describe()})
 
     def signalled():
-        # Under several workers a collective: they stop at the same step (preemption.py).
+        # This process's signal only: several workers do not agree on it yet, so a
+        # signal to one worker of several leaves the others waiting (issue #23).
         return preemption.requested() is not None
 
     def stop_for_signal(epoch_, done):

@@ -16,7 +16,7 @@ import signal
 import threading
 
 SIGNALS = (signal.SIGTERM, signal.SIGINT)
-_state = {"listening": 0, "requested": None, "peer": False}
+_state = {"listening": 0, "requested": None}
 
 
 class Stopped(BaseException):
@@ -60,7 +60,7 @@ def handlers():
 
 
 def reset():
-    _state.update(listening=0, requested=None, peer=False)
+    _state.update(listening=0, requested=None)
 
 
 def listen(on=True):
@@ -80,42 +80,18 @@ def listening():
 def done_listening(saved):
     """Ends a `listen()` region; a signal that came after the loop's last poll (during
     its final epoch-end work, after the last checkpoint) stops the command here."""
-    pending = requested()  # a collective under several workers, as in the loop
     listen(False)
-    if pending is not None:
+    if _state["requested"] is not None:
         stop(saved)
 
 
-def from_peer():
-    """Another worker of the run was signalled: this one stops too (SIGTERM's code)."""
-    if _state["requested"] is None:
-        _state["requested"] = signal.SIGTERM
-        _state["peer"] = True
-
-
 def requested():
-    """The signal received while listening, or None.
-
-    Under several workers (train.strategy) this is a collective that every worker
-    calls at the same points of its loop: a preempted VM signals only its own worker,
-    and a worker that stopped alone would leave the others waiting in their next
-    collective. The workers all-reduce their flags; a worker stops for a peer's
-    signal too (`from_peer`)."""
-    from train import strategy as dist
-
-    if _state["listening"] and dist.worker()[1] > 1:
-        import tensorflow as tf
-
-        strategy = dist.get()
-        local = 0.0 if _state["requested"] is None else 1.0
-        total = strategy.reduce(tf.distribute.ReduceOp.SUM, strategy.run(lambda: tf.constant(local)), axis=None)
-        if float(total) > 0:
-            from_peer()
+    """The signal received while listening, or None (this process's own: under
+    several workers a signal to one worker is not yet shared with the others)."""
     return _state["requested"]
 
 
 def stop(saved):
     """Raises `Stopped` for the signal received; `saved` says what was written."""
     signum = _state["requested"] or signal.SIGTERM
-    how = f"{_name(signum)} on another worker" if _state["peer"] else _name(signum)
-    raise Stopped(signum, f"stopped by {how}: {saved}; continue with --resume")
+    raise Stopped(signum, f"stopped by {_name(signum)}: {saved}; continue with --resume")
