@@ -425,7 +425,7 @@ def _written(checkpoint_dir, chief, step):
     if not checkpoint_dir:
         return "no checkpoint directory, nothing written"
     if not chief:
-        return "the chief wrote the checkpoint"
+        return "not the chief, nothing written"
     return f"wrote {os.path.join(checkpoint_dir, os.path.basename(checkpoint.path_for(checkpoint_dir, step)))}"
 
 
