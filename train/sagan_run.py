@@ -49,6 +49,12 @@ def _d_config(model_cfg):
     return {k: v for k, v in model_cfg.items() if k not in ("latent_dim", "class_embedding")}
 
 
+def _eval_seed(train_cfg):
+    # The real images FID is measured against follow the data, not the model seed, so the
+    # runs of --compare share one reference set and one floor.
+    return train_cfg.get("data_seed", train_cfg["seed"])
+
+
 def _train_config(args, data_seed=None):
     from train.sagan import data_flags
 
@@ -259,7 +265,7 @@ def _fit_and_finish(out, config, data, g, d, ema, classifier, classifier_report,
     writer = tf.summary.create_file_writer(os.path.join(out, "logs"))
     quick = None
     if train_cfg["epoch_eval_samples"]:
-        quick = Evaluator(classifier, data, train_cfg["epoch_eval_samples"], seed=train_cfg["seed"])
+        quick = Evaluator(classifier, data, train_cfg["epoch_eval_samples"], seed=_eval_seed(train_cfg))
 
     def quick_eval():
         if quick is None:
@@ -351,7 +357,7 @@ def _finish(out, config, data, g, d, sampler, classifier, classifier_report, sta
     from zoo.sagan import attention_scores
 
     model_cfg, train_cfg = config["model"], config["train"]
-    evaluator = Evaluator(classifier, data, train_cfg["eval_samples"], seed=train_cfg["seed"])
+    evaluator = Evaluator(classifier, data, train_cfg["eval_samples"], seed=_eval_seed(train_cfg))
     metrics = evaluator.evaluate(sampler, model_cfg["latent_dim"], model_cfg["num_classes"],
                                  seed=train_cfg["seed"] + 1, class_names=data.class_names)
     seconds = state["train_seconds"]
