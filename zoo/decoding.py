@@ -54,6 +54,13 @@ def length_penalty(length, alpha):
 
 def greedy(model, source_ids, max_length=None):
     """Greedy decoding. source ids int32 `[B, S]` -> ids `[B, max_length]`."""
+    return _decode(model, source_ids, max_length, lambda logits, i: _argmax(logits))
+
+
+def _decode(model, source_ids, max_length, pick):
+    """One token per row and step, `pick(logits [B, V], step) -> ids [B]`, until every
+    row has emitted EOS (then PAD) or `max_length` steps: the cached-decoder loop of
+    greedy decoding and sampling."""
     max_length = _max_length(model, max_length)
     source_ids = ops.cast(source_ids, "int32")
     batch = ops.shape(source_ids)[0]
@@ -69,7 +76,7 @@ def greedy(model, source_ids, max_length=None):
 
     def body(i, current, done, tokens, caches):
         logits, caches = model.decode_step(current, i, caches, cross, source_mask)
-        nxt = ops.where(done, PAD_ID, _argmax(logits))
+        nxt = ops.where(done, PAD_ID, pick(logits, i))
         tokens = ops.slice_update(tokens, [ops.zeros((), "int32"), i], ops.reshape(nxt, (-1, 1)))
         done = ops.logical_or(done, ops.equal(nxt, EOS_ID))
         return i + 1, nxt, done, tokens, caches
@@ -218,33 +225,15 @@ def sample(model, source_ids, seed, temperature=1.0, top_k=None, top_p=None, max
     import tensorflow as tf
 
     _check_sampling(temperature, top_k, top_p)
-    max_length = _max_length(model, max_length)
-    source_ids = ops.cast(source_ids, "int32")
-    batch = ops.shape(source_ids)[0]
     seed = ops.cast(seed, "int32")
-    encoder_output, source_mask = model.encode(source_ids)
-    cross = model.cross_caches(encoder_output)
-    caches = model.empty_caches(batch, max_length)
-    tokens = ops.zeros((batch, max_length), "int32")
-    current = ops.full((batch,), BOS_ID, "int32")
-    done = ops.zeros((batch,), "bool")
 
-    def cond(i, current, done, tokens, caches):
-        return ops.logical_and(i < max_length, ops.logical_not(ops.all(done)))
-
-    def body(i, current, done, tokens, caches):
-        logits, caches = model.decode_step(current, i, caches, cross, source_mask)
+    def pick(logits, i):
         logits = filter_logits(logits, temperature, top_k, top_p)
         uniform = tf.random.stateless_uniform(tf.shape(logits), seed=tf.stack([seed, i]),
                                               minval=1e-20, maxval=1.0)
-        nxt = _argmax(logits - ops.log(-ops.log(uniform)))
-        nxt = ops.where(done, PAD_ID, nxt)
-        tokens = ops.slice_update(tokens, [ops.zeros((), "int32"), i], ops.reshape(nxt, (-1, 1)))
-        done = ops.logical_or(done, ops.equal(nxt, EOS_ID))
-        return i + 1, nxt, done, tokens, caches
+        return _argmax(logits - ops.log(-ops.log(uniform)))
 
-    loop = ops.while_loop(cond, body, (ops.zeros((), "int32"), current, done, tokens, caches))
-    return loop[3]
+    return _decode(model, source_ids, max_length, pick)
 
 
 def sequence_log_probability(model, source_ids, output_ids):
