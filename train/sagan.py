@@ -34,10 +34,10 @@ def add_arguments(parser):
     add("--mode-seeking", type=float, default=0.1, metavar="WEIGHT",
         help="weight of G's mode-seeking term, which keeps the noise from being ignored "
              "(default 0.1; 0 = off)")
-    add("--class-loss", type=float, default=1.0, metavar="WEIGHT",
+    add("--class-loss", type=float, default=2.0, metavar="WEIGHT",
         help="weight of the cross-entropy on D's projection class scores (dual projection: "
              "D learns real images' classes, G is pushed towards the class it was asked for; "
-             "default 1; 0 = off)")
+             "default 2; 0 = off)")
     add("--latent-dim", type=int, default=128, help="noise size (default 128)")
     add("--width", type=int, default=16, help="base channel count of G and D (default 16)")
     add("--class-embedding", type=int, default=64, metavar="DIM",
