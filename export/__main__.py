@@ -24,24 +24,22 @@ def _positive_int(text):
     return value
 
 
-def _fraction(text):
+def _number(text, ok, rule):
     try:
         value = float(text)
     except ValueError:
         raise argparse.ArgumentTypeError(f"not a number: {text!r}")
-    if not 0.0 <= value <= 1.0:
-        raise argparse.ArgumentTypeError(f"must be in [0, 1], got {value:g}")
+    if not ok(value):  # also refuses nan
+        raise argparse.ArgumentTypeError(f"must be {rule}, got {value:g}")
     return value
+
+
+def _fraction(text):
+    return _number(text, lambda v: 0.0 <= v <= 1.0, "in [0, 1]")
 
 
 def _non_negative(text):
-    try:
-        value = float(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"not a number: {text!r}")
-    if not value >= 0.0:
-        raise argparse.ArgumentTypeError(f"must be >= 0, got {value:g}")
-    return value
+    return _number(text, lambda v: v >= 0.0, ">= 0")
 
 
 def build_parser():
