@@ -50,10 +50,6 @@ class Evaluator:
             }
         return self._floor
 
-    def fid(self, images):
-        features, _ = features_and_outputs(self.classifier, images)
-        return frechet_distance(features, self.ref_features)
-
     def progress(self, generator, latent_dim, num_classes, seed):
         """The per-epoch signal: FID, class accuracy and consistency (no KID)."""
         images, labels = generate(generator, self.n, latent_dim, num_classes, seed)

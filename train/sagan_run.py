@@ -49,9 +49,10 @@ def _d_config(model_cfg):
     return {k: v for k, v in model_cfg.items() if k not in ("latent_dim", "class_embedding")}
 
 
-def _eval_seed(train_cfg):
-    # The real images FID is measured against follow the data, not the model seed, so the
-    # runs of --compare share one reference set and one floor.
+def _data_seed(train_cfg):
+    # The seed the data were made or split with; the real images FID is measured against
+    # follow it too (not the model seed), so the runs of --compare share one floor.
+    # Runs written before data_seed existed used --seed for both.
     return train_cfg.get("data_seed", train_cfg["seed"])
 
 
@@ -199,7 +200,7 @@ def resume_run(args):
 
     flags = {k: train_cfg[k] for k in ("dataset", "image_dir", "image_size", "train_size", "test_size",
                                         "max_images")}
-    data = load_images(**flags, seed=train_cfg.get("data_seed", train_cfg["seed"]))
+    data = load_images(**flags, seed=_data_seed(train_cfg))
     import keras
 
     keras.utils.set_random_seed(train_cfg["seed"])
@@ -265,7 +266,7 @@ def _fit_and_finish(out, config, data, g, d, ema, classifier, classifier_report,
     writer = tf.summary.create_file_writer(os.path.join(out, "logs"))
     quick = None
     if train_cfg["epoch_eval_samples"]:
-        quick = Evaluator(classifier, data, train_cfg["epoch_eval_samples"], seed=_eval_seed(train_cfg))
+        quick = Evaluator(classifier, data, train_cfg["epoch_eval_samples"], seed=_data_seed(train_cfg))
 
     def quick_eval():
         if quick is None:
@@ -357,7 +358,7 @@ def _finish(out, config, data, g, d, sampler, classifier, classifier_report, sta
     from zoo.sagan import attention_scores
 
     model_cfg, train_cfg = config["model"], config["train"]
-    evaluator = Evaluator(classifier, data, train_cfg["eval_samples"], seed=_eval_seed(train_cfg))
+    evaluator = Evaluator(classifier, data, train_cfg["eval_samples"], seed=_data_seed(train_cfg))
     metrics = evaluator.evaluate(sampler, model_cfg["latent_dim"], model_cfg["num_classes"],
                                  seed=train_cfg["seed"] + 1, class_names=data.class_names)
     seconds = state["train_seconds"]
