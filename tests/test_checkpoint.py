@@ -371,3 +371,160 @@ def test_resume_into_a_changed_model_is_refused_with_one_line_and_exit_2(tmp_pat
     assert re.fullmatch(r"error: checkpoint \S+step-00000003\.npz does not fit this model: model variable "
                         r"'attention_in/kernel' has shape \(24, 16\) there, \(24, 24\) here", err[0]), err[0]
     assert snapshot() == before
+
+
+# ---------------------------------------------------------------------------
+# The Keras-format files --resume reads (last.keras, best.weights.h5): checksum
+# records, the previous copy kept, fallback or a one-line refusal.
+
+def _damage(path, how):
+    data = pathlib.Path(path).read_bytes()
+    if how == "truncated":
+        pathlib.Path(path).write_bytes(data[: len(data) // 2])
+    else:  # one byte changed in the middle: same size, another SHA-256
+        middle = len(data) // 2
+        pathlib.Path(path).write_bytes(data[:middle] + bytes([data[middle] ^ 0xFF]) + data[middle + 1:])
+
+
+@pytest.mark.parametrize("how", ["truncated", "corrupted"])
+def test_checked_file_falls_back_to_its_previous_copy(tmp_path, capsys, how):
+    path = str(tmp_path / "last.keras")
+    for i in (1, 2):
+        checkpoint.save_checked(path, lambda tmp, i=i: pathlib.Path(tmp).write_bytes(bytes([i]) * 1000),
+                                meta={"epoch": i})
+    assert sorted(os.listdir(tmp_path)) == ["last.keras", "last.keras.sha256", "last.prev.keras",
+                                            "last.prev.keras.sha256"]
+    assert checkpoint.recover(path) == ({"epoch": 2}, False)
+    _damage(path, how)
+    capsys.readouterr()
+    assert checkpoint.recover(path) == ({"epoch": 1}, True)
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and err[0].startswith(path) and err[0].endswith("; falling back to last.prev.keras")
+    assert pathlib.Path(path).read_bytes() == bytes([1]) * 1000 and os.path.exists(path + ".damaged")
+    assert checkpoint.recover(path) == ({"epoch": 1}, False)  # the copy in place is good now
+    _damage(path, how)
+    _damage(str(tmp_path / "last.prev.keras"), how)
+    with pytest.raises(checkpoint.DamagedCheckpoint, match="no earlier good copy to fall back to"):
+        checkpoint.recover(path)
+
+
+def test_a_damaged_checksum_record_is_a_damaged_copy(tmp_path):
+    path = str(tmp_path / "best.weights.h5")
+    for i in (1, 2):
+        checkpoint.save_checked(path, lambda tmp, i=i: pathlib.Path(tmp).write_bytes(bytes([i]) * 10),
+                                meta={"best_epoch": i})
+    assert os.path.exists(tmp_path / "best.prev.weights.h5")
+    pathlib.Path(path + ".sha256").write_text('{"sha2')
+    assert checkpoint.checked(path)[0] == {"best_epoch": 1}
+    assert "checksum record best.weights.h5.sha256 cannot be read" in checkpoint.checked(path)[1]
+
+
+def _tagger_files(tmp_path):
+    data = embedded.generate(seed=1, train_size=240, dev_size=40, test_size=60)
+    files = []
+    for split in ("train", "dev", "test"):
+        _write_conllu(tmp_path / f"{split}.conllu", getattr(data, split))
+        files += [f"--{split}-file", str(tmp_path / f"{split}.conllu")]
+    return files
+
+
+def _main(argv):
+    from train.cli import main
+
+    try:
+        return main(argv)
+    finally:
+        distribute.reset()
+
+
+@pytest.fixture(scope="module")
+def stopped_in_epoch_3(tmp_path_factory):
+    """A 3-epoch tagger run (30 steps an epoch) uninterrupted, and the same run stopped
+    by SIGINT in epoch 3 (last.keras of epoch 2, last.prev.keras of epoch 1)."""
+    import shutil
+
+    base = tmp_path_factory.mktemp("checked_files")
+    files = _tagger_files(base)
+    distribute.reset()
+    assert _main(_cli(base / "full", files)[3:]) == 0
+    train_batch = engine.Engine.train_batch
+    calls = []
+
+    def signalling(self, batch):
+        calls.append(1)
+        if len(calls) == 65:
+            os.kill(os.getpid(), signal.SIGINT)
+        return train_batch(self, batch)
+
+    engine.Engine.train_batch = signalling
+    try:
+        assert _main(_cli(base / "stopped", files)[3:]) == 130
+    finally:
+        engine.Engine.train_batch = train_batch
+    ckpt = base / "stopped" / "checkpoints"
+    assert read_json(ckpt / "state.json")["epoch"] == 2
+    assert {"last.keras", "last.keras.sha256", "last.prev.keras", "last.prev.keras.sha256",
+            "best.weights.h5", "best.weights.h5.sha256"} <= set(os.listdir(ckpt))
+    shutil.copytree(base / "stopped", base / "pristine")
+    return base, files
+
+
+def test_resume_past_a_damaged_last_keras_falls_back_to_the_previous_epoch(stopped_in_epoch_3, tmp_path,
+                                                                           capsys):
+    """last.keras truncated: --resume says so in one line and continues from
+    last.prev.keras (the end of epoch 1; the step checkpoints of epochs 2 and 3 are past
+    it and left alone, so no epoch end is skipped): epochs 2 and 3 are trained again, to
+    the uninterrupted run's step count. (Not to its weights: last.keras does not carry
+    the dropout generators' state that step checkpoints carry.)"""
+    import shutil
+
+    base, files = stopped_in_epoch_3
+    out = tmp_path / "run"
+    shutil.copytree(base / "pristine", out)
+    _damage(out / "checkpoints" / "last.keras", "truncated")
+    capsys.readouterr()
+    assert _main(_cli(out, files, "--resume")[3:]) == 0
+    err = capsys.readouterr().err
+    lines = [line for line in err.splitlines() if "falling back" in line]
+    assert len(lines) == 1 and re.fullmatch(r"\S+last\.keras is truncated or damaged \(\d+ bytes, \d+ written\); "
+                                            r"falling back to last\.prev\.keras", lines[0]), err
+    assert "resuming" in err and "at epoch 1 of 3" in err and "restored step-" not in err
+    state = read_json(out / "checkpoints" / "state.json")
+    want = read_json(base / "full" / "checkpoints" / "state.json")
+    assert [h["epoch"] for h in state["history"]] == [1, 2, 3]  # none twice, none lost
+    assert state["history"][0] == want["history"][0]
+    assert read_json(out / "metrics.json")["epochs"] == 3
+    steps = keras.models.load_model(out / "checkpoints" / "last.keras").optimizer.iterations
+    assert int(steps.numpy()) == 3 * 30
+
+
+@pytest.mark.parametrize("name", ["last", "best"])
+def test_resume_refuses_when_no_copy_is_good(stopped_in_epoch_3, tmp_path, capsys, name):
+    """Both copies damaged (or the only one): exit 2, one line, nothing touched."""
+    import hashlib
+    import shutil
+
+    base, files = stopped_in_epoch_3
+    out = tmp_path / "run"
+    shutil.copytree(base / "pristine", out)
+    ckpt = out / "checkpoints"
+    target = {"last": ["last.keras", "last.prev.keras"], "best": ["best.weights.h5"]}[name]
+    for file in target:
+        _damage(ckpt / file, "corrupted")
+    if name == "best":
+        for file in ("best.prev.weights.h5", "best.prev.weights.h5.sha256"):
+            if (ckpt / file).exists():
+                (ckpt / file).unlink()
+
+    def snapshot():
+        return {str(p.relative_to(out)): hashlib.sha256(p.read_bytes()).hexdigest()
+                for p in sorted(out.rglob("*")) if p.is_file()}
+
+    before = snapshot()
+    capsys.readouterr()
+    assert _main(_cli(out, files, "--resume")[3:]) == 2
+    err = [line for line in capsys.readouterr().err.splitlines() if line.strip()]
+    assert len(err) == 1, err
+    assert re.fullmatch(rf"error: \S+{target[0].replace('.', '[.]')} fails its SHA-256 checksum \(damaged\); "
+                        r"no earlier good copy to fall back to", err[0]), err[0]
+    assert snapshot() == before

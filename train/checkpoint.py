@@ -179,6 +179,21 @@ def pack(groups, refs=None, config=None, extra=None):
     return arrays
 
 
+def _keep_as(path, previous):
+    """`previous` becomes what `path` holds now (a hard link, else a copy, renamed into
+    place: `previous` is never partial)."""
+    tmp = previous + ".link-tmp"
+    try:
+        try:
+            os.link(path, tmp)
+        except OSError:
+            shutil.copyfile(path, tmp)
+        os.replace(tmp, previous)
+    finally:
+        if os.path.exists(tmp):
+            os.unlink(tmp)
+
+
 def write_npz(path, arrays, previous=None):
     """Writes `arrays` atomically to `path`. With `previous`, the file `path` held so
     far is kept as `previous` (a hard link, else a copy, made before the new file is
@@ -186,16 +201,7 @@ def write_npz(path, arrays, previous=None):
     buffer = io.BytesIO()
     np.savez(buffer, **arrays)
     if previous and os.path.exists(path):
-        tmp = previous + ".link-tmp"
-        try:
-            try:
-                os.link(path, tmp)
-            except OSError:
-                shutil.copyfile(path, tmp)
-            os.replace(tmp, previous)
-        finally:
-            if os.path.exists(tmp):
-                os.unlink(tmp)
+        _keep_as(path, previous)
     _atomic(path, lambda f: f.write(buffer.getvalue()), "wb")
 
 
@@ -338,15 +344,19 @@ def read_record(path):
     return _record(load_verified(path))
 
 
-def latest_good(directory):
+def latest_good(directory, accept=None):
     """(path, record, damaged) of the newest checkpoint that reads back whole and
-    passes its checksum; `damaged` lists the (path, reason) of newer ones skipped."""
+    passes its checksum (and whose record `accept` takes, if given); `damaged` lists
+    the (path, reason) of newer ones skipped as damaged."""
     damaged = []
     for path in reversed(list_checkpoints(directory)):
         try:
-            return path, read_record(path), damaged
+            record = read_record(path)
         except (UsageError, ValueError, KeyError) as e:  # damaged: try the previous one
             damaged.append((path, str(e)))
+            continue
+        if accept is None or accept(record):
+            return path, record, damaged
     return None, None, damaged
 
 
@@ -363,3 +373,119 @@ def restore(path, model, optimizer):
     unpack(path, arrays, {"model": model.variables, "optimizer": optimizer.variables},
            refs={"optimizer": model.trainable_variables}, config=config_hash(model))
     return _record(arrays)
+
+
+# ------------------------------------------------------------------ checked files
+# Files that --resume reads but that are not .npz checkpoints (the tagger's and
+# seq2seq's last.keras and best.weights.h5, the SAGAN's classifier.keras): each is
+# written with a record `NAME.sha256` (JSON: the file's SHA-256, its size, and what
+# the caller wants to know about that copy, e.g. the training state it belongs to),
+# and the copy it replaces is kept as `STEM.prev.EXT` with its record. Order of the
+# writes: the previous pair is linked aside, the new file is written to a temporary
+# name, its record is written, the file is renamed into place. A crash at any point
+# leaves at least one pair that matches; a file that does not match its record
+# (truncated, corrupted, or its record is) is replaced by the previous good copy,
+# saying so, and when there is none --resume refuses with one line (exit 2).
+RECORD = ".sha256"
+
+
+def previous_name(path):
+    """`last.keras` -> `last.prev.keras`, `best.weights.h5` -> `best.prev.weights.h5`."""
+    head, name = os.path.split(path)
+    stem, dot, ext = name.partition(".")
+    return os.path.join(head, f"{stem}.prev.{ext}" if dot else f"{name}.prev")
+
+
+def file_sha256(path):
+    h = hashlib.sha256()
+    with open(path, "rb") as f:
+        for chunk in iter(lambda: f.read(1 << 20), b""):
+            h.update(chunk)
+    return h.hexdigest()
+
+
+def save_checked(path, write, meta=None, keep_previous=True):
+    """`write(tmp_path)` writes the file; it becomes `path` with its record (`meta`
+    included). With `keep_previous`, the pair `path` held so far is kept as
+    `previous_name(path)` first. A failed write leaves `path` and its record as they
+    were, and no temporary file."""
+    directory = os.path.dirname(os.path.abspath(path))
+    os.makedirs(directory, exist_ok=True)
+    tmp = os.path.join(directory, f".tmp-{os.getpid()}-{os.path.basename(path)}")
+    try:
+        write(tmp)
+        record = {"sha256": file_sha256(tmp), "bytes": os.path.getsize(tmp), "meta": meta}
+        if keep_previous and os.path.exists(path) and os.path.exists(path + RECORD):
+            previous = previous_name(path)
+            _keep_as(path, previous)
+            _keep_as(path + RECORD, previous + RECORD)
+        _atomic(path + RECORD, lambda f: f.write(json.dumps(record) + "\n"), "w")
+        os.replace(tmp, path)
+    finally:
+        if os.path.exists(tmp):
+            os.unlink(tmp)
+
+
+def _read_record(path):
+    with open(path + RECORD, encoding="utf-8") as f:
+        record = json.load(f)
+    if not isinstance(record, dict) or not isinstance(record.get("sha256"), str):
+        raise ValueError("not a checksum record")
+    return record
+
+
+def check_file(path):
+    """(record, None) when `path` matches its record, else (None, why: one line)."""
+    if not os.path.exists(path):
+        return None, f"{path} is missing"
+    try:
+        record = _read_record(path)
+    except (OSError, ValueError, UnicodeDecodeError):
+        return None, f"{path}: its checksum record {os.path.basename(path) + RECORD} cannot be read (damaged)"
+    size = os.path.getsize(path)
+    if record.get("bytes") is not None and size != record["bytes"]:
+        return None, f"{path} is truncated or damaged ({size} bytes, {record['bytes']} written)"
+    if file_sha256(path) != record["sha256"]:
+        return None, f"{path} fails its SHA-256 checksum (damaged)"
+    return record, None
+
+
+def checked(path):
+    """What --resume may read at `path`: (meta, why). `path` matches its record:
+    (its meta, None). It does not and the previous copy does: (the previous copy's
+    meta, why `path` is not used); `fall_back(path, why)` then puts that copy in place.
+    Neither: DamagedCheckpoint (one line, exit 2). Files of runs written before the
+    records (no record on either copy) and absent files: (None, None), as they are."""
+    previous = previous_name(path)
+    if not any(os.path.exists(p + RECORD) for p in (path, previous)):
+        return None, None
+    record, why = check_file(path)
+    if record is not None:
+        return record.get("meta"), None
+    good = check_file(previous)[0] if os.path.exists(previous) else None
+    if good is None:
+        raise DamagedCheckpoint(f"{why}; no earlier good copy to fall back to")
+    return good.get("meta"), why
+
+
+def fall_back(path, why):
+    """The previous pair copied back into place (the damaged file kept as
+    NAME.damaged; the record first: a crash in between leaves `path` not matching,
+    and the previous pair still there), and one line on stderr saying so."""
+    previous = previous_name(path)
+    if os.path.exists(path):
+        os.replace(path, path + ".damaged")
+    # Copies, not links: the two stay independent copies until the next save.
+    for source, target in ((previous + RECORD, path + RECORD), (previous, path)):
+        with open(source, "rb") as f:
+            data = f.read()
+        _atomic(target, lambda f, data=data: f.write(data), "wb")
+    print(f"{why}; falling back to {os.path.basename(previous)}", file=sys.stderr)
+
+
+def recover(path):
+    """`checked(path)`, then the fallback if needed: (meta, fell_back)."""
+    meta, why = checked(path)
+    if why is not None:
+        fall_back(path, why)
+    return meta, why is not None

@@ -431,7 +431,7 @@ def _written(checkpoint_dir, chief, step):
 
 def fit(model, train_data, *, epochs, initial_epoch=0, validation_data=None, callbacks=(),
         verbose="auto", steps_per_epoch=None, checkpoint_dir=None, checkpoint_every=None,
-        loss_terms=None, jit_compile=None, resume=True, announce=None):
+        loss_terms=None, jit_compile=None, resume=True, announce=None, epochs_done=None):
     """Trains a compiled `model` like `model.fit`, under `train.strategy.get()`.
 
     train_data: `epoch -> sized iterable of global batches` ((x, y) or (x, y, weights),
@@ -441,6 +441,12 @@ def fit(model, train_data, *, epochs, initial_epoch=0, validation_data=None, cal
         continues from the batch after the one it saved.
     announce: a line for stderr, printed once the checkpoint is restored (so that a
         checkpoint refused as not fitting the model is the only line).
+    epochs_done: the epochs whose ends the callbacks' own state has recorded (the run's
+        last.keras: after it fell back to its previous copy, fewer than the newest step
+        checkpoints passed); a step checkpoint past them is not restored, so no epoch
+        end is skipped. None: no bound.
+    With `resume`, when every step checkpoint is damaged: falls back to the model as
+    given if `initial_epoch` > 0 (an epoch-end state), else refuses (DamagedCheckpoint).
     Returns the `keras.callbacks.History`.
     """
     engine = Engine(model, loss_terms=loss_terms, jit_compile=jit_compile)
@@ -462,9 +468,18 @@ def fit(model, train_data, *, epochs, initial_epoch=0, validation_data=None, cal
     partial, total, count = (0.0, 0.0), 0.0, 0.0
     restored = None
     if checkpoint_dir and resume:
-        path, record, damaged = checkpoint.latest_good(checkpoint_dir)
+        within = None
+        if epochs_done is not None:
+            def within(record):
+                return record["epoch"] + bool(record.get("epoch_complete")) <= epochs_done
+        path, record, damaged = checkpoint.latest_good(checkpoint_dir, accept=within)
         for bad, reason in damaged:
-            instead = f"falling back to {os.path.basename(path)}" if path else "no earlier one to fall back to"
+            if path:
+                instead = f"falling back to {os.path.basename(path)}"
+            elif initial_epoch > 0:
+                instead = f"falling back to the state at the end of epoch {initial_epoch}"
+            else:
+                raise checkpoint.DamagedCheckpoint(f"{reason}; no earlier checkpoint to fall back to")
             print(f"{reason}; {instead}", file=sys.stderr)
         if record is not None and record["epoch"] >= initial_epoch:
             checkpoint.restore(path, model, engine.optimizer)

@@ -24,7 +24,7 @@ from train.errors import UsageError
 from train.progress import markdown_table
 from train.seq2seq_data import Batches, Encoded, load_data, train_tokenizer
 from train.seq2seq_fit import DevScore, compile_seq2seq
-from train.tagger_fit import BEST, LAST, RunCheckpoint, TimeLimit, read_state
+from train.tagger_fit import BEST, LAST, RunCheckpoint, TimeLimit, read_state, recover
 from zoo import decoding
 from zoo.tokenization import PAD_ID, Tokenizer, decode_proto, encode_proto
 
@@ -115,6 +115,8 @@ def resume_run(args):
     config_path = os.path.join(out, "config.json")
     ckpt_dir = os.path.join(out, "checkpoints")
     last = os.path.join(ckpt_dir, LAST)
+    if os.path.isdir(ckpt_dir) and os.path.exists(config_path):
+        recover(ckpt_dir)  # a damaged last.keras or best weights: their previous copies
     step_checkpoint = checkpoint.latest(ckpt_dir)[1] if os.path.isdir(ckpt_dir) else None
     if not os.path.exists(config_path) or not (os.path.exists(last) or step_checkpoint):
         raise UsageError(f"--resume: no checkpoint to resume in {out} (missing config.json or checkpoints/{LAST})")
@@ -174,6 +176,7 @@ def _fit_and_finish(model, data, encoded, out, train_cfg, state, verbose, announ
     if state["epoch"] < epochs:
         engine.fit(model, train_batches, validation_data=dev_batches, epochs=epochs,
                    steps_per_epoch=train_cfg.get("steps_per_epoch"), initial_epoch=state["epoch"],
+                   epochs_done=state["epoch"],
                    callbacks=callbacks, verbose=verbose, checkpoint_dir=ckpt_dir,
                    loss_terms=engine.masked_mean_terms(model.loss, PAD_ID),
                    jit_compile=True if train_cfg.get("xla") else None, announce=announce)

@@ -1,12 +1,20 @@
-"""Compile and fit a tagger with resumable checkpoints, best-on-dev weights, a time limit."""
+"""Compile and fit a tagger with resumable checkpoints, best-on-dev weights, a time limit.
+
+`RunCheckpoint` (the tagger's and seq2seq's) writes `last.keras` and `best.weights.h5`
+with a checksum record each and keeps the copies they replace (train.checkpoint's
+checked files: `last.prev.keras`, `best.prev.weights.h5`); `recover` checks them before
+--resume reads them and falls back to the previous copy of a damaged one, saying so.
+"""
 
 import os
 import time
 
 import keras
 
+from train import checkpoint
 from train.engine import averaged_weights
-from train.rundir import atomic_save_model, atomic_write_json, read_json
+from train.errors import UsageError
+from train.rundir import atomic_write_json, read_json
 
 LAST = "last.keras"
 BEST = "best.weights.h5"
@@ -33,7 +41,49 @@ def read_state(checkpoint_dir):
     path = os.path.join(checkpoint_dir, STATE)
     if not os.path.exists(path):
         return {"epoch": 0, "best_val_acc": None, "best_epoch": None, "train_seconds": 0.0}
-    return read_json(path)
+    try:
+        return read_json(path)
+    except (OSError, ValueError, UnicodeDecodeError) as e:
+        raise UsageError(f"{path} cannot be read ({type(e).__name__}); no copy to fall back to") from None
+
+
+def recover(checkpoint_dir):
+    """Before --resume reads the run's checkpoint files: `last.keras` and
+    `best.weights.h5` are checked against their records; a damaged one is replaced by
+    its previous copy (one line on stderr each), and state.json is written again from
+    the state recorded with the `last.keras` in place (after a fallback: the previous
+    epoch's; the best weights' epoch and accuracy from the copy in place). No good
+    copy: train.checkpoint.DamagedCheckpoint (exit 2, one line)."""
+    paths = [os.path.join(checkpoint_dir, name) for name in (LAST, BEST)]
+    (last, last_why), (best, best_why) = [checkpoint.checked(p) for p in paths]  # before any change
+    for path, why in zip(paths, (last_why, best_why)):
+        if why is not None:
+            checkpoint.fall_back(path, why)
+    last_fell_back, best_fell_back = last_why is not None, best_why is not None
+    if not (last or best):  # a run from before the records: as it is
+        return
+    state_path = os.path.join(checkpoint_dir, STATE)
+    state = None
+    if last and last.get("state") is not None:
+        state = dict(last["state"])
+    elif os.path.exists(state_path):
+        state = read_state(checkpoint_dir)
+    if state is None:
+        return
+    if best_fell_back or (best and state.get("best_epoch") is not None
+                          and best.get("best_epoch") != state.get("best_epoch")):
+        # The best weights in place are another epoch's than the state says (a fallback,
+        # or a crash between the two writes): the state follows the weights.
+        state.update(best_val_acc=best.get("best_val_acc"), best_epoch=best.get("best_epoch"))
+    if last_fell_back or best_fell_back or _differs(state_path, state):
+        atomic_write_json(state_path, state)
+
+
+def _differs(path, state):
+    try:
+        return read_json(path) != state
+    except (OSError, ValueError, UnicodeDecodeError):
+        return True
 
 
 class RunCheckpoint(keras.callbacks.Callback):
@@ -56,20 +106,21 @@ class RunCheckpoint(keras.callbacks.Callback):
         best = self.state["best_val_acc"]
         if val is not None and (best is None or val > best):
             self.state.update(best_val_acc=float(val), best_epoch=epoch + 1)
-            tmp = os.path.join(self.dir, ".tmp-" + BEST)
-            try:
+
+            def write_best(tmp):
                 with averaged_weights(self.model):
                     self.model.save_weights(tmp)
-                os.replace(tmp, os.path.join(self.dir, BEST))
-            finally:  # a failed write (a full disk) leaves no partial file
-                if os.path.exists(tmp):
-                    os.unlink(tmp)
+
+            # A failed write (a full disk) leaves no partial file and the previous copy.
+            checkpoint.save_checked(os.path.join(self.dir, BEST), write_best,
+                                    meta={"best_val_acc": float(val), "best_epoch": epoch + 1})
         self.state["epoch"] = epoch + 1
         self.state.setdefault("history", []).append(
             {"epoch": epoch + 1, **{k: round(float(v), 5) for k, v in logs.items()
                                     if isinstance(v, (int, float))}})
         self.state["train_seconds"] = self.base_seconds + time.perf_counter() - self.started
-        atomic_save_model(self.model, os.path.join(self.dir, LAST))
+        checkpoint.save_checked(os.path.join(self.dir, LAST), self.model.save,
+                                meta={"state": self.state})
         atomic_write_json(os.path.join(self.dir, STATE), self.state)
 
 

@@ -13,7 +13,7 @@ from train import strategy as distribute
 from train.errors import UsageError
 from train.progress import markdown_table
 from train.tagger_data import Batches, Encoded, build_vocab, load_data, word_tag_stats
-from train.tagger_fit import BEST, LAST, RunCheckpoint, TimeLimit, compile_tagger, read_state
+from train.tagger_fit import BEST, LAST, RunCheckpoint, TimeLimit, compile_tagger, read_state, recover
 from train.tagger_metrics import accuracies
 
 MAX_CHARS = 16
@@ -139,6 +139,8 @@ def resume_run(args):
     config_path = os.path.join(out, "config.json")
     ckpt_dir = os.path.join(out, "checkpoints")
     last = os.path.join(ckpt_dir, LAST)
+    if os.path.isdir(ckpt_dir) and os.path.exists(config_path):
+        recover(ckpt_dir)  # a damaged last.keras or best weights: their previous copies
     step_checkpoint = checkpoint.latest(ckpt_dir)[1] if os.path.isdir(ckpt_dir) else None
     if not os.path.exists(config_path) or not (os.path.exists(last) or step_checkpoint):
         raise UsageError(f"--resume: no checkpoint to resume in {out} (missing config.json or checkpoints/{LAST})")
@@ -187,8 +189,8 @@ def _fit_and_finish(model, data, encoded, out, train_cfg, state, verbose, announ
     epochs = train_cfg["epochs"]
     if state["epoch"] < epochs:
         engine.fit(model, train_batches, validation_data=dev_batches, epochs=epochs,
-                   initial_epoch=state["epoch"], callbacks=callbacks, verbose=verbose,
-                   checkpoint_dir=ckpt_dir, announce=announce)
+                   initial_epoch=state["epoch"], epochs_done=state["epoch"], callbacks=callbacks,
+                   verbose=verbose, checkpoint_dir=ckpt_dir, announce=announce)
     elif announce:
         print(announce, file=sys.stderr)
     state = checkpoint.state if checkpoint.started else state
