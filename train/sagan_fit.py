@@ -307,4 +307,5 @@ def _inner(optimizer):
 
 
 def has_checkpoint(directory):
-    return all(os.path.exists(os.path.join(directory, f)) for f in (STATE_NPZ, STATE_JSON))
+    """state.npz or its previous copy (`restore` falls back to it); the JSON state is inside."""
+    return any(os.path.exists(os.path.join(directory, f)) for f in (STATE_NPZ, STATE_PREV))

@@ -131,14 +131,11 @@ def check_replicas(batch_size):
 
 def get_classifier(out, data, train_cfg, classifier=None):
     """The run's frozen classifier: given (compare), already in the run, or trained now."""
-    import keras
+    from train.fid_classifier import load_cached, save_cached
 
-    path = os.path.join(out, "classifier.keras")
-    report_path = os.path.join(out, "classifier.json")
-    if classifier is None and os.path.exists(path):
-        classifier = keras.models.load_model(path, compile=False)
-        classifier.trainable = False
-        return classifier, rundir.read_json(report_path) if os.path.exists(report_path) else {}
+    cached = load_cached(out) if classifier is None else None  # checked; damaged: None, said
+    if cached is not None:
+        return cached
     report = {}
     if classifier is None:
         from train.fid_classifier import train_classifier
@@ -151,8 +148,7 @@ def get_classifier(out, data, train_cfg, classifier=None):
         from train.fid_classifier import evaluate_real
 
         report = evaluate_real(classifier, data)
-    rundir.atomic_save_model(classifier, path)
-    rundir.atomic_write_json(report_path, report)
+    save_cached(classifier, report, out)
     return classifier, report
 
 
