@@ -204,3 +204,61 @@ def test_sigterm_mid_epoch_saves_the_step_and_resume_ends_where_the_uninterrupte
     _assert_equals_single(base, stopped / "checkpoints" / "state.npz", "single/checkpoints/state.npz")
     want, got = _json(base / "single" / "checkpoints" / "state.json"), _json(stopped / "checkpoints" / "state.json")
     assert got["d_steps"] == want["d_steps"] == 8 and got["history"] == want["history"]
+
+
+# ---------------------------------------------------------------------------
+# --resume with damaged files: state.npz (fallback to state.prev.npz, which alone
+# counts as a checkpoint), both state files (refused), the cached classifier
+# (trained again).
+
+def _truncate(path):
+    data = path.read_bytes()
+    path.write_bytes(data[: len(data) // 2])
+
+
+def test_resume_falls_back_to_state_prev_and_retrains_a_damaged_classifier(uninterrupted, capsys):
+    """The finished run with state.npz truncated, state.json gone and classifier.keras
+    corrupted: --resume says so, one line each, restores state.prev.npz (the step
+    checkpoint after D step 6), trains the classifier again and ends where the
+    uninterrupted run ends."""
+    base = uninterrupted
+    run = base / "damaged"
+    shutil.copytree(base / "single", run)
+    ckpt = run / "checkpoints"
+    _truncate(ckpt / "state.npz")
+    (ckpt / "state.json").unlink()
+    data = (run / "classifier.keras").read_bytes()
+    middle = len(data) // 2
+    (run / "classifier.keras").write_bytes(data[:middle] + bytes([data[middle] ^ 0xFF]) + data[middle + 1:])
+    capsys.readouterr()
+    assert _main(["sagan", "--out", str(run), "--resume", "--checkpoint-every", "3"]) == 0
+    err = capsys.readouterr().err.splitlines()
+    assert [line for line in err if "falling back" in line] == [
+        f"checkpoint {ckpt / 'state.npz'} cannot be read (File is not a zip file); falling back to state.prev.npz"]
+    assert [line for line in err if "again" in line] == [
+        f"{run / 'classifier.keras'} fails its SHA-256 checksum (damaged); training the evaluation classifier again"]
+    assert "resuming" in "\n".join(err) and "at epoch 1, batch 2 of 2" in "\n".join(err)
+    _assert_equals_single(base, ckpt / "state.npz", "single/checkpoints/state.npz")
+    want, got = _json(base / "single" / "checkpoints" / "state.json"), _json(ckpt / "state.json")
+    assert got["d_steps"] == want["d_steps"] == 8
+    # The classifier trained again from the same data and seed measures the same FIDs.
+    assert got["history"] == want["history"] and got["initial_fid"] == want["initial_fid"]
+    from train import checkpoint
+
+    assert checkpoint.check_file(str(run / "classifier.keras"))[0] is not None  # written again, checked
+
+
+def test_resume_with_no_good_state_is_refused_in_one_line(uninterrupted, capsys):
+    base = uninterrupted
+    run = base / "both_damaged"
+    shutil.copytree(base / "single", run)
+    ckpt = run / "checkpoints"
+    for name in ("state.npz", "state.prev.npz"):
+        _truncate(ckpt / name)
+    before = {p.name: p.read_bytes() for p in ckpt.iterdir()}
+    capsys.readouterr()
+    assert _main(["sagan", "--out", str(run), "--resume"]) == 2
+    err = [line for line in capsys.readouterr().err.splitlines() if line.strip()]
+    assert err == [f"error: checkpoint {ckpt / 'state.npz'} cannot be read (File is not a zip file); "
+                   f"no earlier checkpoint to fall back to"], err
+    assert {p.name: p.read_bytes() for p in ckpt.iterdir()} == before
