@@ -528,3 +528,18 @@ def test_resume_refuses_when_no_copy_is_good(stopped_in_epoch_3, tmp_path, capsy
     assert re.fullmatch(rf"error: \S+{target[0].replace('.', '[.]')} fails its SHA-256 checksum \(damaged\); "
                         r"no earlier good copy to fall back to", err[0]), err[0]
     assert snapshot() == before
+
+
+def test_every_step_checkpoint_damaged_and_no_epoch_end_state_is_refused(tmp_path, capsys):
+    """Nothing good to resume from (a run stopped in its first epoch): refused, not
+    silently started again from scratch; with an epoch-end state (initial_epoch > 0) the
+    run continues from it, saying so."""
+    model = _tiny_classifier()
+    engine.fit(model, _batches(4), epochs=1, verbose=0, checkpoint_dir=str(tmp_path), checkpoint_every=2)
+    for path in checkpoint.list_checkpoints(tmp_path):
+        pathlib.Path(path).write_bytes(pathlib.Path(path).read_bytes()[:100])
+    with pytest.raises(checkpoint.DamagedCheckpoint, match="no earlier checkpoint to fall back to"):
+        engine.fit(_tiny_classifier(), _batches(4), epochs=1, verbose=0, checkpoint_dir=str(tmp_path))
+    capsys.readouterr()
+    engine.fit(_tiny_classifier(), _batches(4), epochs=2, initial_epoch=1, verbose=0, checkpoint_dir=str(tmp_path))
+    assert "falling back to the state at the end of epoch 1" in capsys.readouterr().err
