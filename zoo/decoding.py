@@ -252,7 +252,8 @@ def sequence_log_probability(model, source_ids, output_ids):
 
 def compiled(model, kind="greedy", width=4, alpha=0.6, max_length=None, jit_compile=True,
              temperature=1.0, top_k=None, top_p=None):
-    """A cached `tf.function` (XLA by default) of one decoder for `model`:
+    """A cached `tf.function` (XLA by default; the plain function for a model whose
+    `eager_decoding` is true, `zoo.tasks.TFLiteSteps`) of one decoder for `model`:
     "greedy" and "beam" (ids), "beam_candidates" (`beam_candidates`'s four
     tensors), "sample" (called with the source ids and an int32 seed)."""
     import tensorflow as tf
@@ -274,7 +275,9 @@ def compiled(model, kind="greedy", width=4, alpha=0.6, max_length=None, jit_comp
         else:
             raise ValueError("`kind` must be 'greedy', 'beam', 'beam_candidates' or 'sample'. "
                              f"Received: kind={kind!r}")
-        cache[key] = tf.function(fn, jit_compile=jit_compile, reduce_retracing=False)
+        # zoo.load's TFLite step model calls an interpreter from NumPy: no graph.
+        eager = getattr(model, "eager_decoding", False)
+        cache[key] = fn if eager else tf.function(fn, jit_compile=jit_compile, reduce_retracing=False)
     return cache[key]
 
 

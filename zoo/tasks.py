@@ -7,9 +7,10 @@ directory) or a `.tflite` file with its sidecar `<file>.json`
 
 - `TaggerTask`: `tag(sentences)` -> per sentence, a list of (token, tag) pairs.
 - `Translator`: `generate(texts, sampler=..., num_return_sequences=...,
-  return_scores=...)` (all samplers from Keras files; greedy only from a
-  SavedModel or .tflite file, whose graphs decode greedily), and
-  `translate(texts)`.
+  return_scores=...)` (all samplers from Keras files and from `steps.tflite`,
+  whose `encode` / `decode_step` signatures are driven step by step; greedy
+  only from a SavedModel or a one-file `greedy.tflite`, whose graphs decode
+  greedily), and `translate(texts)`.
 - `ImageGenerator`: `generate(class_ids, seed=...)` -> float images in [0, 1]
   `[N, S, S, C]`; the same noise as `python -m zoo.generate --seed`.
 
@@ -144,7 +145,9 @@ def _from_savedmodel(path):
             out = fn(text=tf.constant(texts, tf.string))["translation"].numpy()
             return [t.decode("utf-8") for t in out]
 
-        return Translator(greedy=greedy, fmt="savedmodel", kind="seq2seq", model=loaded)
+        return Translator(greedy=greedy, fmt="savedmodel", kind="seq2seq", model=loaded,
+                          greedy_only="a SavedModel's translate signature decodes greedily inside its "
+                                      "graph (it exports no encode / decode_step signatures)")
     if "generate" in signatures:
         fn = signatures["serving_default"]
         specs = fn.structured_input_signature[1]
@@ -204,10 +207,10 @@ def _from_tflite(path):
 
 
 def _tflite_translator(path, meta, interpreter, kind):
-    """Greedy decoding with a seq2seq .tflite file: the one-file WHILE model
-    (`source_ids` -> `tokens`) or the step model (`encode`, `decode_step`, the
-    loop run here as an app would)."""
-    from zoo.tokenization import EOS_ID, Tokenizer, decode_proto
+    """A translator over a seq2seq .tflite file: the step model (`encode`,
+    `decode_step`; every sampler, the loop run here as an app would) or the
+    one-file WHILE model (`source_ids` -> `tokens`; greedy only)."""
+    from zoo.tokenization import Tokenizer, decode_proto
 
     if not meta.get("tokenizer"):
         raise ValueError(f"{path}: the sidecar has no tokenizer (exported before it was added); "
@@ -215,43 +218,100 @@ def _tflite_translator(path, meta, interpreter, kind):
     tokenizer = Tokenizer(decode_proto(meta["tokenizer"]))
     signatures = interpreter.get_signature_list()
     if "decode_step" in signatures:
-        encode = interpreter.get_signature_runner("encode")
-        step = interpreter.get_signature_runner("decode_step")
-        length = int(encode.get_input_details()["source_ids"]["shape"][1])
-        cache_shape = step.get_input_details()["self_cache"]["shape"]
-
-        def decode(ids):
-            enc = encode(source_ids=ids)
-            cache = np.zeros(cache_shape, np.float32)
-            token, out = 2, []  # BOS
-            for position in range(int(cache_shape[1])):
-                result = step(token=np.array([token], np.int32), position=np.array(position, np.int32),
-                              cross_cache=enc["cross_cache"], encoder_mask=enc["encoder_mask"],
-                              self_cache=cache)
-                cache, token = result["self_cache"], int(np.argmax(result["logits"][0]))
-                out.append(token)
-                if token == EOS_ID:
-                    break
-            return out
-    else:
-        runner = interpreter.get_signature_runner(sorted(signatures)[0])
-        length = int(runner.get_input_details()["source_ids"]["shape"][1])
-
-        def decode(ids):
-            return runner(source_ids=ids)["tokens"][0].tolist()
+        return Translator(fmt="tflite", kind=kind, steps=TFLiteSteps(interpreter), tokenizer=tokenizer)
+    runner = interpreter.get_signature_runner(sorted(signatures)[0])
+    length = int(runner.get_input_details()["source_ids"]["shape"][1])
 
     def greedy(texts):
         outputs = []
-        for i, row in enumerate(tokenizer.encode(texts)):
-            if len(row) > length:
-                raise ValueError(f"input {i} has {len(row)} tokens, more than the model's {length}: "
-                                 f"{texts[i][:60]!r}")
+        for row in _source_ids(tokenizer, texts, length):
             ids = np.zeros((1, length), np.int32)
             ids[0, :len(row)] = row
-            outputs.append(tokenizer.decode([decode(ids)])[0])
+            outputs.append(tokenizer.decode([runner(source_ids=ids)["tokens"][0].tolist()])[0])
         return outputs
 
-    return Translator(greedy=greedy, fmt="tflite", kind=kind)
+    return Translator(greedy=greedy, fmt="tflite", kind=kind,
+                      greedy_only=f"{os.path.basename(path)} decodes greedily inside one WHILE op "
+                                  "(the step model steps.tflite, written next to it by "
+                                  "`python -m export.kinds.seq2seq`, runs every sampler)")
+
+
+def _source_ids(tokenizer, texts, length):
+    ids = tokenizer.encode(texts)
+    for i, row in enumerate(ids):
+        if len(row) > length:
+            raise ValueError(f"input {i} has {len(row)} tokens, more than the model's {length}: "
+                             f"{texts[i][:60]!r}")
+    return ids
+
+
+class TFLiteSteps:
+    """`steps.tflite`'s `encode` / `decode_step` signatures behind the methods that
+    `zoo.decoding`'s loops call on a Keras seq2seq model (`encode`,
+    `cross_caches`, `empty_caches`, `decode_step`, and a teacher-forced
+    `__call__` for scores), so greedy decoding, beam search with n-best and
+    sampling run the same code, step by step, on the exported graphs.
+
+    The signatures take one row (batch 1), so each step calls `decode_step`
+    once per live row; the caches are NumPy arrays with the rows in front:
+    cross `[B, 2C, S, H, d]`, self `[B, 2N, L, H, d]`. `L` (the exported
+    max_target_length) bounds `max_length`."""
+
+    eager_decoding = True  # `decoding.compiled` runs the loops eagerly, no tf.function
+    position = "learned"  # the exported cache length is the longest output
+
+    def __init__(self, interpreter):
+        self._encode = interpreter.get_signature_runner("encode")
+        self._step = interpreter.get_signature_runner("decode_step")
+        self.max_source_length = int(self._encode.get_input_details()["source_ids"]["shape"][1])
+        self._cache_shape = tuple(int(d) for d in self._step.get_input_details()["self_cache"]["shape"])
+        self.max_target_length = self._cache_shape[1]
+        self.vocabulary_size = int(self._step.get_output_details()["logits"]["shape"][-1])
+
+    def encode(self, source_ids):
+        """source ids `[B, W]` (0-padded, W may exceed the exported length by
+        padding only) -> (cross caches `[B, 2C, S, H, d]`, mask `[B, S]` float)."""
+        ids = np.asarray(source_ids, np.int32)
+        s = self.max_source_length
+        if ids.shape[1] > s and ids[:, s:].any():
+            raise ValueError(f"a source has more than the model's {s} tokens")
+        padded = np.zeros((len(ids), s), np.int32)
+        padded[:, :min(s, ids.shape[1])] = ids[:, :s]
+        outs = [self._encode(source_ids=row[None]) for row in padded]
+        return (np.stack([o["cross_cache"] for o in outs]),
+                np.concatenate([o["encoder_mask"] for o in outs]))
+
+    def cross_caches(self, encoded):
+        return encoded  # `encode` already returns the projected keys and values
+
+    def empty_caches(self, batch_size, max_length):
+        return (np.zeros((int(batch_size), *self._cache_shape), np.float32),)
+
+    def decode_step(self, token_ids, index, self_caches, cross_caches, source_mask):
+        tokens = np.asarray(token_ids, np.int32).reshape(-1)
+        position = np.asarray(index, np.int32).reshape(())
+        cache, cross, mask = (np.asarray(x, np.float32) for x in (self_caches[0], cross_caches, source_mask))
+        logits, new = [], []
+        for r in range(len(tokens)):
+            out = self._step(token=tokens[r:r + 1], position=position, cross_cache=cross[r],
+                             encoder_mask=mask[r:r + 1], self_cache=cache[r])
+            logits.append(out["logits"][0])
+            new.append(out["self_cache"])
+        return np.stack(logits), (np.stack(new),)
+
+    def __call__(self, inputs, training=False):
+        """Teacher-forced logits `[B, T, V]` for `inputs["target_ids"]` (BOS,
+        tokens, padding), as `decoding.sequence_log_probability` asks of a model.
+        Positions after every row's last token are left at 0 (it masks them)."""
+        encoded, mask = self.encode(inputs["source_ids"])
+        targets = np.asarray(inputs["target_ids"], np.int32)
+        filled = np.nonzero(targets.any(axis=0))[0]
+        steps = min(targets.shape[1], int(filled[-1]) + 1 if len(filled) else 1)
+        logits = np.zeros((*targets.shape, self.vocabulary_size), np.float32)
+        caches = self.empty_caches(len(targets), None)
+        for t in range(steps):
+            logits[:, t], caches = self.decode_step(targets[:, t], t, caches, encoded, mask)
+        return logits
 
 
 # ---------------------------------------------------------------- tasks
@@ -289,11 +349,21 @@ class TaggerTask:
 class Translator:
     """Text to text. `generate(texts, sampler="greedy", num_return_sequences=1,
     return_scores=False, max_length=None, seed=None)`: see
-    `Seq2SeqTransformer.generate`. `translate(texts)`: greedy strings."""
+    `Seq2SeqTransformer.generate`; the same samplers, scores and seeded draws
+    from a Keras file and from `steps.tflite` (its `encode` / `decode_step`
+    signatures driven by `zoo.decoding`'s loops; outputs equal Keras's up to
+    float rounding). A SavedModel (its `translate` signature) and a one-file
+    `greedy.tflite` decode greedily inside their graphs: other samplers,
+    scores and `max_length` raise `ValueError` naming the sampler and the
+    format. `translate(texts)`: greedy strings."""
 
-    def __init__(self, model=None, greedy=None, fmt="keras", kind="seq2seq"):
+    def __init__(self, model=None, greedy=None, fmt="keras", kind="seq2seq", steps=None, tokenizer=None,
+                 greedy_only=None):
         self.model = model
         self._greedy = greedy
+        self._steps = steps
+        self._tokenizer = tokenizer
+        self._greedy_only = greedy_only or f"a {fmt} translator decodes greedily inside its graph"
         self.format = fmt
         self.kind = kind
 
@@ -304,15 +374,36 @@ class Translator:
                                        return_scores=return_scores, max_length=max_length, seed=seed)
         from zoo import samplers
 
-        if not isinstance(samplers.get(sampler), samplers.Greedy) or return_scores \
-                or num_return_sequences != 1 or max_length is not None:
-            raise ValueError(f"a {self.format} translator decodes greedily inside its graph: only "
-                             "sampler='greedy' with one sequence, no scores and the default length. "
-                             f"Received: sampler={sampler!r}, num_return_sequences={num_return_sequences}, "
-                             f"return_scores={return_scores}, max_length={max_length}")
+        picked = samplers.get(sampler)
         single = isinstance(texts, str)
-        out = self._greedy([texts] if single else list(texts))
+        texts = [texts] if single else list(texts)
+        if self._steps is not None:
+            out = self._generate_steps(texts, picked, num_return_sequences, return_scores, max_length, seed)
+        elif not isinstance(picked, samplers.Greedy) or return_scores \
+                or num_return_sequences != 1 or max_length is not None:
+            raise ValueError(f"{self._greedy_only}: only sampler='greedy' with one sequence, no "
+                             "scores and the default length; load the run directory (or steps.tflite) "
+                             f"for sampler={sampler!r}. Received: sampler={sampler!r}, "
+                             f"format={self.format!r}, num_return_sequences={num_return_sequences}, "
+                             f"return_scores={return_scores}, max_length={max_length}")
+        else:
+            out = self._greedy(texts)
         return out[0] if single else out
+
+    def _generate_steps(self, texts, sampler, num_return_sequences, return_scores, max_length, seed):
+        from zoo import decoding, samplers
+
+        ids = _source_ids(self._tokenizer, texts, self._steps.max_source_length)
+        if isinstance(sampler, samplers.Greedy) and num_return_sequences == 1 and not return_scores:
+            return self._tokenizer.decode(decoding.decode_ids(self._steps, ids, max_length=max_length))
+        found = decoding.generate_ids(self._steps, ids, sampler, num_return_sequences,
+                                      max_length=max_length, seed=seed)
+        outputs = []
+        for candidates in found:
+            decoded = self._tokenizer.decode([c[0] for c in candidates])
+            pairs = [(text, score) for text, (_, score) in zip(decoded, candidates)]
+            outputs.append(pairs if return_scores or num_return_sequences != 1 else pairs[0][0])
+        return outputs
 
     def translate(self, texts):
         return self.generate(texts)
