@@ -1,10 +1,17 @@
 """python -m export {savedmodel,tflite,check,verify,bench} ...
 
+Every command takes `--verbose auto/0/1/2` (the train commands' flag): 0 prints
+the results only (check's verdict, verify's and bench's reports; nothing for
+savedmodel and tflite, whose result is the files) and errors, with the
+TensorFlow / LiteRT runtime's own log lines muted; auto (the default), 1 and 2
+also print what was written.
+
 Exit codes: 0 success; 1 export failed, model incompatible (check) or an
 unexpected error (traceback only with --debug); 2 bad input (one line).
 """
 
 import argparse
+import contextlib
 import os
 import sys
 
@@ -32,6 +39,12 @@ def _number(text, ok, rule):
     if not ok(value):  # also refuses nan
         raise argparse.ArgumentTypeError(f"must be {rule}, got {value:g}")
     return value
+
+
+def _verbosity(text):
+    if text not in ("auto", "0", "1", "2"):
+        raise argparse.ArgumentTypeError(f"must be auto, 0, 1 or 2, got {text!r}")
+    return 1 if text == "auto" else int(text)
 
 
 def _fraction(text):
@@ -86,6 +99,9 @@ def build_parser():
     b.add_argument("--runs", type=_positive_int, default=50)
     b.add_argument("--json", action="store_true")
     b.add_argument("--debug", action="store_true", default=argparse.SUPPRESS, help=argparse.SUPPRESS)
+    for command in (s, t, c, v, b):
+        command.add_argument("--verbose", type=_verbosity, default="auto",
+                             help="auto (default, as 1), 0 (results and errors only), 1, 2")
     return p
 
 
@@ -96,7 +112,8 @@ def _run(args):
         from export.savedmodel import export_savedmodel
 
         path = export_savedmodel(args.source, args.out, version=args.version)
-        print(f"wrote {path} (signatures: {os.path.join(path, 'signature.json')})")
+        if args.verbose:
+            print(f"wrote {path} (signatures: {os.path.join(path, 'signature.json')})")
         return 0
     if args.command == "tflite":
         from export.tflite import export_tflite
@@ -105,8 +122,9 @@ def _run(args):
                           length=args.length, tolerance=args.tolerance, min_agreement=args.min_agreement)
         diffs = ", ".join(f"{k} {v:.3g}" for k, v in r.report["max_abs_diff"].items())
         agree = "" if r.report["agreement"] is None else f", argmax agreement {r.report['agreement']:.2%}"
-        print(f"wrote {r.path} ({r.size_bytes / 1e6:.3f} MB) and {r.sidecar}; "
-              f"LiteRT vs Keras on {r.report['samples']} samples: max abs diff {diffs}{agree}")
+        if args.verbose:
+            print(f"wrote {r.path} ({r.size_bytes / 1e6:.3f} MB) and {r.sidecar}; "
+                  f"LiteRT vs Keras on {r.report['samples']} samples: max abs diff {diffs}{agree}")
         return 0
     if args.command == "check":
         from export.check import check_file
@@ -134,6 +152,29 @@ def _run(args):
     raise AssertionError(args.command)
 
 
+@contextlib.contextmanager
+def _muted_stderr(enabled=True):
+    """fd 2 to /dev/null inside the block (the C++ runtimes write there directly,
+    past Python). What the block raises is reported after it."""
+    if not enabled:
+        yield
+        return
+    try:
+        saved, devnull = os.dup(2), os.open(os.devnull, os.O_WRONLY)
+    except OSError:
+        yield
+        return
+    sys.stderr.flush()
+    os.dup2(devnull, 2)
+    try:
+        yield
+    finally:
+        sys.stderr.flush()
+        os.dup2(saved, 2)
+        os.close(saved)
+        os.close(devnull)
+
+
 def _import_runtimes_quietly():
     """Imports TensorFlow/Keras and LiteRT with fd 2 muted.
 
@@ -141,23 +182,13 @@ def _import_runtimes_quietly():
     oneDNN) before logging is set up, which TF_CPP_MIN_LOG_LEVEL cannot filter; a bad
     input must still get one line on stderr. A failed import still raises.
     """
-    try:
-        saved, devnull = os.dup(2), os.open(os.devnull, os.O_WRONLY)
-    except OSError:
-        return
-    try:
-        sys.stderr.flush()
-        os.dup2(devnull, 2)
+    with _muted_stderr():
         import keras  # noqa: F401
 
         try:
             import ai_edge_litert.interpreter  # noqa: F401
         except ImportError:
             pass
-    finally:
-        os.dup2(saved, 2)
-        os.close(saved)
-        os.close(devnull)
 
 
 def main(argv=None):
@@ -172,7 +203,8 @@ def main(argv=None):
     try:
         if args.command != "check":  # check reads the flatbuffer itself
             _import_runtimes_quietly()
-        return _run(args)
+        with _muted_stderr(args.verbose == 0):
+            return _run(args)
     except UsageError as e:
         print(f"error: {e}", file=sys.stderr)
         return 2

@@ -4,6 +4,7 @@ Each raises `UsageError` with one line naming the problem and the value; the CLI
 print it on stderr and exit 2.
 """
 
+import contextlib
 import json
 import os
 import sys
@@ -90,3 +91,45 @@ def cli_boundary(body, argv=None):
         print(f"error: unexpected {type(e).__name__}: {first} (run with --debug for the traceback)",
               file=sys.stderr)
         return 1
+
+
+VERBOSE_HELP = ("messages besides the results: auto (the default, as 1), 0 (results and errors "
+                "only: no progress lines, no TensorFlow / LiteRT runtime logs), 1, 2; the train "
+                "commands' flag")
+
+
+def add_verbose_argument(parser):
+    """`--verbose auto/0/1/2`, spelled as on the train commands."""
+    parser.add_argument("--verbose", default="auto", help=VERBOSE_HELP)
+
+
+def verbosity(value):
+    """The `--verbose` value as 0, 1 or 2 ("auto" is 1 outside training)."""
+    if value not in ("auto", "0", "1", "2", 0, 1, 2):
+        raise UsageError(f"--verbose must be auto, 0, 1 or 2, got {value!r}")
+    return 1 if value == "auto" else int(value)
+
+
+@contextlib.contextmanager
+def quiet_stderr(enabled=True):
+    """With `enabled`, fd 2 goes to /dev/null inside the block: TensorFlow's and
+    LiteRT's C++ runtimes write their INFO / ERROR lines (oneDNN, cuInit,
+    XNNPACK) there directly, past Python. Errors the block raises are printed
+    after it, so a failure still gets its one line."""
+    if not enabled:
+        yield
+        return
+    try:
+        saved, devnull = os.dup(2), os.open(os.devnull, os.O_WRONLY)
+    except OSError:
+        yield
+        return
+    sys.stderr.flush()
+    os.dup2(devnull, 2)
+    try:
+        yield
+    finally:
+        sys.stderr.flush()
+        os.dup2(saved, 2)
+        os.close(saved)
+        os.close(devnull)

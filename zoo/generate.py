@@ -3,7 +3,8 @@
 PATH is a SAGAN run directory (its model.keras) or a .tflite file exported from
 one (with its sidecar `<file>.json`). `--class` picks the class (id or name from
 RUN_DIR/vocab/classes.txt) of a conditional generator; without it, a
-conditional generator draws one row per class. Writes a PNG grid.
+conditional generator draws one row per class. Writes a PNG grid and says so
+("wrote ..."; `--verbose 0`: nothing but errors).
 Bad input: one line on stderr, exit 2; nothing existing is overwritten
 without --force.
 """
@@ -16,7 +17,7 @@ import sys
 import numpy as np
 
 from zoo.cli_input import UsageError as _Usage
-from zoo.cli_input import cli_boundary
+from zoo.cli_input import add_verbose_argument, cli_boundary, quiet_stderr, verbosity
 from zoo.cli_input import check_out_file, read_sidecar, run_kind, tflite_interpreter
 
 
@@ -144,9 +145,11 @@ def main(argv=None):
     parser.add_argument("--columns", type=int, default=8, help="grid columns (default 8)")
     parser.add_argument("--seed", type=int, default=0, help="noise seed")
     parser.add_argument("--force", action="store_true", help="overwrite --out")
+    add_verbose_argument(parser)
     parser.add_argument("--debug", action="store_true", help="show tracebacks")
     def body():
         args = parser.parse_args(argv)
+        level = verbosity(args.verbose)
         if args.num < 1 or args.columns < 1:
             raise _Usage(f"--num and --columns must be >= 1, got {args.num} and {args.columns}")
         if not args.out.lower().endswith(".png"):
@@ -158,25 +161,24 @@ def main(argv=None):
         check_out_file(args.out)
         if not os.path.exists(args.path):
             raise _Usage(f"no such run directory or .tflite file: {args.path}")
-        if os.path.isdir(args.path):
-            generator = KerasGenerator(args.path)
-        elif args.path.endswith(".tflite"):
-            generator = TFLiteGenerator(args.path)
-        else:
+        if not os.path.isdir(args.path) and not args.path.endswith(".tflite"):
             raise _Usage(f"expected a run directory or a .tflite file: {args.path}")
-        k = _class_id(args.class_, generator)
-        if generator.num_classes and k is None:
-            labels = np.repeat(np.arange(generator.num_classes), args.num).astype(np.int32)
-            columns = args.num
-        else:
-            labels = np.full(args.num, k or 0, np.int32)
-            columns = min(args.columns, args.num)
-        noise = np.random.default_rng(args.seed).standard_normal(
-            (len(labels), generator.latent_dim)).astype(np.float32)
-        images = generator(noise, labels)
+        with quiet_stderr(level == 0):
+            generator = KerasGenerator(args.path) if os.path.isdir(args.path) else TFLiteGenerator(args.path)
+            k = _class_id(args.class_, generator)
+            if generator.num_classes and k is None:
+                labels = np.repeat(np.arange(generator.num_classes), args.num).astype(np.int32)
+                columns = args.num
+            else:
+                labels = np.full(args.num, k or 0, np.int32)
+                columns = min(args.columns, args.num)
+            noise = np.random.default_rng(args.seed).standard_normal(
+                (len(labels), generator.latent_dim)).astype(np.float32)
+            images = generator(noise, labels)
         uint8 = np.clip(np.round(np.asarray(images) * 255.0), 0, 255).astype(np.uint8)
         save_png(grid(uint8, columns), args.out)
-        print(f"wrote {args.out} ({len(labels)} images)")
+        if level:  # the PNG is the result; this line is progress
+            print(f"wrote {args.out} ({len(labels)} images)")
         return 0
 
     return cli_boundary(body, argv)

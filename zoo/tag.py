@@ -4,6 +4,7 @@ PATH is a run directory (its model.keras) or a .tflite file exported from one; a
 file needs its sidecar `<file>.json` ({"kind": "tagger", "words", "chars", "tags",
 "max_chars", "max_len"}). Both paths encode tokens with the same `TokenEncoder`.
 Prints one line per sentence: word/TAG pairs. Bad input: one line on stderr, exit 2.
+`--verbose 0`: the tagged lines and errors only (no runtime log lines).
 """
 
 import argparse
@@ -11,7 +12,7 @@ import os
 import sys
 
 from zoo.cli_input import UsageError as _Usage
-from zoo.cli_input import cli_boundary
+from zoo.cli_input import add_verbose_argument, cli_boundary, quiet_stderr, verbosity
 from zoo.cli_input import check_utf8, read_sidecar, run_kind, tflite_interpreter
 
 
@@ -89,9 +90,11 @@ def main(argv=None):
     parser = _Parser(prog="python -m zoo.tag", description=__doc__.splitlines()[0])
     parser.add_argument("path", help="run directory (model.keras) or exported .tflite file")
     parser.add_argument("sentences", nargs="+", help="sentences (split on whitespace)")
+    add_verbose_argument(parser)
     parser.add_argument("--debug", action="store_true", help="show tracebacks")
     def body():
         args = parser.parse_args(argv)
+        quiet = verbosity(args.verbose) == 0
         if not os.path.exists(args.path):
             raise _Usage(f"no such run directory or .tflite file: {args.path}")
         check_utf8(args.sentences, "sentence")
@@ -99,16 +102,14 @@ def main(argv=None):
         empty = [i for i, tokens in enumerate(token_lists, 1) if not tokens]
         if empty:
             raise _Usage(f"sentence {empty[0]} is empty: {args.sentences[empty[0] - 1]!r}")
-        if os.path.isdir(args.path):
-            tagger = load_keras_tagger(args.path)
-        elif args.path.endswith(".tflite"):
-            tagger = TFLiteTagger(args.path)
-        else:
+        if not os.path.isdir(args.path) and not args.path.endswith(".tflite"):
             raise _Usage(f"expected a run directory or a .tflite file: {args.path}")
-        try:
-            tagged = tagger(token_lists)
-        except ValueError as e:  # Tagger.tag: a sentence longer than max_len (documented: error)
-            raise _Usage(str(e)) from None
+        with quiet_stderr(quiet):
+            tagger = load_keras_tagger(args.path) if os.path.isdir(args.path) else TFLiteTagger(args.path)
+            try:
+                tagged = tagger(token_lists)
+            except ValueError as e:  # Tagger.tag: a sentence longer than max_len (documented: error)
+                raise _Usage(str(e)) from None
         for pairs in tagged:
             print(" ".join(f"{word}/{tag}" for word, tag in pairs))
         return 0

@@ -3,6 +3,7 @@
 Reads RUN_DIR/model.keras (the SentencePiece tokenizer is inside the model),
 prints one output line per input. With no text arguments, translates stdin line
 by line. `--beam-width N` uses beam search (length penalty `--alpha`).
+`--verbose 0`: the translations and errors only (no runtime log lines).
 Exit codes: 0 ok, 2 bad input (one line on stderr), 1 unexpected error.
 """
 
@@ -10,7 +11,8 @@ import argparse
 import os
 import sys
 
-from zoo.cli_input import UsageError, check_utf8, cli_boundary, run_kind
+from zoo.cli_input import (UsageError, add_verbose_argument, check_utf8, cli_boundary, quiet_stderr,
+                           run_kind, verbosity)
 
 
 class _Parser(argparse.ArgumentParser):
@@ -36,6 +38,7 @@ def main(argv=None):
     parser.add_argument("text", nargs="*", help="input text (default: lines of stdin)")
     parser.add_argument("--beam-width", type=int, default=1)
     parser.add_argument("--alpha", type=float, default=0.6)
+    add_verbose_argument(parser)
     parser.add_argument("--debug", action="store_true")
     try:
         args = parser.parse_args(argv)
@@ -43,6 +46,7 @@ def main(argv=None):
         return e.code
 
     def body():
+        quiet = verbosity(args.verbose) == 0
         path = args.run_dir
         if os.path.isdir(path):
             path = os.path.join(path, "model.keras")
@@ -59,20 +63,21 @@ def main(argv=None):
         empty = [i + 1 for i, t in enumerate(texts) if not t.strip()]
         if empty:
             raise UsageError(f"input {empty[0]} is empty: {texts[empty[0] - 1]!r}")
-        from zoo import model_file
-        from zoo.seq2seq import Seq2SeqTransformer
-
         kind = run_kind(args.run_dir) if os.path.isdir(args.run_dir) else None
         if kind not in (None, "seq2seq", "universal_transformer"):
             raise UsageError(f"{args.run_dir} is a {kind!r} run, not a seq2seq run")
-        try:
-            model = model_file.load(path, Seq2SeqTransformer)
-        except model_file.ModelFileError as e:
-            raise UsageError(str(e)) from None
-        try:
-            outputs = model.translate(texts, beam_width=args.beam_width, alpha=args.alpha)
-        except ValueError as e:  # e.g. an input longer than max_source_length
-            raise UsageError(str(e)) from None
+        with quiet_stderr(quiet):
+            from zoo import model_file
+            from zoo.seq2seq import Seq2SeqTransformer
+
+            try:
+                model = model_file.load(path, Seq2SeqTransformer)
+            except model_file.ModelFileError as e:
+                raise UsageError(str(e)) from None
+            try:
+                outputs = model.translate(texts, beam_width=args.beam_width, alpha=args.alpha)
+            except ValueError as e:  # e.g. an input longer than max_source_length
+                raise UsageError(str(e)) from None
         for line in outputs:
             print(line)
         return 0
