@@ -199,6 +199,17 @@ def test_tiny_run_generator_follows_the_label_and_the_noise(tiny_run):
     assert noise_share > 0.1, noise_share
 
 
+def test_learning_rates_fall_linearly_over_the_second_half_of_the_budget(tiny_run):
+    """Default --lr-decay-from 0.5: constant rates for the first half of the steps, then
+    linear to 0. The checkpoint holds the rates of the last step, D step 15 of 16
+    (2 epochs of 256 // 32 batches; the 12-minute limit is far away): 2e-4 * (1/16) / 0.5."""
+    saved = np.load(os.path.join(tiny_run, "checkpoints", "state.npz"))
+    total = 2 * (256 // 32)
+    expected = 2e-4 * (1.0 - (total - 1) / total) / 0.5
+    for name in ("g_opt/learning_rate", "d_opt/learning_rate"):
+        np.testing.assert_allclose(saved[name], expected, rtol=1e-6, err_msg=name)
+
+
 def test_resume_continues_from_the_checkpoint(tiny_run, tmp_path):
     import shutil
 
@@ -298,6 +309,7 @@ def test_bad_inputs_one_line_exit_2_nothing_overwritten(tmp_path):
         (["--class-loss", "nan"], "--class-loss must be >= 0, got nan"),
         (["--compare", "--seeds", "0"], "--seeds must be >= 1, got 0"),
         (["--verbose", "loud"], "--verbose must be auto, 0, 1 or 2, got 'loud'"),
+        (["--lr-decay-from", "1.5"], "--lr-decay-from must be in [0, 1], got 1.5"),
     ]
     for extra, message in cases:
         out = tmp_path / "out"

@@ -27,6 +27,9 @@ def add_arguments(parser):
     # learned slowly; equal rates kept the game balanced (benchmarks/sagan.md).
     add("--lr-g", type=float, default=2e-4, help="generator learning rate (default 2e-4)")
     add("--lr-d", type=float, default=2e-4, help="discriminator learning rate (default 2e-4)")
+    add("--lr-decay-from", type=float, default=0.5, metavar="FRACTION",
+        help="from this fraction of the budget (--max-minutes or --epochs, whichever ends the "
+             "run), both learning rates fall linearly to 0 at its end (default 0.5; 1 = constant)")
     add("--beta1", type=float, default=0.0, help="Adam beta_1 (default 0)")
     add("--beta2", type=float, default=0.9, help="Adam beta_2 (default 0.9)")
     add("--ema", type=float, default=0.999, metavar="DECAY",
@@ -101,6 +104,8 @@ def _validate(args):
     for flag, value in (("--lr-g", args.lr_g), ("--lr-d", args.lr_d)):
         if not value > 0:
             raise UsageError(f"{flag} must be > 0, got {value}")
+    if not 0 <= args.lr_decay_from <= 1:
+        raise UsageError(f"--lr-decay-from must be in [0, 1], got {args.lr_decay_from}")
     for flag, value in (("--beta1", args.beta1), ("--beta2", args.beta2), ("--ema", args.ema)):
         if not 0 <= value < 1:
             raise UsageError(f"{flag} must be in [0, 1), got {value}")

@@ -99,6 +99,8 @@ class SaganTrainer:
             self._d_both = keras.Model(discriminator.inputs, [discriminator.outputs[0], trunk])
             self._class_scores = head.class_scores
         self.g, self.d, self.ema = generator, discriminator, ema
+        self.lr_g, self.lr_d = float(lr_g), float(lr_d)
+        self._lr_scale = None  # unknown until set (a restored checkpoint carries its own)
         self.num_classes = num_classes
         self.latent_dim = latent_dim
         self.n_dis = n_dis
@@ -124,6 +126,16 @@ class SaganTrainer:
         self.d_step = tf.function(self._d_step, reduce_retracing=True, jit_compile=self.jit_compile)
         self.g_step = tf.function(self._g_step, reduce_retracing=True, jit_compile=self.jit_compile)
         self.ema_step = tf.function(self._ema_step)
+
+    def set_lr_scale(self, scale):
+        """Sets both learning rates to `scale` times the initial ones (the CLI's decay
+        over the end of the budget); the rates are optimizer variables, so a
+        checkpoint carries the current ones."""
+        scale = float(scale)
+        if scale != self._lr_scale:
+            for optimizer, base in ((self.g_opt, self.lr_g), (self.d_opt, self.lr_d)):
+                _inner(optimizer).learning_rate.assign(base * scale)
+            self._lr_scale = scale
 
     # ------------------------------------------------------------ steps
     def _g_inputs(self, noise, labels):

@@ -64,7 +64,7 @@ def _train_config(args, data_seed=None):
     return {**data_flags(args), "data_seed": args.seed if data_seed is None else data_seed, "epochs": DEFAULT_EPOCHS if args.epochs is None else args.epochs,
             "batch_size": args.batch_size, "n_dis": args.n_dis, "lr_g": args.lr_g, "lr_d": args.lr_d,
             "beta1": args.beta1, "beta2": args.beta2, "ema": args.ema, "mode_seeking": args.mode_seeking,
-            "class_loss": args.class_loss, "verbose": str(args.verbose),
+            "class_loss": args.class_loss, "lr_decay_from": args.lr_decay_from, "verbose": str(args.verbose),
             "eval_samples": args.eval_samples, "epoch_eval_samples": args.epoch_eval_samples,
             "classifier_epochs": args.classifier_epochs, "max_minutes": args.max_minutes,
             "unconditional": bool(args.unconditional)}
@@ -228,6 +228,15 @@ def _trainer(g, d, ema, model_cfg, train_cfg):
     return trainer
 
 
+def lr_scale(progress, decay_from):
+    """The learning rates' factor at `progress` (the budget's fraction done: steps of
+    --epochs or minutes of --max-minutes, whichever is further): 1 until `decay_from`,
+    then linear to 0 at the end. Runs that swung late in the budget settle (#16)."""
+    if decay_from >= 1.0 or progress <= decay_from:
+        return 1.0
+    return max(0.0, (1.0 - progress) / (1.0 - decay_from))
+
+
 def _fixed_latents(model_cfg, seed, rows=None):
     num_classes = model_cfg["num_classes"]
     rows = rows or (min(num_classes, 10) if num_classes else GRID_COLUMNS)
@@ -277,6 +286,7 @@ def _fit_and_finish(out, config, data, g, d, ema, classifier, classifier_report,
     batch = train_cfg["batch_size"]
     steps = max(1, len(data.train) // batch)
     limit = train_cfg["max_minutes"] * 60.0
+    total_steps = max(1, steps * train_cfg["epochs"])
     every = dist.checkpoint_every()
     stopped = False
     # A step checkpoint: the batches of state["epoch"] already trained, and their logs.
@@ -296,6 +306,9 @@ def _fit_and_finish(out, config, data, g, d, ema, classifier, classifier_report,
         done = skip
         for i in range(skip, steps):
             idx = order[i * batch:(i + 1) * batch]
+            elapsed = state["train_seconds"] + time.perf_counter() - started
+            trainer.set_lr_scale(lr_scale(max(state["d_steps"] / total_steps, elapsed / limit if limit else 0.0),
+                                          train_cfg.get("lr_decay_from", 1.0)))
             real = data.train[idx].astype(np.float32) / 127.5 - 1.0
             labels = data.train_labels[idx] if model_cfg["num_classes"] else np.zeros(len(idx), np.int32)
             logs = trainer.train_batch(real, labels.astype(np.int32), state["d_steps"])
