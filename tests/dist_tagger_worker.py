@@ -7,7 +7,8 @@ embedded data set for --epochs epochs of 3 steps each; at each epoch end every p
 writes its weights to DIR/weights-e{epoch}-w{worker}.npz and their moving average
 (the optimizer's EMA, `--ema-momentum`, on in every run: it leaves the raw updates
 alone) to DIR/averaged-e{epoch}-w{worker}.npz. The chief writes step checkpoints to
-DIR/checkpoints. `mirrored` uses two logical CPU devices.
+DIR/checkpoints. `mirrored` uses two logical CPU devices. SIGTERM / SIGINT stop it as
+they stop `python -m train` (train.preemption): one line, exit 143 / 130.
 """
 
 import argparse
@@ -79,9 +80,16 @@ def main():
         from train import checkpoint
 
         initial = checkpoint.latest(ckpt)[1]["epoch"]
-    engine.fit(model, lambda e: Batches(encoded["train"], GLOBAL_BATCH, shuffle=True, seed=[0, e]),
-               validation_data=Batches(encoded["dev"], 8), epochs=args.epochs, initial_epoch=initial,
-               callbacks=[Dump()], verbose=0, checkpoint_dir=ckpt, resume=args.resume)
+    from train import preemption
+
+    try:
+        with preemption.handlers():  # SIGTERM / SIGINT as under python -m train
+            engine.fit(model, lambda e: Batches(encoded["train"], GLOBAL_BATCH, shuffle=True, seed=[0, e]),
+                       validation_data=Batches(encoded["dev"], 8), epochs=args.epochs, initial_epoch=initial,
+                       callbacks=[Dump()], verbose=0, checkpoint_dir=ckpt, resume=args.resume)
+    except preemption.Stopped as e:
+        print(e, flush=True)
+        sys.exit(e.code)
     print("replicas", distribute.get().num_replicas_in_sync, flush=True)
 
 

@@ -149,3 +149,50 @@ def test_sigint_in_the_first_epoch_seq2seq_in_process(tmp_path, monkeypatch, cap
     assert run(stopped, "--resume") == 0
     assert f"restored {os.path.basename(path)}: epoch 1, batch 5" in capsys.readouterr().err
     _check_same_end(tmp_path / "full", stopped, ("test_exact_match",))
+
+
+@pytest.mark.parametrize("signalled", [1, 0], ids=["worker", "chief"])
+def test_sigterm_to_one_of_two_workers_stops_both_and_resumes_in_one_process(tmp_path, signalled):
+    """A preempted VM signals its own worker only: both workers of a 2-worker run stop
+    after the same step (train.preemption.ClusterStop, over the coordination service),
+    the chief writes the checkpoint, both exit 143 with one line; the checkpoint resumes
+    in one process and ends where one device ends (weights and their moving average)."""
+    from tests.test_distributed import TIMEOUT, _assert_same, _finish, _free_ports, _start, _weights
+
+    epochs = 10
+    ports = _free_ports(2)
+    cluster = {"worker": [f"127.0.0.1:{p}" for p in ports]}
+    single = _start(tmp_path / "single", "default", epochs=epochs)
+    workers = [_start(tmp_path / "multi", "multi_worker", epochs=epochs,
+                      tf_config={"cluster": cluster, "task": {"type": "worker", "index": i}})
+               for i in range(2)]
+    ckpt = tmp_path / "multi" / "checkpoints"
+    try:
+        deadline = time.monotonic() + TIMEOUT
+        while time.monotonic() < deadline and workers[signalled].poll() is None:
+            if ckpt.exists() and checkpoint.list_checkpoints(ckpt):
+                workers[signalled].send_signal(signal.SIGTERM)
+                break
+            time.sleep(0.02)
+        outputs = [p.communicate(timeout=TIMEOUT)[0] for p in workers]
+    finally:
+        for p in workers:
+            if p.poll() is None:
+                p.kill()
+                p.wait()
+    assert [p.returncode for p in workers] == [143, 143], [o[-3000:] for o in outputs]
+    path, record = checkpoint.latest(ckpt)
+    assert record["epoch"] < epochs - 1, "the run ended before the signal"
+    where = (f"at epoch {record['epoch'] + 1}, batch {record['batches_done']}" if not record["epoch_complete"]
+             else f"at the end of epoch {record['epoch'] + 1}")
+    lines = [o.strip().splitlines()[-1] for o in outputs]
+    how = ["SIGTERM on another worker", "SIGTERM on another worker"]
+    how[signalled] = "SIGTERM"
+    assert lines[0] == f"stopped by {how[0]}: wrote {path} {where}; continue with --resume", lines
+    assert lines[1] == f"stopped by {how[1]}: the chief wrote the checkpoint {where}; continue with --resume", lines
+    (out,) = _finish([_start(tmp_path / "multi", "default", epochs=epochs, resume=True)])
+    assert "replicas 1" in out and f"restored {os.path.basename(path)}" in out
+    _finish([single])
+    for kind in ("weights", "averaged"):
+        _assert_same(_weights(tmp_path / "multi" / f"{kind}-e{epochs}-w0.npz"),
+                     _weights(tmp_path / "single" / f"{kind}-e{epochs}-w0.npz"), atol=1e-4)

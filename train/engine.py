@@ -420,12 +420,13 @@ def _check_finite(loss, epoch, step, checkpoint_dir):
             f"{where} (lower --learning-rate, or check the data)")
 
 
-def _written(checkpoint_dir, chief, step):
-    """What the stop wrote, for its one line."""
+def _written(checkpoint_dir, chief, step, cluster=None):
+    """What the stop wrote, for its one line (several workers stop at the same step:
+    the chief wrote it)."""
     if not checkpoint_dir:
         return "no checkpoint directory, nothing written"
     if not chief:
-        return "not the chief, nothing written"
+        return "the chief wrote the checkpoint" if cluster is not None else "not the chief, nothing written"
     return f"wrote {os.path.join(checkpoint_dir, os.path.basename(checkpoint.path_for(checkpoint_dir, step)))}"
 
 
@@ -506,21 +507,27 @@ def fit(model, train_data, *, epochs, initial_epoch=0, validation_data=None, cal
                          "epoch_complete": complete, "steps_per_epoch": steps,
                          "partial_loss": [total, count], "strategy": dist.describe()})
 
+    # Several workers agree on the step to stop after (one was signalled, all stop).
+    index, workers = dist.worker()
+    cluster = preemption.ClusterStop(index, workers) if workers > 1 else None
+
     def signalled():
-        # This process's signal only: several workers do not agree on it yet, so a
-        # signal to one worker of several leaves the others waiting (issue #23).
+        if cluster is not None:
+            return cluster.poll(global_step)
         return preemption.requested() is not None
 
     def stop_for_signal(epoch_, done):
         # The step is finished: save it (as an incomplete epoch, so that the resumed run
         # still validates and closes the epoch), then leave with the signal's exit code.
         save(epoch_, done, False)
-        preemption.stop(f"{_written(checkpoint_dir, chief, global_step)} at epoch {epoch_ + 1}, batch {done}")
+        preemption.stop(f"{_written(checkpoint_dir, chief, global_step, cluster)} at epoch {epoch_ + 1}, batch {done}")
 
     model.stop_training = False
     cbs.on_train_begin()
     logs = {}
-    with preemption.listening():
+    with preemption.listening(), contextlib.ExitStack() as cleanup:
+        if cluster is not None:
+            cleanup.callback(cluster.close)
         while epoch < epochs and not model.stop_training:
             engine.reset_metrics()
             cbs.on_epoch_begin(epoch)
@@ -552,9 +559,11 @@ def fit(model, train_data, *, epochs, initial_epoch=0, validation_data=None, cal
                 epoch_logs.update({f"val_{k}": v for k, v in val.items()})
             cbs.on_epoch_end(epoch, epoch_logs)
             save(epoch, done, done >= steps)
-            if signalled():
+            if cluster is None and signalled():  # several workers: at their next step
                 preemption.stop(f"{_written(checkpoint_dir, chief, global_step)} at the end of epoch {epoch + 1}")
             logs = epoch_logs
             epoch, skip = epoch + 1, 0
+        if cluster is not None and cluster.finish():  # a signal after the last step
+            preemption.stop(f"{_written(checkpoint_dir, chief, global_step, cluster)} at the end of epoch {epoch}")
     cbs.on_train_end(logs)
     return history

@@ -9,14 +9,30 @@ checkpoint and calls `stop(...)`, and the CLI prints one line and exits with
 from that checkpoint. Outside a loop, or on a second signal, `Stopped` is raised at
 once (nothing newer than the last checkpoint to save; atomic writes leave no partial
 file).
+
+Several workers (`MultiWorkerMirroredStrategy`): a preempted VM signals its own worker
+only, and a worker that stopped alone would leave the others waiting in their next
+collective. `ClusterStop` makes them all stop after the same step, as TensorFlow's
+`tf.distribute.experimental.PreemptionCheckpointHandler` does, over the same channel:
+the coordination service's key-value store, not a collective (an extra collective per
+step met the training step's gradient all-reduce on the other worker under load). The
+signalled worker, at its next poll after step N, publishes "stop after step N+1" and
+waits until every worker's watcher thread has acknowledged it; then it runs step N+1.
+No worker can finish step N+2 without it, so each one reads the target at its poll
+after step N+1 at the latest, and all stop there. At the end of the loop the workers
+exchange their flags once more (a signal after the last poll).
 """
 
 import contextlib
+import itertools
 import signal
+import sys
 import threading
+import time
 
 SIGNALS = (signal.SIGTERM, signal.SIGINT)
-_state = {"listening": 0, "requested": None}
+_state = {"listening": 0, "requested": None, "peer": False}
+_sessions = itertools.count()
 
 
 class Stopped(BaseException):
@@ -60,7 +76,7 @@ def handlers():
 
 
 def reset():
-    _state.update(listening=0, requested=None)
+    _state.update(listening=0, requested=None, peer=False)
 
 
 def listen(on=True):
@@ -91,7 +107,95 @@ def requested():
     return _state["requested"]
 
 
+def from_peer(signum):
+    """Another worker of the run was signalled: this one stops for it too."""
+    if _state["requested"] is None:
+        _state.update(requested=int(signum), peer=True)
+
+
 def stop(saved):
     """Raises `Stopped` for the signal received; `saved` says what was written."""
     signum = _state["requested"] or signal.SIGTERM
-    raise Stopped(signum, f"stopped by {_name(signum)}: {saved}; continue with --resume")
+    how = f"{_name(signum)} on another worker" if _state["peer"] else _name(signum)
+    raise Stopped(signum, f"stopped by {how}: {saved}; continue with --resume")
+
+
+class ClusterStop:
+    """The workers' agreement on the step to stop after (see the module docstring).
+
+    Every worker creates one per training loop (the same number of loops on each: keys
+    are numbered per process), calls `poll(step)` after each step with the same step
+    numbers, `finish()` after the loop, and `close()` at the end. `poll` and `finish`
+    return True when this worker must stop now (its own signal or a peer's)."""
+
+    ACK_TIMEOUT_MS = 120_000
+
+    def __init__(self, index, workers, context=None):
+        if context is None:
+            from tensorflow.python.eager import context as tf_context
+
+            context = tf_context.context()
+        self.ctx, self.index, self.workers = context, int(index), int(workers)
+        self.prefix = f"attention_zoo/stop/{next(_sessions)}"
+        self.target = None  # (step, signum) published by the signalled worker
+        self.claimed = False
+        self._closing = threading.Event()
+        self._thread = threading.Thread(target=self._watch, daemon=True,
+                                        name=f"zoo-stop-watcher-{self.index}")
+        self._thread.start()
+
+    def _watch(self):
+        while not self._closing.is_set():
+            started = time.monotonic()
+            try:
+                value = self.ctx.get_config_key_value(self.prefix + "/target", 500)
+            except Exception:  # noqa: BLE001  (not set yet: DeadlineExceeded; look again)
+                if time.monotonic() - started < 0.25:  # an error, not the timeout: no busy loop
+                    time.sleep(0.25)
+                continue
+            step, signum = (int(v) for v in value.split(":"))
+            self.target = (step, signum)
+            try:
+                self.ctx.set_config_key_value(f"{self.prefix}/ack/{self.index}", "1")
+            except Exception as e:  # noqa: BLE001
+                print(f"warning: cannot acknowledge the stop to the other workers: {e}", file=sys.stderr)
+            return
+
+    def _claim(self, step, signum):
+        """Publishes 'stop after step+1' and waits for every worker's acknowledgement."""
+        self.claimed = True
+        try:
+            self.ctx.set_config_key_value(self.prefix + "/target", f"{step + 1}:{int(signum)}")
+        except Exception:  # noqa: BLE001  (AlreadyExists: another worker claimed first)
+            return
+        self.target = self.target or (step + 1, int(signum))
+        for i in range(self.workers):
+            self.ctx.get_config_key_value(f"{self.prefix}/ack/{i}", self.ACK_TIMEOUT_MS)
+
+    def _own(self):
+        return _state["requested"] if not _state["peer"] else None
+
+    def poll(self, step):
+        own = self._own()
+        if own is not None and not self.claimed and self.target is None:
+            self._claim(step, own)
+        if self.target is not None and step >= self.target[0]:
+            from_peer(self.target[1])
+            return True
+        return False
+
+    def finish(self):
+        """After the loop: every worker's own signal (or the target) is exchanged once
+        more, so that a signal after the last poll stops every worker."""
+        own = self._own() or (self.target[1] if self.target is not None else 0)
+        self.ctx.set_config_key_value(f"{self.prefix}/end/{self.index}", str(int(own)))
+        signums = [int(self.ctx.get_config_key_value(f"{self.prefix}/end/{i}", self.ACK_TIMEOUT_MS))
+                   for i in range(self.workers)]
+        first = next((s for s in signums if s), 0)
+        if first:
+            from_peer(first)
+        return bool(first)
+
+    def close(self):
+        self._closing.set()
+        self._thread.join(timeout=2.0)
