@@ -55,16 +55,11 @@ def clean_stale(directory):
 def check_target(path, flag="--out"):
     """Before any export work: `path`'s nearest existing ancestor must be a directory
     this process can write into (an --out under a file, or in a read-only directory,
-    is bad input). Raises export.errors.UsageError."""
-    from export.errors import UsageError
+    is bad input; zoo/run_lock.py's check_writable_ancestor). Raises
+    export.errors.UsageError."""
+    from export import runlock
 
-    parent = os.path.dirname(os.path.abspath(path))
-    while not os.path.exists(parent) and os.path.dirname(parent) != parent:
-        parent = os.path.dirname(parent)
-    if not os.path.isdir(parent):
-        raise UsageError(f"{flag} {path}: {parent} is not a directory")
-    if not os.access(parent, os.W_OK | os.X_OK):
-        raise UsageError(f"{flag} {path}: {parent} is not writable")
+    runlock.check_writable_ancestor(path, flag)
 
 
 def temp_path(target, directory=False):

@@ -2,7 +2,6 @@
 with one line naming the holder's PID (exit 2); a lock left by a dead process is taken
 over; the lock file goes away with its holder's command."""
 
-import inspect
 import os
 import signal
 import subprocess
@@ -93,10 +92,44 @@ def test_train_holds_its_run_directory_and_releases_it(tmp_path):
     assert not (out / ".zoo-lock").exists() and runlock.holder(str(out)) is None
 
 
-def test_the_train_and_export_copies_of_the_lock_agree():
+def test_train_and_export_use_the_one_lock_module():
+    """zoo/run_lock.py, loaded once whichever side comes first, without importing the zoo
+    package (its __init__ imports Keras) on train's and export's fast paths."""
     from export import runlock as export_lock
     from train import runlock as train_lock
 
-    assert export_lock.LOCK_NAME == train_lock.LOCK_NAME
-    for name in ("_read_pid", "holder", "acquire", "release", "release_all"):
-        assert inspect.getsource(getattr(export_lock, name)) == inspect.getsource(getattr(train_lock, name)), name
+    shared = sys.modules["zoo.run_lock"]
+    for name in ("LOCK_NAME", "LockedError", "holder", "acquire", "release", "release_all"):
+        assert getattr(export_lock, name) is getattr(train_lock, name) is getattr(shared, name), name
+    probe = _cli("-c", f"import sys; sys.path.insert(0, {ROOT!r}); from train import runlock; "
+                       f"from export import runlock as e; import zoo.run_lock as z; "
+                       f"print(runlock.acquire is e.acquire is z.acquire, 'keras' in sys.modules)")
+    assert probe.stdout.split() == ["True", "True"], probe.stderr
+    probe = _cli("-c", f"import sys; sys.path.insert(0, {ROOT!r}); from train import rundir; "
+                       f"from export import atomic, runlock; print(sorted({{'keras', 'tensorflow', 'zoo'}} "
+                       f"& set(sys.modules)))")
+    assert probe.stdout.strip() == "[]", probe.stderr
+
+
+def test_one_writable_ancestor_check_keeps_each_cli_s_message(tmp_path, monkeypatch):
+    """train, export and the zoo CLIs share zoo.run_lock.check_writable_ancestor; their
+    messages are unchanged (os.access patched: root writes anywhere)."""
+    from export import atomic
+    from export.errors import UsageError as ExportUsage
+    from train import rundir
+    from train.errors import UsageError as TrainUsage
+    from zoo import cli_input
+
+    (tmp_path / "file").write_text("x")
+    target = str(tmp_path / "file" / "out")
+    for check, error in ((rundir.check_creatable, TrainUsage), (atomic.check_target, ExportUsage),
+                         (cli_input.check_out_file, cli_input.UsageError)):
+        with pytest.raises(error, match=f"^--out {target}: {tmp_path / 'file'} is not a directory$"):
+            check(target)
+    monkeypatch.setattr(os, "access", lambda path, mode: False)
+    target = str(tmp_path / "new" / "out")
+    with pytest.raises(TrainUsage, match=f"^--out {target}: cannot create it, {tmp_path} is not writable$"):
+        rundir.check_creatable(target)
+    for check, error in ((atomic.check_target, ExportUsage), (cli_input.check_out_file, cli_input.UsageError)):
+        with pytest.raises(error, match=f"^--out {target}: {tmp_path} is not writable$"):
+            check(target)

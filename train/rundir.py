@@ -88,14 +88,8 @@ def lock(path):
 
 def check_creatable(path, flag="--out"):
     """`path` does not exist yet: its nearest existing ancestor must be a directory this
-    process can write into (found before any work, not when the first file is written)."""
-    parent = os.path.dirname(os.path.abspath(path))
-    while not os.path.exists(parent) and os.path.dirname(parent) != parent:
-        parent = os.path.dirname(parent)
-    if not os.path.isdir(parent):
-        raise UsageError(f"{flag} {path}: {parent} is not a directory")
-    if not os.access(parent, os.W_OK | os.X_OK):
-        raise UsageError(f"{flag} {path}: cannot create it, {parent} is not writable")
+    process can write into (zoo/run_lock.py's check_writable_ancestor)."""
+    runlock.check_writable_ancestor(path, flag, UsageError, creating=True)
 
 
 def create_run_dir(path, kind):

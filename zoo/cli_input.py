@@ -56,14 +56,10 @@ def tflite_interpreter(path):
 
 def check_out_file(path, flag="--out"):
     """Before any work: the nearest existing ancestor of the file `path` must be a
-    directory this process can write into."""
-    parent = os.path.dirname(os.path.abspath(path))
-    while not os.path.exists(parent) and os.path.dirname(parent) != parent:
-        parent = os.path.dirname(parent)
-    if not os.path.isdir(parent):
-        raise UsageError(f"{flag} {path}: {parent} is not a directory")
-    if not os.access(parent, os.W_OK | os.X_OK):
-        raise UsageError(f"{flag} {path}: {parent} is not writable")
+    directory this process can write into (zoo.run_lock.check_writable_ancestor)."""
+    from zoo.run_lock import check_writable_ancestor
+
+    check_writable_ancestor(path, flag, UsageError)
 
 
 def check_utf8(texts, what="argument"):
