@@ -543,3 +543,31 @@ def test_every_step_checkpoint_damaged_and_no_epoch_end_state_is_refused(tmp_pat
     capsys.readouterr()
     engine.fit(_tiny_classifier(), _batches(4), epochs=2, initial_epoch=1, verbose=0, checkpoint_dir=str(tmp_path))
     assert "falling back to the state at the end of epoch 1" in capsys.readouterr().err
+
+
+def test_recover_repairs_state_json_and_follows_the_best_weights_copy(tmp_path, capsys):
+    """RunCheckpoint's files: state.json damaged is written again from last.keras's
+    record; best.weights.h5 damaged falls back to the previous best, and the state's
+    best epoch and accuracy follow the weights in place."""
+    from train.tagger_fit import BEST, STATE, RunCheckpoint, read_state, recover
+
+    model = _tiny_classifier()
+    model(np.zeros((1, 4), "float32"))
+    callback = RunCheckpoint(str(tmp_path), {"epoch": 0, "best_val_acc": None, "best_epoch": None,
+                                             "train_seconds": 0.0})
+    callback.set_model(model)
+    callback.on_train_begin()
+    callback.on_epoch_end(0, {"val_acc": 0.5, "loss": 1.0})
+    callback.on_epoch_end(1, {"val_acc": 0.9, "loss": 0.5})
+    want = read_state(str(tmp_path))
+    assert (want["epoch"], want["best_epoch"], want["best_val_acc"]) == (2, 2, 0.9)
+    (tmp_path / STATE).write_text('{"epoch": 2, "hist')
+    recover(str(tmp_path))
+    assert read_state(str(tmp_path)) == want and capsys.readouterr().err == ""
+    _damage(tmp_path / BEST, "corrupted")
+    recover(str(tmp_path))
+    assert capsys.readouterr().err.strip().endswith("fails its SHA-256 checksum (damaged); "
+                                                    "falling back to best.prev.weights.h5")
+    state = read_state(str(tmp_path))
+    assert (state["epoch"], state["best_epoch"], state["best_val_acc"]) == (2, 1, 0.5)
+    model.load_weights(tmp_path / BEST)  # the copy in place loads
