@@ -27,6 +27,19 @@ EMA_MOMENTUM = 0.5  # low, so a few steps move the average far from the initial 
 
 
 def main():
+    from train import preemption
+
+    # SIGTERM / SIGINT as under python -m train: the handlers go in before the strategy
+    # starts TensorFlow's runtime (which installs its own SIGTERM handler).
+    try:
+        with preemption.handlers():
+            run()
+    except preemption.Stopped as e:
+        print(e, flush=True)
+        sys.exit(e.code)
+
+
+def run():
     p = argparse.ArgumentParser()
     p.add_argument("--strategy", default="default")
     p.add_argument("--out", required=True)
@@ -80,16 +93,9 @@ def main():
         from train import checkpoint
 
         initial = checkpoint.latest(ckpt)[1]["epoch"]
-    from train import preemption
-
-    try:
-        with preemption.handlers():  # SIGTERM / SIGINT as under python -m train
-            engine.fit(model, lambda e: Batches(encoded["train"], GLOBAL_BATCH, shuffle=True, seed=[0, e]),
-                       validation_data=Batches(encoded["dev"], 8), epochs=args.epochs, initial_epoch=initial,
-                       callbacks=[Dump()], verbose=0, checkpoint_dir=ckpt, resume=args.resume)
-    except preemption.Stopped as e:
-        print(e, flush=True)
-        sys.exit(e.code)
+    engine.fit(model, lambda e: Batches(encoded["train"], GLOBAL_BATCH, shuffle=True, seed=[0, e]),
+               validation_data=Batches(encoded["dev"], 8), epochs=args.epochs, initial_epoch=initial,
+               callbacks=[Dump()], verbose=0, checkpoint_dir=ckpt, resume=args.resume)
     print("replicas", distribute.get().num_replicas_in_sync, flush=True)
 
 

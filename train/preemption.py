@@ -67,9 +67,11 @@ def handlers():
         return
     previous = {s: signal.signal(s, _handler) for s in SIGNALS}
     reset()
+    _state["installed"] = True
     try:
         yield
     finally:
+        _state["installed"] = False
         for s, old in previous.items():
             signal.signal(s, old)
         reset()
@@ -81,6 +83,13 @@ def reset():
 
 def listen(on=True):
     """Marks the start (on) or end (off) of a loop that polls `requested()`."""
+    if on and _state.get("installed") and threading.current_thread() is threading.main_thread():
+        # Ours again: TensorFlow's runtime for several workers (started after `handlers()`
+        # by the strategy) puts its own C++ SIGTERM handler in place, which swallows the
+        # signal (seen: a SIGTERM to a worker of `python -m train --strategy multi_worker`
+        # left both workers training to the end).
+        for s in SIGNALS:
+            signal.signal(s, _handler)
     _state["listening"] = max(0, _state["listening"] + (1 if on else -1))
 
 
