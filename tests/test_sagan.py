@@ -210,6 +210,41 @@ def test_learning_rates_fall_linearly_over_the_second_half_of_the_budget(tiny_ru
         np.testing.assert_allclose(saved[name], expected, rtol=1e-6, err_msg=name)
 
 
+def _grid_of(model_path, config):
+    import keras
+
+    from train.sagan_run import _fixed_latents
+
+    g = keras.models.load_model(model_path, compile=False)
+    fixed = _fixed_latents(config["model"], config["train"]["seed"])
+    return np.asarray(g.predict_on_batch(fixed))
+
+
+def _png(path):
+    from PIL import Image
+
+    return np.asarray(Image.open(path), dtype=np.int16)
+
+
+def test_model_keras_is_the_epoch_with_the_lowest_quick_fid(tiny_run, tmp_path):
+    """--keep best (default): model.keras is the sampler of the epoch whose quick FID was
+    lowest; its sample grid is that epoch's samples/epoch_NNN.png."""
+    from train.sagan_figures import save_sample_grid
+    from train.sagan_run import GRID_COLUMNS
+
+    metrics = json.load(open(os.path.join(tiny_run, "metrics.json")))
+    config = json.load(open(os.path.join(tiny_run, "config.json")))
+    kept = int(np.argmin(metrics["fid_quick_history"])) + 1
+    assert metrics["keep"] == "best" and metrics["kept_epoch"] == kept
+    save_sample_grid(_grid_of(os.path.join(tiny_run, "model.keras"), config), GRID_COLUMNS,
+                     str(tmp_path / "grid.png"))
+    ours = _png(tmp_path / "grid.png")
+    assert np.abs(ours - _png(os.path.join(tiny_run, "samples", f"epoch_{kept:03d}.png"))).max() <= 1
+    for other in range(1, len(metrics["fid_quick_history"]) + 1):
+        if other != kept:  # a different epoch's grid differs (the comparison can fail)
+            assert np.abs(ours - _png(os.path.join(tiny_run, "samples", f"epoch_{other:03d}.png"))).max() > 1
+
+
 def test_resume_continues_from_the_checkpoint(tiny_run, tmp_path):
     import shutil
 
@@ -222,6 +257,9 @@ def test_resume_continues_from_the_checkpoint(tiny_run, tmp_path):
     assert state["epoch"] == 3 and len(state["history"]) == 3 and state["d_steps"] == 24
     assert state["history"][:2] == json.load(
         open(os.path.join(tiny_run, "checkpoints", "state.json")))["history"]
+    # The kept generator travels in the checkpoint: the best of all three epochs is kept.
+    metrics = json.load(open(os.path.join(copy, "metrics.json")))
+    assert metrics["kept_epoch"] == int(np.argmin(metrics["fid_quick_history"])) + 1
 
 
 def test_generator_export_gpu_clean_and_equal_to_keras(tiny_run, tmp_path):

@@ -30,6 +30,9 @@ def add_arguments(parser):
     add("--lr-decay-from", type=float, default=0.5, metavar="FRACTION",
         help="from this fraction of the budget (--max-minutes or --epochs, whichever ends the "
              "run), both learning rates fall linearly to 0 at its end (default 0.5; 1 = constant)")
+    add("--keep", choices=("best", "last"), default="best",
+        help="the generator model.keras holds: best (the epoch with the lowest quick FID, "
+             "--epoch-eval-samples images) or last (default best)")
     add("--beta1", type=float, default=0.0, help="Adam beta_1 (default 0)")
     add("--beta2", type=float, default=0.9, help="Adam beta_2 (default 0.9)")
     add("--ema", type=float, default=0.999, metavar="DECAY",

@@ -57,6 +57,7 @@ STATE_NPZ = "state.npz"
 STATE_JSON = "state.json"
 STATE_PREV = "state.prev.npz"
 _STATE_KEY = "__state__"
+_BEST = "__best__/"
 _D_NOISE, _G_NOISE = 0, 1
 
 
@@ -101,6 +102,7 @@ class SaganTrainer:
         self.g, self.d, self.ema = generator, discriminator, ema
         self.lr_g, self.lr_d = float(lr_g), float(lr_d)
         self._lr_scale = None  # unknown until set (a restored checkpoint carries its own)
+        self.best = None  # {canonical variable key: value} of the kept sampler, saved with the state
         self.num_classes = num_classes
         self.latent_dim = latent_dim
         self.n_dis = n_dis
@@ -136,6 +138,25 @@ class SaganTrainer:
             for optimizer, base in ((self.g_opt, self.lr_g), (self.d_opt, self.lr_d)):
                 _inner(optimizer).learning_rate.assign(base * scale)
             self._lr_scale = scale
+
+    def remember_best(self, model):
+        """Keeps a copy of `model`'s weights (the sampling generator at its best epoch so
+        far); `save` writes it with the state, keyed like the checkpoint's variables."""
+        keys = checkpoint.canonical(checkpoint.variable_paths(model.variables))
+        self.best = {k: np.array(v.numpy()) for k, v in zip(keys, model.variables)}
+
+    def apply_best(self, model):
+        """Puts the kept weights into `model`; False when none are kept."""
+        if not self.best:
+            return False
+        keys = checkpoint.canonical(checkpoint.variable_paths(model.variables))
+        missing = [k for k in keys if k not in self.best]
+        if missing or len(keys) != len(self.best):
+            raise UsageError(f"the kept best generator does not fit this model "
+                             f"({(missing or sorted(set(self.best) - set(keys)))[0]!r} differs)")
+        for key, v in zip(keys, model.variables):
+            v.assign(self.best[key])
+        return True
 
     # ------------------------------------------------------------ steps
     def _g_inputs(self, noise, labels):
@@ -283,7 +304,8 @@ class SaganTrainer:
         # between the two files' renames still resumes from a matching pair.
         arrays = checkpoint.pack(self._groups(), refs=self._refs(),
                                  config=checkpoint.config_hash(self.g, self.d),
-                                 extra={_STATE_KEY: np.array(json.dumps(state))})
+                                 extra={_STATE_KEY: np.array(json.dumps(state)),
+                                        **{_BEST + k: v for k, v in (self.best or {}).items()}})
         checkpoint.write_npz(os.path.join(directory, STATE_NPZ), arrays,
                              previous=os.path.join(directory, STATE_PREV))
         atomic_write_json(os.path.join(directory, STATE_JSON), state)
@@ -307,6 +329,7 @@ class SaganTrainer:
                 checkpoint.unpack(path, saved, self._groups(), refs=self._refs(),
                                   config=checkpoint.config_hash(self.g, self.d),
                                   optional=("g_scale", "d_scale"))
+            self.best = {k[len(_BEST):]: v for k, v in saved.items() if k.startswith(_BEST)} or None
             if _STATE_KEY in saved:
                 return json.loads(str(saved[_STATE_KEY]))
             return read_json(os.path.join(directory, STATE_JSON))

@@ -64,7 +64,8 @@ def _train_config(args, data_seed=None):
     return {**data_flags(args), "data_seed": args.seed if data_seed is None else data_seed, "epochs": DEFAULT_EPOCHS if args.epochs is None else args.epochs,
             "batch_size": args.batch_size, "n_dis": args.n_dis, "lr_g": args.lr_g, "lr_d": args.lr_d,
             "beta1": args.beta1, "beta2": args.beta2, "ema": args.ema, "mode_seeking": args.mode_seeking,
-            "class_loss": args.class_loss, "lr_decay_from": args.lr_decay_from, "verbose": str(args.verbose),
+            "class_loss": args.class_loss, "lr_decay_from": args.lr_decay_from,
+            "keep": args.keep, "verbose": str(args.verbose),
             "eval_samples": args.eval_samples, "epoch_eval_samples": args.epoch_eval_samples,
             "classifier_epochs": args.classifier_epochs, "max_minutes": args.max_minutes,
             "unconditional": bool(args.unconditional)}
@@ -228,6 +229,14 @@ def _trainer(g, d, ema, model_cfg, train_cfg):
     return trainer
 
 
+def _improves(entry, state):
+    """Whether this epoch's sampler is the best so far: the lowest quick FID (1,000
+    images of fresh noise against real training images; the final evaluation draws
+    other noise). GAN runs swing late; this keeps a good epoch instead of the last."""
+    fid = entry.get("fid_quick")
+    return fid is not None and (state.get("best_fid_quick") is None or fid < state["best_fid_quick"])
+
+
 def lr_scale(progress, decay_from):
     """The learning rates' factor at `progress` (the budget's fraction done: steps of
     --epochs or minutes of --max-minutes, whichever is further): 1 until `decay_from`,
@@ -335,6 +344,9 @@ def _fit_and_finish(out, config, data, g, d, ema, classifier, classifier_report,
         entry = {"epoch": epoch + 1, "steps": done, **means, **quick_eval()}
         state["history"].append(entry)
         state["epoch"] = epoch + 1
+        if train_cfg.get("keep", "last") == "best" and _improves(entry, state):
+            trainer.remember_best(sampler)  # quick_eval refreshed it
+            state["best_epoch"], state["best_fid_quick"] = epoch + 1, entry["fid_quick"]
         skip, sums = 0, {}
         images = np.asarray(sampling.refresh().predict_on_batch(fixed))
         save_sample_grid(images, GRID_COLUMNS, os.path.join(samples_dir, f"epoch_{epoch + 1:03d}.png"))
@@ -355,6 +367,9 @@ def _fit_and_finish(out, config, data, g, d, ema, classifier, classifier_report,
             break
     preemption.done_listening(f"wrote {os.path.join(ckpt, 'state.npz')} at the end of epoch {state['epoch']}")
     sampling.refresh()
+    if train_cfg.get("keep", "last") == "best" and trainer.apply_best(sampler):
+        print(f"keeping the generator of epoch {state['best_epoch']} (quick FID "
+              f"{state['best_fid_quick']}, the lowest of the run)", file=sys.stderr, flush=True)
     distribution = {**dist.describe(), "jit_compile": trainer.jit_compile}
     return _finish(out, config, data, g, d, sampler, classifier, classifier_report, state, stopped,
                    distribution)
@@ -381,7 +396,9 @@ def _finish(out, config, data, g, d, sampler, classifier, classifier_report, sta
         g_loss=state["history"][-1].get("g_loss") if state["history"] else None,
         epochs=state["epoch"], d_steps=state["d_steps"], train_seconds=round(seconds, 1),
         images_per_second=round(state["d_steps"] * train_cfg["batch_size"] / seconds, 1) if seconds else None,
-        stopped_by_time_limit=bool(stopped), attention_resolution=model_cfg["attention_resolution"],
+        stopped_by_time_limit=bool(stopped), keep=train_cfg.get("keep", "last"),
+        kept_epoch=state.get("best_epoch", state["epoch"]) if train_cfg.get("keep") == "best"
+        else state["epoch"], attention_resolution=model_cfg["attention_resolution"],
         distribution=distribution,
         params_g=int(g.count_params()), params_d=int(d.count_params()), ema=train_cfg["ema"],
     )
