@@ -1,6 +1,6 @@
 """One flag per concept across the train commands (`--jit-compile`, `--ema`,
 `--verbose`, `--seed`, `--out`, `--config`), with the earlier names kept as hidden
-aliases that set the same option."""
+aliases that set the same option; `--verbose` on the export and zoo.* commands too."""
 
 import importlib
 
