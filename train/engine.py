@@ -507,10 +507,6 @@ def fit(model, train_data, *, epochs, initial_epoch=0, validation_data=None, cal
                          "epoch_complete": complete, "steps_per_epoch": steps,
                          "partial_loss": [total, count], "strategy": dist.describe()})
 
-    # Several workers agree on the step to stop after (one was signalled, all stop).
-    index, workers = dist.worker()
-    cluster = preemption.ClusterStop(index, workers) if workers > 1 else None
-
     def signalled():
         if cluster is not None:
             return cluster.poll(global_step)
@@ -525,6 +521,9 @@ def fit(model, train_data, *, epochs, initial_epoch=0, validation_data=None, cal
     model.stop_training = False
     cbs.on_train_begin()
     logs = {}
+    # Several workers agree on the step to stop after (one was signalled, all stop).
+    index, workers = dist.worker()
+    cluster = preemption.ClusterStop(index, workers) if workers > 1 else None
     with preemption.listening(), contextlib.ExitStack() as cleanup:
         if cluster is not None:
             cleanup.callback(cluster.close)
