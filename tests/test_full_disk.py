@@ -171,3 +171,40 @@ def test_tflite_and_sidecar_on_a_full_disk(dense, monkeypatch):
     with pytest.raises(OSError, match="No space left"):
         tflite.export_tflite(model, str(out), quantize="fp16")
     assert _state(out.parent) == before
+
+
+@pytest.mark.parametrize("fails", ["file", "record"])
+def test_checked_files_on_a_full_disk(tmp_path, monkeypatch, fails):
+    """last.keras / best.weights.h5 / classifier.keras (train.checkpoint.save_checked):
+    the disk fills while the new file or its checksum record is written. The file in
+    place and its record are untouched and still match; the previous copy is either
+    unchanged or the same pair; no temporary file is left."""
+    import pathlib
+
+    from train import checkpoint
+
+    path = str(tmp_path / "last.keras")
+    for i in (1, 2):
+        checkpoint.save_checked(path, lambda tmp, i=i: pathlib.Path(tmp).write_bytes(bytes([i]) * 500),
+                                meta={"i": i})
+    before = _state(tmp_path)
+    if fails == "file":
+        def write(tmp):
+            with _FillingFile(open(tmp, "wb")) as f:
+                f.write(bytes([3]) * 500)
+    else:
+        def write(tmp):
+            pathlib.Path(tmp).write_bytes(bytes([3]) * 500)
+
+        atomic = checkpoint._atomic
+        monkeypatch.setattr(checkpoint, "_atomic", lambda p, w, mode: _full_disk() if p.endswith(".sha256")
+                            else atomic(p, w, mode))
+    with pytest.raises(OSError, match="No space left"):
+        checkpoint.save_checked(path, write, meta={"i": 3})
+    after = _state(tmp_path)
+    assert set(after) == set(before)  # no temporary file
+    assert after["last.keras"] == before["last.keras"] and after["last.keras.sha256"] == before["last.keras.sha256"]
+    assert (after["last.prev.keras"], after["last.prev.keras.sha256"]) in (
+        (before["last.prev.keras"], before["last.prev.keras.sha256"]),
+        (before["last.keras"], before["last.keras.sha256"]))
+    assert checkpoint.recover(path) == ({"i": 2}, False)
