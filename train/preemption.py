@@ -111,8 +111,10 @@ def done_listening(saved):
 
 
 def requested():
-    """The signal received while listening, or None (this process's own: under
-    several workers a signal to one worker is not yet shared with the others)."""
+    """The signal received while listening, or None: this process's own, or a peer's
+    once `ClusterStop` agreed on it. A loop that polls only this under several workers
+    (the SAGAN's, train/sagan_run.py) does not share a signal with the other workers:
+    engine.fit does, through `ClusterStop`."""
     return _state["requested"]
 
 
@@ -178,8 +180,11 @@ class ClusterStop:
         except Exception:  # noqa: BLE001  (AlreadyExists: another worker claimed first)
             return
         self.target = self.target or (step + 1, int(signum))
-        for i in range(self.workers):
-            self.ctx.get_config_key_value(f"{self.prefix}/ack/{i}", self.ACK_TIMEOUT_MS)
+        try:
+            for i in range(self.workers):
+                self.ctx.get_config_key_value(f"{self.prefix}/ack/{i}", self.ACK_TIMEOUT_MS)
+        except Exception:  # noqa: BLE001  (a worker that does not answer is gone: stop anyway)
+            pass
 
     def _own(self):
         return _state["requested"] if not _state["peer"] else None
