@@ -217,21 +217,38 @@ def filter_logits(logits, temperature=1.0, top_k=None, top_p=None):
     return logits
 
 
+def _uniform(shape, seed, step):
+    """Uniform (0, 1) float32 `[B, V]` from a counter hash of (seed, step, row,
+    column): integer ops only (two murmur3 finalisers), so the bits are the same
+    eagerly, under XLA and on any device, which TensorFlow's stateless Philox
+    ops are not (XLA's stream differs from the CPU kernel's)."""
+    def counter(n, axis):
+        index = ops.cast(ops.arange(n, dtype="int32"), "uint32")
+        return ops.reshape(index, (-1, 1) if axis == 0 else (1, -1))
+
+    x = (ops.cast(seed, "uint32") * np.uint32(0x9E3779B1) + ops.cast(step, "uint32") * np.uint32(0x85EBCA77)
+         + counter(shape[0], 0) * np.uint32(0xC2B2AE3D) + counter(shape[1], 1) * np.uint32(0x27D4EB2F))
+    for _ in range(2):
+        x = x ^ ops.right_shift(x, np.uint32(16))
+        x = x * np.uint32(0x85EBCA6B)
+        x = x ^ ops.right_shift(x, np.uint32(13))
+        x = x * np.uint32(0xC2B2AE35)
+        x = x ^ ops.right_shift(x, np.uint32(16))
+    return (ops.cast(ops.right_shift(x, np.uint32(8)), "float32") + 0.5) * (1.0 / 2**24)
+
+
 def sample(model, source_ids, seed, temperature=1.0, top_k=None, top_p=None, max_length=None):
     """Ancestral sampling with the cached decoder. source ids int32 `[B, S]` ->
     ids `[B, max_length]`. `seed` (int32 scalar tensor or int) fixes the draws:
-    step i uses the stateless seed `(seed, i)` (Gumbel-max on the filtered
-    logits), so equal seeds give equal outputs under XLA and without it."""
-    import tensorflow as tf
-
+    step i takes Gumbel noise (Gumbel-max on the filtered logits) from
+    `_uniform`'s hash of `(seed, i, row, token)`, so equal seeds give equal
+    outputs under XLA and without it, and with `zoo.load`'s TFLite step model."""
     _check_sampling(temperature, top_k, top_p)
     seed = ops.cast(seed, "int32")
 
     def pick(logits, i):
         logits = filter_logits(logits, temperature, top_k, top_p)
-        uniform = tf.random.stateless_uniform(tf.shape(logits), seed=tf.stack([seed, i]),
-                                              minval=1e-20, maxval=1.0)
-        return _argmax(logits - ops.log(-ops.log(uniform)))
+        return _argmax(logits - ops.log(-ops.log(_uniform(ops.shape(logits), seed, i))))
 
     return _decode(model, source_ids, max_length, pick)
 
