@@ -7,7 +7,7 @@ import pytest
 
 import zoo
 from zoo import decoding, samplers
-from zoo.tokenization import BOS_ID, EOS_ID
+from zoo.tokenization import BOS_ID, EOS_ID, PAD_ID
 
 VOCAB = 24
 LENGTH = 10
@@ -264,18 +264,19 @@ def test_filter_logits_keeps_the_reference_tokens(temperature, top_k, top_p):
 def test_sampled_first_tokens_follow_the_filtered_softmax():
     """4000 draws of the first token: frequencies within 4 standard errors of the
     temperature-scaled, top-k-filtered softmax of the full decoder; filtered
-    tokens never drawn."""
+    tokens (and PAD, BOS) never drawn."""
     model = _trained("preln-sinusoidal-shared")
     n = 4000
     src = np.repeat(_source()[:1], n, axis=0)
-    logits = full_logits(model, src[:1], [[BOS_ID]])[0, -1]
+    logits = np.array(full_logits(model, src[:1], [[BOS_ID]])[0, -1], "float64")
+    logits[[PAD_ID, BOS_ID]] = -np.inf  # never outputs
     scaled, keep = _reference_filter(logits[None], 3.0, 6, None)
     p = np.where(keep[0], np.exp(scaled[0] - scaled[0].max()), 0.0)
     p /= p.sum()
     assert p.max() < 0.6, "too peaked to test the distribution"
     first = np.asarray(decoding.sample(model, src, 7, temperature=3.0, top_k=6, max_length=1))[:, 0]
     freq = np.bincount(first, minlength=VOCAB) / n
-    assert np.all(freq[p == 0] == 0)
+    assert np.all(freq[p == 0] == 0) and freq[PAD_ID] == 0 and freq[BOS_ID] == 0
     np.testing.assert_array_less(np.abs(freq - p), 4 * np.sqrt(p * (1 - p) / n) + 1e-3)
 
 

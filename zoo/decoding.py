@@ -240,13 +240,18 @@ def _uniform(shape, seed, step):
 def sample(model, source_ids, seed, temperature=1.0, top_k=None, top_p=None, max_length=None):
     """Ancestral sampling with the cached decoder. source ids int32 `[B, S]` ->
     ids `[B, max_length]`. `seed` (int32 scalar tensor or int) fixes the draws:
-    step i takes Gumbel noise (Gumbel-max on the filtered logits) from
+    step i takes Gumbel noise (Gumbel-max on the filtered logits, PAD and BOS
+    excluded) from
     `_uniform`'s hash of `(seed, i, row, token)`, so equal seeds give equal
     outputs under XLA and without it, and with `zoo.load`'s TFLite step model."""
     _check_sampling(temperature, top_k, top_p)
     seed = ops.cast(seed, "int32")
 
     def pick(logits, i):
+        # PAD and BOS are never outputs: a drawn PAD mid-row would end the row unscored.
+        special = ops.logical_or(ops.equal(ops.arange(logits.shape[-1]), PAD_ID),
+                                 ops.equal(ops.arange(logits.shape[-1]), BOS_ID))
+        logits = ops.where(special[None, :], _NEG, ops.cast(logits, "float32"))
         logits = filter_logits(logits, temperature, top_k, top_p)
         return _argmax(logits - ops.log(-ops.log(_uniform(ops.shape(logits), seed, i))))
 
