@@ -1,8 +1,9 @@
 """SIGTERM / SIGINT during training: the run finishes its step, writes a checkpoint,
 exits 143 / 130 with one line, and `--resume` ends where an uninterrupted run ends.
 
-Real processes receive real signals (tagger, seq2seq). The SAGAN's loop is checked in
-tests/test_sagan_checkpoint.py (a signal sent to the test process itself)."""
+Real processes receive real signals (tagger, seq2seq, two workers of the tagger and of
+the SAGAN). The SAGAN's one-process resume is checked in tests/test_sagan_checkpoint.py
+(a signal sent to the test process itself)."""
 
 import json
 import os
@@ -196,3 +197,53 @@ def test_sigterm_to_one_of_two_workers_stops_both_and_resumes_in_one_process(tmp
     for kind in ("weights", "averaged"):
         _assert_same(_weights(tmp_path / "multi" / f"{kind}-e{epochs}-w0.npz"),
                      _weights(tmp_path / "single" / f"{kind}-e{epochs}-w0.npz"), atol=1e-4)
+
+
+def test_sigterm_to_one_of_two_sagan_workers_stops_both_at_one_step(tmp_path):
+    """The SAGAN loop shares a signal the same way (ClusterStop): SIGTERM to the worker
+    stops both after the same D step; the chief's checkpoint records that step, both
+    exit 143 with one line, and --resume on one device finishes the run."""
+    from tests.test_distributed import TIMEOUT, _free_ports
+    from tests.test_sagan_distributed import TINY as SAGAN_TINY
+
+    epochs = 12  # 4 D steps each: far more than the first checkpoint needs
+    ports = _free_ports(2)
+    cluster = {"worker": [f"127.0.0.1:{p}" for p in ports]}
+    out = tmp_path / "run"
+    cmd = [sys.executable, "-m", "train", "sagan", "--strategy", "multi_worker", "--out", str(out),
+           "--epochs", str(epochs), "--checkpoint-every", "2", "--verbose", "0", *SAGAN_TINY]
+    workers = []
+    for i in range(2):
+        env = _env()
+        env["TF_CONFIG"] = json.dumps({"cluster": cluster, "task": {"type": "worker", "index": i}})
+        workers.append(subprocess.Popen(cmd, cwd=ROOT, env=env, stdout=subprocess.DEVNULL,
+                                        stderr=subprocess.PIPE, text=True))
+    state = out / "checkpoints" / "state.json"
+    try:
+        deadline = time.monotonic() + TIMEOUT
+        while time.monotonic() < deadline and workers[1].poll() is None:
+            if state.exists():
+                workers[1].send_signal(signal.SIGTERM)
+                break
+            time.sleep(0.02)
+        errors = [p.communicate(timeout=TIMEOUT)[1] for p in workers]
+    finally:
+        for p in workers:
+            if p.poll() is None:
+                p.kill()
+                p.wait()
+    assert [p.returncode for p in workers] == [143, 143], [e[-3000:] for e in errors]
+    saved = read_json(state)
+    assert saved["epoch"] < epochs - 1, "the run ended before the signal"
+    lines = [e.strip().splitlines()[-1] for e in errors]
+    where = (f"at epoch {saved['epoch'] + 1}, batch {saved['batches_done']}" if saved.get("batches_done")
+             else f"at the end of epoch {saved['epoch']}")
+    npz = out / "checkpoints" / "state.npz"
+    assert lines[0] == f"stopped by SIGTERM on another worker: wrote {npz} {where}; continue with --resume", lines
+    assert lines[1] == f"stopped by SIGTERM: the chief wrote the checkpoint {where}; continue with --resume", lines
+    resumed = subprocess.run([sys.executable, "-m", "train", "sagan", "--out", str(out), "--resume",
+                              "--verbose", "0"], cwd=ROOT, env=_env(), capture_output=True, text=True,
+                             timeout=TIMEOUT)
+    assert resumed.returncode == 0, resumed.stderr[-3000:]
+    final = read_json(state)
+    assert final["epoch"] == epochs and final["d_steps"] == epochs * 4

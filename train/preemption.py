@@ -112,9 +112,8 @@ def done_listening(saved):
 
 def requested():
     """The signal received while listening, or None: this process's own, or a peer's
-    once `ClusterStop` agreed on it. A loop that polls only this under several workers
-    (the SAGAN's, train/sagan_run.py) does not share a signal with the other workers:
-    engine.fit does, through `ClusterStop`."""
+    once `ClusterStop` agreed on it. Under several workers a loop polls
+    `ClusterStop.poll` instead (engine.fit, train/sagan_run.py), which shares it."""
     return _state["requested"]
 
 

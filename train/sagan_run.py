@@ -260,12 +260,10 @@ def _fixed_latents(model_cfg, seed, rows=None):
 
 
 def _fit_and_finish(out, config, data, g, d, ema, classifier, classifier_report, state, trainer=None):
-    import keras
     import tensorflow as tf
 
     from train import strategy as dist
     from train.sagan_eval import Evaluator
-    from train.sagan_figures import save_progress_figure, save_sample_grid
 
     model_cfg, train_cfg = config["model"], config["train"]
     verbose = str(train_cfg.get("verbose", "auto"))
@@ -292,17 +290,57 @@ def _fit_and_finish(out, config, data, g, d, ema, classifier, classifier_report,
     if "initial_fid" not in state:  # a step checkpoint of epoch 1 already holds it
         state["initial_fid"] = quick_eval()["fid_quick"]
     fixed = _fixed_latents(model_cfg, train_cfg["seed"])
+    # A step checkpoint: the batches of state["epoch"] already trained, and their logs.
+    skip, sums = state.pop("batches_done", 0), state.pop("partial_logs", {})
+    from train import preemption  # SIGTERM / SIGINT: save the step, then stop (#23)
+
+    preemption.listen()
+    # Several workers agree on the step to stop after (one was signalled, all stop).
+    index, workers = dist.worker()
+    cluster = preemption.ClusterStop(index, workers) if workers > 1 else None
+    where = f"wrote {os.path.join(ckpt, 'state.npz')}" if chief else "the chief wrote the checkpoint"
+
+    def signalled():
+        if cluster is not None:
+            return cluster.poll(state["d_steps"])
+        return preemption.requested() is not None
+
+    try:
+        stopped = _epochs(trainer, state, sampling, data, train_cfg, model_cfg, quick_eval, fixed, writer,
+                          samples_dir, ckpt, chief, out, show_bar, skip, sums, signalled, where)
+        if cluster is not None and cluster.finish():  # a signal after the last step
+            preemption.stop(f"{where} at the end of epoch {state['epoch']}")
+    finally:
+        if cluster is not None:
+            cluster.close()
+    preemption.done_listening(f"{where} at the end of epoch {state['epoch']}")
+    sampling.refresh()
+    if train_cfg.get("keep", "last") == "best" and trainer.apply_best(sampler):
+        print(f"keeping the generator of epoch {state['best_epoch']} (quick FID "
+              f"{state['best_fid_quick']}, the lowest of the run)", file=sys.stderr, flush=True)
+    distribution = {**dist.describe(), "jit_compile": trainer.jit_compile}
+    return _finish(out, config, data, g, d, sampler, classifier, classifier_report, state, stopped,
+                   distribution)
+
+
+def _epochs(trainer, state, sampling, data, train_cfg, model_cfg, quick_eval, fixed, writer,
+            samples_dir, ckpt, chief, out, show_bar, skip, sums, signalled, where):
+    """The training epochs (until --epochs or --max-minutes); True when the time limit
+    ended them."""
+    import keras
+    import tensorflow as tf
+
+    from train import preemption
+    from train import strategy as dist
+    from train.sagan_figures import save_progress_figure, save_sample_grid
+
+    sampler = sampling.model
     batch = train_cfg["batch_size"]
     steps = max(1, len(data.train) // batch)
     limit = train_cfg["max_minutes"] * 60.0
     total_steps = max(1, steps * train_cfg["epochs"])
     every = dist.checkpoint_every()
     stopped = False
-    # A step checkpoint: the batches of state["epoch"] already trained, and their logs.
-    skip, sums = state.pop("batches_done", 0), state.pop("partial_logs", {})
-    from train import preemption  # SIGTERM / SIGINT: save the step, then stop (#23)
-
-    preemption.listen()
     for epoch in range(state["epoch"], train_cfg["epochs"]):
         if limit and state["train_seconds"] >= limit:
             stopped = True
@@ -331,11 +369,11 @@ def _fit_and_finish(out, config, data, g, d, ema, classifier, classifier_report,
             if every and state["d_steps"] % every == 0 and done < steps and chief:
                 trainer.save(ckpt, {**state, "batches_done": done, "partial_logs": sums,
                                     "train_seconds": state["train_seconds"] + time.perf_counter() - started})
-            if preemption.requested():
+            if signalled():
                 if chief:
                     trainer.save(ckpt, {**state, "batches_done": done, "partial_logs": sums,
                                         "train_seconds": state["train_seconds"] + time.perf_counter() - started})
-                preemption.stop(f"wrote {os.path.join(ckpt, 'state.npz')} at epoch {epoch + 1}, batch {done}")
+                preemption.stop(f"{where} at epoch {epoch + 1}, batch {done}")
             if limit and state["train_seconds"] + time.perf_counter() - started >= limit:
                 stopped = True
                 break
@@ -365,14 +403,7 @@ def _fit_and_finish(out, config, data, g, d, ema, classifier, classifier_report,
             save_progress_figure(state["history"], os.path.join(out, "progress.png"))
         if stopped:
             break
-    preemption.done_listening(f"wrote {os.path.join(ckpt, 'state.npz')} at the end of epoch {state['epoch']}")
-    sampling.refresh()
-    if train_cfg.get("keep", "last") == "best" and trainer.apply_best(sampler):
-        print(f"keeping the generator of epoch {state['best_epoch']} (quick FID "
-              f"{state['best_fid_quick']}, the lowest of the run)", file=sys.stderr, flush=True)
-    distribution = {**dist.describe(), "jit_compile": trainer.jit_compile}
-    return _finish(out, config, data, g, d, sampler, classifier, classifier_report, state, stopped,
-                   distribution)
+    return stopped
 
 
 def _finish(out, config, data, g, d, sampler, classifier, classifier_report, state, stopped,
