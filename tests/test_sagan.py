@@ -141,7 +141,7 @@ def test_fid_matches_closed_form_in_two_dimensions():
 # ---------------------------------------------------------------- tiny run
 TINY = ["--epochs", "2", "--train-size", "256", "--test-size", "128", "--eval-samples", "128",
         "--epoch-eval-samples", "128", "--classifier-epochs", "2", "--width", "8",
-        "--latent-dim", "16", "--seed", "1"]
+        "--latent-dim", "16", "--seed", "1", "--lr-decay-from", "0.5"]
 
 
 @pytest.fixture(scope="module")
@@ -200,7 +200,7 @@ def test_tiny_run_generator_follows_the_label_and_the_noise(tiny_run):
 
 
 def test_learning_rates_fall_linearly_over_the_second_half_of_the_budget(tiny_run):
-    """Default --lr-decay-from 0.5: constant rates for the first half of the steps, then
+    """--lr-decay-from 0.5 (TINY): constant rates for the first half of the steps, then
     linear to 0. The checkpoint holds the rates of the last step, D step 15 of 16
     (2 epochs of 256 // 32 batches; the 12-minute limit is far away): 2e-4 * (1/16) / 0.5."""
     saved = np.load(os.path.join(tiny_run, "checkpoints", "state.npz"))
