@@ -136,6 +136,17 @@ def test_sagan_state_keeps_the_previous_one_and_falls_back_to_it(tmp_path, capsy
     assert restored.restore(str(tmp_path))["epoch"] == 1
     assert "falling back to state.prev.npz" in capsys.readouterr().err
     assert all(np.array_equal(a, b) for a, b in zip(first, _values(restored)))
+    # A missing state.npz (deleted, lost in a copy) falls back too, and says so.
+    (tmp_path / "state.npz").unlink()
+    restored = _trainer()
+    assert restored.restore(str(tmp_path))["epoch"] == 1
+    assert capsys.readouterr().err.strip() == (
+        f"checkpoint {tmp_path / 'state.npz'} is missing; falling back to state.prev.npz")
+    (tmp_path / "state.prev.npz").write_bytes(b"not a zip")  # and nothing good is left
+    from train.errors import UsageError
+
+    with pytest.raises(UsageError, match="state.prev.npz cannot be read .*; no earlier checkpoint"):
+        _trainer().restore(str(tmp_path))
 
 
 def test_sagan_restore_refuses_other_variables_naming_the_first(tmp_path):

@@ -317,6 +317,8 @@ class SaganTrainer:
         for name in (STATE_NPZ, STATE_PREV):
             path = os.path.join(directory, name)
             if not os.path.exists(path):
+                if name == STATE_NPZ:
+                    damaged.append(f"checkpoint {path} is missing")
                 continue
             try:
                 saved = checkpoint.load_verified(path)
@@ -333,8 +335,10 @@ class SaganTrainer:
             if _STATE_KEY in saved:
                 return json.loads(str(saved[_STATE_KEY]))
             return read_json(os.path.join(directory, STATE_JSON))
-        raise UsageError(damaged[0] + "; no earlier checkpoint to fall back to" if damaged
-                         else f"no checkpoint in {directory}")
+        unreadable = [reason for reason in damaged if not reason.endswith("is missing")]
+        if unreadable:
+            raise UsageError(unreadable[0] + "; no earlier checkpoint to fall back to")
+        raise UsageError(f"no checkpoint in {directory}")
 
 
 def _inner(optimizer):
