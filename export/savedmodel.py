@@ -63,15 +63,24 @@ def _jsonable(value):
     return array.tolist()
 
 
+# Example bodies with more values than this (seq2seq's decode_step: KV caches)
+# are left out of signature.json; the signature's inputs and outputs stay.
+MAX_EXAMPLE_VALUES = 4096
+
+
 def rest_bodies(endpoint):
-    """The example as TF Serving REST bodies in row and columnar form."""
+    """The example as TF Serving REST bodies in row and columnar form; None for
+    a form that cannot carry it (row form: inputs without a shared batch
+    dimension) or an example of more than MAX_EXAMPLE_VALUES values."""
+    arrays = [np.asarray(v) for v in endpoint.example.values()]
+    if sum(a.size for a in arrays) > MAX_EXAMPLE_VALUES:
+        return None, None
     columns = {k: _jsonable(v) for k, v in endpoint.example.items()}
-    rows = len(next(iter(columns.values())))
-    instances = [{k: columns[k][i] for k in columns} for i in range(rows)]
-    return (
-        {"signature_name": endpoint.name, "instances": instances},
-        {"signature_name": endpoint.name, "inputs": columns},
-    )
+    instances = None
+    if all(a.ndim for a in arrays) and len({len(a) for a in arrays}) == 1:
+        instances = {"signature_name": endpoint.name,
+                     "instances": [{k: columns[k][i] for k in columns} for i in range(len(arrays[0]))]}
+    return instances, {"signature_name": endpoint.name, "inputs": columns}
 
 
 def _prove(tmp, endpoints):

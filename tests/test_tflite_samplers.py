@@ -1,13 +1,16 @@
 """`zoo.load("steps.tflite").generate(...)` runs every sampler on the exported
 `encode` / `decode_step` signatures, and gives what the Keras model gives from the
 run directory: the same tokens (greedy, beam n-best, seeded top-k / top-p draws)
-and the same scores up to float rounding. The greedy-only formats (one-file
-`greedy.tflite`, SavedModel) refuse the other samplers naming sampler and format."""
+and the same scores up to float rounding; so does a SavedModel through its
+`encode` / `decode_step` signatures (the same functions). The greedy-only formats
+(one-file `greedy.tflite`, a SavedModel without those signatures) refuse the other
+samplers naming sampler and format."""
 
 import numpy as np
 import pytest
 
 import zoo
+from export.savedmodel import export_savedmodel
 from tests.test_library_load import SEQ2SEQ
 from train.cli import main as train_main
 from zoo import samplers
@@ -23,6 +26,7 @@ def exported(tmp_path_factory):
     run = str(base / "run")
     assert train_main(["seq2seq", "--out", run, *SEQ2SEQ]) == 0
     files = kind.export_all(run, str(base / "tflite"))
+    files["savedmodel"] = export_savedmodel(run, str(base / "serving" / "s2s"))
     return run, files
 
 
@@ -101,6 +105,55 @@ def test_steps_tflite_samples_what_keras_samples_with_the_same_seed(exported):
     assert [[t for t, _ in row] for row in eager] == [[t for t, _ in row] for row in xla]
 
 
+def test_savedmodel_step_signatures_decode_and_sample_what_keras_does(exported):
+    """A SavedModel's `encode` / `decode_step` signatures, driven by the same
+    adapter as steps.tflite's: beam n-best tokens and scores, and seeded top-k
+    draws, equal the run's Keras model; it keeps its translate signatures."""
+    import json
+    import os
+
+    import tensorflow as tf
+
+    run, files = exported
+    keras_task, saved = zoo.load(run), zoo.load(files["savedmodel"])
+    assert (saved.format, saved.kind) == ("savedmodel", "seq2seq")
+    cases = [
+        dict(sampler="greedy"),
+        dict(sampler="beam", return_scores=True),
+        dict(sampler=samplers.Beam(width=3, length_penalty=1.0), num_return_sequences=3, return_scores=True),
+        dict(sampler=samplers.Beam(width=2, length_penalty=0.0), num_return_sequences=2, return_scores=True,
+             max_length=4),
+        dict(sampler=samplers.TopK(5), num_return_sequences=4, seed=7, return_scores=True),
+        dict(sampler=samplers.Sampling(temperature=1.5, top_p=0.9), num_return_sequences=2, seed=11,
+             return_scores=True),
+    ]
+    for case in cases:
+        got, want = saved.generate(TEXTS, **case), keras_task.generate(TEXTS, **case)
+        _check(got, want, case)
+    best = saved.generate(TEXTS, sampler=samplers.Beam(width=3), num_return_sequences=3, return_scores=True)
+    assert all(len({t for t, _ in row}) == 3 for row in best)
+    # The signatures are steps.tflite's: same names, dtypes and shapes.
+    from export.runtime import interpreter
+
+    lite = interpreter(files["steps"])
+    loaded = tf.saved_model.load(files["savedmodel"])
+    for name in ("encode", "decode_step"):
+        runner, fn = lite.get_signature_runner(name), loaded.signatures[name]
+        want_in = {k: (tuple(v["shape"]), v["dtype"]) for k, v in runner.get_input_details().items()}
+        want_out = {k: (tuple(v["shape"]), v["dtype"]) for k, v in runner.get_output_details().items()}
+        got_in, got_out = ({k: (tuple(v.shape), v.dtype.as_numpy_dtype) for k, v in specs.items()}
+                           for specs in (fn.structured_input_signature[1], fn.structured_outputs))
+        assert (got_in, got_out) == (want_in, want_out), name
+    assert {"translate", "translate_ids", "serving_default"} <= set(loaded.signatures)
+    # signature.json lists them; decode_step's example (KV caches) is too big for a REST body.
+    with open(os.path.join(files["savedmodel"], "signature.json")) as f:
+        doc = json.load(f)["signatures"]
+    assert list(doc["decode_step"]["inputs"]) == ["token", "position", "cross_cache", "encoder_mask",
+                                                  "self_cache"]
+    assert doc["decode_step"]["example_request_inputs"] is None
+    assert doc["encode"]["example_request_instances"]["instances"][0]["source_ids"]
+
+
 def test_a_seeded_draw_repeats_and_the_seed_matters(exported):
     _, files = exported
     lite = zoo.load(files["steps"])
@@ -110,8 +163,8 @@ def test_a_seeded_draw_repeats_and_the_seed_matters(exported):
     assert draw[0] != draw[2]
 
 
-def test_greedy_only_formats_name_the_sampler_and_the_format(exported, tmp_path):
-    from export.savedmodel import export_savedmodel
+def test_greedy_only_formats_name_the_sampler_and_the_format(exported, tmp_path, monkeypatch):
+    from export.kinds import seq2seq as kind
 
     run, files = exported
     lite = zoo.load(files["steps"])
@@ -123,7 +176,12 @@ def test_greedy_only_formats_name_the_sampler_and_the_format(exported, tmp_path)
     with pytest.raises(ValueError, match=r"greedy.tflite decodes greedily inside one WHILE.*"
                                          r"sampler='beam'.*format='tflite'"):
         one_file.generate(TEXTS, sampler="beam")
+    # A SavedModel exported before the encode / decode_step signatures were added.
+    endpoints = kind.Seq2SeqKind.serving_endpoints
+    monkeypatch.setattr(kind.Seq2SeqKind, "serving_endpoints", lambda self, source: [
+        e for e in endpoints(self, source) if e.name not in ("encode", "decode_step")])
     saved = zoo.load(export_savedmodel(run, str(tmp_path / "serving" / "s2s")))
+    assert "decode_step" not in saved.model.signatures
     assert saved.generate(TEXTS) == want
     with pytest.raises(ValueError, match=r"no encode / decode_step signatures.*"
                                          r"sampler=TopK\(k=10, temperature=1.0\).*format='savedmodel'"):

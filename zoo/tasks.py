@@ -7,10 +7,11 @@ directory) or a `.tflite` file with its sidecar `<file>.json`
 
 - `TaggerTask`: `tag(sentences)` -> per sentence, a list of (token, tag) pairs.
 - `Translator`: `generate(texts, sampler=..., num_return_sequences=...,
-  return_scores=...)` (all samplers from Keras files and from `steps.tflite`,
-  whose `encode` / `decode_step` signatures are driven step by step; greedy
-  only from a SavedModel or a one-file `greedy.tflite`, whose graphs decode
-  greedily), and `translate(texts)`.
+  return_scores=...)` (all samplers from Keras files, from `steps.tflite` and
+  from a SavedModel, whose `encode` / `decode_step` signatures are driven step
+  by step; greedy only from a one-file `greedy.tflite` or a SavedModel
+  exported without those signatures, whose graphs decode greedily), and
+  `translate(texts)`.
 - `ImageGenerator`: `generate(class_ids, seed=...)` -> float images in [0, 1]
   `[N, S, S, C]`; the same noise as `python -m zoo.generate --seed`.
 
@@ -138,6 +139,11 @@ def _from_savedmodel(path):
                     for r, tokens in enumerate(token_lists)]
 
         return TaggerTask(tag, tags=None, fmt="savedmodel", model=loaded)
+    if "translate" in signatures and "decode_step" in signatures:
+        tokenizer = _savedmodel_tokenizer(path)
+        if tokenizer is not None:
+            return Translator(fmt="savedmodel", kind="seq2seq", model=loaded, tokenizer=tokenizer,
+                              steps=SignatureSteps.from_savedmodel(signatures))
     if "translate" in signatures:
         fn = signatures["translate"]
 
@@ -147,7 +153,8 @@ def _from_savedmodel(path):
 
         return Translator(greedy=greedy, fmt="savedmodel", kind="seq2seq", model=loaded,
                           greedy_only="a SavedModel's translate signature decodes greedily inside its "
-                                      "graph (it exports no encode / decode_step signatures)")
+                                      "graph (it exports no encode / decode_step signatures: exported "
+                                      "before they were added; export it again)")
     if "generate" in signatures:
         fn = signatures["serving_default"]
         specs = fn.structured_input_signature[1]
@@ -218,7 +225,8 @@ def _tflite_translator(path, meta, interpreter, kind):
     tokenizer = Tokenizer(decode_proto(meta["tokenizer"]))
     signatures = interpreter.get_signature_list()
     if "decode_step" in signatures:
-        return Translator(fmt="tflite", kind=kind, steps=TFLiteSteps(interpreter), tokenizer=tokenizer)
+        return Translator(fmt="tflite", kind=kind, steps=SignatureSteps.from_tflite(interpreter),
+                          tokenizer=tokenizer)
     runner = interpreter.get_signature_runner(sorted(signatures)[0])
     length = int(runner.get_input_details()["source_ids"]["shape"][1])
 
@@ -245,28 +253,76 @@ def _source_ids(tokenizer, texts, length):
     return ids
 
 
-class TFLiteSteps:
-    """`steps.tflite`'s `encode` / `decode_step` signatures behind the methods that
-    `zoo.decoding`'s loops call on a Keras seq2seq model (`encode`,
-    `cross_caches`, `empty_caches`, `decode_step`, and a teacher-forced
-    `__call__` for scores), so greedy decoding, beam search with n-best and
-    sampling run the same code, step by step, on the exported graphs.
+def _savedmodel_tokenizer(path):
+    """The SentencePiece model inside a seq2seq SavedModel's graphs (the
+    `SentencepieceOp` that its `translate` signature tokenizes with), as a
+    `zoo.tokenization.Tokenizer`; None if there is none."""
+    from tensorflow.core.protobuf import saved_model_pb2
 
-    The signatures take one row (batch 1), so each step calls `decode_step`
-    once per live row; the caches are NumPy arrays with the rows in front:
-    cross `[B, 2C, S, H, d]`, self `[B, 2N, L, H, d]`. `L` (the exported
-    max_target_length) bounds `max_length`."""
+    from zoo.tokenization import Tokenizer
+
+    saved = saved_model_pb2.SavedModel()
+    with open(os.path.join(path, "saved_model.pb"), "rb") as f:
+        saved.ParseFromString(f.read())
+    for graph in saved.meta_graphs:
+        nodes = [n for fn in graph.graph_def.library.function for n in fn.node_def]
+        for node in list(graph.graph_def.node) + nodes:
+            if node.op == "SentencepieceOp" and node.attr["model"].s:
+                return Tokenizer(node.attr["model"].s)
+    return None
+
+
+class SignatureSteps:
+    """The exported `encode` / `decode_step` signatures (`steps.tflite`'s, and
+    a seq2seq SavedModel's, which has the same inputs and outputs) behind the
+    methods that `zoo.decoding`'s loops call on a Keras seq2seq model
+    (`encode`, `cross_caches`, `empty_caches`, `decode_step`, and a
+    teacher-forced `__call__` for scores), so greedy decoding, beam search with
+    n-best and sampling run the same code, step by step, on the exported graphs.
+
+    `encode(**inputs)` and `step(**inputs)` take and return dicts of NumPy
+    arrays. The signatures take one row (batch 1), so each step calls
+    `decode_step` once per live row; the caches are NumPy arrays with the rows
+    in front: cross `[B, 2C, S, H, d]`, self `[B, 2N, L, H, d]`. `L` (the
+    exported max_target_length) bounds `max_length`."""
 
     eager_decoding = True  # `decoding.compiled` runs the loops eagerly, no tf.function
     position = "learned"  # the exported cache length is the longest output
 
-    def __init__(self, interpreter):
-        self._encode = interpreter.get_signature_runner("encode")
-        self._step = interpreter.get_signature_runner("decode_step")
-        self.max_source_length = int(self._encode.get_input_details()["source_ids"]["shape"][1])
-        self._cache_shape = tuple(int(d) for d in self._step.get_input_details()["self_cache"]["shape"])
+    def __init__(self, encode, step, source_length, cache_shape, vocabulary_size):
+        self._encode = encode
+        self._step = step
+        self.max_source_length = int(source_length)
+        self._cache_shape = tuple(int(d) for d in cache_shape)
         self.max_target_length = self._cache_shape[1]
-        self.vocabulary_size = int(self._step.get_output_details()["logits"]["shape"][-1])
+        self.vocabulary_size = int(vocabulary_size)
+
+    @classmethod
+    def from_tflite(cls, interpreter):
+        encode = interpreter.get_signature_runner("encode")
+        step = interpreter.get_signature_runner("decode_step")
+        return cls(encode, step, encode.get_input_details()["source_ids"]["shape"][1],
+                   step.get_input_details()["self_cache"]["shape"],
+                   step.get_output_details()["logits"]["shape"][-1])
+
+    @classmethod
+    def from_savedmodel(cls, signatures):
+        import tensorflow as tf
+
+        def runner(fn):
+            specs = fn.structured_input_signature[1]
+
+            def run(**inputs):
+                feed = {k: tf.constant(v, dtype=specs[k].dtype) for k, v in inputs.items()}
+                return {k: v.numpy() for k, v in fn(**feed).items()}
+
+            return run, specs
+
+        encode, encode_specs = runner(signatures["encode"])
+        step, step_specs = runner(signatures["decode_step"])
+        logits = signatures["decode_step"].structured_outputs["logits"]
+        return cls(encode, step, encode_specs["source_ids"].shape[1], step_specs["self_cache"].shape,
+                   logits.shape[-1])
 
     def encode(self, source_ids):
         """source ids `[B, W]` (0-padded, W may exceed the exported length by
@@ -314,6 +370,9 @@ class TFLiteSteps:
         return logits
 
 
+TFLiteSteps = SignatureSteps  # its name before SavedModels shared it
+
+
 # ---------------------------------------------------------------- tasks
 class TaggerTask:
     """Part-of-speech tagging. `tag(sentences)`: a str (one sentence, split on
@@ -350,12 +409,13 @@ class Translator:
     """Text to text. `generate(texts, sampler="greedy", num_return_sequences=1,
     return_scores=False, max_length=None, seed=None)`: see
     `Seq2SeqTransformer.generate`; the same samplers, scores and seeded draws
-    from a Keras file and from `steps.tflite` (its `encode` / `decode_step`
-    signatures driven by `zoo.decoding`'s loops; outputs equal Keras's up to
-    float rounding). A SavedModel (its `translate` signature) and a one-file
-    `greedy.tflite` decode greedily inside their graphs: other samplers,
-    scores and `max_length` raise `ValueError` naming the sampler and the
-    format. `translate(texts)`: greedy strings."""
+    from a Keras file, from `steps.tflite` and from a SavedModel (their
+    `encode` / `decode_step` signatures driven by `zoo.decoding`'s loops;
+    outputs equal Keras's up to float rounding). A one-file `greedy.tflite`
+    and a SavedModel exported without those signatures (its `translate`
+    signature) decode greedily inside their graphs: other samplers, scores
+    and `max_length` raise `ValueError` naming the sampler and the format.
+    `translate(texts)`: greedy strings."""
 
     def __init__(self, model=None, greedy=None, fmt="keras", kind="seq2seq", steps=None, tokenizer=None,
                  greedy_only=None):

@@ -5,6 +5,9 @@ tensorflow_text`, which registers the SentencePiece kernels):
   translate(text: string [B])        -> translation string [B], token_ids int32 [B, L]
   serving_default                    the same as translate
   translate_ids(source_ids int32 [B, S]) -> token_ids int32 [B, L]
+  encode, decode_step                steps.tflite's two signatures (below), the same
+                                     functions, for clients that run the loop (beam
+                                     search, sampling) themselves
 The tokenizer (SentencePiece, `tensorflow_text`) and greedy cached decoding run
 inside the graph: strings in, strings out.
 
@@ -109,6 +112,15 @@ class Seq2SeqKind(ExportKind):
         ids = np.zeros((len(texts), limit), "int32")
         for i, row in enumerate(tok.encode(texts)):
             ids[i, :min(limit, len(row))] = row[:limit]
+        # The step signatures are steps.tflite's functions (source_ids [1, S], S =
+        # max_source_length), so a client can run beam search or sampling itself.
+        encode, decode_step, specs = step_functions(m)
+        source_row = ids[:1].copy()
+        encoded = encode(tf.constant(source_row))
+        step_example = {"token": np.array([2], "int32"), "position": np.array(0, "int32"),
+                        "cross_cache": np.asarray(encoded["cross_cache"]),
+                        "encoder_mask": np.asarray(encoded["encoder_mask"]),
+                        "self_cache": np.zeros(specs["decode_step"][4].shape, "float32")}
         ids = ids[:, :max(1, int((ids > 0).sum(axis=1).max()))]
         text_spec = [tf.TensorSpec([None], tf.string, name="text")]
         return [
@@ -119,6 +131,10 @@ class Seq2SeqKind(ExportKind):
             Endpoint("translate_ids", translate_ids,
                      [tf.TensorSpec([None, None], tf.int32, name="source_ids")], {"source_ids": ids},
                      "SentencePiece ids (0-padded) -> output ids (EOS then 0)"),
+            Endpoint("encode", encode, specs["encode"], {"source_ids": source_row},
+                     "steps.tflite's encode: source ids [1, S] -> cross_cache, encoder_mask"),
+            Endpoint("decode_step", decode_step, specs["decode_step"], step_example,
+                     "steps.tflite's decode_step: one token -> logits [1, V], self_cache"),
         ]
 
     def resources(self, source):
