@@ -247,3 +247,35 @@ def test_sigterm_to_one_of_two_sagan_workers_stops_both_at_one_step(tmp_path):
     assert resumed.returncode == 0, resumed.stderr[-3000:]
     final = read_json(state)
     assert final["epoch"] == epochs and final["d_steps"] == epochs * 4
+
+
+def test_two_sagan_workers_end_at_one_step_when_the_chief_runs_out_of_time(tmp_path):
+    """--max-minutes under two workers: each worker's own clock would end it at another
+    step and leave the other waiting in a collective; the chief's clock decides and
+    both end after the same step (ClusterStop.request_end), exit 0. The skew is made
+    certain here: the other worker's budget is half the chief's."""
+    from tests.test_distributed import TIMEOUT, _free_ports
+    from tests.test_sagan_distributed import TINY as SAGAN_TINY
+
+    epochs = 400  # never reached: the time limit ends the run
+    ports = _free_ports(2)
+    cluster = {"worker": [f"127.0.0.1:{p}" for p in ports]}
+    out = tmp_path / "run"
+    workers = []
+    for i, minutes in enumerate(("0.5", "0.25")):  # past the first steps' tracing (~10 s)
+        cmd = [sys.executable, "-m", "train", "sagan", "--strategy", "multi_worker", "--out", str(out),
+               "--epochs", str(epochs), "--max-minutes", minutes, "--verbose", "0", *SAGAN_TINY]
+        env = _env()
+        env["TF_CONFIG"] = json.dumps({"cluster": cluster, "task": {"type": "worker", "index": i}})
+        workers.append(subprocess.Popen(cmd, cwd=ROOT, env=env, stdout=subprocess.DEVNULL,
+                                        stderr=subprocess.PIPE, text=True))
+    try:
+        errors = [p.communicate(timeout=TIMEOUT)[1] for p in workers]
+    finally:
+        for p in workers:
+            if p.poll() is None:
+                p.kill()
+                p.wait()
+    assert [p.returncode for p in workers] == [0, 0], [e[-3000:] for e in errors]
+    metrics = read_json(out / "metrics.json")
+    assert metrics["stopped_by_time_limit"] and 0 < metrics["d_steps"] < epochs * 4

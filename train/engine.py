@@ -549,6 +549,10 @@ def fit(model, train_data, *, epochs, initial_epoch=0, validation_data=None, cal
                     save(epoch, done, False)
                 if signalled():
                     stop_for_signal(epoch, done)
+                if cluster is not None:  # the chief's wish to stop (time limit) holds for all, at one step
+                    if model.stop_training and chief:
+                        cluster.request_end(global_step)
+                    model.stop_training = cluster.ended(global_step)
                 if model.stop_training:
                     break
             epoch_logs = dict(logs)

@@ -21,6 +21,9 @@ waits until every worker's watcher thread has acknowledged it; then it runs step
 No worker can finish step N+2 without it, so each one reads the target at its poll
 after step N+1 at the latest, and all stop there. At the end of the loop the workers
 exchange their flags once more (a signal after the last poll).
+
+A time limit (`--max-minutes`) is agreed the same way: only the chief's clock counts
+(`request_end`), and every worker ends after the step it names (`ended`).
 """
 
 import contextlib
@@ -149,27 +152,58 @@ class ClusterStop:
         self.prefix = f"attention_zoo/stop/{next(_sessions)}"
         self.target = None  # (step, signum) published by the signalled worker
         self.claimed = False
+        self.end_target, self._end_claimed = None, False  # the chief's time limit
         self._closing = threading.Event()
         self._thread = threading.Thread(target=self._watch, daemon=True,
                                         name=f"zoo-stop-watcher-{self.index}")
         self._thread.start()
 
     def _watch(self):
-        while not self._closing.is_set():
-            started = time.monotonic()
-            try:
-                value = self.ctx.get_config_key_value(self.prefix + "/target", 500)
-            except Exception:  # noqa: BLE001  (not set yet: DeadlineExceeded; look again)
-                if time.monotonic() - started < 0.25:  # an error, not the timeout: no busy loop
-                    time.sleep(0.25)
-                continue
-            step, signum = (int(v) for v in value.split(":"))
-            self.target = (step, signum)
-            try:
-                self.ctx.set_config_key_value(f"{self.prefix}/ack/{self.index}", "1")
-            except Exception as e:  # noqa: BLE001
-                print(f"warning: cannot acknowledge the stop to the other workers: {e}", file=sys.stderr)
+        # Two keys: the signalled worker's stop target, and the chief's end (time limit).
+        pending = ["target", "end"]
+        while pending and not self._closing.is_set():
+            for key in list(pending):
+                started = time.monotonic()
+                try:
+                    value = self.ctx.get_config_key_value(f"{self.prefix}/{key}", 250)
+                except Exception:  # noqa: BLE001  (not set yet: DeadlineExceeded; look again)
+                    if time.monotonic() - started < 0.1:  # an error, not the timeout: no busy loop
+                        time.sleep(0.1)
+                    continue
+                pending.remove(key)
+                if key == "target":
+                    step, signum = (int(v) for v in value.split(":"))
+                    self.target = (step, signum)
+                else:
+                    self.end_target = int(value)
+                try:
+                    self.ctx.set_config_key_value(f"{self.prefix}/{key}_ack/{self.index}", "1")
+                except Exception as e:  # noqa: BLE001
+                    print(f"warning: cannot acknowledge the stop to the other workers: {e}", file=sys.stderr)
+
+    def _wait_for_acks(self, key):
+        try:
+            for i in range(self.workers):
+                self.ctx.get_config_key_value(f"{self.prefix}/{key}_ack/{i}", self.ACK_TIMEOUT_MS)
+        except Exception:  # noqa: BLE001  (a worker that does not answer is gone: stop anyway)
+            pass
+
+    def request_end(self, step):
+        """The chief's time limit: every worker ends after step+1 (each worker's own clock
+        would end it at a different step, and the others would wait in a collective)."""
+        if self.end_target is not None or self._end_claimed:
             return
+        self._end_claimed = True
+        try:
+            self.ctx.set_config_key_value(self.prefix + "/end", str(step + 1))
+        except Exception:  # noqa: BLE001
+            return
+        self.end_target = self.end_target or step + 1
+        self._wait_for_acks("end")
+
+    def ended(self, step):
+        """Whether the agreed end (`request_end`) is reached at `step`."""
+        return self.end_target is not None and step >= self.end_target
 
     def _claim(self, step, signum):
         """Publishes 'stop after step+1' and waits for every worker's acknowledgement."""
@@ -179,11 +213,7 @@ class ClusterStop:
         except Exception:  # noqa: BLE001  (AlreadyExists: another worker claimed first)
             return
         self.target = self.target or (step + 1, int(signum))
-        try:
-            for i in range(self.workers):
-                self.ctx.get_config_key_value(f"{self.prefix}/ack/{i}", self.ACK_TIMEOUT_MS)
-        except Exception:  # noqa: BLE001  (a worker that does not answer is gone: stop anyway)
-            pass
+        self._wait_for_acks("target")
 
     def _own(self):
         return _state["requested"] if not _state["peer"] else None

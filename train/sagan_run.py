@@ -305,9 +305,17 @@ def _fit_and_finish(out, config, data, g, d, ema, classifier, classifier_report,
             return cluster.poll(state["d_steps"])
         return preemption.requested() is not None
 
+    def time_up(over):
+        # Several workers: the chief's clock decides and all end after one step.
+        if cluster is None:
+            return over
+        if over and chief:
+            cluster.request_end(state["d_steps"])
+        return cluster.ended(state["d_steps"])
+
     try:
         stopped = _epochs(trainer, state, sampling, data, train_cfg, model_cfg, quick_eval, fixed, writer,
-                          samples_dir, ckpt, chief, out, show_bar, skip, sums, signalled, where)
+                          samples_dir, ckpt, chief, out, show_bar, skip, sums, signalled, time_up, where)
         if cluster is not None and cluster.finish():  # a signal after the last step
             preemption.stop(f"{where} at the end of epoch {state['epoch']}")
     finally:
@@ -324,7 +332,7 @@ def _fit_and_finish(out, config, data, g, d, ema, classifier, classifier_report,
 
 
 def _epochs(trainer, state, sampling, data, train_cfg, model_cfg, quick_eval, fixed, writer,
-            samples_dir, ckpt, chief, out, show_bar, skip, sums, signalled, where):
+            samples_dir, ckpt, chief, out, show_bar, skip, sums, signalled, time_up, where):
     """The training epochs (until --epochs or --max-minutes); True when the time limit
     ended them."""
     import keras
@@ -342,7 +350,7 @@ def _epochs(trainer, state, sampling, data, train_cfg, model_cfg, quick_eval, fi
     every = dist.checkpoint_every()
     stopped = False
     for epoch in range(state["epoch"], train_cfg["epochs"]):
-        if limit and state["train_seconds"] >= limit:
+        if time_up(bool(limit) and state["train_seconds"] >= limit):
             stopped = True
             break
         started = time.perf_counter()
@@ -374,7 +382,7 @@ def _epochs(trainer, state, sampling, data, train_cfg, model_cfg, quick_eval, fi
                     trainer.save(ckpt, {**state, "batches_done": done, "partial_logs": sums,
                                         "train_seconds": state["train_seconds"] + time.perf_counter() - started})
                 preemption.stop(f"{where} at epoch {epoch + 1}, batch {done}")
-            if limit and state["train_seconds"] + time.perf_counter() - started >= limit:
+            if time_up(bool(limit) and state["train_seconds"] + time.perf_counter() - started >= limit):
                 stopped = True
                 break
         state["train_seconds"] += time.perf_counter() - started
