@@ -199,39 +199,54 @@ def test_sigterm_to_one_of_two_workers_stops_both_and_resumes_in_one_process(tmp
                      _weights(tmp_path / "single" / f"{kind}-e{epochs}-w0.npz"), atol=1e-4)
 
 
-def test_sigterm_to_one_of_two_sagan_workers_stops_both_at_one_step(tmp_path):
-    """The SAGAN loop shares a signal the same way (ClusterStop): SIGTERM to the worker
-    stops both after the same D step; the chief's checkpoint records that step, both
-    exit 143 with one line, and --resume on one device finishes the run."""
-    from tests.test_distributed import TIMEOUT, _free_ports
+def _sagan_workers(out, extra_per_worker):
+    """Two `python -m train sagan --strategy multi_worker` processes (SAGAN_TINY) into
+    `out`; worker i gets `extra_per_worker[i]`. Returns the Popen objects."""
+    from tests.test_distributed import _free_ports
     from tests.test_sagan_distributed import TINY as SAGAN_TINY
 
-    epochs = 12  # 4 D steps each: far more than the first checkpoint needs
-    ports = _free_ports(2)
-    cluster = {"worker": [f"127.0.0.1:{p}" for p in ports]}
-    out = tmp_path / "run"
-    cmd = [sys.executable, "-m", "train", "sagan", "--strategy", "multi_worker", "--out", str(out),
-           "--epochs", str(epochs), "--checkpoint-every", "2", "--verbose", "0", *SAGAN_TINY]
+    cluster = {"worker": [f"127.0.0.1:{p}" for p in _free_ports(2)]}
     workers = []
-    for i in range(2):
+    for i, extra in enumerate(extra_per_worker):
         env = _env()
         env["TF_CONFIG"] = json.dumps({"cluster": cluster, "task": {"type": "worker", "index": i}})
-        workers.append(subprocess.Popen(cmd, cwd=ROOT, env=env, stdout=subprocess.DEVNULL,
-                                        stderr=subprocess.PIPE, text=True))
-    state = out / "checkpoints" / "state.json"
+        workers.append(subprocess.Popen(
+            [sys.executable, "-m", "train", "sagan", "--strategy", "multi_worker", "--out", str(out),
+             "--verbose", "0", *SAGAN_TINY, *extra],
+            cwd=ROOT, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True))
+    return workers
+
+
+def _wait_all(workers, timeout, signal_when=None):
+    """stderr of every worker; with `signal_when` (a path), SIGTERM to worker 1 once it
+    exists. Kills whatever is left."""
     try:
-        deadline = time.monotonic() + TIMEOUT
-        while time.monotonic() < deadline and workers[1].poll() is None:
-            if state.exists():
-                workers[1].send_signal(signal.SIGTERM)
-                break
-            time.sleep(0.02)
-        errors = [p.communicate(timeout=TIMEOUT)[1] for p in workers]
+        if signal_when is not None:
+            deadline = time.monotonic() + timeout
+            while time.monotonic() < deadline and workers[1].poll() is None:
+                if signal_when.exists():
+                    workers[1].send_signal(signal.SIGTERM)
+                    break
+                time.sleep(0.02)
+        return [p.communicate(timeout=timeout)[1] for p in workers]
     finally:
         for p in workers:
             if p.poll() is None:
                 p.kill()
                 p.wait()
+
+
+def test_sigterm_to_one_of_two_sagan_workers_stops_both_at_one_step(tmp_path):
+    """The SAGAN loop shares a signal the same way (ClusterStop): SIGTERM to the worker
+    stops both after the same D step; the chief's checkpoint records that step, both
+    exit 143 with one line, and --resume on one device finishes the run."""
+    from tests.test_distributed import TIMEOUT
+
+    epochs = 12  # 4 D steps each: far more than the first checkpoint needs
+    out = tmp_path / "run"
+    state = out / "checkpoints" / "state.json"
+    workers = _sagan_workers(out, [["--epochs", str(epochs), "--checkpoint-every", "2"]] * 2)
+    errors = _wait_all(workers, TIMEOUT, signal_when=state)
     assert [p.returncode for p in workers] == [143, 143], [e[-3000:] for e in errors]
     saved = read_json(state)
     assert saved["epoch"] < epochs - 1, "the run ended before the signal"
@@ -251,31 +266,16 @@ def test_sigterm_to_one_of_two_sagan_workers_stops_both_at_one_step(tmp_path):
 
 def test_two_sagan_workers_end_at_one_step_when_the_chief_runs_out_of_time(tmp_path):
     """--max-minutes under two workers: each worker's own clock would end it at another
-    step and leave the other waiting in a collective; the chief's clock decides and
+    step and take down or stall the other's collective; the chief's clock decides and
     both end after the same step (ClusterStop.request_end), exit 0. The skew is made
-    certain here: the other worker's budget is half the chief's."""
-    from tests.test_distributed import TIMEOUT, _free_ports
-    from tests.test_sagan_distributed import TINY as SAGAN_TINY
+    certain here: the other worker's budget is half the chief's (both past the first
+    steps' tracing, ~10 s)."""
+    from tests.test_distributed import TIMEOUT
 
     epochs = 400  # never reached: the time limit ends the run
-    ports = _free_ports(2)
-    cluster = {"worker": [f"127.0.0.1:{p}" for p in ports]}
     out = tmp_path / "run"
-    workers = []
-    for i, minutes in enumerate(("0.5", "0.25")):  # past the first steps' tracing (~10 s)
-        cmd = [sys.executable, "-m", "train", "sagan", "--strategy", "multi_worker", "--out", str(out),
-               "--epochs", str(epochs), "--max-minutes", minutes, "--verbose", "0", *SAGAN_TINY]
-        env = _env()
-        env["TF_CONFIG"] = json.dumps({"cluster": cluster, "task": {"type": "worker", "index": i}})
-        workers.append(subprocess.Popen(cmd, cwd=ROOT, env=env, stdout=subprocess.DEVNULL,
-                                        stderr=subprocess.PIPE, text=True))
-    try:
-        errors = [p.communicate(timeout=TIMEOUT)[1] for p in workers]
-    finally:
-        for p in workers:
-            if p.poll() is None:
-                p.kill()
-                p.wait()
+    workers = _sagan_workers(out, [["--epochs", str(epochs), "--max-minutes", m] for m in ("0.5", "0.25")])
+    errors = _wait_all(workers, TIMEOUT)
     assert [p.returncode for p in workers] == [0, 0], [e[-3000:] for e in errors]
     metrics = read_json(out / "metrics.json")
     assert metrics["stopped_by_time_limit"] and 0 < metrics["d_steps"] < epochs * 4
