@@ -7,7 +7,7 @@ text default) with random weights decodes exactly 128 tokens (EOS is made
 impossible through the output bias, so every decoder runs the full length).
 Compared side by side in one process, all XLA-compiled (`jit_compile=True`),
 after one warm-up call:
-- cached greedy (`zoo.decoding.greedy`: encoder once, one decoder step per
+- cached greedy (`zoo.seq2seq.decoding.greedy`: encoder once, one decoder step per
   token, static KV cache, while_loop);
 - uncached greedy: the same while_loop, but every step re-runs the whole
   decoder on a fixed `[B, 128]` token buffer (the usual Keras example);
@@ -31,7 +31,7 @@ def _model(quick):
     import numpy as np
 
     import zoo
-    from zoo.tokenization import EOS_ID, PAD_ID
+    from zoo.seq2seq.tokenization import EOS_ID, PAD_ID
 
     keras.utils.set_random_seed(0)
     dims = dict(hidden_dim=128, num_layers=2, intermediate_dim=256, vocabulary_size=2000) if quick else \
@@ -52,7 +52,7 @@ def uncached_greedy(model, source_ids, max_length):
     import tensorflow as tf
     from keras import ops
 
-    from zoo.tokenization import BOS_ID
+    from zoo.seq2seq.tokenization import BOS_ID
 
     batch = ops.shape(source_ids)[0]
     buffer = ops.concatenate([ops.full((batch, 1), BOS_ID, "int32"),
@@ -91,8 +91,7 @@ def run(quick=False):
     import numpy as np
     import tensorflow as tf
 
-    from zoo import decoding
-
+    from zoo.seq2seq import decoding
     model = _model(quick)
     length = 32 if quick else 128
     repeats = 2 if quick else 3

@@ -24,10 +24,10 @@ import numpy as np  # noqa: E402
 
 def _tagger(quick):
     import zoo
-    from train.data import embedded
-    from train.tagger_data import Batches, build_vocab
-    from train.tagger_fit import compile_tagger
-    from train.tagger_run import MAX_CHARS, _encode
+    from train.tagger import embedded
+    from train.tagger.data import Batches, build_vocab
+    from train.tagger.fit import compile_tagger
+    from train.tagger.run import MAX_CHARS, _encode
 
     data = embedded.generate(seed=0, train_size=256 if quick else 1024, dev_size=8, test_size=8)
     words, chars, tags = build_vocab(data)
@@ -53,9 +53,10 @@ def _tagger(quick):
 
 def _seq2seq(quick):
     import zoo
-    from train.data import algorithmic, parallel
-    from train.seq2seq_data import Batches, Encoded, _pad, train_tokenizer
-    from zoo.tokenization import BOS_ID, EOS_ID, PAD_ID, Tokenizer, encode_proto
+    from train.seq2seq import algorithmic
+    from train.seq2seq import parallel
+    from train.seq2seq.data import Batches, Encoded, _pad, train_tokenizer
+    from zoo.seq2seq.tokenization import BOS_ID, EOS_ID, PAD_ID, Tokenizer, encode_proto
 
     generated = algorithmic.splits("sort", train_size=256 if quick else 1024, min_length=1,
                                    max_length=32, seed=0)
@@ -65,7 +66,7 @@ def _seq2seq(quick):
     tokenizer = Tokenizer(proto)
 
     def build():
-        from train.seq2seq_fit import compile_seq2seq
+        from train.seq2seq.fit import compile_seq2seq
 
         keras.utils.set_random_seed(0)
         model = zoo.build("seq2seq", tokenizer=encode_proto(proto), hidden_dim=64, num_layers=2,

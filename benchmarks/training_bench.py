@@ -52,8 +52,7 @@ class KerasEncoderBlock(keras.layers.Layer):
 
 @contextlib.contextmanager
 def keras_blocks():
-    from zoo import tagger_archs
-
+    from zoo.tagger import archs as tagger_archs
     original = tagger_archs.TransformerEncoderBlock
     tagger_archs.TransformerEncoderBlock = KerasEncoderBlock
     try:
@@ -63,7 +62,7 @@ def keras_blocks():
 
 
 def _tagger(jit):
-    from zoo.tagger import build_tagger
+    from zoo.tagger.model import build_tagger
 
     words = ["<pad>", "<unk>"] + [f"w{i}" for i in range(2000)]
     chars = ["<pad>", "<unk>"] + list("abcdefghijklmnopqrstuvwxyz")

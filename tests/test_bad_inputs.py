@@ -479,7 +479,7 @@ def test_damaged_model_files_raise_model_file_error(sandbox, run, needle):
 
 def test_model_file_of_the_wrong_class(sandbox):
     from zoo import model_file
-    from zoo.seq2seq import Seq2SeqTransformer
+    from zoo.seq2seq.transformer import Seq2SeqTransformer
 
     with pytest.raises(model_file.ModelFileError, match="holds a Tagger, not a Seq2SeqTransformer"):
         model_file.load(os.path.join(sandbox, "tagger_run", "model.keras"), Seq2SeqTransformer)

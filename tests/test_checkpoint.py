@@ -16,7 +16,7 @@ import pytest
 import zoo  # noqa: F401  (registers the models load_model reads)
 from train import checkpoint, engine
 from train import strategy as distribute
-from train.data import embedded
+from train.tagger import embedded
 from train.rundir import read_json
 
 ROOT = pathlib.Path(__file__).resolve().parents[1]
@@ -162,7 +162,7 @@ def test_mixed_precision_tagger_and_seq2seq_train_without_nans(tmp_path):
     import argparse
 
     from train.cli import main
-    from train.tagger_run import train_one
+    from train.tagger.run import train_one
 
     keras.config.set_dtype_policy("mixed_bfloat16")
     data = embedded.generate(seed=0, train_size=64, dev_size=16, test_size=16)
@@ -549,7 +549,7 @@ def test_recover_repairs_state_json_and_follows_the_best_weights_copy(tmp_path, 
     """RunCheckpoint's files: state.json damaged is written again from last.keras's
     record; best.weights.h5 damaged falls back to the previous best, and the state's
     best epoch and accuracy follow the weights in place."""
-    from train.tagger_fit import BEST, STATE, RunCheckpoint, read_state, recover
+    from train.tagger.fit import BEST, STATE, RunCheckpoint, read_state, recover
 
     model = _tiny_classifier()
     model(np.zeros((1, 4), "float32"))

@@ -5,9 +5,9 @@ import pathlib
 
 import pytest
 
-from train.data import embedded
-from train.data.conllu_reader import read_conllu
-from train.data.select import load_data
+from train.tagger import embedded
+from train.tagger.conllu import read_conllu
+from train.tagger.select import load_data
 from train.errors import DataError, UsageError
 
 FIXTURES = pathlib.Path(__file__).parent / "fixtures" / "tagger"

@@ -6,8 +6,9 @@ import numpy as np
 import pytest
 
 import zoo
-from zoo import decoding, samplers
-from zoo.tokenization import BOS_ID, EOS_ID, PAD_ID
+from zoo.seq2seq import decoding
+from zoo.seq2seq import samplers
+from zoo.seq2seq.tokenization import BOS_ID, EOS_ID, PAD_ID
 
 VOCAB = 24
 LENGTH = 10
@@ -35,7 +36,7 @@ def _trained(name):
     repeat one token, which would make token comparisons pass trivially.
     Half-trained is what we want: varied tokens, EOS sometimes, near-ties rare."""
     if name not in _TRAINED:
-        from train.seq2seq_fit import compile_seq2seq
+        from train.seq2seq.fit import compile_seq2seq
 
         model = _model(name)
         rng = np.random.default_rng(0)

@@ -81,7 +81,7 @@ def _module(argv):
 
 
 # Modules whose parser lives inside main(): parsed by running main with its work stubbed.
-_WORK = {"export.kinds.seq2seq": "export_all", "train.data.digits": "write_digits"}
+_WORK = {"export.kinds.seq2seq": "export_all", "train.sagan.digits": "write_digits"}
 
 
 def _parse(module, args, monkeypatch):

@@ -58,7 +58,7 @@ print(json.dumps(results))
 
 
 def _bodies(version_dir):
-    from zoo.tagger import pad_tokens
+    from zoo.tagger.model import pad_tokens
 
     sentences = [" ".join(s) for s in SENTENCES]
     with open(os.path.join(version_dir, "signature.json")) as f:
@@ -120,7 +120,7 @@ def test_tokens_signature_matches_keras_core(tagger_export, clean_results):
     import keras
 
     import zoo  # noqa: F401
-    from zoo.tagger import pad_tokens
+    from zoo.tagger.model import pad_tokens
 
     model = keras.models.load_model(os.path.join(run, "model.keras"))
     tokens = pad_tokens(SENTENCES)

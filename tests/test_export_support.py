@@ -29,7 +29,7 @@ def make_tagger(arch="attention", max_len=16):
 
 def make_tagger_run(path, arch="attention", rows=60):
     """A run directory per COMMON.md holding an untrained tiny tagger."""
-    from zoo.tagger import pad_tokens
+    from zoo.tagger.model import pad_tokens
 
     os.makedirs(path, exist_ok=True)
     model = make_tagger(arch)

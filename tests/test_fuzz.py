@@ -89,8 +89,8 @@ def _parses_or_data_error(read, *datas, suffix=".txt"):
 @READER_SETTINGS
 @given(data=st.one_of(st.binary(max_size=400), mutated(SMALL_CONLLU)))
 def test_fuzz_conllu_reader(data):
-    from train.data.conllu_reader import read_conllu
-    from train.data.types import TaggedSentence
+    from train.tagger.conllu import read_conllu
+    from train.tagger.types import TaggedSentence
 
     sentences = _parses_or_data_error(read_conllu, data, suffix=".conllu")
     if sentences is not None:
@@ -111,7 +111,7 @@ def _maybe_gzip(data, compress):
        target=st.one_of(st.binary(max_size=200), mutated(PARALLEL)),
        compress=st.booleans())
 def test_fuzz_parallel_reader(source, target, compress):
-    from train.data.parallel import read_parallel
+    from train.seq2seq.parallel import read_parallel
 
     pairs = _parses_or_data_error(read_parallel, _maybe_gzip(source, compress), target)
     if pairs is not None:
@@ -122,7 +122,7 @@ def test_fuzz_parallel_reader(source, target, compress):
 @given(data=st.one_of(st.binary(max_size=300), mutated(PARALLEL), mutated(gzip.compress(PARALLEL))),
        compress=st.booleans())
 def test_fuzz_tsv_reader(data, compress):
-    from train.data.parallel import read_tsv
+    from train.seq2seq.parallel import read_tsv
 
     pairs = _parses_or_data_error(read_tsv, _maybe_gzip(data, compress))
     if pairs is not None:
@@ -156,7 +156,7 @@ def _image_dir(root, blobs):
 @given(blob=st.one_of(st.binary(max_size=200), mutated(VALID_PNG)))
 def test_fuzz_image_dir_headers(blob):
     """The size scan over the directory: every file is an image or a DataError."""
-    from train.data import images
+    from train.sagan import images
     from train.errors import UsageError
 
     with tempfile.TemporaryDirectory() as root:
@@ -175,8 +175,7 @@ def test_fuzz_image_dir_headers(blob):
 @given(blob=mutated(VALID_PNG))
 def test_fuzz_image_dir_full_load(blob):
     """Decoding too: a file whose header reads but whose pixels do not is a DataError."""
-    from train.data import images
-
+    from train.sagan import images
     with tempfile.TemporaryDirectory() as root:
         _image_dir(root, [VALID_PNG, _png(seed=1), _png(seed=2), _png(seed=3), blob])
         try:

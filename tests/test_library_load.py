@@ -43,7 +43,7 @@ CHILD = textwrap.dedent("""
               "optimizer": type(model.optimizer).__name__ if model.compiled else None}
     arrays = {}
     if kind == "tagger":
-        arrays["keras"] = np.asarray(model.predict_ids(zoo.tagger.pad_tokens(
+        arrays["keras"] = np.asarray(model.predict_ids(zoo.tagger.model.pad_tokens(
             [s.split() for s in %(sentences)r])))
     elif kind == "sagan":
         rng = np.random.default_rng(0)
@@ -84,7 +84,7 @@ def runs(tmp_path_factory):
 def _expected(kind, run):
     """What the training process's own loader (`compile=False`) computes."""
     from zoo import model_file
-    from zoo.tagger import pad_tokens
+    from zoo.tagger.model import pad_tokens
 
     model = model_file.load(os.path.join(run, "model.keras"))
     if kind == "tagger":

@@ -43,8 +43,7 @@ def _seq2seq(out, files, *extra):
 
 @pytest.fixture(scope="module")
 def data_files(tmp_path_factory):
-    from train.data import embedded
-
+    from train.tagger import embedded
     root = tmp_path_factory.mktemp("preemption")
     data = embedded.generate(seed=1, train_size=240, dev_size=40, test_size=60)
     files = []

@@ -118,8 +118,7 @@ def test_one_writable_ancestor_check_keeps_each_cli_s_message(tmp_path, monkeypa
     from export.errors import UsageError as ExportUsage
     from train import rundir
     from train.errors import UsageError as TrainUsage
-    from zoo import cli_input
-
+    from zoo import cli as cli_input
     (tmp_path / "file").write_text("x")
     target = str(tmp_path / "file" / "out")
     for check, error in ((rundir.check_creatable, TrainUsage), (atomic.check_target, ExportUsage),

@@ -11,7 +11,7 @@ import numpy as np
 import pytest
 
 import zoo
-from train.fid import frechet_distance, kernel_inception_distance
+from train.sagan.fid import frechet_distance, kernel_inception_distance
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 ENV = {**os.environ, "KERAS_BACKEND": "tensorflow", "TF_CPP_MIN_LOG_LEVEL": "2"}
@@ -73,7 +73,7 @@ def test_class_embedding_is_concatenated_to_the_noise():
 def test_mode_seeking_loss_is_the_pairwise_formula():
     import tensorflow as tf
 
-    from train.sagan_fit import SaganTrainer
+    from train.sagan.fit import SaganTrainer
 
     rng = np.random.default_rng(3)
     fake = rng.uniform(-1, 1, size=(7, 4, 4, 3)).astype("float32")  # odd: row 6 is unpaired
@@ -91,7 +91,7 @@ def test_upsampling_gradient_is_the_2x2_block_sum(jit_compile):
     (TensorFlow's own, ResizeNearestNeighborGrad, does not)."""
     import tensorflow as tf
 
-    from zoo.sagan import upsample_nearest_2x
+    from zoo.sagan.model import upsample_nearest_2x
 
     rng = np.random.default_rng(0)
     x = rng.standard_normal((2, 3, 4, 5)).astype("float32")
@@ -213,7 +213,7 @@ def test_learning_rates_fall_linearly_over_the_second_half_of_the_budget(tiny_ru
 def _grid_of(model_path, config):
     import keras
 
-    from train.sagan_run import _fixed_latents
+    from train.sagan.run import _fixed_latents
 
     g = keras.models.load_model(model_path, compile=False)
     fixed = _fixed_latents(config["model"], config["train"]["seed"])
@@ -229,8 +229,8 @@ def _png(path):
 def test_model_keras_is_the_epoch_with_the_lowest_quick_fid(tiny_run, tmp_path):
     """--keep best (default): model.keras is the sampler of the epoch whose quick FID was
     lowest; its sample grid is that epoch's samples/epoch_NNN.png."""
-    from train.sagan_figures import save_sample_grid
-    from train.sagan_run import GRID_COLUMNS
+    from train.sagan.figures import save_sample_grid
+    from train.sagan.run import GRID_COLUMNS
 
     metrics = json.load(open(os.path.join(tiny_run, "metrics.json")))
     config = json.load(open(os.path.join(tiny_run, "config.json")))
@@ -365,7 +365,7 @@ def test_bad_inputs_one_line_exit_2_nothing_overwritten(tmp_path):
 # ---------------------------------------------------------------- zoo layers
 def test_zoo_blocks_pass_the_layer_contract():
     from tests.harness import run_layer_test
-    from zoo.sagan import ClassEmbedding, DiscriminatorBlock, GeneratorBlock, ProjectionHead
+    from zoo.sagan.model import ClassEmbedding, DiscriminatorBlock, GeneratorBlock, ProjectionHead
 
     rng = np.random.default_rng(2)
     x = rng.normal(size=(2, 4, 4, 8)).astype("float32")
@@ -386,7 +386,7 @@ def test_zoo_blocks_pass_the_layer_contract():
 
 
 def test_image_dir_reader_labels_by_sub_folder(tmp_path):
-    from train.data.images import load_image_dir
+    from train.sagan.images import load_image_dir
 
     _write_images(tmp_path / "a", [32] * 6)
     _write_images(tmp_path / "b", [32] * 4)
@@ -399,7 +399,7 @@ def test_image_dir_reader_labels_by_sub_folder(tmp_path):
 
 def _stub_training(monkeypatch, metrics):
     """--compare's orchestration without training: each run writes metrics(config, has_attention)."""
-    import train.sagan_run as sagan_run
+    import train.sagan.run as sagan_run
 
     def fake_fit(out, config, data, g, d, ema, *rest, **kwargs):
         has_attention = any(layer.name == "self_attention" for layer in g.layers)
@@ -458,12 +458,12 @@ def test_compare_over_seeds_reports_mean_and_spread(tmp_path, monkeypatch):
 
 
 def test_digits_converter_writes_an_image_dir_of_sklearn_digits(tmp_path, capsys):
-    """python -m train.data.digits: the digits that ship with scikit-learn as a --image-dir
+    """python -m train.sagan.digits: the digits that ship with scikit-learn as a --image-dir
     folder (10 classes, 32x32); each image, block-averaged back to 8x8, is its digit."""
     from sklearn.datasets import load_digits
 
-    from train.data.digits import main
-    from train.data.images import load_image_dir
+    from train.sagan.digits import main
+    from train.sagan.images import load_image_dir
 
     out = tmp_path / "digits"
     assert main([str(out)]) == 0
@@ -489,7 +489,7 @@ def test_digits_converter_writes_an_image_dir_of_sklearn_digits(tmp_path, capsys
 def test_projection_class_scores_are_the_per_class_projection_terms():
     """softmax over k of D(x, k) (the head's own call with each label) equals the softmax
     of `class_scores`: the unconditional term is the same for every class and cancels."""
-    from zoo.sagan import ProjectionHead
+    from zoo.sagan.model import ProjectionHead
 
     head = ProjectionHead(num_classes=3, seed=1)
     x = np.random.default_rng(4).normal(size=(5, 4, 4, 6)).astype("float32")

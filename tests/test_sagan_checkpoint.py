@@ -26,7 +26,7 @@ def _main(argv, kill_after_d_steps=None, keep=None):
     checkpoint (state-<d_steps>.npz / .json)."""
     from train import strategy as dist
     from train.cli import main
-    from train.sagan_fit import STATE_JSON, STATE_NPZ, SaganTrainer
+    from train.sagan.fit import STATE_JSON, STATE_NPZ, SaganTrainer
 
     save = SaganTrainer.save
 
@@ -186,7 +186,7 @@ def test_sigterm_mid_epoch_saves_the_step_and_resume_ends_where_the_uninterrupte
     and --resume continues with batch 2 to the uninterrupted run's final state."""
     import signal
 
-    from train.sagan_fit import SaganTrainer
+    from train.sagan.fit import SaganTrainer
 
     base = uninterrupted
     stopped = base / "stopped"

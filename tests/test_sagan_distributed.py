@@ -94,7 +94,7 @@ def _adam_epsilon_one():
     in a few steps, whichever change of rounding triggers it (seeds 3, 4 and 5 each
     failed on some version of the code). With epsilon 1 the comparison is about the
     distributed step, not about Adam's amplification of rounding."""
-    import train.sagan_fit as sagan_fit
+    import train.sagan.fit as sagan_fit
 
     make = sagan_fit._adam
 
@@ -120,7 +120,7 @@ def worker_main(argv):
     cpu = tf.config.list_physical_devices("CPU")[0]
     tf.config.set_logical_device_configuration(
         cpu, [tf.config.LogicalDeviceConfiguration()] * args.logical_cpus)
-    import train.sagan_run as sagan_run
+    import train.sagan.run as sagan_run
     from train import strategy as dist
     from train.cli import main
 
@@ -217,9 +217,9 @@ def runs(tmp_path_factory):
     """The mirrored process (epoch 1 on 2 replicas, then epoch 2 on 1 device) and, at the
     same time in this process, the one-device run of 2 epochs (state kept per epoch)."""
     from train import strategy as dist
-    import train.sagan_fit as sagan_fit
+    import train.sagan.fit as sagan_fit
     from train.cli import main
-    from train.sagan_fit import SaganTrainer
+    from train.sagan.fit import SaganTrainer
 
     base = tmp_path_factory.mktemp("sagan_dist")
     env = dict(os.environ, KERAS_BACKEND="tensorflow", TF_CPP_MIN_LOG_LEVEL="2", PYTHONHASHSEED="0")
@@ -331,7 +331,7 @@ def test_synchronized_conditional_batch_norm_is_the_global_batch_norm(runs):
 
 def _tiny_trainer(seed=0, attention=None, with_ema=False, **trainer_kwargs):
     import zoo
-    from train.sagan_fit import SaganTrainer
+    from train.sagan.fit import SaganTrainer
 
     kwargs = {"image_size": 32, "num_classes": 4, "width": 4, "attention_resolution": attention, "seed": 1}
     g = zoo.build("sagan_generator", latent_dim=8, **kwargs)
@@ -407,7 +407,7 @@ def test_jit_compiled_steps_equal_the_uncompiled_steps(tmp_path):
 
 
 def test_jit_compile_flag_reaches_the_sagan_trainer():
-    import train.sagan_run as sagan_run
+    import train.sagan.run as sagan_run
     from train import strategy as dist
 
     trainer = _tiny_trainer()

@@ -15,8 +15,8 @@ import pytest
 
 import zoo
 from train.cli import main as train_main
-from zoo import decoding
-from zoo.tokenization import EOS_ID, encode_proto, train_sentencepiece
+from zoo.seq2seq import decoding
+from zoo.seq2seq.tokenization import EOS_ID, encode_proto, train_sentencepiece
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 TINY = ["--task-length", "5", "--train-size", "3000", "--epochs", "8", "--warmup-steps", "30",
@@ -58,8 +58,7 @@ def test_loaded_model_translates_raw_strings(copy_run):
 
 
 def test_zoo_load_generates_with_every_sampler(copy_run):
-    from zoo import samplers
-
+    from zoo.seq2seq import samplers
     translator = zoo.load(copy_run)
     texts = ["abcde", "jjab"]
     assert (translator.kind, translator.format) == ("seq2seq", "keras")
@@ -272,7 +271,7 @@ def test_xla_training_steps_equal_the_plain_steps():
     random masks XLA draws differently) five steps under XLA end where five steps
     without it do, and the loss of every step agrees."""
     from train import engine
-    from train.seq2seq_fit import compile_seq2seq
+    from train.seq2seq.fit import compile_seq2seq
 
     rng = np.random.default_rng(0)
     sources = rng.integers(3, 50, size=(16, 12)).astype("int32")

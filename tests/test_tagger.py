@@ -1,4 +1,4 @@
-"""zoo.tagger: the Tagger contract (encoding rules, masking, save/load, attention scores)."""
+"""zoo.tagger.model: the Tagger contract (encoding rules, masking, save/load, attention scores)."""
 
 import re
 
@@ -8,8 +8,8 @@ import pytest
 import tensorflow as tf
 
 import zoo
-from zoo.tagger import Tagger, pad_tokens
-from zoo.tagger_layers import Presence, WordDropout
+from zoo.tagger.model import Tagger, pad_tokens
+from zoo.tagger.layers import Presence, WordDropout
 
 WORDS = ["<pad>", "<unk>", "i", "saw", "a", "the", "00"]
 CHARS = ["<pad>", "<unk>", "I", "s", "a", "w", "t", "h", "e", "1", "é"]

@@ -13,8 +13,7 @@ import zoo
 from export.savedmodel import export_savedmodel
 from tests.test_library_load import SEQ2SEQ
 from train.cli import main as train_main
-from zoo import samplers
-
+from zoo.seq2seq import samplers
 TEXTS = ["abcde", "jjab", "ba"]
 
 
@@ -77,8 +76,9 @@ def test_steps_tflite_samples_what_keras_samples_with_the_same_seed(exported):
     PAD (id 0), and Keras scores a draw with its full decoder, which masks PAD
     keys, while decoding (Keras's cached steps and the exported ones) attends to
     them."""
-    from zoo import decoding, model_file
-    from zoo.seq2seq import Seq2SeqTransformer
+    from zoo import model_file
+    from zoo.seq2seq import decoding
+    from zoo.seq2seq.transformer import Seq2SeqTransformer
 
     run, files = exported
     lite = zoo.load(files["steps"])

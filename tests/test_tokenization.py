@@ -5,7 +5,7 @@ import numpy as np
 import pytest
 import tensorflow as tf
 
-from zoo.tokenization import (
+from zoo.seq2seq.tokenization import (
     BOS_ID, EOS_ID, PAD_ID, UNK_ID, Tokenizer, decode_proto, encode_proto, train_sentencepiece)
 
 TEXTS = [

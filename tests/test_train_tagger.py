@@ -12,9 +12,9 @@ import numpy as np
 import pytest
 
 import zoo
-from train.data import embedded
+from train.tagger import embedded
 from train.rundir import read_json
-from train.tagger_run import resume_run, train_one
+from train.tagger.run import resume_run, train_one
 
 ROOT = pathlib.Path(__file__).resolve().parents[1]
 FIXTURES = ROOT / "tests" / "fixtures" / "tagger"
@@ -58,7 +58,7 @@ def test_resume_continues_epochs_and_optimizer_state(tmp_path, tiny_data):
     # resume_run re-reads the data from config.json; give it the same small data there.
     config = read_json(out / "config.json")
     assert config["kind"] == "tagger" and config["train"]["epochs"] == 1
-    import train.tagger_run as run_module
+    import train.tagger.run as run_module
 
     original = run_module.load_data
     run_module.load_data = lambda *a, **k: tiny_data
@@ -74,11 +74,11 @@ def test_resume_continues_epochs_and_optimizer_state(tmp_path, tiny_data):
 
 def test_timing_probe_leaves_weights_and_optimizer_untouched(tiny_data, monkeypatch):
     from train import engine
-    from train.tagger_data import Batches, Encoded
-    from train.tagger_fit import compile_tagger
-    from train.tagger_run import _epochs_within_budget
+    from train.tagger.data import Batches, Encoded
+    from train.tagger.fit import compile_tagger
+    from train.tagger.run import _epochs_within_budget
 
-    from train.tagger_data import build_vocab
+    from train.tagger.data import build_vocab
 
     words, chars, tags = build_vocab(tiny_data)
     model = zoo.build("tagger", words=words, chars=chars, tags=tags, max_chars=16, **TINY)

@@ -22,7 +22,7 @@ from train.errors import EXIT_FAILURE, EXIT_USAGE, UsageError
 COMMANDS = {
     "tagger": ("train.tagger", "part-of-speech tagger (attention / fc / window / bilstm)"),
     "seq2seq": ("train.seq2seq", "sequence-to-sequence Transformer (--arch universal_transformer for UT)"),
-    "universal_transformer": ("train.seq2seq_universal", "Universal Transformer (seq2seq --arch universal_transformer)"),
+    "universal_transformer": ("train.seq2seq.universal", "Universal Transformer (seq2seq --arch universal_transformer)"),
     "sagan": ("train.sagan", "Self-Attention GAN"),
 }
 

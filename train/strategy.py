@@ -69,7 +69,7 @@ def _visible_gpus():
 
 
 # Commands whose training loop does not run under tf.distribute: one device only.
-# (sagan's own loop, train/sagan_fit.py, runs on strategy.run like train/engine.py.)
+# (sagan's own loop, train/sagan/fit.py, runs on strategy.run like train/engine.py.)
 SINGLE_DEVICE = {}
 
 

@@ -47,7 +47,7 @@ _BUILDERS = {}
 
 # Model modules register their builders on import. Modules that other issues add later
 # are imported when present, so this file need not change for each new model.
-_MODEL_MODULES = ("zoo.tagger", "zoo.seq2seq", "zoo.universal_transformer", "zoo.sagan")
+_MODEL_MODULES = ("zoo.tagger.model", "zoo.seq2seq.transformer", "zoo.seq2seq.universal_transformer", "zoo.sagan.model")
 
 
 def register(name):

@@ -16,9 +16,9 @@ import sys
 
 import numpy as np
 
-from zoo.cli_input import UsageError as _Usage
-from zoo.cli_input import add_verbose_argument, cli_boundary, quiet_stderr, verbosity
-from zoo.cli_input import check_out_file, read_sidecar, run_kind, tflite_interpreter
+from zoo.cli import UsageError as _Usage
+from zoo.cli import add_verbose_argument, cli_boundary, quiet_stderr, verbosity
+from zoo.cli import check_out_file, read_sidecar, run_kind, tflite_interpreter
 
 
 class _Parser(argparse.ArgumentParser):

@@ -11,9 +11,9 @@ import argparse
 import os
 import sys
 
-from zoo.cli_input import UsageError as _Usage
-from zoo.cli_input import add_verbose_argument, cli_boundary, quiet_stderr, verbosity
-from zoo.cli_input import check_utf8, read_sidecar, run_kind, tflite_interpreter
+from zoo.cli import UsageError as _Usage
+from zoo.cli import add_verbose_argument, cli_boundary, quiet_stderr, verbosity
+from zoo.cli import check_utf8, read_sidecar, run_kind, tflite_interpreter
 
 
 class _Parser(argparse.ArgumentParser):
@@ -29,7 +29,7 @@ def load_keras_tagger(run_dir):
     if kind not in (None, "tagger"):
         raise _Usage(f"{run_dir} is a {kind!r} run, not a tagger")
     from zoo import model_file
-    from zoo.tagger import Tagger
+    from zoo.tagger.model import Tagger
 
     try:
         model = model_file.load(path, Tagger)
@@ -42,7 +42,7 @@ class TFLiteTagger:
     """Runs an exported tagger .tflite (ids in, probabilities / tag ids out) on tokens."""
 
     def __init__(self, path):
-        from zoo.tagger_encoding import TokenEncoder
+        from zoo.tagger.encoding import TokenEncoder
 
         meta = read_sidecar(path, "tagger")
         try:
@@ -63,7 +63,7 @@ class TFLiteTagger:
     def __call__(self, token_lists):
         import numpy as np
 
-        from zoo.tagger import pad_tokens
+        from zoo.tagger.model import pad_tokens
 
         results = []
         for tokens in token_lists:  # one at a time: exported models may have batch 1

@@ -71,8 +71,8 @@ def _quiet_keras():
 # ---------------------------------------------------------------- keras
 def _from_keras(path, config):
     from zoo import model_file
-    from zoo.seq2seq import Seq2SeqTransformer
-    from zoo.tagger import Tagger
+    from zoo.seq2seq.transformer import Seq2SeqTransformer
+    from zoo.tagger.model import Tagger
 
     model = model_file.load(path)
     kind = config.get("kind")
@@ -174,7 +174,7 @@ def _from_savedmodel(path):
 
 # ---------------------------------------------------------------- tflite
 def _from_tflite(path):
-    from zoo.cli_input import UsageError, read_sidecar, tflite_interpreter
+    from zoo.cli import UsageError, read_sidecar, tflite_interpreter
 
     meta = _read_json(path + ".json")
     if not meta:  # `python -m export.kinds.seq2seq` writes one sidecar for its two files
@@ -217,7 +217,7 @@ def _tflite_translator(path, meta, interpreter, kind):
     """A translator over a seq2seq .tflite file: the step model (`encode`,
     `decode_step`; every sampler, the loop run here as an app would) or the
     one-file WHILE model (`source_ids` -> `tokens`; greedy only)."""
-    from zoo.tokenization import Tokenizer, decode_proto
+    from zoo.seq2seq.tokenization import Tokenizer, decode_proto
 
     if not meta.get("tokenizer"):
         raise ValueError(f"{path}: the sidecar has no tokenizer (exported before it was added); "
@@ -256,10 +256,10 @@ def _source_ids(tokenizer, texts, length):
 def _savedmodel_tokenizer(path):
     """The SentencePiece model inside a seq2seq SavedModel's graphs (the
     `SentencepieceOp` that its `translate` signature tokenizes with), as a
-    `zoo.tokenization.Tokenizer`; None if there is none."""
+    `zoo.seq2seq.tokenization.Tokenizer`; None if there is none."""
     from tensorflow.core.protobuf import saved_model_pb2
 
-    from zoo.tokenization import Tokenizer
+    from zoo.seq2seq.tokenization import Tokenizer
 
     saved = saved_model_pb2.SavedModel()
     with open(os.path.join(path, "saved_model.pb"), "rb") as f:
@@ -275,7 +275,7 @@ def _savedmodel_tokenizer(path):
 class SignatureSteps:
     """The exported `encode` / `decode_step` signatures (`steps.tflite`'s, and
     a seq2seq SavedModel's, which has the same inputs and outputs) behind the
-    methods that `zoo.decoding`'s loops call on a Keras seq2seq model
+    methods that `zoo.seq2seq.decoding`'s loops call on a Keras seq2seq model
     (`encode`, `cross_caches`, `empty_caches`, `decode_step`, and a
     teacher-forced `__call__` for scores), so greedy decoding, beam search with
     n-best and sampling run the same code, step by step, on the exported graphs.
@@ -388,7 +388,7 @@ class TaggerTask:
         self.model = model
 
     def tag(self, sentences):
-        from zoo.cli_input import UsageError
+        from zoo.cli import UsageError
 
         if isinstance(sentences, str):
             sentences = [sentences]
@@ -410,7 +410,7 @@ class Translator:
     return_scores=False, max_length=None, seed=None)`: see
     `Seq2SeqTransformer.generate`; the same samplers, scores and seeded draws
     from a Keras file, from `steps.tflite` and from a SavedModel (their
-    `encode` / `decode_step` signatures driven by `zoo.decoding`'s loops;
+    `encode` / `decode_step` signatures driven by `zoo.seq2seq.decoding`'s loops;
     outputs equal Keras's up to float rounding). A one-file `greedy.tflite`
     and a SavedModel exported without those signatures (its `translate`
     signature) decode greedily inside their graphs: other samplers, scores
@@ -432,8 +432,7 @@ class Translator:
         if self.format == "keras":
             return self.model.generate(texts, sampler=sampler, num_return_sequences=num_return_sequences,
                                        return_scores=return_scores, max_length=max_length, seed=seed)
-        from zoo import samplers
-
+        from zoo.seq2seq import samplers
         picked = samplers.get(sampler)
         single = isinstance(texts, str)
         texts = [texts] if single else list(texts)
@@ -451,8 +450,8 @@ class Translator:
         return out[0] if single else out
 
     def _generate_steps(self, texts, sampler, num_return_sequences, return_scores, max_length, seed):
-        from zoo import decoding, samplers
-
+        from zoo.seq2seq import decoding
+        from zoo.seq2seq import samplers
         ids = _source_ids(self._tokenizer, texts, self._steps.max_source_length)
         if isinstance(sampler, samplers.Greedy) and num_return_sequences == 1 and not return_scores:
             return self._tokenizer.decode(decoding.decode_ids(self._steps, ids, max_length=max_length))

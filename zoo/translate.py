@@ -11,7 +11,7 @@ import argparse
 import os
 import sys
 
-from zoo.cli_input import (UsageError, add_verbose_argument, check_utf8, cli_boundary, quiet_stderr,
+from zoo.cli import (UsageError, add_verbose_argument, check_utf8, cli_boundary, quiet_stderr,
                            run_kind, verbosity)
 
 
@@ -68,7 +68,7 @@ def main(argv=None):
             raise UsageError(f"{args.run_dir} is a {kind!r} run, not a seq2seq run")
         with quiet_stderr(quiet):
             from zoo import model_file
-            from zoo.seq2seq import Seq2SeqTransformer
+            from zoo.seq2seq.transformer import Seq2SeqTransformer
 
             try:
                 model = model_file.load(path, Seq2SeqTransformer)

@@ -1,4 +1,4 @@
-"""Export plugin for `zoo.seq2seq` / `zoo.universal_transformer` runs.
+"""Export plugin for `zoo.seq2seq.transformer` / `zoo.seq2seq.universal_transformer` runs.
 
 SavedModel signatures (TF Serving; the loading process needs `import
 tensorflow_text`, which registers the SentencePiece kernels):
@@ -50,7 +50,7 @@ class Seq2SeqKind(ExportKind):
 
     def matches(self, model):
         try:
-            from zoo.seq2seq import Seq2SeqTransformer
+            from zoo.seq2seq.transformer import Seq2SeqTransformer
         except ImportError:
             return False
         return isinstance(model, Seq2SeqTransformer)
@@ -76,8 +76,7 @@ class Seq2SeqKind(ExportKind):
         return [tf.TensorSpec([1, length], tf.int32, name="source_ids")]
 
     def core_fn(self, source, static=False):
-        from zoo import decoding
-
+        from zoo.seq2seq import decoding
         m = self.model(source)
 
         def fn(source_ids):
@@ -88,8 +87,7 @@ class Seq2SeqKind(ExportKind):
     # ------------------------------------------------------------ serving
     def serving_endpoints(self, source):
         tf = _tf()
-        from zoo import decoding
-
+        from zoo.seq2seq import decoding
         m = self.model(source)
         tok = m.tokenizer
         limit = int(m.max_source_length)
@@ -268,8 +266,7 @@ def export_all(run_dir, out_dir):
     """Writes OUT/steps.tflite, OUT/greedy.tflite and OUT/seq2seq.tflite.json;
     checks both against Keras greedy decoding on calibration rows first."""
     from export import atomic, rundir, tflite
-    from zoo import decoding
-
+    from zoo.seq2seq import decoding
     src = rundir.resolve(run_dir)
     kind = KIND
     model = kind.model(src)

@@ -1,4 +1,4 @@
-"""Export plugin for `zoo.tagger.Tagger` (config kind "tagger").
+"""Export plugin for `zoo.tagger.model.Tagger` (config kind "tagger").
 
 SavedModel signatures (TF Serving):
   serving_default(sentences: string [B])        raw text, split on whitespace
@@ -29,7 +29,7 @@ class TaggerKind(ExportKind):
 
     def matches(self, model):
         try:
-            from zoo.tagger import Tagger
+            from zoo.tagger.model import Tagger
         except ImportError:
             return False
         return isinstance(model, Tagger)
@@ -169,7 +169,7 @@ class TaggerKind(ExportKind):
 
     def _synthetic(self, source, n):
         """Sentences of random vocabulary words, encoded by the tagger's own rules."""
-        from zoo.tagger import pad_tokens
+        from zoo.tagger.model import pad_tokens
 
         m = self.model(source)
         rng = np.random.default_rng(0)

@@ -57,13 +57,13 @@ def load_images(dataset=None, image_dir=None, image_size=None, train_size=4000, 
         return load_image_dir(image_dir, image_size, max_images, seed)
     if dataset:
         return load_tfds_images(dataset, image_size, max_images)
-    from train.data.shapes import CLASS_NAMES, make_shapes
+    from train.sagan.shapes import CLASS_NAMES, make_shapes
 
     size = image_size or 32
     train, train_labels = make_shapes(train_size, size, seed=seed)
     test, test_labels = make_shapes(test_size, size, seed=seed + 10_000)
     return ImageData(train, train_labels, test, test_labels, list(CLASS_NAMES),
-                     {"name": "embedded", "generator": "train.data.shapes", "seed": seed,
+                     {"name": "embedded", "generator": "train.sagan.shapes", "seed": seed,
                       "train": train_size, "test": test_size, "image_size": size})
 
 

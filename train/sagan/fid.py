@@ -1,6 +1,6 @@
 """FID and KID between two sets of feature vectors (NumPy only).
 
-The features come from the run's own frozen classifier (`train.fid_classifier`),
+The features come from the run's own frozen classifier (`train.sagan.fid_classifier`),
 not Inception: Inception weights cannot be downloaded here (docs/facts.md). Numbers
 are therefore comparable between runs on the same data and classifier, not with
 published FIDs; the real-train vs real-test distance (`fid_floor`) says what "as

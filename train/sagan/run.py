@@ -34,7 +34,7 @@ GRID_COLUMNS = 8
 
 
 def _model_config(args, data, attention):
-    from zoo.sagan import resolve_attention
+    from zoo.sagan.model import resolve_attention
 
     conditional = data.num_classes > 1 and not args.unconditional
     attention = resolve_attention(data.image_size, attention)
@@ -132,21 +132,21 @@ def check_replicas(batch_size):
 
 def get_classifier(out, data, train_cfg, classifier=None):
     """The run's frozen classifier: given (compare), already in the run, or trained now."""
-    from train.fid_classifier import load_cached, save_cached
+    from train.sagan.fid_classifier import load_cached, save_cached
 
     cached = load_cached(out) if classifier is None else None  # checked; damaged: None, said
     if cached is not None:
         return cached
     report = {}
     if classifier is None:
-        from train.fid_classifier import train_classifier
+        from train.sagan.fid_classifier import train_classifier
 
         print(f"training the evaluation classifier ({train_cfg['classifier_epochs']} epochs)...",
               file=sys.stderr, flush=True)
         classifier, report = train_classifier(data, epochs=train_cfg["classifier_epochs"],
                                               seed=train_cfg["seed"])
     else:
-        from train.fid_classifier import evaluate_real
+        from train.sagan.fid_classifier import evaluate_real
 
         report = evaluate_real(classifier, data)
     save_cached(classifier, report, out)
@@ -181,7 +181,7 @@ def resume_run(args):
     out = args.out
     config_path = os.path.join(out, "config.json")
     ckpt = os.path.join(out, "checkpoints")
-    from train.sagan_fit import has_checkpoint
+    from train.sagan.fit import has_checkpoint
 
     if not os.path.exists(config_path) or not has_checkpoint(ckpt):
         raise UsageError(f"--resume: no checkpoint to resume in {out} (missing config.json or checkpoints/)")
@@ -193,7 +193,7 @@ def resume_run(args):
         train_cfg["epochs"] = args.epochs
     train_cfg["verbose"] = str(args.verbose)
     check_replicas(train_cfg["batch_size"])
-    from train.data.images import load_images
+    from train.sagan.images import load_images
 
     flags = {k: train_cfg[k] for k in ("dataset", "image_dir", "image_size", "train_size", "test_size",
                                         "max_images")}
@@ -215,7 +215,7 @@ def resume_run(args):
 
 def _trainer(g, d, ema, model_cfg, train_cfg):
     from train import strategy as dist
-    from train.sagan_fit import SaganTrainer
+    from train.sagan.fit import SaganTrainer
 
     trainer = SaganTrainer(g, d, num_classes=model_cfg["num_classes"], latent_dim=model_cfg["latent_dim"],
                            lr_g=train_cfg["lr_g"], lr_d=train_cfg["lr_d"], beta_1=train_cfg["beta1"],
@@ -263,7 +263,7 @@ def _fit_and_finish(out, config, data, g, d, ema, classifier, classifier_report,
     import tensorflow as tf
 
     from train import strategy as dist
-    from train.sagan_eval import Evaluator
+    from train.sagan.evaluation import Evaluator
 
     model_cfg, train_cfg = config["model"], config["train"]
     verbose = str(train_cfg.get("verbose", "auto"))
@@ -340,7 +340,7 @@ def _epochs(trainer, state, sampling, data, train_cfg, model_cfg, quick_eval, fi
 
     from train import preemption
     from train import strategy as dist
-    from train.sagan_figures import save_progress_figure, save_sample_grid
+    from train.sagan.figures import save_progress_figure, save_sample_grid
 
     sampler = sampling.model
     batch = train_cfg["batch_size"]
@@ -416,9 +416,9 @@ def _epochs(trainer, state, sampling, data, train_cfg, model_cfg, quick_eval, fi
 
 def _finish(out, config, data, g, d, sampler, classifier, classifier_report, state, stopped,
             distribution):
-    from train.sagan_eval import Evaluator
-    from train.sagan_figures import save_attention_figure, save_sample_grid
-    from zoo.sagan import attention_scores
+    from train.sagan.evaluation import Evaluator
+    from train.sagan.figures import save_attention_figure, save_sample_grid
+    from zoo.sagan.model import attention_scores
 
     model_cfg, train_cfg = config["model"], config["train"]
     evaluator = Evaluator(classifier, data, train_cfg["eval_samples"], seed=_data_seed(train_cfg))

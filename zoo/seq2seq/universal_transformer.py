@@ -20,8 +20,8 @@ from keras import ops
 
 import zoo
 from layers import SinusoidalPositionEncoding, TransformerDecoderBlock, TransformerEncoderBlock
-from zoo.seq2seq import Seq2SeqTransformer, _check_positive
-from zoo.tokenization import Tokenizer, decode_proto
+from zoo.seq2seq.transformer import Seq2SeqTransformer, _check_positive
+from zoo.seq2seq.tokenization import Tokenizer, decode_proto
 
 
 @keras.saving.register_keras_serializable(package="zoo")

@@ -1,6 +1,6 @@
 """Compiling and callbacks of seq2seq training.
 
-The loss, metric and schedule are defined in `zoo.seq2seq_objectives`, so that a
+The loss, metric and schedule are defined in `zoo.seq2seq.objectives`, so that a
 saved model's compile config loads wherever `zoo` is imported.
 """
 
@@ -10,7 +10,7 @@ import time
 
 import keras
 
-from zoo.seq2seq_objectives import MaskedAccuracy, MaskedSmoothedCrossEntropy, WarmupInverseSqrt
+from zoo.seq2seq.objectives import MaskedAccuracy, MaskedSmoothedCrossEntropy, WarmupInverseSqrt
 
 
 def compile_seq2seq(model, peak_lr, warmup_steps, label_smoothing, jit_compile):

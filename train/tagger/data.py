@@ -6,9 +6,9 @@ import math
 import numpy as np
 import tensorflow as tf
 
-from train.data.select import load_data  # noqa: F401  (re-exported for callers)
-from zoo.tagger import pad_tokens
-from zoo.tagger_encoding import PAD, UNK, TokenEncoder, word_keys
+from train.tagger.select import load_data  # noqa: F401  (re-exported for callers)
+from zoo.tagger.model import pad_tokens
+from zoo.tagger.encoding import PAD, UNK, TokenEncoder, word_keys
 
 
 def normalised_keys(sentences):

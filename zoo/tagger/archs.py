@@ -12,7 +12,7 @@ import keras
 from keras import ops
 
 from layers import LayerNorm, TokenEmbedding, TransformerEncoderBlock
-from zoo.tagger_layers import Presence, WordDropout
+from zoo.tagger.layers import Presence, WordDropout
 
 ARCHS = ("attention", "fc", "window", "bilstm")
 

@@ -115,7 +115,7 @@ def load_tfds(name, data_dir=None):
     cnn_dailymail (article, highlights)."""
     import tensorflow_datasets as tfds
 
-    from train.data.tfds_reader import open_builder, prepare
+    from train.tfds import open_builder, prepare
 
     builder = open_builder(name, data_dir)
     keys = builder.info.supervised_keys

@@ -131,7 +131,7 @@ def _validate(args):
         raise UsageError("--compare cannot be combined with --resume")
     args.attention = parse_attention(args.attention_resolution)
     if args.image_size is not None:
-        from train.data.images import check_size
+        from train.sagan.images import check_size
 
         check_size(args.image_size)
     if args.out is None:
@@ -151,22 +151,22 @@ def run(args):
     rundir.check_out_dir(args.out, resume=args.resume, kinds=("sagan",))
     if args.resume:
         import zoo  # noqa: F401
-        from train.sagan_run import resume_run
+        from train.sagan.run import resume_run
 
         return resume_run(args)
     # Everything that can be wrong with the input is found before anything is written.
-    from train.data.images import load_images
+    from train.sagan.images import load_images
 
     data = load_images(**data_flags(args))
     if args.attention not in ("auto", None):
-        from zoo.sagan import resolve_attention
+        from zoo.sagan.model import resolve_attention
 
         try:
             resolve_attention(data.image_size, args.attention)
         except ValueError as e:
             raise UsageError(f"--attention-resolution {args.attention}: {e}") from None
     import zoo  # noqa: F401  (imports keras quietly; after the cheap checks above)
-    from train.sagan_run import check_replicas, train_compare, train_one
+    from train.sagan.run import check_replicas, train_compare, train_one
 
     check_replicas(args.batch_size)
 

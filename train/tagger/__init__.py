@@ -89,7 +89,7 @@ def _model_options(items):
     options = {}
     if not items:
         return options
-    from zoo.tagger import DEFAULTS
+    from zoo.tagger.model import DEFAULTS
 
     for item in items:
         key, sep, raw = item.partition("=")
@@ -109,15 +109,15 @@ def run(args):
     rundir.check_out_dir(args.out, resume=args.resume, kinds=("tagger",))
     if args.resume:
         import zoo  # noqa: F401
-        from train.tagger_run import resume_run
+        from train.tagger.run import resume_run
 
         return resume_run(args)
     # Everything that can be wrong with the input is found before anything is written.
-    from train.data.select import load_data
+    from train.tagger.select import load_data
 
     data = load_data(args.train_file, args.dev_file, args.test_file, args.dataset, args.seed)
     import zoo  # noqa: F401  (imports keras quietly; after the cheap checks above)
-    from train.tagger_run import train_compare, train_one
+    from train.tagger.run import train_compare, train_one
 
     if args.compare:
         return train_compare(args, data)

@@ -10,7 +10,7 @@ with y' drawn uniformly from the classes, s(.) D's projection class scores
 (`ProjectionHead.class_scores`, dual projection; c = `class_loss`) and MS the
 mode-seeking term (`mode_seeking_loss`, weight m; G-step rows 2i and 2i+1 share a
 label). Adam(beta_1=0, beta_2=0.9); the rates are the caller's (the CLI's defaults
-and why: train/sagan.py).
+and why: train/sagan/__init__.py).
 
 Distribution (as train/engine.py): the global batch is split row-wise across the
 replicas; each replica's hinge loss is the SUM over its rows divided by the GLOBAL
@@ -19,14 +19,14 @@ make exactly the one-device update. The latent noise and fake labels are drawn o
 the host from a generator seeded by (seed, D step, D or G) and split like the real
 batch: the same run on 1 or N replicas sees the same noise, and a resumed run the
 noise the uninterrupted run would have seen. The generator's batch norms are
-synchronised across replicas (zoo/sagan.py). The EMA of G is updated in
+synchronised across replicas (zoo/sagan/model.py). The EMA of G is updated in
 cross-replica context. Under `mixed_float16` both optimizers scale the loss
 (`keras.optimizers.LossScaleOptimizer`).
 
 XLA (`jit_compile=True`, `--jit-compile`): the D step (G's forward pass, D's
 forward and backward pass, Adam) and the G step (G's and D's forward pass, G's
 backward pass, Adam) are each one XLA computation on one replica. G's upsampling
-carries its own gradient (`zoo.sagan.upsample_nearest_2x`): TensorFlow's,
+carries its own gradient (`zoo.sagan.model.upsample_nearest_2x`): TensorFlow's,
 `ResizeNearestNeighborGrad`, has no XLA kernel outside TPUs.
 On several replicas neither step is compiled: an XLA computation runs on one device
 and cannot reach the other replicas' variables ("Trying to access resource ...

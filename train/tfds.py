@@ -8,7 +8,7 @@ dropped.
 
 import os
 
-from train.data.types import TaggedSentence, TaggingData
+from train.tagger.types import TaggedSentence, TaggingData
 from train.errors import DataError, UsageError
 
 TAG_FEATURES = ("upos", "pos")

@@ -84,7 +84,7 @@ def _positive(name, value, allow_zero=False):
 
 
 def validate(args):
-    from train.data.algorithmic import TASKS
+    from train.seq2seq.algorithmic import TASKS
 
     if args.arch not in ARCHS:
         raise UsageError(f"unknown arch {args.arch!r}; choose from: {', '.join(ARCHS)}")
@@ -141,13 +141,11 @@ def run(args):
     rundir.check_out_dir(args.out, resume=args.resume, kinds=("seq2seq", "universal_transformer"))
     if args.resume:
         import zoo  # noqa: F401  (imports keras quietly: bad input still gets one line)
-        from train import seq2seq_run
-
+        from train.seq2seq import run as seq2seq_run
         return seq2seq_run.resume_run(args)
     # Input problems are found before the (slow) TensorFlow import and before anything is written.
-    from train.seq2seq_data import load_data
+    from train.seq2seq.data import load_data
 
     data = load_data(args)
-    from train import seq2seq_run
-
+    from train.seq2seq import run as seq2seq_run
     return seq2seq_run.train_new(args, data)

@@ -2,9 +2,11 @@
 
 import numpy as np
 
-from train.data import algorithmic, parallel
+from train.seq2seq import algorithmic
+
+from train.seq2seq import parallel
 from train.errors import DataError, UsageError
-from zoo.tokenization import BOS_ID, EOS_ID, Tokenizer, train_sentencepiece
+from zoo.seq2seq.tokenization import BOS_ID, EOS_ID, Tokenizer, train_sentencepiece
 
 
 def load_data(args):

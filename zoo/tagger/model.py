@@ -10,8 +10,8 @@ import numpy as np
 import tensorflow as tf
 
 import zoo
-from zoo.tagger_archs import ARCHS, build_core
-from zoo.tagger_encoding import PAD, UNK, TokenEncoder
+from zoo.tagger.archs import ARCHS, build_core
+from zoo.tagger.encoding import PAD, UNK, TokenEncoder
 
 # Hyper-parameters shared by all archs (same input pipeline and head) and per-arch ones.
 DEFAULTS = {
@@ -53,7 +53,7 @@ class Tagger(keras.Model):
 
     Args:
         words: list of str, word vocabulary (`words[0] == "<pad>"`, `words[1] == "<unk>"`,
-            other entries are normalised keys, see `zoo.tagger_encoding.word_keys`).
+            other entries are normalised keys, see `zoo.tagger.encoding.word_keys`).
         chars: list of str, character vocabulary with the same two first entries.
         tags: list of str, tag names (index = class id).
         arch: "attention" (default), "fc", "window" or "bilstm".

@@ -12,9 +12,9 @@ from train import checkpoint, engine, rundir
 from train import strategy as distribute
 from train.errors import UsageError
 from train.progress import markdown_table
-from train.tagger_data import Batches, Encoded, build_vocab, load_data, word_tag_stats
-from train.tagger_fit import BEST, LAST, RunCheckpoint, TimeLimit, compile_tagger, read_state, recover
-from train.tagger_metrics import accuracies
+from train.tagger.data import Batches, Encoded, build_vocab, load_data, word_tag_stats
+from train.tagger.fit import BEST, LAST, RunCheckpoint, TimeLimit, compile_tagger, read_state, recover
+from train.tagger.metrics import accuracies
 
 MAX_CHARS = 16
 MAX_LEN = 256
@@ -204,7 +204,7 @@ def _fit_and_finish(model, data, encoded, out, train_cfg, state, verbose, announ
     # Held-out rows with gold tags: export verify reports quantized models' accuracy
     # on test data next to float's (export reads run directories, never train/).
     _write_rows(out, "evaluation.npz", encoded["test"], train_cfg["seed"], rows=2000)
-    from train.tagger_figures import plot_attention
+    from train.tagger.figures import plot_attention
 
     if plot_attention(model, SAMPLE, os.path.join(out, "attention.png")):
         metrics["figure"] = "attention.png"

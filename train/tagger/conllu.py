@@ -10,7 +10,7 @@ import re
 
 import conllu
 
-from train.data.types import TaggedSentence
+from train.tagger.types import TaggedSentence
 from train.errors import DataError
 
 _WORD_ID = re.compile(r"^[1-9][0-9]*$")

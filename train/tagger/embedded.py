@@ -11,7 +11,7 @@ suffixes), so only character features can tag them.
 
 import random
 
-from train.data.types import TaggedSentence, TaggingData
+from train.tagger.types import TaggedSentence, TaggingData
 
 # Noun/verb homographs: (form as noun, form as verb).
 AMBIGUOUS_NV = [

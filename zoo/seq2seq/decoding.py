@@ -21,7 +21,7 @@ import numpy as np
 import keras
 from keras import ops
 
-from zoo.tokenization import BOS_ID, EOS_ID, PAD_ID
+from zoo.seq2seq.tokenization import BOS_ID, EOS_ID, PAD_ID
 
 _NEG = -1e9
 
@@ -353,12 +353,11 @@ def generate_ids(model, ids, sampler, num_return_sequences=1, max_length=None, b
     """list of id lists -> for each input, `num_return_sequences` (ids, score)
     pairs, best first for beam search (ids cut at EOS, no BOS/EOS).
 
-    `sampler` is a `zoo.samplers` object. Scores: beam search's length-normalised
+    `sampler` is a `zoo.seq2seq.samplers` object. Scores: beam search's length-normalised
     log-probability (`log p / ((5 + length) / 6) ** alpha`); for greedy decoding
     and sampling, the sequence's log-probability under the model (EOS included,
     temperature and top-k/top-p filtering not applied)."""
-    from zoo import samplers
-
+    from zoo.seq2seq import samplers
     n = num_return_sequences
     if isinstance(n, bool) or not isinstance(n, (int, np.integer)) or n <= 0:
         raise ValueError(f"`num_return_sequences` must be a positive int. Received: num_return_sequences={n!r}")
@@ -398,6 +397,6 @@ def generate_ids(model, ids, sampler, num_return_sequences=1, max_length=None, b
                 i = j // n
                 results[i] = (results[i] or []) + [(_cut(out[r].tolist()), float(scores[r]))]
     else:
-        raise ValueError("`sampler` must be a zoo.samplers object or name. "
+        raise ValueError("`sampler` must be a zoo.seq2seq.samplers object or name. "
                          f"Received: sampler={sampler!r}")
     return results

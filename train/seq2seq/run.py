@@ -1,6 +1,6 @@
 """One seq2seq run (train, resume, evaluate), writing the run-directory contract.
 
-Default hyper-parameters (train/seq2seq.py) were chosen for a 2-core CPU and a
+Default hyper-parameters (train/seq2seq/__init__.py) were chosen for a 2-core CPU and a
 30-minute budget on Multi30k-sized data: a pre-LN Transformer, d=256, 3+3 layers,
 4 heads, feed-forward 512, dropout 0.1, shared 6k SentencePiece (unigram)
 vocabulary with tied embeddings, Adam(0.9, 0.98), warm-up 800 steps to 1e-3 then
@@ -22,11 +22,11 @@ from train import checkpoint, engine, rundir
 from train import strategy as distribute
 from train.errors import UsageError
 from train.progress import markdown_table
-from train.seq2seq_data import Batches, Encoded, load_data, train_tokenizer
-from train.seq2seq_fit import DevScore, compile_seq2seq
-from train.tagger_fit import BEST, LAST, RunCheckpoint, TimeLimit, read_state, recover
-from zoo import decoding
-from zoo.tokenization import PAD_ID, Tokenizer, decode_proto, encode_proto
+from train.seq2seq.data import Batches, Encoded, load_data, train_tokenizer
+from train.seq2seq.fit import DevScore, compile_seq2seq
+from train.tagger.fit import BEST, LAST, RunCheckpoint, TimeLimit, read_state, recover
+from zoo.seq2seq import decoding
+from zoo.seq2seq.tokenization import PAD_ID, Tokenizer, decode_proto, encode_proto
 
 _NOT_TRAIN = ("debug", "resume", "out", "verbose")
 SUMMARY = [("arch", "arch"), ("test_bleu", "test BLEU"), ("test_exact_match", "exact"),
@@ -128,7 +128,7 @@ def resume_run(args):
         train_cfg["epochs"] = args.epochs
     stored = argparse.Namespace(**train_cfg)
     data = load_data(stored)
-    import train.seq2seq_fit  # noqa: F401  (registers the loss, metric and schedule)
+    import train.seq2seq.fit  # noqa: F401  (registers the loss, metric and schedule)
 
     if os.path.exists(last):
         with distribute.scope():

@@ -3,7 +3,7 @@
 Self-attention encoder, decoder with masked self-attention and cross-attention,
 LayerNorm (pre- or post-LN), sinusoidal or learned positions, shared or
 separate embeddings. Built from `layers/`; decoding with the static-shape KV
-cache lives in `zoo.decoding`, and the SentencePiece tokenizer (optional) is
+cache lives in `zoo.seq2seq.decoding`, and the SentencePiece tokenizer (optional) is
 stored in the model's config so a loaded model translates raw strings.
 """
 
@@ -22,8 +22,8 @@ from layers import (
     TransformerEncoderBlock,
 )
 from layers.attention_ops import without_keras_mask
-from zoo import seq2seq_objectives  # noqa: F401  (registers what trained models' compile configs name)
-from zoo.tokenization import BOS_ID, EOS_ID, PAD_ID, Tokenizer, decode_proto
+from zoo.seq2seq import objectives  # noqa: F401  (registers what trained models' compile configs name)
+from zoo.seq2seq.tokenization import BOS_ID, EOS_ID, PAD_ID, Tokenizer, decode_proto
 
 POSITIONS = ("sinusoidal", "learned")
 
@@ -42,7 +42,7 @@ class Seq2SeqTransformer(keras.Model):
 
     Args:
         vocabulary_size: int, number of token ids (0 = padding, 1 = unknown,
-            2 = BOS, 3 = EOS; see `zoo.tokenization`).
+            2 = BOS, 3 = EOS; see `zoo.seq2seq.tokenization`).
         hidden_dim: int, model width.
         num_layers: int, encoder and decoder depth (each).
         num_heads: int, attention heads (must divide `hidden_dim`).
@@ -58,7 +58,7 @@ class Seq2SeqTransformer(keras.Model):
             (`|i - j| <= window`) for long inputs.
         activation: feed-forward activation.
         label_smoothing: float, stored for training (the loss reads it).
-        tokenizer: `None` or base64 SentencePiece model (`zoo.tokenization`).
+        tokenizer: `None` or base64 SentencePiece model (`zoo.seq2seq.tokenization`).
         **kwargs: `keras.Model` arguments (`name`).
 
     Call arguments:
@@ -281,8 +281,7 @@ class Seq2SeqTransformer(keras.Model):
 
     def translate(self, texts, beam_width=1, alpha=0.6, max_length=None, batch_size=64):
         """Raw strings in, strings out (greedy, or beam search if `beam_width > 1`)."""
-        from zoo import decoding
-
+        from zoo.seq2seq import decoding
         single = isinstance(texts, str)
         texts = [texts] if single else list(texts)
         ids = self._source_ids(texts)
@@ -293,17 +292,17 @@ class Seq2SeqTransformer(keras.Model):
 
     def generate(self, texts, sampler="greedy", num_return_sequences=1, return_scores=False,
                  max_length=None, seed=None, batch_size=64):
-        """Raw strings in, generated strings out, with any `zoo.samplers` sampler.
+        """Raw strings in, generated strings out, with any `zoo.seq2seq.samplers` sampler.
 
         Args:
             texts: str or list of str.
             sampler: "greedy", "beam", "top_k", "top_p", "random" or a
-                `zoo.samplers` object (e.g. `Beam(width=5, length_penalty=1.0)`,
+                `zoo.seq2seq.samplers` object (e.g. `Beam(width=5, length_penalty=1.0)`,
                 `Sampling(temperature=0.7, top_p=0.9)`).
             num_return_sequences: int, outputs per input (beam: at most its
                 width, best first; sampling: independent draws).
             return_scores: bool, return (text, score) pairs (see
-                `zoo.decoding.generate_ids` for what the score is).
+                `zoo.seq2seq.decoding.generate_ids` for what the score is).
             max_length: int, most output tokens (default: scaled to the input).
             seed: int, makes sampling repeatable.
 
@@ -312,8 +311,8 @@ class Seq2SeqTransformer(keras.Model):
             otherwise, per input, a list of `num_return_sequences` (text, score)
             pairs. A single str input returns its entry alone.
         """
-        from zoo import decoding, samplers
-
+        from zoo.seq2seq import decoding
+        from zoo.seq2seq import samplers
         single = isinstance(texts, str)
         texts = [texts] if single else list(texts)
         ids = self._source_ids(texts)

@@ -9,8 +9,8 @@ samples. Same for `kid` / `kid_floor`.
 
 import numpy as np
 
-from train.fid import frechet_distance, kernel_inception_distance
-from train.fid_classifier import features_and_outputs, to_float
+from train.sagan.fid import frechet_distance, kernel_inception_distance
+from train.sagan.fid_classifier import features_and_outputs, to_float
 
 
 def generate(generator, n, latent_dim, num_classes, seed, batch_size=128):

@@ -8,7 +8,7 @@ data. "Ambiguous": the word (normalised key) had two or more tags in training.
 import numpy as np
 import tensorflow as tf
 
-from train.tagger_data import Batches, normalised_keys
+from train.tagger.data import Batches, normalised_keys
 
 
 def predict_split(model, encoded, batch_size=64):

@@ -11,7 +11,7 @@ tokens only.
 import keras
 from keras import ops
 
-from zoo.tokenization import PAD_ID
+from zoo.seq2seq.tokenization import PAD_ID
 
 
 @keras.saving.register_keras_serializable(package="train")

@@ -14,7 +14,7 @@ convention):
 
 Example:
 
->>> from zoo import samplers
+>>> from zoo.seq2seq import samplers
 >>> samplers.get("top_k")
 TopK(k=10, temperature=1.0)
 >>> samplers.get(samplers.Beam(width=2)).width
@@ -110,5 +110,5 @@ def get(sampler):
         return sampler
     if isinstance(sampler, str) and sampler in _NAMES:
         return _NAMES[sampler]()
-    raise ValueError(f"`sampler` must be one of {sorted(_NAMES)} or a zoo.samplers object. "
+    raise ValueError(f"`sampler` must be one of {sorted(_NAMES)} or a zoo.seq2seq.samplers object. "
                      f"Received: sampler={sampler!r}")

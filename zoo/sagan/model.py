@@ -293,7 +293,7 @@ class ProjectionHead(keras.layers.Layer):
         The projection term of each class, for all classes at once; their softmax is
         the discriminator's own class posterior (the unconditional term is the same for
         every class and cancels). Training adds a cross-entropy on these scores
-        (`train/sagan_fit.py`, dual projection). No state change.
+        (`train/sagan/fit.py`, dual projection). No state change.
         """
         h = ops.sum(ops.relu(ops.cast(inputs, "float32")), axis=(1, 2))
         return ops.matmul(h, ops.transpose(self.embed.normalized_kernel(training=False)))

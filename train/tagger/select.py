@@ -2,10 +2,10 @@
 
 import random
 
-from train.data import embedded
-from train.data.conllu_reader import read_conllu
-from train.data.tfds_reader import load_tfds, parse_dataset_flag
-from train.data.types import TaggingData
+from train.tagger import embedded
+from train.tagger.conllu import read_conllu
+from train.tfds import load_tfds, parse_dataset_flag
+from train.tagger.types import TaggingData
 from train.errors import UsageError
 
 
