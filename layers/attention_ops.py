@@ -15,6 +15,7 @@ another (docs/facts.md).
 import keras
 from keras import ops
 
+from layers import flash_attention
 from layers.masks import position_mask
 from layers.softmax_attention import softmax_attention
 
@@ -254,6 +255,23 @@ def chunked_attention_context(
         float32)`: fully masked query rows have zero context, as on the full
         path, and `has_keys` 0.
     """
+    if flash_attention.uses_flash(score, normalize, dropout, training):
+        return flash_attention.flash_attention(
+            query,
+            key,
+            value,
+            chunk_size=chunk_size,
+            causal=causal,
+            window=window,
+            include_self=include_self,
+            query_offset=query_offset,
+            key_valid_length=key_valid_length,
+            query_mask=query_mask,
+            key_mask=key_mask,
+            attention_mask=attention_mask,
+        )
+    # Additive scores, ReLU weights and dropout: autodiff through the block
+    # loop (linear memory forward; its backward keeps every block).
     c = chunk_size
     batch = ops.shape(query)[0]
     length_q, length_k = ops.shape(query)[1], ops.shape(key)[1]

@@ -1,0 +1,261 @@
+"""Block-wise softmax attention with a linear-memory backward pass.
+
+Flash-attention-2 in `keras.ops`: the forward visits key blocks with an
+online softmax and keeps, per query row, only the output and the log-sum-exp
+of its scores; the backward recomputes each block's scores from them. Autodiff
+of the block loop would instead keep every block's weights (quadratic memory:
+under JAX the scan stores them all). One `keras.ops.custom_gradient` serves
+TensorFlow and JAX.
+
+Layout as in `attention_ops`: queries `[B, Tq, H, d]`, keys `[B, Tk, H, d]`,
+values `[B, Tk, H, dv]`. Inside, everything is head-major `[B, H, T, d]`,
+where every product is a plain batched matmul, and float32.
+"""
+
+import keras
+from keras import ops
+
+from layers.masks import position_mask
+
+# Added to masked scores before exponentiation: finite (no inf - inf = NaN)
+# and far below any real score in float32.
+_MASK_PENALTY = -1e9
+
+
+def pad_axis1(x, multiple, value=0):
+    """Pads axis 1 of `x` up to a multiple of `multiple` (lengths may be dynamic)."""
+    length = ops.shape(x)[1]
+    extra = (multiple - length % multiple) % multiple
+    pads = [[0, 0], [0, extra]] + [[0, 0]] * (len(x.shape) - 2)
+    return ops.pad(x, pads, constant_values=value)
+
+
+def _head_major(x):
+    return ops.transpose(x, (0, 2, 1, 3))
+
+
+def _t(x):
+    return ops.transpose(x, (0, 1, 3, 2))
+
+
+def flash_attention(
+    query,
+    key,
+    value,
+    *,
+    chunk_size,
+    causal=False,
+    window=None,
+    include_self=True,
+    query_offset=0,
+    key_valid_length=None,
+    query_mask=None,
+    key_mask=None,
+    attention_mask=None,
+):
+    """Dot-product softmax attention in blocks; gradients in linear memory.
+
+    Args:
+        query: `[B, Tq, H, d]`, already scaled.
+        key: `[B, Tk, H, d]`.
+        value: `[B, Tk, H, dv]`.
+        chunk_size: int, the block size of queries and keys.
+        causal, window, include_self, query_offset, key_valid_length: the
+            structural mask, as in `layers.masks.structural_mask`.
+        query_mask, key_mask: `None` or `[B, Tq]` / `[B, Tk]` padding masks.
+        attention_mask: `None` or `[B|1, Tq|1, Tk]` explicit mask.
+
+    Returns:
+        `(context [B, Tq, H, dv] in the value dtype, has_keys [B, Tq, 1]
+        float32)`: a query row that may attend to nothing has zero context
+        and `has_keys` 0.
+    """
+    c = int(chunk_size)
+    batch = ops.shape(query)[0]
+    length_q, length_k = ops.shape(query)[1], ops.shape(key)[1]
+    heads, key_dim, value_dim = query.shape[2], query.shape[3], value.shape[3]
+    offset = ops.cast(query_offset, "int32")
+    valid_k = ops.cast(length_k if key_valid_length is None else key_valid_length, "int32")
+    qmask = (
+        ops.ones((batch, length_q), "bool") if query_mask is None else ops.cast(query_mask, "bool")
+    )
+    kmask = ops.ones((batch, length_k), "bool") if key_mask is None else ops.cast(key_mask, "bool")
+    qmask, kmask = pad_axis1(qmask, c, False), pad_axis1(kmask, c, False)
+    if attention_mask is not None:
+        attention_mask = ops.broadcast_to(
+            ops.cast(attention_mask, "bool"), (batch, length_q, length_k)
+        )
+        attention_mask = pad_axis1(attention_mask, c, False)
+        extra = ops.shape(kmask)[1] - length_k
+        attention_mask = ops.pad(attention_mask, [[0, 0], [0, 0], [0, extra]], constant_values=False)
+    num_q = ops.shape(qmask)[1] // c
+    num_k = ops.shape(kmask)[1] // c
+    positions = ops.arange(c, dtype="int32")
+    zero = ops.zeros((), "int32")
+
+    def key_range(qi):
+        """Key blocks that the causal/window structure leaves visible to
+        query block `qi`."""
+        first_q = qi * c + offset
+        last_q = first_q + c - 1
+        start, stop = zero, ops.cast(num_k, "int32")
+        if causal:
+            stop = ops.minimum(stop, last_q // c + 1)
+        if window is not None:
+            start = ops.maximum(start, ops.maximum(first_q - window, 0) // c)
+            stop = ops.minimum(stop, (last_q + window) // c + 1)
+        return start, ops.maximum(stop, start)
+
+    def query_range(ki):
+        """Query blocks that see any key of key block `ki`."""
+        first_k = ki * c
+        last_k = first_k + c - 1
+        start, stop = zero, ops.cast(num_q, "int32")
+        if causal:
+            start = ops.maximum(start, (first_k - offset) // c)
+        if window is not None:
+            start = ops.maximum(start, (first_k - window - offset) // c)
+            stop = ops.minimum(stop, (last_k + window - offset) // c + 1)
+        start = ops.minimum(start, stop)
+        return start, ops.maximum(stop, start)
+
+    def keep_block(qi, ki):
+        """float32 `[B, 1, c, c]`: 1 where query row may attend to key."""
+        q_start, k_start = qi * c, ki * c
+        qmb = ops.slice(qmask, [zero, q_start], [batch, c])
+        kmb = ops.slice(kmask, [zero, k_start], [batch, c])
+        keep = ops.logical_and(ops.expand_dims(qmb, 2), ops.expand_dims(kmb, 1))
+        structure = position_mask(
+            ops.expand_dims(positions + q_start + offset, 1),
+            ops.expand_dims(positions + k_start, 0),
+            causal=causal,
+            window=window,
+            include_self=include_self,
+            key_valid_length=valid_k,
+        )
+        keep = ops.logical_and(keep, ops.expand_dims(structure, 0))
+        if attention_mask is not None:
+            keep = ops.logical_and(
+                keep, ops.slice(attention_mask, [zero, q_start, k_start], [batch, c, c])
+            )
+        return ops.cast(ops.expand_dims(keep, 1), "float32")
+
+    def block(x, i, width):
+        """Block `i` of a head-major `[B, H, T, width]` tensor."""
+        return ops.slice(x, [zero, zero, i * c, zero], [batch, heads, c, width])
+
+    def stack_blocks(blocks, width):
+        """`[n, B, H, c, w]` from `ops.map` -> `[B, H, n * c, w]`."""
+        blocks = ops.transpose(blocks, (1, 2, 0, 3, 4))
+        return ops.reshape(blocks, (batch, heads, -1, width))
+
+    @ops.custom_gradient
+    def attend(q, k, v):
+        in_dtypes = (q.dtype, k.dtype, v.dtype)
+        q, k, v = (ops.cast(_head_major(pad_axis1(t, c)), "float32") for t in (q, k, v))
+
+        def forward_block(qi):
+            qb = block(q, qi, key_dim)
+
+            def step(ki, carry):
+                m, l, acc = carry
+                keep = keep_block(qi, ki)
+                s = ops.matmul(qb, _t(block(k, ki, key_dim)))
+                s = s + (1.0 - keep) * _MASK_PENALTY
+                m_new = ops.maximum(m, ops.max(s, axis=-1, keepdims=True))
+                p = ops.exp(s - m_new) * keep
+                rescale = ops.exp(m - m_new)
+                l = l * rescale + ops.sum(p, axis=-1, keepdims=True)
+                acc = acc * rescale + ops.matmul(p, block(v, ki, value_dim))
+                return m_new, l, acc
+
+            m0 = ops.full((batch, heads, c, 1), -1e30, "float32")
+            l0 = ops.zeros((batch, heads, c, 1), "float32")
+            acc0 = ops.zeros((batch, heads, c, value_dim), "float32")
+            start, stop = key_range(qi)
+            m, l, acc = ops.fori_loop(start, stop, step, (m0, l0, acc0))
+            # Rows that saw no key keep l == 0 and acc == 0: output zero, and
+            # a log-sum-exp of 0 (their keys are all masked in the backward).
+            has = l > 0
+            safe_l = ops.where(has, l, 1.0)
+            out = acc / safe_l
+            lse = ops.where(has, m + ops.log(safe_l), 0.0)
+            return out, lse, ops.cast(has, "float32")
+
+        out, lse, has = ops.map(forward_block, ops.arange(num_q, dtype="int32"))
+        out = stack_blocks(out, value_dim)  # [B, H, Tq_pad, dv] float32
+        lse = stack_blocks(lse, 1)  # [B, H, Tq_pad, 1]
+        has_keys = ops.transpose(stack_blocks(has, 1)[:, :1], (0, 2, 1, 3))[:, :, 0]
+        context = ops.cast(_head_major(out)[:, :length_q], in_dtypes[2])
+
+        def grad(*upstream, **unused):
+            d_out = upstream[0]
+            if isinstance(d_out, (tuple, list)):  # JAX passes the outputs' tuple
+                d_out = d_out[0]
+            d_out = ops.cast(_head_major(pad_axis1(d_out, c)), "float32")
+            # flash-attention's D: sum_j P_ij dP_ij equals rowsum(dO * O).
+            row = ops.sum(d_out * out, axis=-1, keepdims=True)
+
+            def probabilities(qi, ki):
+                s = ops.matmul(block(q, qi, key_dim), _t(block(k, ki, key_dim)))
+                keep = keep_block(qi, ki)
+                s = s + (1.0 - keep) * _MASK_PENALTY
+                return ops.exp(s - block(lse, qi, 1)) * keep
+
+            def d_scores(qi, ki, p):
+                d_p = ops.matmul(block(d_out, qi, value_dim), _t(block(v, ki, value_dim)))
+                return p * (d_p - block(row, qi, 1))
+
+            def query_grad(qi):
+                def step(ki, d_q):
+                    ds = d_scores(qi, ki, probabilities(qi, ki))
+                    return d_q + ops.matmul(ds, block(k, ki, key_dim))
+
+                start, stop = key_range(qi)
+                return ops.fori_loop(
+                    start, stop, step, ops.zeros((batch, heads, c, key_dim), "float32")
+                )
+
+            def key_grad(ki):
+                def step(qi, carry):
+                    d_k, d_v = carry
+                    p = probabilities(qi, ki)
+                    d_v = d_v + ops.matmul(_t(p), block(d_out, qi, value_dim))
+                    ds = d_scores(qi, ki, p)
+                    d_k = d_k + ops.matmul(_t(ds), block(q, qi, key_dim))
+                    return d_k, d_v
+
+                start, stop = query_range(ki)
+                init = (
+                    ops.zeros((batch, heads, c, key_dim), "float32"),
+                    ops.zeros((batch, heads, c, value_dim), "float32"),
+                )
+                return ops.fori_loop(start, stop, step, init)
+
+            d_q = stack_blocks(ops.map(query_grad, ops.arange(num_q, dtype="int32")), key_dim)
+            d_k, d_v = ops.map(key_grad, ops.arange(num_k, dtype="int32"))
+            d_k, d_v = stack_blocks(d_k, key_dim), stack_blocks(d_v, value_dim)
+            return tuple(
+                ops.cast(_head_major(g)[:, :n], dtype)
+                for g, n, dtype in zip(
+                    (d_q, d_k, d_v), (length_q, length_k, length_k), in_dtypes
+                )
+            )
+
+        return (context, has_keys), grad
+
+    context, has_keys = attend(query, key, value)
+    return context, has_keys[:, :length_q]
+
+
+def uses_flash(score, normalize, dropout, training):
+    """Whether the chunked path can take `flash_attention`: dot-product
+    scores with softmax and no active dropout on the weights."""
+    dropping = (
+        dropout is not None and dropout.rate > 0 and training is not None and training is not False
+    )
+    return score != "additive" and normalize == "softmax" and not dropping
+
+
+def backend_name():
+    return keras.backend.backend()
