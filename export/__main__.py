@@ -6,8 +6,10 @@ savedmodel and tflite, whose result is the files) and errors, with the
 TensorFlow / LiteRT runtime's own log lines muted; auto (the default), 1 and 2
 also print what was written.
 
-Exit codes: 0 success; 1 export failed, model incompatible (check) or an
-unexpected error (traceback only with --debug); 2 bad input (one line).
+Exit codes: 0 success; 1 export failed, model incompatible (check), a model
+that fails on the GPU accelerator (verify --accelerator gpu) or an unexpected
+error (traceback only with --debug); 2 bad input (one line); 3 verify
+--accelerator gpu without a Vulkan device (after the static check's verdict).
 """
 
 import argparse
@@ -84,8 +86,12 @@ def build_parser():
     c.add_argument("--target", default="gpu", choices=TARGETS)
     c.add_argument("--debug", action="store_true", default=argparse.SUPPRESS, help=argparse.SUPPRESS)
 
-    v = sub.add_parser("verify", help="Keras vs SavedModel (clean process) vs LiteRT")
-    v.add_argument("run_dir", metavar="RUN_DIR")
+    v = sub.add_parser("verify", help="Keras vs SavedModel (clean process) vs LiteRT; "
+                       "--accelerator gpu: LiteRT's real GPU accelerator vs its CPU")
+    v.add_argument("run_dir", metavar="RUN_DIR_OR_FILE")
+    v.add_argument("--accelerator", choices=("gpu",),
+                   help="run FILE.tflite (or --tflite) on this accelerator and compare with CPU")
+    v.add_argument("--runs", type=_positive_int, default=20, help="timed runs per signature (--accelerator)")
     v.add_argument("--savedmodel", metavar="DIR")
     v.add_argument("--tflite", metavar="FILE")
     v.add_argument("--samples", type=_positive_int, default=64)
@@ -137,6 +143,17 @@ def _run(args):
             return 1
         print(f"{args.file}: compatible with --target {args.target}")
         return 0
+    if args.command == "verify" and args.accelerator:
+        from export.errors import UsageError
+        from export.verify import format_accelerator_report, verify_accelerator
+
+        if args.savedmodel:
+            raise UsageError("--accelerator runs a .tflite file; --savedmodel does not apply")
+        report = verify_accelerator(args.run_dir, tflite=args.tflite, samples=args.samples, runs=args.runs)
+        print(json.dumps(report, indent=2) if args.json else format_accelerator_report(report))
+        if "no_device" in report:
+            return 3
+        return 0 if report["ok"] else 1
     if args.command == "verify":
         from export.verify import format_report, verify
 

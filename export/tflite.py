@@ -124,6 +124,12 @@ def convert(source, quantize="none", static_length=None, calibration=None):
     finally:
         shutil.rmtree(workdir, ignore_errors=True)
     _reject_custom_ops(content)
+    if static:
+        # The GPU mode: low-rank elementwise operands reshaped for LiteRT's GPU
+        # accelerator (export/gpu_rewrite.py; the same arithmetic).
+        from export import gpu_rewrite
+
+        content = gpu_rewrite.legalize(content)
     return content, specs, kind, src
 
 

@@ -137,3 +137,210 @@ def format_report(report):
             fname, fvalue = e["float_metric_same_inputs"]
             lines.append(f"  {'':<11} {name} {value:.4f} ({e.get('quantize')}) vs float {fvalue:.4f}")
     return "\n".join(lines)
+
+
+# ---------------------------------------------------------------- real accelerator
+def _accelerator_target(target, tflite):
+    """(.tflite path, run dir or None) from `verify RUN_OR_FILE [--tflite F]`."""
+    path = tflite
+    run = None
+    if path is None:
+        if not target.endswith(".tflite"):
+            raise UsageError(f"--accelerator needs a .tflite file: name it, or a run with --tflite FILE (got {target})")
+        path = target
+    elif os.path.isdir(target):
+        run = target
+    if not os.path.isfile(path):
+        raise UsageError(f"no such .tflite file: {path}")
+    runtime._check_tflite_file(path)
+    if run is None:
+        for side in (path + ".json", os.path.join(os.path.dirname(path), "seq2seq.tflite.json")):
+            if os.path.exists(side):
+                with open(side) as f:
+                    source = json.load(f).get("source")
+                if source and os.path.exists(source):
+                    run = source
+                break
+    return path, run
+
+
+def _signature_details(path):
+    """{signature: {input: {"shape", "dtype"}}} from the CPU Interpreter (TensorFlow-free)."""
+    interp = runtime.interpreter(path)
+    out = {}
+    for sig in interp.get_signature_list():
+        runner = interp.get_signature_runner(sig)
+        out[sig] = {
+            "inputs": {k: {"shape": [int(x) for x in d["shape"]], "dtype": np.dtype(d["dtype"])}
+                       for k, d in runner.get_input_details().items()},
+            "outputs": {k: {"shape": [int(x) for x in d["shape"]], "dtype": np.dtype(d["dtype"])}
+                        for k, d in runner.get_output_details().items()}}
+    return out
+
+
+def _rows(details, src, kind, n):
+    """n batch-1 rows for one signature: the run's calibration / test rows when
+    there is a run, synthetic ones otherwise (ExportKind.sample_inputs)."""
+    import tensorflow as tf
+
+    specs = [tf.TensorSpec([None] + d["shape"][1:], d["dtype"], name=k) for k, d in details.items()]
+    if src is not None:
+        inputs = kind.sample_inputs(src, n, specs=specs)
+        inputs = {s.name: kinds.fit_to_spec(inputs[s.name], s) for s in specs}
+    else:
+        inputs = kinds.ExportKind().sample_inputs(rundir.Source("", "keras"), n, specs=specs)
+    count = min(len(v) for v in inputs.values())
+    return [{k: v[i:i + 1].reshape(details[k]["shape"]) for k, v in inputs.items()} for i in range(count)]
+
+
+def _stack(results):
+    return {k: np.concatenate([np.asarray(r[k])[None] for r in results]) for k in results[0]}
+
+
+def _compare(cpu_rows, gpu_rows, rows, kind):
+    from export import accelerator
+
+    want, got = _stack(cpu_rows), _stack(gpu_rows)
+    diffs = accelerator.float_diff(want, got)
+    tol = accelerator.tolerance_for(want)
+    entry = {"rows": len(cpu_rows), "max_abs_diff": diffs, "tolerance": {k: tol[k] for k in diffs}}
+    ok = all(diffs[k] <= tol[k] for k in diffs)
+    class_output = getattr(kind, "class_output", None) if kind else None
+    if class_output and class_output in want:
+        inputs = {k: v.reshape((-1,) + v.shape[2:]) for k, v in _stack(rows).items()}
+        mask = kind.valid_mask(inputs)
+        same = np.argmax(want[class_output], -1) == np.argmax(got[class_output], -1)
+        same = same.reshape((same.shape[0] * same.shape[1],) + same.shape[2:])
+        if mask is not None and same.shape == mask.shape:
+            same = same[mask]
+        entry["agreement"] = float(same.mean()) if same.size else 1.0
+        ok = ok and entry["agreement"] >= 0.95
+    exact = {k: float(np.mean(want[k] == got[k])) for k in want if not np.issubdtype(want[k].dtype, np.floating)}
+    if exact:
+        entry["equal_fraction"] = exact
+    entry["ok"] = bool(ok)
+    return entry
+
+
+def _seq2seq_rows(details, src, n):
+    source_len = details["encode"]["inputs"]["source_ids"]["shape"][1]
+    if src is not None:
+        import tensorflow as tf
+
+        spec = tf.TensorSpec([None, source_len], tf.int32, name="source_ids")
+        return kinds.fit_to_spec(kinds.get(src.kind).sample_inputs(src, n, specs=[spec])["source_ids"], spec)
+    vocab = details["decode_step"]["outputs"]["logits"]["shape"][-1]
+    rng = np.random.default_rng(0)
+    rows = np.zeros((n, source_len), np.int32)
+    for r in rows:
+        k = int(rng.integers(2, max(3, source_len // 2)))
+        r[:k] = rng.integers(4, max(5, vocab), size=k)
+    return rows
+
+
+def verify_accelerator(target, tflite=None, samples=8, runs=20):
+    """LiteRT's real GPU accelerator vs its CPU runtime on one .tflite.
+
+    The static check runs first and always. Without a Vulkan device the report
+    says so (`no_device`) and stops there. Otherwise, in a child process without
+    TensorFlow (export/accelerator.py): the file compiled with the GPU
+    accelerator only, `is_fully_accelerated()`, every signature's outputs on the
+    run's rows (synthetic ones without a run) against LiteRT's CPU, latency with
+    a read of an output inside the timed loop; seq2seq `encode` / `decode_step`
+    files also run the whole greedy loop on both and must give the same tokens."""
+    from export import accelerator, check
+
+    path, run = _accelerator_target(target, tflite)
+    report = {"path": path, "accelerator": "gpu", "source": run,
+              "static_problems": [str(p) for p in check.check_file(path, "gpu")]}
+    problem = accelerator.device_problem()
+    if problem:
+        report["no_device"] = problem
+        return report
+    src = rundir.resolve(run).held_out() if run else None
+    kind = kinds.get(src.kind) if src else None
+    details = _signature_details(path)
+    greedy = None
+    if {"encode", "decode_step"} <= set(details):
+        rows = _seq2seq_rows(details, src, samples)
+        first = runtime.interpreter(path).get_signature_runner("encode")(source_ids=rows[:1])
+        step = {"token": np.array([2], np.int32), "position": np.array(0, np.int32),
+                "cross_cache": first["cross_cache"], "encoder_mask": first["encoder_mask"],
+                "self_cache": np.zeros(details["decode_step"]["inputs"]["self_cache"]["shape"], np.float32)}
+        feeds = {"encode": [{"source_ids": r[None]} for r in rows], "decode_step": [step]}
+        greedy = {"rows": [r[None] for r in rows], "length": details["decode_step"]["inputs"]["self_cache"]["shape"][1]}
+    else:
+        feeds = {sig: _rows(d["inputs"], src, kind, samples) for sig, d in details.items()}
+    result = accelerator.run_in_child(path, feeds, greedy=greedy, runs=runs)
+    if result["crashed"]:
+        report.update(compiled=False, error=result["crashed"], ok=False)
+        return report
+    gpu, cpu = result["gpu"], result["cpu"]
+    if not cpu.get("compiled"):
+        raise ExportError(f"LiteRT's CPU runtime cannot run {path}: {cpu.get('error')}")
+    if not gpu["compiled"]:
+        report.update(compiled=False, error=gpu["error"], log=gpu["log"], ok=False)
+        return report
+    report.update(compiled=True, fully_accelerated=gpu["fully_accelerated"],
+                  delegate_log=list(dict.fromkeys(gpu["log"] + gpu["run_log"])), signatures={})
+    for sig, rows in feeds.items():
+        entry = _compare(cpu["outputs"][sig], gpu["outputs"][sig], rows, kind if greedy is None else None)
+        entry["gpu_latency"], entry["cpu_latency"] = gpu["latency"].get(sig), cpu["latency"].get(sig)
+        report["signatures"][sig] = entry
+    if greedy:
+        # A row whose tokens part where CPU's best two logits are nearer than the
+        # GPU's measured logits error is a near tie (precision), not a wrong op;
+        # it is counted apart and does not fail the verdict.
+        tie = max(report["signatures"]["decode_step"]["tolerance"].get("logits", 0.02),
+                  2 * report["signatures"]["decode_step"]["max_abs_diff"].get("logits", 0.0))
+        mismatches, ties = [], 0
+        for i, (a, b) in enumerate(zip(cpu["greedy"], gpu["greedy"])):
+            if a == b:
+                continue
+            k = next((j for j, (x, y) in enumerate(zip(a, b)) if x != y), min(len(a), len(b)))
+            margin = cpu["margins"][i][k] if k < len(cpu["margins"][i]) else float("inf")
+            ties += margin <= tie
+            mismatches.append({"row": i, "step": k, "cpu_margin": margin, "near_tie": margin <= tie,
+                               "cpu": a[max(0, k - 2):k + 4], "gpu": b[max(0, k - 2):k + 4]})
+        same = len(cpu["greedy"]) - len(mismatches)
+        report["signatures"]["greedy"] = {
+            "rows": len(cpu["greedy"]), "same_tokens": same, "near_ties": ties, "tie_margin": tie,
+            "ok": len(mismatches) == ties, "mismatches": mismatches[:3]}
+    report["ok"] = bool(gpu["fully_accelerated"] and all(e["ok"] for e in report["signatures"].values()))
+    return report
+
+
+def format_accelerator_report(report):
+    lines = [f"verify {report['path']} on LiteRT's GPU accelerator"
+             + (f" (rows from {report['source']})" if report.get("source") else " (synthetic rows)")]
+    static = report["static_problems"]
+    lines.append("  static check --target gpu: " + ("compatible" if not static else
+                                                     f"NOT compatible ({len(static)} problems; first: "
+                                                     + static[0].splitlines()[0] + ")"))
+    if "no_device" in report:
+        lines.append("  " + report["no_device"])
+        return "\n".join(lines)
+    if not report["compiled"]:
+        lines.append(f"  gpu: {report['error']}")
+        lines.append("  verdict: FAIL (does not compile for the GPU accelerator alone)")
+        return "\n".join(lines)
+    lines.append("  gpu: compiled with the GPU accelerator only; "
+                 + ("fully accelerated" if report["fully_accelerated"] else "NOT fully accelerated"))
+    for line in report.get("delegate_log") or []:
+        lines.append(f"  delegate: {line}")
+    for sig, e in report["signatures"].items():
+        if sig == "greedy":
+            lines.append(f"  greedy loop (encode + decode_step per token): {e['same_tokens']}/{e['rows']} rows "
+                         "with CPU's tokens" + (f", {e['near_ties']} parting at a near tie (CPU's top-2 logits "
+                                                f"within {e['tie_margin']:.2g})" if e["near_ties"] else "")
+                         + "".join(f"; row {m['row']} parts at step {m['step']} (CPU margin {m['cpu_margin']:.3g}): "
+                                   f"cpu ...{m['cpu']} gpu ...{m['gpu']}" for m in e["mismatches"]))
+            continue
+        diffs = ", ".join(f"{k} {v:.3g} (tol {e['tolerance'][k]:.2g})" for k, v in e["max_abs_diff"].items())
+        agree = f"; argmax agreement {e['agreement']:.2%}" if "agreement" in e else ""
+        exact = "".join(f"; {k} equal {v:.2%}" for k, v in e.get("equal_fraction", {}).items())
+        lines.append(f"  {sig}: {e['rows']} rows, max abs diff vs CPU {diffs or '-'}{agree}{exact}; "
+                     + (f"p50 gpu {e['gpu_latency']['p50_ms']:.3f} ms, cpu {e['cpu_latency']['p50_ms']:.3f} ms"
+                        if e.get("gpu_latency") else "untimed"))
+    lines.append("  verdict: " + ("PASS" if report["ok"] else "FAIL"))
+    return "\n".join(lines)

@@ -26,6 +26,7 @@ TFLite (builtin ops only):
       re-projects the source. `litert_greedy` below is the reference app loop.
 """
 
+import contextlib
 import json
 import os
 import sys
@@ -163,6 +164,30 @@ KIND = Seq2SeqKind()
 
 
 # ---------------------------------------------------------------- step model
+@contextlib.contextmanager
+def _token_major_attention(model):
+    """Traces self-attention in its token-major form (one `[T, C] x [C, 3Hd]`
+    FULLY_CONNECTED, then a split) instead of the heads-first projection.
+
+    The heads-first projection is a BATCH_MATMUL `[1, T, C+1] x [3H, C+1, d]`
+    whose first operand's batch is broadcast; LiteRT's GPU accelerator turns it
+    into a mat_mul_as_convolution of the wrong output shape and returns wrong
+    values while reporting the model fully accelerated (measured: encode's
+    cross_cache off by 3.4-7.8 on lavapipe and an H200; `python -m export check
+    --target gpu` flags that BATCH_MATMUL). Both forms are the same arithmetic."""
+    from layers import MultiHeadAttention
+
+    found = [layer for layer in model._flatten_layers(include_self=False, recursive=True)
+             if isinstance(layer, MultiHeadAttention)]
+    for layer in found:
+        layer._heads_first = lambda *args, **kwargs: False
+    try:
+        yield
+    finally:
+        for layer in found:
+            del layer._heads_first
+
+
 def step_functions(model, source_length=None):
     """(encode, decode_step, specs) with static-shape, rank-4 cache tensors.
 
@@ -182,7 +207,8 @@ def step_functions(model, source_length=None):
         return tuple((flat[2 * i:2 * i + 1], flat[2 * i + 1:2 * i + 2]) for i in range(n))
 
     def encode(source_ids):
-        encoder_output, mask = model.encode(source_ids)
+        with _token_major_attention(model):
+            encoder_output, mask = model.encode(source_ids)
         cross = model.cross_caches(encoder_output, split=True)
         return {"cross_cache": ops.concatenate([t for pair in cross for t in pair], axis=0),
                 "encoder_mask": ops.cast(mask, "float32")}
@@ -224,12 +250,16 @@ def convert_steps(model, source_length=None):
         archive.write_out(workdir, verbose=False)
         converter = tf.lite.TFLiteConverter.from_saved_model(workdir, signature_keys=["encode", "decode_step"])
         converter.target_spec.supported_ops = [tf.lite.OpsSet.TFLITE_BUILTINS]
-        return converter.convert()
+        # Low-rank elementwise operands reshaped for the GPU accelerator
+        # (export/gpu_rewrite.py); the same arithmetic.
+        from export import gpu_rewrite
+
+        return gpu_rewrite.legalize(converter.convert())
     finally:
         shutil.rmtree(workdir, ignore_errors=True)
 
 
-def litert_greedy(tflite, source_ids, max_length, eos_id=3, bos_id=2):
+def litert_greedy(tflite, source_ids, max_length, eos_id=3, bos_id=2, model=None, margins=None):
     """Greedy decoding driven from Python, one `decode_step` call per token.
 
     This is the loop an app writes (GPU delegates cannot run WHILE).
@@ -238,17 +268,25 @@ def litert_greedy(tflite, source_ids, max_length, eos_id=3, bos_id=2):
         tflite: path or bytes of the steps model.
         source_ids: int32 `[1, S]` (0-padded to the model's S).
         max_length: the model's max_target_length (cache length).
+        model: an `export.accelerator.Compiled` of the same file to run on
+            (e.g. LiteRT's GPU accelerator); default: the CPU Interpreter.
+        margins: None or a list that gets, per step, the gap between the
+            best and the second-best logit (how near a tie the choice was).
 
     Returns:
         list of output ids, cut after EOS (EOS included if produced).
     """
     from export.runtime import interpreter
 
-    interp = interpreter(tflite)
-    encode = interp.get_signature_runner("encode")
-    step = interp.get_signature_runner("decode_step")
+    if model is not None:
+        encode, step = model.runner("encode"), model.runner("decode_step")
+        cache_shape = model.input_details("decode_step")["self_cache"]["shape"]
+    else:
+        interp = interpreter(tflite)
+        encode = interp.get_signature_runner("encode")
+        step = interp.get_signature_runner("decode_step")
+        cache_shape = step.get_input_details()["self_cache"]["shape"]
     enc = encode(source_ids=np.asarray(source_ids, np.int32))
-    cache_shape = step.get_input_details()["self_cache"]["shape"]
     cache = np.zeros(cache_shape, np.float32)
     token, out = bos_id, []
     for position in range(max_length):
@@ -256,6 +294,9 @@ def litert_greedy(tflite, source_ids, max_length, eos_id=3, bos_id=2):
                       cross_cache=enc["cross_cache"], encoder_mask=enc["encoder_mask"], self_cache=cache)
         cache = result["self_cache"]
         token = int(np.argmax(result["logits"][0]))
+        if margins is not None:
+            top = np.sort(np.asarray(result["logits"][0], np.float64))[-2:]
+            margins.append(float(top[1] - top[0]))
         out.append(token)
         if token == eos_id:
             break
@@ -292,6 +333,7 @@ def export_all(run_dir, out_dir):
     # knows before trying the delegate.
     report["steps_gpu_problems"] = [str(p) for p in check_model(steps, "gpu")]
     sidecar = dict(kind.sidecar(src), files={"steps": "steps.tflite", "greedy": "greedy.tflite"},
+                   source=os.path.abspath(src.path) if src.run_dir or os.path.exists(src.path) else None,
                    parity=report, num_self_caches=int(model.num_self_caches))
     for name, content in (("steps.tflite", steps), ("greedy.tflite", greedy_bytes)):
         with atomic.building(os.path.join(out_dir, name)) as tmp:

@@ -1,0 +1,369 @@
+"""LiteRT's real GPU accelerator: compile, run, compare with CPU, time.
+
+`ai_edge_litert`'s `CompiledModel` with `HardwareAccelerator.GPU` is LiteRT's GPU
+accelerator (WebGPU through Dawn, over Vulkan). It needs a Vulkan device: a GPU,
+or Mesa >= 25's lavapipe, a Vulkan driver that runs on the CPU (README, "GPU
+export"). Static rules (export/check.py) say what the delegate should accept;
+this module asks the delegate itself, and compares its numbers with LiteRT's CPU
+runtime, because "compiles" and `is_fully_accelerated()` do not mean "correct"
+(docs/facts.md: a matmul whose shader failed to compile returned wrong values).
+
+Used by `python -m export verify FILE --accelerator gpu` and the tests.
+"""
+
+import base64
+import contextlib
+import functools
+import os
+import re
+import subprocess
+import sys
+import tempfile
+import time
+
+import numpy as np
+
+HOW_TO_GET_ONE = (
+    "no Vulkan device for LiteRT's GPU accelerator: run on a machine with a GPU and its Vulkan driver, "
+    "or install Mesa >= 25's CPU driver (Debian 12: apt-get install -t bookworm-backports "
+    "mesa-vulkan-drivers; README, 'GPU export')")
+
+# x [1, 4] float32 -> y = 2x + 1 (serving_default): the probe model.
+_PROBE = base64.b64decode("HAAAAFRGTDMUACAAHAAYABQAEAAMAAAACAAEABQAAAAcAAAAhAAAANwAAAC8AQAAzAEAANQDAAADAAAAAQAAABAAAAAAAAoAEAAMAAgABAAKAAAADAAAABwAAAA0AAAADwAAAHNlcnZpbmdfZGVmYXVsdAABAAAABAAAAKT///8EAAAABAAAAAEAAAB5AAAAAQAAAAQAAADO/v//BAAAAAEAAAB4AAAAAgAAADQAAAAEAAAA3P///wcAAAAEAAAAEwAAAENPTlZFUlNJT05fTUVUQURBVEEACAAMAAgABAAIAAAABgAAAAQAAAATAAAAbWluX3J1bnRpbWVfdmVyc2lvbgAIAAAA3AAAANQAAADAAAAApAAAAJwAAACUAAAAdAAAAAQAAABe////BAAAAGAAAAAQAAAAAAAAAAgADgAIAAQACAAAABAAAAAkAAAAAAAGAAgABAAGAAAABAAAAAAAAAAMABgAFAAQAAwABAAMAAAAN2V/sBc23e0DAAAAAgAAAAQAAAAGAAAAMi4yMS4wAADK////BAAAABAAAAAxLjUuMAAAAAAAAAAAAAAAnP3//6D9///u////BAAAAAQAAAAAAABAAAAGAAgABAAGAAAABAAAAAQAAAAAAIA/zP3//9D9//8PAAAATUxJUiBDb252ZXJ0ZWQuAAEAAAAUAAAAAAAOABgAFAAQAAwACAAEAA4AAAAUAAAAHAAAAKAAAACkAAAAqAAAAAQAAABtYWluAAAAAAIAAABYAAAAFAAAAAAADgAYABQAEAAMAAsABAAOAAAAFAAAAAAAAAsQAAAAFAAAAAEAAABY/v//AQAAAAQAAAACAAAAAwAAAAEAAAAAAA4AFAAAABAADAALAAQADgAAABAAAAAAAAAVDAAAABAAAACU/v//AQAAAAMAAAACAAAAAAAAAAIAAAABAAAABAAAAAEAAAAAAAAABQAAAPQAAACsAAAAfAAAAEgAAAAEAAAANv///wAAAAEQAAAAEAAAAAUAAAAgAAAA7P7//xEAAABQYXJ0aXRpb25lZENhbGw6MAAAAAIAAAABAAAABAAAAHb///8AAAABEAAAABAAAAAEAAAAEAAAACz///8DAAAAbXVsAAIAAAABAAAABAAAAKb///8AAAABEAAAABAAAAADAAAAFAAAAFz///8FAAAAbXVsL3kAAAAAAAAA0v///wAAAAEQAAAAEAAAAAIAAAAUAAAAiP///wUAAABhZGQveQAAAAAAAAAAABYAGAAUAAAAEAAMAAgAAAAAAAAABwAWAAAAAAAAARAAAAAQAAAAAQAAACAAAADM////EwAAAHNlcnZpbmdfZGVmYXVsdF94OjAAAgAAAAEAAAAEAAAAAgAAABwAAAAIAAAABAAEAAQAAAAMAAwACwAAAAAABAAMAAAAEgAAAAAAABI=")
+
+
+class NoDevice(Exception):
+    """No Vulkan device: LiteRT's GPU accelerator cannot start here."""
+
+
+def ensure_runtime_dir():
+    """Dawn wants a writable XDG_RUNTIME_DIR; a private temporary one if unset."""
+    d = os.environ.get("XDG_RUNTIME_DIR")
+    if not d or not os.path.isdir(d) or not os.access(d, os.W_OK):
+        os.environ["XDG_RUNTIME_DIR"] = tempfile.mkdtemp(prefix="litert-xdg-")
+
+
+@contextlib.contextmanager
+def captured_stderr():
+    """fd 2 into a file while the block runs (LiteRT's C++ logs go there);
+    yields a list that holds the captured text afterwards."""
+    out = []
+    sys.stderr.flush()
+    try:
+        saved = os.dup(2)
+    except OSError:
+        yield out
+        return
+    with tempfile.TemporaryFile() as f:
+        os.dup2(f.fileno(), 2)
+        try:
+            yield out
+        finally:
+            sys.stderr.flush()
+            os.dup2(saved, 2)
+            os.close(saved)
+            f.seek(0)
+            out.append(f.read().decode("utf-8", "replace"))
+
+
+_NOISE = ("IntelOpenvino", "libopenvino", "npu_registry", "NPU accelerator", "Logging before InitGoogle",
+          "Source Location Trace", "artificially reduced")
+
+
+def log_errors(text, limit=3):
+    """The delegate's own error lines in captured LiteRT output (one line each)."""
+    lines = []
+    for line in text.splitlines():
+        line = line.strip().lstrip("└ ").strip()
+        if not line or any(n in line for n in _NOISE):
+            continue
+        if re.search(r"(^E\d{4}|ERROR|[Ee]rror|Failed|failed|mismatch|not supported|Unsupported)", line):
+            line = re.sub(r"^E\d{4} [\d:. ]+\d+ ", "", line)
+            if line not in lines:
+                lines.append(line[:300])
+    return lines[:limit]
+
+
+_CHILD = r"""
+import sys
+sys.path.insert(0, sys.argv[1])
+from export import accelerator
+try:
+    m = accelerator.Compiled(accelerator._PROBE, "gpu")
+    y = m.run("serving_default", {"x": [[1.0, 2.0, 3.0, 4.0]]})["y"]
+    ok, why = abs(float(y[0, 3]) - 9.0) < 1e-2, "wrong result %s" % y
+except Exception as e:
+    ok, why = False, "\n".join(getattr(e, "log", None) or [str(e)])
+sys.stdout.write("\nPROBE-OK\n" if ok else "\nPROBE-FAIL\n" + why)
+"""
+
+
+@functools.lru_cache(maxsize=1)
+def device_problem():
+    """None when LiteRT's GPU accelerator runs here, else one line saying why not
+    and how to get one. Probed once per process, in a child process (a driver
+    problem cannot take this one down)."""
+    ensure_runtime_dir()
+    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    try:
+        proc = subprocess.run([sys.executable, "-c", _CHILD, root], capture_output=True, text=True, timeout=120,
+                              env=dict(os.environ, TF_CPP_MIN_LOG_LEVEL="0"))
+    except (OSError, subprocess.TimeoutExpired) as e:
+        return f"{HOW_TO_GET_ONE} (probe failed: {e})"
+    if "\nPROBE-OK\n" in proc.stdout:
+        return None
+    text = proc.stdout + proc.stderr
+    why = "no Vulkan adapter found" if re.search(r"No adapters found|Found no drivers|INCOMPATIBLE_DRIVER", text)         else "; ".join(log_errors(text, 2)) or f"probe exited {proc.returncode}"
+    return f"{HOW_TO_GET_ONE} ({why})"
+
+
+def require_device():
+    problem = device_problem()
+    if problem:
+        raise NoDevice(problem)
+
+
+def _accelerator(name):
+    from ai_edge_litert.hardware_accelerator import HardwareAccelerator
+
+    return {"gpu": HardwareAccelerator.GPU, "cpu": HardwareAccelerator.CPU}[name]
+
+
+class CompileError(RuntimeError):
+    """The accelerator refused the model; `.log` holds the delegate's lines."""
+
+    def __init__(self, message, log=()):
+        super().__init__(message)
+        self.log = list(log)
+
+
+class Compiled:
+    """A .tflite (path or bytes) compiled for one accelerator ("gpu" only, or "cpu"),
+    with one set of input/output buffers per signature, reused across runs."""
+
+    def __init__(self, model, accelerator="gpu"):
+        from ai_edge_litert.compiled_model import CompiledModel
+
+        if accelerator == "gpu":
+            ensure_runtime_dir()
+        self.accelerator = accelerator
+        with captured_stderr() as log:
+            try:
+                if isinstance(model, (bytes, bytearray)):
+                    self.model = CompiledModel.from_buffer(bytes(model), hardware_accel=_accelerator(accelerator))
+                else:
+                    self.model = CompiledModel.from_file(str(model), hardware_accel=_accelerator(accelerator))
+                error = None
+            except RuntimeError as e:
+                error = e
+        self.log = log[0] if log else ""
+        if error is not None:
+            lines = log_errors(self.log) or [" ".join(str(error).split())[:200]]
+            raise CompileError(f"{accelerator} accelerator refused the model: {lines[0]}", lines)
+        self.fully_accelerated = bool(self.model.is_fully_accelerated())
+        self.signatures = self.model.get_signature_list()
+        self._buffers = {}
+
+    def _io(self, signature):
+        if signature not in self._buffers:
+            m = self.model
+            ins = m.get_input_tensor_details(signature)
+            outs = m.get_output_tensor_details(signature)
+            self._buffers[signature] = (
+                {k: (m.create_input_buffer_by_name(signature, k), d) for k, d in ins.items()},
+                {k: (m.create_output_buffer_by_name(signature, k), d) for k, d in outs.items()},
+            )
+        return self._buffers[signature]
+
+    def input_details(self, signature):
+        return {k: {"shape": list(d["shape"]), "dtype": np.dtype(d["dtype"])}
+                for k, (_, d) in self._io(signature)[0].items()}
+
+    def write(self, signature, inputs):
+        ins, _ = self._io(signature)
+        for k, (buf, d) in ins.items():
+            if k not in inputs:
+                raise ValueError(f"signature {signature!r} needs input {k!r}")
+            a = np.asarray(inputs[k], dtype=np.dtype(d["dtype"]))
+            shape = [int(x) for x in d["shape"]]
+            if a.size != int(np.prod(shape)):
+                raise ValueError(f"input {k!r}: shape {list(a.shape)} does not fit {shape}")
+            buf.write(np.ascontiguousarray(a).reshape(-1))
+
+    def read(self, signature, names=None):
+        _, outs = self._io(signature)
+        result = {}
+        for k, (buf, d) in outs.items():
+            if names is not None and k not in names:
+                continue
+            shape = [int(x) for x in d["shape"]]
+            result[k] = np.asarray(buf.read(int(np.prod(shape)), np.dtype(d["dtype"]))).reshape(shape)
+        return result
+
+    def invoke(self, signature):
+        ins, outs = self._io(signature)
+        self.model.run_by_name(signature, {k: b for k, (b, _) in ins.items()},
+                               {k: b for k, (b, _) in outs.items()})
+
+    def run(self, signature, inputs):
+        """One call: writes `inputs` (arrays of the signature's exact shapes), runs,
+        reads every output back (waiting for the device)."""
+        self.write(signature, inputs)
+        self.invoke(signature)
+        return self.read(signature)
+
+    def runner(self, signature):
+        """A callable like an Interpreter's signature runner."""
+        return lambda **inputs: self.run(signature, inputs)
+
+    def time(self, signature, inputs, runs=20, warmup=3):
+        """Latency percentiles of write + run + a read of the smallest output: the
+        read waits for the device, so the work is inside the timed loop (timing
+        `run_by_name` alone measures only the enqueue on a GPU)."""
+        _, outs = self._io(signature)
+        smallest = min(outs, key=lambda k: int(np.prod(outs[k][1]["shape"])))
+        times = []
+        for i in range(warmup + runs):
+            t = time.perf_counter()
+            self.write(signature, inputs)
+            self.invoke(signature)
+            self.read(signature, names=(smallest,))
+            if i >= warmup:
+                times.append((time.perf_counter() - t) * 1e3)
+        p = np.percentile(times, [50, 90])
+        return {"p50_ms": float(p[0]), "p90_ms": float(p[1]), "runs": runs}
+
+
+def float_diff(reference, candidate):
+    """{output: max abs diff} over float outputs; NaN/inf where only one side has it counts as inf."""
+    out = {}
+    for k, ref in reference.items():
+        ref = np.asarray(ref)
+        if k not in candidate or not np.issubdtype(ref.dtype, np.floating):
+            continue
+        a, b = ref.astype(np.float64), np.asarray(candidate[k], np.float64)
+        bad = np.isfinite(a) != np.isfinite(b)
+        d = np.abs(np.where(np.isfinite(a) & np.isfinite(b), a - b, 0.0))
+        out[k] = float("inf") if bad.any() else (float(d.max()) if d.size else 0.0)
+    return out
+
+
+def tolerance_for(reference, rel=0.02, floor=0.02):
+    """The GPU computes in reduced precision (fp16 by default): an output is
+    right within max(floor, rel * its largest magnitude)."""
+    return {k: max(floor, rel * float(np.max(np.abs(np.asarray(v, np.float64))))) if np.asarray(v).size else floor
+            for k, v in reference.items() if np.issubdtype(np.asarray(v).dtype, np.floating)}
+
+
+# ---------------------------------------------------------------- child process
+# TensorFlow and the GPU accelerator do not share a process: with TensorFlow
+# imported first, compiling for the GPU accelerator crashed (SIGSEGV inside
+# CompiledModel.from_file, lavapipe; both bundle LLVM). The accelerator runs in a
+# child that imports neither TensorFlow nor Keras, and the child's own crash is a
+# verdict, not the caller's death.
+_JOB = r"""
+import json, sys
+sys.path.insert(0, sys.argv[1])
+from export import accelerator
+accelerator._child_main(sys.argv[2])
+"""
+
+
+def _child_main(workdir):
+    import json
+
+    with open(os.path.join(workdir, "job.json")) as f:
+        job = json.load(f)
+    with np.load(os.path.join(workdir, "in.npz")) as data:
+        feeds = {k: data[k] for k in data.files}
+    result, arrays = {}, {}
+    for acc in ("cpu", "gpu"):
+        entry = result[acc] = {}
+        try:
+            m = Compiled(job["path"], acc)
+        except CompileError as e:
+            entry.update(compiled=False, error=str(e), log=e.log)
+            continue
+        entry.update(compiled=True, fully_accelerated=m.fully_accelerated, log=log_errors(m.log),
+                     signatures=sorted(m.signatures), latency={})
+        with captured_stderr() as run_log:
+            for sig, rows in job["signatures"].items():
+                for r in range(rows):
+                    prefix = f"{sig}/{r}/"
+                    inputs = {k[len(prefix):]: v for k, v in feeds.items() if k.startswith(prefix)}
+                    for name, value in m.run(sig, inputs).items():
+                        arrays[f"{acc}/{prefix}{name}"] = value
+                if rows and job.get("runs"):
+                    prefix = f"{sig}/0/"
+                    entry["latency"][sig] = m.time(
+                        sig, {k[len(prefix):]: v for k, v in feeds.items() if k.startswith(prefix)}, runs=job["runs"])
+            if job.get("greedy"):
+                from export.kinds import seq2seq
+
+                g = job["greedy"]
+                entry["greedy"], entry["margins"] = [], []
+                for i in range(g["rows"]):
+                    margins = []
+                    entry["greedy"].append(seq2seq.litert_greedy(job["path"], feeds["greedy/" + str(i)], g["length"],
+                                                                 model=m, margins=margins))
+                    entry["margins"].append(margins)
+        entry["run_log"] = log_errors(run_log[0] if run_log else "")
+    if "tensorflow" in sys.modules:
+        result["warning"] = "tensorflow was imported in the accelerator's process"
+    np.savez(os.path.join(workdir, "out.npz"), **arrays)
+    with open(os.path.join(workdir, "result.json"), "w") as f:
+        json.dump(result, f)
+
+
+def run_in_child(path, feeds, greedy=None, runs=20, timeout=600):
+    """Runs `path` on CPU and on the GPU accelerator in a fresh process.
+
+    Args:
+        feeds: {signature: [ {input: array of the exact shape}, ... ]}.
+        greedy: None or {"rows": [source_ids [1, S], ...], "length": L}: the
+            seq2seq app loop (`litert_greedy`) on each row, on each accelerator.
+        runs: timed runs per signature (on the first row), 0 for none.
+
+    Returns:
+        {"cpu"|"gpu": {"compiled", "fully_accelerated", "log", "error",
+         "outputs": {signature: [ {output: array}, ... ]}, "latency",
+         "greedy"}, "crashed": None or a message}.
+    """
+    import json
+
+    ensure_runtime_dir()
+    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    with tempfile.TemporaryDirectory(prefix="export-accelerator-") as tmp:
+        arrays = {f"{sig}/{r}/{k}": np.asarray(v) for sig, rows in feeds.items()
+                  for r, row in enumerate(rows) for k, v in row.items()}
+        job = {"path": os.path.abspath(path), "signatures": {s: len(r) for s, r in feeds.items()}, "runs": runs}
+        if greedy:
+            job["greedy"] = {"rows": len(greedy["rows"]), "length": int(greedy["length"])}
+            arrays.update({f"greedy/{i}": np.asarray(r, np.int32) for i, r in enumerate(greedy["rows"])})
+        np.savez(os.path.join(tmp, "in.npz"), **arrays)
+        with open(os.path.join(tmp, "job.json"), "w") as f:
+            json.dump(job, f)
+        env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}
+        env["TF_CPP_MIN_LOG_LEVEL"] = "0"
+        try:
+            proc = subprocess.run([sys.executable, "-c", _JOB, root, tmp], capture_output=True, text=True,
+                                  timeout=timeout, env=env)
+        except subprocess.TimeoutExpired:
+            return {"crashed": f"the accelerator's process ran past {timeout} s"}
+        if proc.returncode != 0 or not os.path.exists(os.path.join(tmp, "result.json")):
+            why = f"signal {-proc.returncode}" if proc.returncode < 0 else f"exit {proc.returncode}"
+            tail = log_errors(proc.stderr + proc.stdout, 2)
+            return {"crashed": f"the accelerator's process died ({why})" + (f": {'; '.join(tail)}" if tail else "")}
+        with open(os.path.join(tmp, "result.json")) as f:
+            result = json.load(f)
+        with np.load(os.path.join(tmp, "out.npz")) as data:
+            out = {k: data[k] for k in data.files}
+    result["crashed"] = None
+    for acc in ("cpu", "gpu"):
+        entry = result[acc]
+        entry["outputs"] = {}
+        for sig, rows in feeds.items():
+            entry["outputs"][sig] = [
+                {k.split("/", 3)[3]: v for k, v in out.items() if k.startswith(f"{acc}/{sig}/{r}/")}
+                for r in range(len(rows))] if entry.get("compiled") else []
+    return result

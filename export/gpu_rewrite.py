@@ -1,0 +1,98 @@
+"""Rewrites of a .tflite flatbuffer that LiteRT's GPU accelerator needs.
+
+An elementwise op (ADD, MUL, SUB, ...) whose runtime operand has a lower rank
+than its output (e.g. ADD `[64, 16]` + const `[1, 64, 16]` -> `[1, 64, 16]`) is
+computed wrong by the GPU accelerator, with no error and the model reported
+fully accelerated (measured on lavapipe: the seq2seq encoder's token embedding
+plus positions off by 0.39). `legalize` puts a RESHAPE to the output's rank
+(leading 1s: the same numbers) in front of every such operand; the arithmetic is
+unchanged, so CPU results are bitwise the same. `export/check.py` flags the
+pattern in files written without it.
+"""
+
+import numpy as np
+
+# Elementwise ops with NumPy-style broadcasting of two operands.
+BROADCASTING = frozenset({"ADD", "SUB", "MUL", "DIV", "MAXIMUM", "MINIMUM", "POW", "SQUARED_DIFFERENCE",
+                          "FLOOR_DIV", "FLOOR_MOD", "LESS", "LESS_EQUAL", "GREATER", "GREATER_EQUAL",
+                          "EQUAL", "NOT_EQUAL", "LOGICAL_AND", "LOGICAL_OR", "ATAN2"})
+
+
+def low_rank_operands(g, op, name):
+    """Input slots of `op` whose runtime tensor has rank in [1, output rank)."""
+    if name not in BROADCASTING:
+        return []
+    out_rank = len(g.dims(op.outputs[0]))
+    return [slot for slot, i in enumerate(op.inputs)
+            if i >= 0 and not g.is_const(i) and 1 <= len(g.dims(i)) < out_rank]
+
+
+def legalize(content):
+    """`content` (.tflite bytes) with the low-rank operands reshaped; the same
+    bytes when nothing needs it."""
+    import flatbuffers
+    from ai_edge_litert import schema_py_generated as schema
+
+    from export import check
+
+    model = check.read_model(content)
+    reshape_code = None
+    changed = False
+    for sg in model.subgraphs or []:
+        g = check._Graph(model, sg)
+        new_ops = []
+        for op in sg.operators if sg.operators is not None else []:
+            name = check.op_name(model, op)
+            for slot in low_rank_operands(g, op, name):
+                if reshape_code is None:
+                    reshape_code = _opcode(model, schema, schema.BuiltinOperator.RESHAPE)
+                src = op.inputs[slot]
+                dims = [1] * (len(g.dims(op.outputs[0])) - len(g.dims(src))) + g.dims(src)
+                shape_t = _tensor(model, sg, schema, b"gpu_rewrite/shape", [len(dims)],
+                                  schema.TensorType.INT32, np.asarray(dims, np.int32).tobytes())
+                old = sg.tensors[src]
+                out_t = _tensor(model, sg, schema, (old.name or b"t") + b"/rank%d" % len(dims), dims, old.type,
+                                quantization=old.quantization)
+                r = schema.OperatorT()
+                r.opcodeIndex = reshape_code
+                r.inputs, r.outputs = [src, shape_t], [out_t]
+                r.builtinOptionsType = schema.BuiltinOptions.ReshapeOptions
+                r.builtinOptions = schema.ReshapeOptionsT()
+                r.builtinOptions.newShape = list(dims)
+                new_ops.append(r)
+                inputs = list(op.inputs)
+                inputs[slot] = out_t
+                op.inputs = inputs
+                changed = True
+            new_ops.append(op)
+        sg.operators = new_ops
+    if not changed:
+        return content
+    b = flatbuffers.Builder(len(content) + 4096)
+    b.Finish(model.Pack(b), file_identifier=b"TFL3")
+    return bytes(b.Output())
+
+
+def _opcode(model, schema, builtin):
+    for k, code in enumerate(model.operatorCodes):
+        if max(code.builtinCode, code.deprecatedBuiltinCode) == builtin:
+            return k
+    code = schema.OperatorCodeT()
+    code.builtinCode = builtin
+    code.deprecatedBuiltinCode = min(builtin, 127)
+    code.version = 1
+    model.operatorCodes.append(code)
+    return len(model.operatorCodes) - 1
+
+
+def _tensor(model, sg, schema, name, shape, dtype, data=None, quantization=None):
+    buf = schema.BufferT()
+    if data is not None:
+        buf.data = np.frombuffer(data, np.uint8)
+    model.buffers.append(buf)
+    t = schema.TensorT()
+    t.name, t.shape, t.type = name, list(shape), dtype
+    t.buffer = len(model.buffers) - 1
+    t.quantization = quantization
+    sg.tensors.append(t)
+    return len(sg.tensors) - 1
