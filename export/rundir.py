@@ -51,6 +51,12 @@ class Source:
         with np.load(path) as data:
             return {k: data[k] for k in data.files}
 
+    def ensure_model(self):
+        """The Keras model, loaded from the run directory on first use."""
+        if self.model is None:
+            self.model = load_model(os.path.join(self.run_dir, "model.keras"))
+        return self.model
+
     def metrics(self):
         path = self.file("metrics.json")
         if not path or not os.path.exists(path):
@@ -59,23 +65,9 @@ class Source:
             return json.load(f)
 
 
-def _import_registrations():
-    # Registered layers/models must be importable before load_model. The
-    # packages may be partial while the zoo grows; a missing module only
-    # matters if the model needs it, and load_model then says which class.
-    import importlib
-
-    for name in ("layers", "zoo"):
-        try:
-            importlib.import_module(name)
-        except ImportError:
-            pass
-
-
 def load_model(path):
     """`zoo.model_file.load`: safe_mode, and one UsageError for a missing, truncated,
     corrupted or unsafe file."""
-    _import_registrations()
     from zoo import model_file
 
     try:
@@ -124,9 +116,3 @@ def _kind_of_model(model):
     from export import kinds
 
     return kinds.detect(model)
-
-
-def ensure_model(source):
-    if source.model is None:
-        source.model = load_model(os.path.join(source.run_dir, "model.keras"))
-    return source.model

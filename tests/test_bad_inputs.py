@@ -494,7 +494,7 @@ def _x(b=2, t=5, d=8):
 
 def _api_cases():
     import layers as L
-    import zoo
+    import zoo.models  # noqa: F401  (registers every class zoo model files name)
 
     small = dict(words=["<pad>", "<unk>", "a"], chars=["<pad>", "<unk>", "a"], tags=["X"])
     mha = lambda **kw: L.MultiHeadAttention(2, 4, **kw)  # noqa: E731

@@ -13,7 +13,7 @@ import keras
 import numpy as np
 import pytest
 
-import zoo  # noqa: F401  (registers the models load_model reads)
+import zoo.models  # noqa: F401  (registers every class zoo model files name)
 from train import checkpoint, engine
 from train import strategy as distribute
 from train.tagger import embedded

@@ -119,7 +119,7 @@ def test_tokens_signature_matches_keras_core(tagger_export, clean_results):
     run = tagger_export[0]
     import keras
 
-    import zoo  # noqa: F401
+    import zoo.models  # noqa: F401  (registers every class zoo model files name)
     from zoo.tagger.model import pad_tokens
 
     model = keras.models.load_model(os.path.join(run, "model.keras"))
@@ -277,7 +277,7 @@ def test_bad_input_exits_2_with_one_line(tmp_path, capsys):
 
 
 def test_zoo_load_tags_with_the_savedmodel_like_keras(tagger_export):
-    import zoo
+    import zoo.models  # noqa: F401  (registers every class zoo model files name)
 
     run, base, version_dir, reference = tagger_export
     for path in (base, version_dir):

@@ -45,7 +45,7 @@ def tagger_run(tmp_path_factory):
 def test_tagger_dynamic_export_sidecar_and_parity(tagger_run, tmp_path):
     import keras
 
-    import zoo  # noqa: F401
+    import zoo.models  # noqa: F401  (registers every class zoo model files name)
 
     path = str(tmp_path / "tagger.tflite")
     assert main(["tflite", str(tagger_run), "--out", path]) == 0
@@ -67,7 +67,7 @@ def test_tagger_dynamic_export_sidecar_and_parity(tagger_run, tmp_path):
 
 
 def test_zoo_load_tags_with_the_tflite_file_like_keras(tagger_run, tmp_path):
-    import zoo
+    import zoo.models  # noqa: F401  (registers every class zoo model files name)
 
     path = str(tmp_path / "tagger.tflite")
     assert main(["tflite", str(tagger_run), "--out", path]) == 0
@@ -115,7 +115,7 @@ def test_int8_classifier_is_gated_on_argmax_agreement(tagger_run, tmp_path):
 def test_tagger_int16x8_static_export_matches_keras(tagger_run, tmp_path):
     import keras
 
-    import zoo  # noqa: F401
+    import zoo.models  # noqa: F401  (registers every class zoo model files name)
 
     path = str(tmp_path / "i16.tflite")
     tflite.export_tflite(str(tagger_run), path, quantize="int16x8", static_shape=True)
@@ -169,7 +169,7 @@ def test_verify_measures_accuracy_on_held_out_rows(tagger_run, tmp_path):
     # so the metric shows which rows verify read.
     import keras
 
-    import zoo  # noqa: F401
+    import zoo.models  # noqa: F401  (registers every class zoo model files name)
 
     model = keras.models.load_model(run / "model.keras")
     predicted = np.argmax(np.asarray(model.core({"word_ids": rows["word_ids"],

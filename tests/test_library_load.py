@@ -33,7 +33,7 @@ TEXTS = ["abcde", "jjab"]
 CHILD = textwrap.dedent("""
     import json, sys
     import numpy as np
-    import zoo
+    import zoo.models  # noqa: F401  (registers every class zoo model files name)
     import keras
 
     kind, run, out = sys.argv[1:4]
@@ -143,7 +143,7 @@ def test_every_kind_loads_in_a_fresh_process_with_default_arguments(runs, tmp_pa
 def test_zoo_load_runs_the_sagan_exports_like_the_run(runs, tmp_path):
     """A SavedModel and a batch-1 `.tflite` of the generator, loaded with
     `zoo.load`, give the run's images for the same class ids and seed."""
-    import zoo
+    import zoo.models  # noqa: F401  (registers every class zoo model files name)
     from export.__main__ import main as export_main
 
     run = runs["sagan"]
@@ -165,7 +165,7 @@ def test_zoo_load_runs_the_sagan_exports_like_the_run(runs, tmp_path):
 
 
 def test_zoo_load_refuses_what_it_cannot_load(runs, tmp_path):
-    import zoo
+    import zoo.models  # noqa: F401  (registers every class zoo model files name)
 
     with pytest.raises(ValueError, match="does not exist"):
         zoo.load(tmp_path / "missing")

@@ -10,7 +10,7 @@ import sys
 import numpy as np
 import pytest
 
-import zoo
+import zoo.models  # noqa: F401  (registers every class zoo model files name)
 from train.sagan.fid import frechet_distance, kernel_inception_distance
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))

@@ -7,7 +7,7 @@ import keras
 import numpy as np
 import pytest
 
-import zoo  # noqa: F401  (registers the model classes the files name)
+import zoo.models  # noqa: F401  (registers every class zoo model files name)
 
 HERE = os.path.join(os.path.dirname(__file__), "fixtures", "saved_before_move")
 OUTPUTS = np.load(os.path.join(HERE, "outputs.npz"))

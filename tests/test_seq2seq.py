@@ -13,7 +13,7 @@ import keras
 import numpy as np
 import pytest
 
-import zoo
+import zoo.models  # noqa: F401  (registers every class zoo model files name)
 from train.cli import main as train_main
 from zoo.seq2seq import decoding
 from zoo.seq2seq.tokenization import EOS_ID, encode_proto, train_sentencepiece

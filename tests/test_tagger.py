@@ -7,7 +7,7 @@ import numpy as np
 import pytest
 import tensorflow as tf
 
-import zoo
+import zoo.models  # noqa: F401  (registers every class zoo model files name)
 from zoo.tagger.model import Tagger, pad_tokens
 from zoo.tagger.layers import Presence, WordDropout
 

@@ -11,7 +11,7 @@ import keras
 import numpy as np
 import pytest
 
-import zoo
+import zoo.models  # noqa: F401  (registers every class zoo model files name)
 from train.tagger import embedded
 from train.rundir import read_json
 from train.tagger.run import resume_run, train_one

@@ -99,7 +99,7 @@ def config_argv(parser, config):
                 argv += items
                 break
     if "model_option" in by_dest:  # the tagger: hyper-parameters as --model-option KEY=JSON
-        from zoo.tagger.model import DEFAULTS
+        from zoo.tagger.config import DEFAULTS
 
         argv += [f"--model-option={key}={json.dumps(value)}" for key, value in leftovers.items()
                  if key in DEFAULTS and value is not None]

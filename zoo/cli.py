@@ -106,6 +106,17 @@ def verbosity(value):
     return 1 if value == "auto" else int(value)
 
 
+def import_keras_quietly():
+    """Imports keras (and TensorFlow under it) with fd 2 muted: TensorFlow's C++
+    runtime prints oneDNN INFO lines during the import, before absl logging is set
+    up, so TF_CPP_MIN_LOG_LEVEL cannot filter them, and the CLIs promise one line
+    on stderr for bad input. A failed import still raises its Python exception."""
+    if "keras" in sys.modules:
+        return
+    with quiet_stderr():
+        import keras  # noqa: F401
+
+
 @contextlib.contextmanager
 def quiet_stderr(enabled=True):
     """With `enabled`, fd 2 goes to /dev/null inside the block: TensorFlow's and

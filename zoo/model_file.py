@@ -48,7 +48,7 @@ def load(path, expected=None, compile=False):
     path = check_archive(path)
     import keras
 
-    import zoo  # noqa: F401  (registers the classes the file refers to)
+    import zoo.models  # noqa: F401  (registers the classes the file refers to)
 
     try:
         model = keras.models.load_model(path, compile=compile, safe_mode=True)

@@ -63,9 +63,9 @@ def _read_json(path):
 
 
 def _quiet_keras():
-    import zoo
+    from zoo.cli import import_keras_quietly
 
-    zoo._import_keras_quietly()
+    import_keras_quietly()
 
 
 # ---------------------------------------------------------------- keras

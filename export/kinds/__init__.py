@@ -92,9 +92,7 @@ class ExportKind:
         return False
 
     def model(self, source):
-        from export.rundir import ensure_model
-
-        return ensure_model(source)
+        return source.ensure_model()
 
     def core(self, source):
         """The Keras model whose numbers the exports must reproduce."""

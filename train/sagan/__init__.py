@@ -138,24 +138,20 @@ def _validate(args):
         args.out = os.path.join("runs", "sagan-compare" if args.compare else "sagan")
 
 
-def data_flags(args):
-    return {"dataset": args.dataset, "image_dir": args.image_dir, "image_size": args.image_size,
-            "train_size": args.train_size, "test_size": args.test_size,
-            "max_images": args.max_images, "seed": args.seed}
-
-
 def run(args):
     _validate(args)
     from train import rundir
 
     rundir.check_out_dir(args.out, resume=args.resume, kinds=("sagan",))
     if args.resume:
-        import zoo  # noqa: F401
+        from zoo.cli import import_keras_quietly
+
+        import_keras_quietly()  # after the cheap checks: bad input still gets one line
         from train.sagan.run import resume_run
 
         return resume_run(args)
     # Everything that can be wrong with the input is found before anything is written.
-    from train.sagan.images import load_images
+    from train.sagan.images import data_flags, load_images
 
     data = load_images(**data_flags(args))
     if args.attention not in ("auto", None):
@@ -165,7 +161,9 @@ def run(args):
             resolve_attention(data.image_size, args.attention)
         except ValueError as e:
             raise UsageError(f"--attention-resolution {args.attention}: {e}") from None
-    import zoo  # noqa: F401  (imports keras quietly; after the cheap checks above)
+    from zoo.cli import import_keras_quietly
+
+    import_keras_quietly()  # after the cheap checks: bad input still gets one line
     from train.sagan.run import check_replicas, train_compare, train_one
 
     check_replicas(args.batch_size)

@@ -196,3 +196,9 @@ def load_tfds_images(value, image_size=None, max_images=None):
     return ImageData(train, train_labels, test, test_labels, class_names,
                      {"name": f"tfds:{name}", "image_size": size, "train": int(len(train)),
                       "test": int(len(test))})
+
+
+def data_flags(args):
+    return {"dataset": args.dataset, "image_dir": args.image_dir, "image_size": args.image_size,
+            "train_size": args.train_size, "test_size": args.test_size,
+            "max_images": args.max_images, "seed": args.seed}

@@ -57,7 +57,7 @@ def _data_seed(train_cfg):
 
 
 def _train_config(args, data_seed=None):
-    from train.sagan import data_flags
+    from train.sagan.images import data_flags
 
     # data_seed: the seed the data were made or split with (--compare trains several
     # model seeds on one data set).

@@ -16,16 +16,7 @@ import os
 from train.errors import UsageError
 
 ARCHS = ("transformer", "universal_transformer")
-# Sized for Multi30k-sized data (29k pairs) and a 30-minute budget on a 2-core CPU:
-# about 5.7e8 training FLOPs per sentence pair (16 + 19 subwords), so one epoch is
-# ~1.6e13 FLOPs and a 2-core CPU sustaining 30-50 GFLOP/s does 3-5 epochs in 30
-# minutes. The feed-forward width (512, not 4 * 256) and a 6k joint vocabulary (the
-# tied output projection is a large share of the cost) buy epochs, which matter more
-# than width at this budget.
-TEXT_MODEL = {"hidden_dim": 256, "num_layers": 3, "num_heads": 4, "intermediate_dim": 512,
-              "dropout": 0.1, "max_source_length": 128, "max_target_length": 128}
-TASK_MODEL = {"hidden_dim": 64, "num_layers": 2, "num_heads": 4, "intermediate_dim": 256,
-              "dropout": 0.0, "max_source_length": 64, "max_target_length": 64}
+
 
 
 def add_arguments(parser):
@@ -117,30 +108,15 @@ def validate(args):
         args.out = os.path.join("runs", "seq2seq-text" if text else f"seq2seq-{args.task}")
 
 
-def model_config(args, text):
-    base = dict(TEXT_MODEL if text else TASK_MODEL)
-    for key in ("hidden_dim", "num_layers", "num_heads", "intermediate_dim", "dropout",
-                "max_source_length", "max_target_length"):
-        if getattr(args, key) is not None:
-            base[key] = getattr(args, key)
-    base.update(position=args.position, norm_first=not args.post_ln,
-                share_embeddings=not args.separate_embeddings, window=args.window,
-                label_smoothing=args.label_smoothing)
-    if args.arch == "universal_transformer":
-        base.pop("num_layers")
-        base.update(num_steps=args.num_steps, act=args.act)
-    if base["hidden_dim"] % base["num_heads"]:
-        raise UsageError(f"--num-heads {base['num_heads']} must divide --hidden-dim {base['hidden_dim']}")
-    return base
-
-
 def run(args):
     validate(args)
     from train import rundir
 
     rundir.check_out_dir(args.out, resume=args.resume, kinds=("seq2seq", "universal_transformer"))
     if args.resume:
-        import zoo  # noqa: F401  (imports keras quietly: bad input still gets one line)
+        from zoo.cli import import_keras_quietly
+
+        import_keras_quietly()  # after the cheap checks: bad input still gets one line
         from train.seq2seq import run as seq2seq_run
         return seq2seq_run.resume_run(args)
     # Input problems are found before the (slow) TensorFlow import and before anything is written.

@@ -17,7 +17,7 @@ import time
 import keras
 import numpy as np
 
-import zoo
+import zoo.models  # noqa: F401  (registers every class zoo model files name)
 from train import checkpoint, engine, rundir
 from train import strategy as distribute
 from train.errors import UsageError
@@ -62,7 +62,7 @@ def _encode_all(tokenizer, data, model, truncate):
 
 
 def train_new(args, data):
-    from train.seq2seq import model_config
+    from train.seq2seq.config import model_config
 
     text = data.task == "text"
     _defaults(args, text)

@@ -11,8 +11,8 @@ import sys
 import time
 
 from train.errors import UsageError
+from zoo.tagger.config import ARCHS
 
-ARCHS = ("attention", "fc", "window", "bilstm")
 
 
 class _Named(argparse.Action):
@@ -89,7 +89,7 @@ def _model_options(items):
     options = {}
     if not items:
         return options
-    from zoo.tagger.model import DEFAULTS
+    from zoo.tagger.config import DEFAULTS
 
     for item in items:
         key, sep, raw = item.partition("=")
@@ -108,7 +108,9 @@ def run(args):
 
     rundir.check_out_dir(args.out, resume=args.resume, kinds=("tagger",))
     if args.resume:
-        import zoo  # noqa: F401
+        from zoo.cli import import_keras_quietly
+
+        import_keras_quietly()  # after the cheap checks: bad input still gets one line
         from train.tagger.run import resume_run
 
         return resume_run(args)
@@ -116,7 +118,9 @@ def run(args):
     from train.tagger.select import load_data
 
     data = load_data(args.train_file, args.dev_file, args.test_file, args.dataset, args.seed)
-    import zoo  # noqa: F401  (imports keras quietly; after the cheap checks above)
+    from zoo.cli import import_keras_quietly
+
+    import_keras_quietly()  # after the cheap checks: bad input still gets one line
     from train.tagger.run import train_compare, train_one
 
     if args.compare:

@@ -7,7 +7,7 @@ import time
 import keras
 import numpy as np
 
-import zoo
+import zoo.models  # noqa: F401  (registers every class zoo model files name)
 from train import checkpoint, engine, rundir
 from train import strategy as distribute
 from train.errors import UsageError
@@ -250,7 +250,7 @@ def _write_rows(out, name, encoded, seed, rows):
 
 def train_compare(args, data):
     """All four archs on the same data and vocabulary; table to stdout, compare.md/.json."""
-    from train.tagger import ARCHS
+    from zoo.tagger.config import ARCHS
 
     rundir.create_run_dir(args.out, "tagger-compare")
     vocab = build_vocab(data)

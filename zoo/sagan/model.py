@@ -32,7 +32,6 @@ import keras
 from keras import ops
 
 from layers import ConditionalBatchNormalization, SelfAttention2D, SNConv2D, SNDense
-from zoo import register
 
 MIN_SIZE = 32
 ATTENTION_LAYER = "self_attention"
@@ -348,7 +347,6 @@ class ClassEmbedding(keras.layers.Layer):
         return {**super().get_config(), "num_classes": self.num_classes, "dim": self.dim}
 
 
-@register("sagan_generator")
 def build_generator(image_size=32, channels=3, num_classes=None, latent_dim=128, width=32,
                     attention_resolution="auto", seed=None, class_embedding=0):
     """SAGAN generator (see the module docstring).
@@ -404,7 +402,6 @@ def build_generator(image_size=32, channels=3, num_classes=None, latent_dim=128,
     return keras.Model(inputs, image, name="sagan_generator")
 
 
-@register("sagan_discriminator")
 def build_discriminator(image_size=32, channels=3, num_classes=None, width=32,
                         attention_resolution="auto", seed=None):
     """SAGAN projection discriminator (see the module docstring).

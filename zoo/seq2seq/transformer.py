@@ -12,7 +12,6 @@ import math
 import keras
 from keras import ops
 
-import zoo
 from layers import (
     LayerNorm,
     PositionEmbedding,
@@ -358,7 +357,6 @@ class Seq2SeqTransformer(keras.Model):
                 if k not in ("tokenizer", "name", "trainable", "dtype")}
 
 
-@zoo.register("seq2seq")
 def build_seq2seq(vocabulary_size=None, tokenizer=None, **kwargs):
     """`zoo.build("seq2seq", vocabulary_size=..., **kwargs)`; with a tokenizer
     (base64 SentencePiece model) the vocabulary size defaults to its size."""

@@ -18,7 +18,6 @@ own states, so cached and full decoding agree with ACT too.
 import keras
 from keras import ops
 
-import zoo
 from layers import SinusoidalPositionEncoding, TransformerDecoderBlock, TransformerEncoderBlock
 from zoo.seq2seq.transformer import Seq2SeqTransformer, _check_positive
 from zoo.seq2seq.tokenization import Tokenizer, decode_proto
@@ -165,7 +164,6 @@ class UniversalTransformer(Seq2SeqTransformer):
         return config
 
 
-@zoo.register("universal_transformer")
 def build_universal_transformer(vocabulary_size=None, tokenizer=None, **kwargs):
     """`zoo.build("universal_transformer", vocabulary_size=..., num_steps=4, act=False, ...)`."""
     if vocabulary_size is None:

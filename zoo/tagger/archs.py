@@ -12,9 +12,8 @@ import keras
 from keras import ops
 
 from layers import LayerNorm, TokenEmbedding, TransformerEncoderBlock
+from zoo.tagger.config import ARCHS
 from zoo.tagger.layers import Presence, WordDropout
-
-ARCHS = ("attention", "fc", "window", "bilstm")
 
 
 def char_features(char_ids, num_chars, char_dim, char_filters, char_kernels, dropout):

@@ -9,37 +9,9 @@ import keras
 import numpy as np
 import tensorflow as tf
 
-import zoo
-from zoo.tagger.archs import ARCHS, build_core
+from zoo.tagger.archs import build_core
+from zoo.tagger.config import ARCH_DEFAULTS, ARCHS, DEFAULTS
 from zoo.tagger.encoding import PAD, UNK, TokenEncoder
-
-# Hyper-parameters shared by all archs (same input pipeline and head) and per-arch ones.
-DEFAULTS = {
-    "word_dim": 100,
-    "char_dim": 32,
-    "char_filters": 64,
-    "char_kernels": [2, 3, 4],
-    "hidden_dim": 128,
-    "num_layers": None,  # per arch, see ARCH_DEFAULTS
-    "num_heads": 4,
-    "dropout": 0.2,
-    "word_dropout": 0.25,
-    "window": 5,
-    "conv_kernel": 3,
-    "rotary": True,
-    "attention_window": None,
-}
-# The attention tagger leans on word identity more than the BiLSTM does (3 points
-# behind it on unseen words at word dropout 0.25); replacing 60% of training words
-# by <unk> makes it read the characters and the context, and a wider model then
-# pays. On UD LinES (test / dev UPOS, seed 0): 2 layers, 0.25: 95.61 / 95.81;
-# 2 layers, 0.5: 95.80 / 96.02; 3 layers, 0.6: 96.00 / 96.03; 3 layers, 0.6, width
-# 192: 96.08 / 96.13 (seed 1: 96.04 / 96.04, seed 2: 95.87 / 96.15) against the
-# BiLSTM's 95.88 / 95.96 (seed 1: 95.84 / 95.97, seed 2: 95.82 / 95.86). Width 192
-# costs ~1.3x the time per step of width 128.
-ARCH_DEFAULTS = {"attention": {"num_layers": 3, "word_dropout": 0.6, "hidden_dim": 192},
-                 "bilstm": {"num_layers": 2}, "fc": {"num_layers": 1}, "window": {"num_layers": 1}}
-
 
 def _positive_int(name, value):
     if isinstance(value, bool) or not isinstance(value, (int, np.integer)) or value <= 0:
@@ -185,7 +157,6 @@ def pad_tokens(token_lists):
     return tf.constant(rows, dtype=tf.string)
 
 
-@zoo.register("tagger")
 def build_tagger(words, chars, tags, arch="attention", **kwargs):
     """`zoo.build("tagger", ...)`: see `Tagger`."""
     return Tagger(words=words, chars=chars, tags=tags, arch=arch, **kwargs)

@@ -1,0 +1,17 @@
+"""Every zoo model, imported: `import zoo.models` registers all the classes a zoo
+model file names (layers and models), so `keras.models.load_model` needs no
+`custom_objects`. `BUILDERS` maps each `zoo.build` name to its builder."""
+
+import layers  # noqa: F401  (registers the layers that saved models refer to)
+from zoo.sagan.model import build_discriminator, build_generator
+from zoo.seq2seq.transformer import build_seq2seq
+from zoo.seq2seq.universal_transformer import build_universal_transformer
+from zoo.tagger.model import build_tagger
+
+BUILDERS = {
+    "tagger": build_tagger,
+    "seq2seq": build_seq2seq,
+    "universal_transformer": build_universal_transformer,
+    "sagan_generator": build_generator,
+    "sagan_discriminator": build_discriminator,
+}
