@@ -12,6 +12,8 @@ output). Keras's own layer gives uniform weights on one path and zeros on
 another (docs/facts.md).
 """
 
+import numbers
+
 import keras
 from keras import ops
 
@@ -27,6 +29,44 @@ NORMALIZATIONS = ("softmax", "relu")
 _MASK_PENALTY = -1e9
 # How far below a row's lowest score the full path puts masked scores.
 _MASK_MARGIN = 20.0
+
+
+# `chunk_size="auto"`: chunking turns on when one sequence's float32 scores,
+# all heads, would reach AUTO_MIN_ENTRIES entries per head (a 4096 x 4096
+# matrix), or the whole batch's AUTO_MAX_BYTES; below that the full path is
+# faster (fewer, larger matmuls) and fits.
+AUTO_CHUNK_SIZE = 1024
+AUTO_MIN_ENTRIES = 4096 * 4096
+AUTO_MAX_BYTES = 2**30
+
+
+def check_chunk_size(chunk_size):
+    """`None`, `"auto"` or an int >= 1; anything else is a ValueError."""
+    if chunk_size is None or (isinstance(chunk_size, str) and chunk_size == "auto"):
+        return chunk_size
+    if isinstance(chunk_size, bool) or not isinstance(chunk_size, numbers.Integral) or chunk_size < 1:
+        raise ValueError(
+            '`chunk_size` must be None, "auto" or an integer >= 1. '
+            f"Received: chunk_size={chunk_size!r}"
+        )
+    return int(chunk_size)
+
+
+def resolve_chunk_size(chunk_size, batch, heads, length_q, length_k):
+    """The block size a call runs with: `None` (full path) or an int.
+
+    `"auto"` decides from the static shapes; a length unknown while tracing
+    (a TensorFlow graph with dynamic lengths) keeps the full path, which
+    also converts to TFLite without loops."""
+    if not (isinstance(chunk_size, str) and chunk_size == "auto"):
+        return chunk_size
+    if length_q is None or length_k is None:
+        return None
+    entries = int(length_q) * int(length_k)
+    total = entries * heads * int(batch or 1) * 4
+    if entries >= AUTO_MIN_ENTRIES or total >= AUTO_MAX_BYTES:
+        return AUTO_CHUNK_SIZE
+    return None
 
 
 def compiled_by_xla():
@@ -112,6 +152,62 @@ def softmax_weights(scores, keep):
     return normalize_scores(scores, keep, "softmax")
 
 
+# `keras.ops.dot_product_attention` for plain softmax attention, by backend
+# and device. JAX on GPU/TPU: cuDNN's (or Pallas') fused flash attention.
+# JAX on CPU: its XLA form measured 1.1-1.5x slower than our einsum path
+# (jitted forward+backward, B16 N256 and B4 N1024). TensorFlow: Keras's TF
+# kernel is an unfused einsum-softmax, and our hand-written backward
+# (`softmax_attention`) is the faster one on CPU (benchmarks/results.md).
+# `None`: decide so; `True`/`False` force it (tests, benchmarks).
+FUSED = None
+
+
+def fused_enabled():
+    """Whether plain softmax attention runs `keras.ops.dot_product_attention`."""
+    if FUSED is not None:
+        return bool(FUSED)
+    if keras.backend.backend() != "jax":
+        return False
+    import jax
+
+    return jax.default_backend() in ("gpu", "cuda", "rocm", "tpu")
+
+
+def takes_fused(score, normalize, dropout, training, need_weights):
+    """Whether attention can run `keras.ops.dot_product_attention`: dot-product
+    softmax scores, weights not returned, no active dropout on them, and a
+    backend where it is the fastest path (`fused_enabled`)."""
+    dropping = dropout is not None and dropout.rate > 0 and training is not None and training is not False
+    return (
+        fused_enabled()
+        and not need_weights
+        and score != "additive"
+        and normalize == "softmax"
+        and not dropping
+    )
+
+
+def fused_context(query, key, value, mask, is_causal=False):
+    """`keras.ops.dot_product_attention` in the `attention_context` layout.
+
+    `query` is already scaled (scale 1). `mask`: `None` or 0/1 broadcastable
+    to `[B, 1, Tq, Tk]` (`[B, Tq, Tk]` without the head axis). Fully masked
+    rows come out as a uniform mix of values; callers zero them (one rule on
+    every path), and their zeroed output sends them no gradient.
+    """
+    single = len(query.shape) == 3
+    if single:
+        query, key, value = (ops.expand_dims(t, 2) for t in (query, key, value))
+    if mask is not None:
+        mask = ops.expand_dims(mask, 1)  # [B|1, 1, Tq, Tk]
+        shape = (ops.shape(query)[0], 1, ops.shape(query)[1], ops.shape(key)[1])
+        mask = ops.broadcast_to(ops.cast(mask, "float32") > 0.5, shape)
+    context = ops.dot_product_attention(
+        query, key, value, mask=mask, scale=1.0, is_causal=is_causal
+    )
+    return context[:, :, 0] if single else context
+
+
 def takes_softmax_backward(score, normalize, dropout, training, need_weights):
     """Whether attention can run through `softmax_attention`'s hand-written
     backward: dot-product softmax scores, weights not returned, no active
@@ -154,6 +250,7 @@ def attention_context(
     dropout=None,
     training=None,
     need_weights=True,
+    is_causal=False,
 ):
     """Scores, normalises and mixes values; the one path every layer uses.
 
@@ -170,8 +267,12 @@ def attention_context(
         training: passed to `dropout`.
         need_weights: bool; with `False`, dot-product softmax attention
             without active dropout and outside XLA takes
-            `softmax_attention`'s faster backward and returns `None` for the
-            weights.
+            `softmax_attention`'s faster backward, or
+            `keras.ops.dot_product_attention` where `fused_enabled`, and
+            returns `None` for the weights.
+        is_causal: bool, a causal mask on top of `mask` (self-attention
+            without a cache offset); only callers that saw `takes_fused`
+            pass it.
 
     Returns:
         `(context [B, Tq, H, dv], weights [B, H, Tq, Tk] float32)`; the
@@ -179,6 +280,10 @@ def attention_context(
     """
     per_head = len(query.shape) == 4
     head_mask = mask if mask is None or not per_head else ops.expand_dims(mask, 1)
+    if takes_fused(score, normalize, dropout, training, need_weights):
+        return fused_context(query, key, value, mask, is_causal), None
+    if is_causal:
+        raise ValueError("`is_causal=True` is only for the fused path (see `takes_fused`).")
     if takes_softmax_backward(score, normalize, dropout, training, need_weights):
         return softmax_attention(query, key, value, head_mask, softmax_weights), None
     if score == "additive":

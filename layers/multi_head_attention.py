@@ -120,11 +120,16 @@ class MultiHeadAttention(keras.layers.Layer):
         dropout: float in `[0, 1)`, dropout on the attention weights.
         use_bias: bool, whether the projections have biases.
         rotary: bool, apply rotary position embeddings to queries and keys.
-        chunk_size: `None` or int. When set, attention runs block by block
-            with an online softmax (flash-attention style, in `keras.ops`):
-            memory grows linearly with the length instead of quadratically,
-            and results equal the full path to float rounding (1e-5).
-            Cannot be combined with `return_attention_scores`.
+        chunk_size: `None`, `"auto"` or int. When set, attention runs block
+            by block with an online softmax (flash-attention style, in
+            `keras.ops`): memory grows linearly with the length instead of
+            quadratically, for training too (the backward recomputes each
+            block's scores from per-row statistics), and results equal the
+            full path to float rounding (1e-5). `"auto"` chunks (blocks of
+            1024) when the static lengths make the scores large (a 4096 x
+            4096 matrix per head, or 1 GiB for the batch) and keeps the
+            full path otherwise or when scores are returned. An int cannot
+            be combined with `return_attention_scores`.
         kernel_initializer: initializer of the projection kernels.
         bias_initializer: initializer of the projection biases.
         kernel_regularizer, bias_regularizer, kernel_constraint,
@@ -249,7 +254,7 @@ class MultiHeadAttention(keras.layers.Layer):
         self.dropout = check_rate("dropout", dropout)
         self.use_bias = bool(use_bias)
         self.rotary = bool(rotary)
-        self.chunk_size = check_int("chunk_size", chunk_size, allow_none=True)
+        self.chunk_size = attention_ops.check_chunk_size(chunk_size)
         if self.rotary and self.key_dim % 2:
             raise ValueError(
                 "`key_dim` must be even when `rotary=True`. "
@@ -395,16 +400,36 @@ class MultiHeadAttention(keras.layers.Layer):
         bias = ops.concatenate([w[1] for w in weights], axis=0) if self.use_bias else None
         return ops.split(flat_matmul(inputs, kernel, bias), 3, axis=2)
 
-    def _heads_first(self, self_attention, cache, return_attention_scores, training):
+    def _chunk_size(self, query, value, key, cache, return_attention_scores):
+        """The call's block size: `chunk_size`, or for `"auto"` what the
+        static shapes call for (`attention_ops.resolve_chunk_size`); the
+        full path when scores are asked for."""
+        if self.chunk_size != "auto":
+            return self.chunk_size
+        if return_attention_scores:
+            return None
+        source = value if value is not None else (key if key is not None else query)
+        if cache is not None:
+            source = cache[0] if isinstance(cache, (tuple, list)) else cache[:, 0]
+        q_shape = known_shape(query) or (None, None)
+        k_shape = known_shape(source) or (None, None)
+        return attention_ops.resolve_chunk_size(
+            "auto", q_shape[0], self.num_heads, q_shape[1], k_shape[1]
+        )
+
+    def _heads_first(self, self_attention, cache, return_attention_scores, training, chunk_size):
         """Whether self-attention can run in the `[H, B, T, d]` layout: the
         dot-product softmax path with the hand-written backward (see
         `attention_ops.attention_context`), without a cache or chunking,
-        which work on `[B, T, H, d]`."""
+        which work on `[B, T, H, d]`, and not where the fused kernel runs."""
         return (
             self_attention
             and self.value_dim == self.key_dim
             and cache is None
-            and self.chunk_size is None
+            and chunk_size is None
+            and not attention_ops.takes_fused(
+                self.score, self.normalize, self._dropout_layer, training, return_attention_scores
+            )
             and attention_ops.takes_softmax_backward(
                 self.score, self.normalize, self._dropout_layer, training, return_attention_scores
             )
@@ -574,6 +599,7 @@ class MultiHeadAttention(keras.layers.Layer):
             query, value, key, query_mask, value_mask, key_mask, attention_mask, cache, cache_index
         )
         self_attention = value is None and key is None
+        chunk_size = self._chunk_size(query, value, key, cache, return_attention_scores)
         if value is None:
             value = query
             if value_mask is None and cache is None:
@@ -582,7 +608,7 @@ class MultiHeadAttention(keras.layers.Layer):
         # Rotary embedding is linear, so scaling the query's kernel before it
         # equals scaling the rotated query.
         query_scale = 1.0 / math.sqrt(self.key_dim) if self.score == "scaled_dot" else 1.0
-        if self._heads_first(self_attention, cache, return_attention_scores, training):
+        if self._heads_first(self_attention, cache, return_attention_scores, training, chunk_size):
             return self._heads_first_call(
                 query,
                 query_mask,
@@ -627,7 +653,7 @@ class MultiHeadAttention(keras.layers.Layer):
         key_mask = _merge_key_masks(key_mask, value_mask)
         k, v = ops.cast(k, q.dtype), ops.cast(v, q.dtype)
         score_vector = getattr(self, "score_vector", None)
-        if self.chunk_size is not None:
+        if chunk_size is not None:
             if return_attention_scores:
                 raise ValueError(
                     "`return_attention_scores=True` needs the full attention "
@@ -638,7 +664,7 @@ class MultiHeadAttention(keras.layers.Layer):
                 q,
                 k,
                 v,
-                chunk_size=self.chunk_size,
+                chunk_size=chunk_size,
                 score=self.score,
                 normalize=self.normalize,
                 score_vector=score_vector,
@@ -656,13 +682,29 @@ class MultiHeadAttention(keras.layers.Layer):
             output = self._project(self.output_dense, context, in_rank=2)
             output = output * ops.cast(has_keys, self.compute_dtype)
         else:
+            # The fused kernel's own causal mask (cuDNN's causal flash
+            # attention) when nothing else is masked: no [T, T] mask at all.
+            is_causal = (
+                causal
+                and self_attention
+                and cache is None
+                and self.window is None
+                and self.include_self
+                and query_mask is None
+                and key_mask is None
+                and attention_mask is None
+                and attention_ops.takes_fused(
+                    self.score, self.normalize, self._dropout_layer, training,
+                    return_attention_scores,
+                )
+            )
             mask = self._mask(
                 ops.shape(q)[1],
                 ops.shape(k)[1],
                 query_mask,
                 key_mask,
                 attention_mask,
-                causal,
+                causal and not is_causal,
                 query_offset=offset,
                 key_valid_length=key_valid_length,
             )
@@ -677,6 +719,7 @@ class MultiHeadAttention(keras.layers.Layer):
                 dropout=self._dropout_layer,
                 training=training,
                 need_weights=return_attention_scores,
+                is_causal=is_causal,
             )
             output = self._output(context, mask)
 

@@ -43,9 +43,10 @@ class SelfAttention(attention_ops.ScoresOutputSpec, keras.layers.Layer):
         causal: bool, attend only to `j <= i`.
         dropout: float in `[0, 1)`, dropout on the attention weights.
         use_bias: bool, biases in the projections (the formulas have none).
-        chunk_size: `None` or int: compute block by block with an online
-            softmax, in memory linear in the length (see
-            `MultiHeadAttention`); not with `return_attention_scores`.
+        chunk_size: `None`, `"auto"` or int: compute block by block with an
+            online softmax, in memory linear in the length, gradients
+            included (see `MultiHeadAttention`, also for `"auto"`); an int
+            cannot be combined with `return_attention_scores`.
         kernel_initializer: initializer of `W^q`, `W^k`, `W^v`.
         seed: optional int, seed of the dropout.
         **kwargs: other `keras.layers.Layer` arguments.
@@ -107,7 +108,7 @@ class SelfAttention(attention_ops.ScoresOutputSpec, keras.layers.Layer):
         self.causal = bool(causal)
         self.dropout = check_rate("dropout", dropout)
         self.use_bias = bool(use_bias)
-        self.chunk_size = check_int("chunk_size", chunk_size, allow_none=True)
+        self.chunk_size = attention_ops.check_chunk_size(chunk_size)
         self.kernel_initializer = keras.initializers.get(kernel_initializer)
         self.seed = seed
         self.supports_masking = True
@@ -182,8 +183,16 @@ class SelfAttention(attention_ops.ScoresOutputSpec, keras.layers.Layer):
         v = self.value_dense(inputs)
         if self.score == "scaled_dot":
             q = ops.multiply(q, ops.cast(1.0 / math.sqrt(self.units), q.dtype))
-        if self.chunk_size is not None:
-            return self._call_chunked(q, k, v, mask, attention_mask, return_attention_scores, training)
+        chunk_size = self.chunk_size
+        if chunk_size == "auto":
+            shape = known_shape(inputs) or (None, None)
+            chunk_size = None if return_attention_scores else attention_ops.resolve_chunk_size(
+                "auto", shape[0], 1, shape[1], shape[1]
+            )
+        if chunk_size is not None:
+            return self._call_chunked(
+                q, k, v, mask, attention_mask, return_attention_scores, training, chunk_size
+            )
         length = ops.shape(inputs)[1]
         structural = structural_mask(
             length,
@@ -214,7 +223,9 @@ class SelfAttention(attention_ops.ScoresOutputSpec, keras.layers.Layer):
             return output, ops.cast(weights, self.compute_dtype)
         return output
 
-    def _call_chunked(self, q, k, v, mask, attention_mask, return_attention_scores, training):
+    def _call_chunked(
+        self, q, k, v, mask, attention_mask, return_attention_scores, training, chunk_size
+    ):
         if return_attention_scores:
             raise ValueError(
                 "`return_attention_scores=True` needs the full attention matrix, "
@@ -225,7 +236,7 @@ class SelfAttention(attention_ops.ScoresOutputSpec, keras.layers.Layer):
             ops.expand_dims(q, 2),
             ops.expand_dims(k, 2),
             ops.expand_dims(v, 2),
-            chunk_size=self.chunk_size,
+            chunk_size=chunk_size,
             score=self.score,
             normalize=self.normalize,
             score_vector=None if score_vector is None else ops.expand_dims(score_vector, 0),

@@ -28,10 +28,12 @@ class _BlockBase(keras.layers.Layer):
         normalize="softmax",
         layer_norm_epsilon=1e-5,
         kernel_initializer="glorot_uniform",
+        chunk_size=None,
         **kwargs,
     ):
         super().__init__(**kwargs)
         self.num_heads = check_int("num_heads", num_heads)
+        self.chunk_size = attention_ops.check_chunk_size(chunk_size)
         self.intermediate_dim = check_int("intermediate_dim", intermediate_dim)
         self.key_dim = check_int("key_dim", key_dim, allow_none=True)
         self.dropout = check_rate("dropout", dropout)
@@ -83,6 +85,7 @@ class _BlockBase(keras.layers.Layer):
             causal=causal,
             dropout=self.attention_dropout,
             rotary=rotary,
+            chunk_size=self.chunk_size,
             kernel_initializer=self._initializer(),
             dtype=self.dtype_policy,
             name=name,
@@ -160,6 +163,7 @@ class _BlockBase(keras.layers.Layer):
                 "normalize": self.normalize,
                 "layer_norm_epsilon": self.layer_norm_epsilon,
                 "kernel_initializer": keras.initializers.serialize(self.kernel_initializer),
+                "chunk_size": self.chunk_size,
             }
         )
         return config
@@ -194,6 +198,8 @@ class TransformerEncoderBlock(attention_ops.ScoresOutputSpec, _BlockBase):
         normalize: `"softmax"` or `"relu"`.
         layer_norm_epsilon: float, LayerNorm epsilon.
         kernel_initializer: initializer of all kernels.
+        chunk_size: `None`, `"auto"` or int, block-wise attention in memory
+            linear in the length (see `MultiHeadAttention`).
         **kwargs: other `keras.layers.Layer` arguments.
 
     Call arguments:

@@ -1,5 +1,7 @@
 """The memory-efficient (chunked, online-softmax) path equals the full path."""
 
+import re
+
 import numpy as np
 import pytest
 import tensorflow as tf
@@ -129,3 +131,163 @@ def test_self_attention_chunked_equals_full(options):
     np.testing.assert_allclose(y_chunk, y_full, atol=1e-5)
     for a, b in zip(g_chunk, g_full):
         np.testing.assert_allclose(a, b, atol=1e-4)
+
+
+@pytest.mark.parametrize(
+    "options",
+    [dict(), dict(causal=True), dict(window=2, include_self=False), dict(rotary=True, causal=True),
+     dict(causal=True, window=3)],
+)
+def test_flash_backward_equals_full_autodiff(options):
+    """The chunked path's hand-written (flash-attention-2) backward against
+    autodiff of the full path, at 1e-5, with padded rows, one fully padded
+    sequence and an explicit mask."""
+    rng = np.random.default_rng(5)
+    x = rng.normal(size=(3, 13, 8)).astype("float32")
+    mask = np.ones((3, 13), bool)
+    mask[1, 9:] = False
+    mask[2, :] = False
+    attention_mask = rng.random((3, 13, 13)) > 0.2
+    full, chunked = _pair(4, **options)
+    _copy(full, chunked, x)
+    kwargs = dict(query_mask=mask, attention_mask=attention_mask)
+    y_full, g_full = _values_and_grads(full, x, **kwargs)
+    y_chunk, g_chunk = _values_and_grads(chunked, x, **kwargs)
+    np.testing.assert_allclose(y_chunk, y_full, atol=1e-5)
+    assert np.all(y_chunk[2] == 0.0)
+    for a, b in zip(g_chunk, g_full):
+        np.testing.assert_allclose(a, b, atol=1e-5, rtol=1e-5)
+
+
+def test_flash_backward_cross_attention_with_cache_offset():
+    """Cross-attention with a fully masked key set, and queries written at a
+    cache offset (causal over absolute positions)."""
+    rng = np.random.default_rng(6)
+    q = rng.normal(size=(2, 6, 8)).astype("float32")
+    source = rng.normal(size=(2, 11, 8)).astype("float32")
+    value_mask = np.ones((2, 11), bool)
+    value_mask[1] = False
+    full, chunked = _pair(4)
+    _copy(full, chunked, q, source)
+    results = []
+    for layer in (full, chunked):
+        q_t, s_t = tf.constant(q), tf.constant(source)
+        with tf.GradientTape() as tape:
+            tape.watch([q_t, s_t])
+            y = layer(q_t, s_t, value_mask=value_mask)
+            loss = tf.reduce_sum(y * tf.cos(tf.range(8, dtype=y.dtype)))
+        results.append([y.numpy()] + [g.numpy() for g in tape.gradient(loss, [q_t, s_t] + layer.trainable_variables)])
+    for a, b in zip(*results):
+        np.testing.assert_allclose(a, b, atol=1e-5)
+    # Queries at an offset (a cache index: causal over absolute positions,
+    # keys past the written length masked), on the function itself against
+    # autodiff of the full path's softmax.
+    from layers import attention_ops, flash_attention
+    from layers.masks import structural_mask
+
+    q = tf.constant(rng.normal(size=(1, 4, 2, 4)).astype("float32"))
+    k = tf.constant(rng.normal(size=(1, 11, 2, 4)).astype("float32"))
+    v = tf.constant(rng.normal(size=(1, 11, 2, 4)).astype("float32"))
+    structure = dict(causal=True, query_offset=5, key_valid_length=9)
+    outs = []
+    for chunked in (False, True):
+        with tf.GradientTape() as tape:
+            tape.watch([q, k, v])
+            if chunked:
+                y, _ = flash_attention.flash_attention(q, k, v, chunk_size=3, **structure)
+            else:
+                mask = tf.expand_dims(structural_mask(4, 11, **structure), 0)
+                y, _ = attention_ops.attention_context(
+                    q, k, v, mask, score="dot", normalize="softmax", need_weights=True
+                )
+            loss = tf.reduce_sum(y * tf.sin(tf.range(4, dtype=y.dtype)))
+        outs.append([y.numpy()] + [g.numpy() for g in tape.gradient(loss, [q, k, v])])
+    for a, b in zip(*outs):
+        np.testing.assert_allclose(a, b, atol=1e-5)
+    assert np.all(outs[1][2][:, 9:] == 0.0)  # unwritten keys get no gradient
+
+
+def test_flash_path_mixed_precision():
+    import keras
+
+    x = np.random.default_rng(7).normal(size=(2, 10, 8)).astype("float32")
+    full, chunked = _pair(4, causal=True)
+    _copy(full, chunked, x)
+    reference = np.asarray(full(x))
+    keras.config.set_dtype_policy("mixed_bfloat16")
+    low = MultiHeadAttention(num_heads=2, key_dim=4, chunk_size=4, causal=True)
+    low(x)
+    low.set_weights(full.get_weights())
+    x_t = tf.constant(x)
+    with tf.GradientTape() as tape:
+        tape.watch(x_t)
+        y = low(x_t)
+        loss = tf.reduce_sum(tf.cast(y, "float32") ** 2)
+    grad = tape.gradient(loss, x_t)
+    assert y.dtype == tf.bfloat16 and grad.dtype == tf.float32
+    assert np.all(np.isfinite(grad.numpy()))
+    np.testing.assert_allclose(np.asarray(y, "float32"), reference, atol=5e-2)
+
+
+@pytest.mark.parametrize("bad", [0, -3, 2.5, True, "big", "AUTO", [4]])
+def test_chunk_size_refuses_bad_values(bad):
+    from layers import SelfAttention, TransformerEncoderBlock
+
+    for make in (
+        lambda: MultiHeadAttention(num_heads=2, key_dim=4, chunk_size=bad),
+        lambda: SelfAttention(units=4, chunk_size=bad),
+        lambda: TransformerEncoderBlock(num_heads=2, intermediate_dim=8, chunk_size=bad),
+    ):
+        with pytest.raises(ValueError, match=r"chunk_size.*Received: chunk_size=" + re.escape(repr(bad))):
+            make()
+
+
+def test_chunk_size_auto_decides_from_the_shapes():
+    from layers import attention_ops
+
+    resolve = attention_ops.resolve_chunk_size
+    assert resolve("auto", 1, 8, 1024, 1024) is None
+    assert resolve("auto", 1, 8, 4096, 4096) == attention_ops.AUTO_CHUNK_SIZE
+    assert resolve("auto", 1, 8, 65536, 65536) == attention_ops.AUTO_CHUNK_SIZE
+    assert resolve("auto", 64, 8, 1024, 1024) == attention_ops.AUTO_CHUNK_SIZE  # 2 GiB of scores
+    assert resolve("auto", 1, 8, 1, 65536) is None  # one decoding step
+    assert resolve("auto", None, 8, None, None) is None  # dynamic length: full path
+    assert resolve(7, 1, 8, 10, 10) == 7 and resolve(None, 1, 8, 10**6, 10**6) is None
+
+
+def test_chunk_size_auto_switches_paths(monkeypatch):
+    """"auto" runs the full path below the threshold and the chunked one
+    above it (threshold lowered), with the same result and gradients."""
+    from layers import SelfAttention, attention_ops, flash_attention
+
+    calls = []
+    original = flash_attention.flash_attention
+
+    def counted(*args, **kwargs):
+        calls.append(kwargs["chunk_size"])
+        return original(*args, **kwargs)
+
+    monkeypatch.setattr(flash_attention, "flash_attention", counted)
+    x = np.random.default_rng(8).normal(size=(2, 12, 8)).astype("float32")
+    mask = np.ones((2, 12), bool)
+    mask[0, 8:] = False
+    full, auto = _pair("auto", causal=True)
+    _copy(full, auto, x)
+    assert calls == []  # small: full path
+    y_full, g_full = _values_and_grads(full, x, query_mask=mask)
+    monkeypatch.setattr(attention_ops, "AUTO_MIN_ENTRIES", 100)
+    monkeypatch.setattr(attention_ops, "AUTO_CHUNK_SIZE", 5)
+    y_auto, g_auto = _values_and_grads(auto, x, query_mask=mask)
+    assert calls and set(calls) == {5}
+    np.testing.assert_allclose(y_auto, y_full, atol=1e-5)
+    for a, b in zip(g_auto, g_full):
+        np.testing.assert_allclose(a, b, atol=1e-5)
+    # Scores asked for: "auto" gives them from the full path.
+    _, scores = auto(x, return_attention_scores=True)
+    assert tuple(scores.shape) == (2, 2, 12, 12)
+    sa = SelfAttention(units=4, chunk_size="auto")
+    calls.clear()
+    sa(x)
+    assert calls == [5]
+    restored = MultiHeadAttention.from_config(auto.get_config())
+    assert restored.chunk_size == "auto"
