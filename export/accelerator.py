@@ -75,9 +75,11 @@ def log_errors(text, limit=3):
     lines = []
     for line in text.splitlines():
         line = line.strip().lstrip("└ ").strip()
-        if not line or any(n in line for n in _NOISE):
+        if not line or any(n in line for n in _NOISE) or re.match(r"(INFO|WARNING|VERBOSE|I\d{4}|W\d{4}) ", line) \
+                or line.startswith(("INFO:", "VERBOSE:")):
             continue
-        if re.search(r"(^E\d{4}|ERROR|[Ee]rror|Failed|failed|mismatch|not supported|Unsupported)", line):
+        if re.search(r"(^E\d{4}|ERROR|[Ee]rror|Failed|failed|mismatch|not supported|Unsupported|^[A-Z][A-Z0-9_]+: )",
+                     line):
             line = re.sub(r"^E\d{4} [\d:. ]+\d+ ", "", line)
             if line not in lines:
                 lines.append(line[:300])
@@ -132,9 +134,10 @@ def _accelerator(name):
 class CompileError(RuntimeError):
     """The accelerator refused the model; `.log` holds the delegate's lines."""
 
-    def __init__(self, message, log=()):
+    def __init__(self, message, log=(), raw=""):
         super().__init__(message)
         self.log = list(log)
+        self.raw = raw
 
 
 class Compiled:
@@ -158,8 +161,11 @@ class Compiled:
                 error = e
         self.log = log[0] if log else ""
         if error is not None:
-            lines = log_errors(self.log) or [" ".join(str(error).split())[:200]]
-            raise CompileError(f"{accelerator} accelerator refused the model: {lines[0]}", lines)
+            lines = log_errors(self.log, 6) or [" ".join(str(error).split())[:200]]
+            # the delegate names each op it rejects as "OP: reason"
+            ops = [l for l in lines if re.match(r"[A-Z][A-Z0-9_]+: ", l) and not l.startswith("ERROR")]
+            raise CompileError(f"{accelerator} accelerator refused the model: {'; '.join(ops) or lines[0]}",
+                               lines, self.log)
         self.fully_accelerated = bool(self.model.is_fully_accelerated())
         self.signatures = self.model.get_signature_list()
         self._buffers = {}
@@ -179,7 +185,21 @@ class Compiled:
         return {k: {"shape": list(d["shape"]), "dtype": np.dtype(d["dtype"])}
                 for k, (_, d) in self._io(signature)[0].items()}
 
+    def _resize(self, signature, inputs):
+        """Resizes dynamic inputs to the shapes of `inputs` (both accelerators
+        take a new shape for a model with -1 dimensions; buffers are made anew)."""
+        ins, _ = self._io(signature)
+        changed = False
+        for k, (_, d) in ins.items():
+            a = np.asarray(inputs.get(k))
+            if k in inputs and a.ndim == len(d["shape"]) and list(a.shape) != [int(x) for x in d["shape"]]:
+                self.model.resize_input_tensor_by_name(signature, k, list(a.shape), strict=False)
+                changed = True
+        if changed:
+            del self._buffers[signature]
+
     def write(self, signature, inputs):
+        self._resize(signature, inputs)
         ins, _ = self._io(signature)
         for k, (buf, d) in ins.items():
             if k not in inputs:
@@ -220,6 +240,7 @@ class Compiled:
         """Latency percentiles of write + run + a read of the smallest output: the
         read waits for the device, so the work is inside the timed loop (timing
         `run_by_name` alone measures only the enqueue on a GPU)."""
+        self.write(signature, inputs)  # resizes first, where inputs ask for it
         _, outs = self._io(signature)
         smallest = min(outs, key=lambda k: int(np.prod(outs[k][1]["shape"])))
         times = []
@@ -287,32 +308,40 @@ def _child_main(workdir):
         entry.update(compiled=True, fully_accelerated=m.fully_accelerated, log=log_errors(m.log),
                      signatures=sorted(m.signatures), latency={})
         with captured_stderr() as run_log:
-            for sig, rows in job["signatures"].items():
-                for r in range(rows):
-                    prefix = f"{sig}/{r}/"
-                    inputs = {k[len(prefix):]: v for k, v in feeds.items() if k.startswith(prefix)}
-                    for name, value in m.run(sig, inputs).items():
-                        arrays[f"{acc}/{prefix}{name}"] = value
-                if rows and job.get("runs"):
-                    prefix = f"{sig}/0/"
-                    entry["latency"][sig] = m.time(
-                        sig, {k[len(prefix):]: v for k, v in feeds.items() if k.startswith(prefix)}, runs=job["runs"])
-            if job.get("greedy"):
-                from export.kinds import seq2seq
-
-                g = job["greedy"]
-                entry["greedy"], entry["margins"] = [], []
-                for i in range(g["rows"]):
-                    margins = []
-                    entry["greedy"].append(seq2seq.litert_greedy(job["path"], feeds["greedy/" + str(i)], g["length"],
-                                                                 model=m, margins=margins))
-                    entry["margins"].append(margins)
+            try:
+                _child_runs(job, feeds, m, entry, arrays, acc)
+            except RuntimeError as e:
+                entry["run_error"] = " ".join(str(e).split())[:300]
         entry["run_log"] = log_errors(run_log[0] if run_log else "")
     if "tensorflow" in sys.modules:
         result["warning"] = "tensorflow was imported in the accelerator's process"
     np.savez(os.path.join(workdir, "out.npz"), **arrays)
     with open(os.path.join(workdir, "result.json"), "w") as f:
         json.dump(result, f)
+
+
+def _child_runs(job, feeds, m, entry, arrays, acc):
+    """Runs every row of every signature (and the greedy loop) on `m`."""
+    for sig, rows in job["signatures"].items():
+        for r in range(rows):
+            prefix = f"{sig}/{r}/"
+            inputs = {k[len(prefix):]: v for k, v in feeds.items() if k.startswith(prefix)}
+            for name, value in m.run(sig, inputs).items():
+                arrays[f"{acc}/{prefix}{name}"] = value
+        if rows and job.get("runs"):
+            prefix = f"{sig}/0/"
+            entry["latency"][sig] = m.time(
+                sig, {k[len(prefix):]: v for k, v in feeds.items() if k.startswith(prefix)}, runs=job["runs"])
+    if job.get("greedy"):
+        from export.kinds import seq2seq
+
+        g = job["greedy"]
+        entry["greedy"], entry["margins"] = [], []
+        for i in range(g["rows"]):
+            margins = []
+            entry["greedy"].append(seq2seq.litert_greedy(job["path"], feeds["greedy/" + str(i)], g["length"],
+                                                         model=m, margins=margins))
+            entry["margins"].append(margins)
 
 
 def run_in_child(path, feeds, greedy=None, runs=20, timeout=600):
@@ -367,3 +396,60 @@ def run_in_child(path, feeds, greedy=None, runs=20, timeout=600):
                 {k.split("/", 3)[3]: v for k, v in out.items() if k.startswith(f"{acc}/{sig}/{r}/")}
                 for r in range(len(rows))] if entry.get("compiled") else []
     return result
+
+
+def synthetic_feeds(path, rows=2, seed=0):
+    """{signature: rows of inputs} for any .tflite: floats in [-1, 1], integers in
+    [0, 4) (small, so they index any table of >= 4 rows)."""
+    from ai_edge_litert.interpreter import Interpreter
+
+    interp = Interpreter(model_path=str(path))
+    rng = np.random.default_rng(seed)
+    feeds = {}
+    for sig in interp.get_signature_list():
+        details = interp.get_signature_runner(sig).get_input_details()
+        feeds[sig] = []
+        for _ in range(rows):
+            row = {}
+            for k, d in details.items():
+                # a -1 (dynamic) dimension runs at 3, not the placeholder 1
+                shape = [3 if int(x) < 0 else int(x) for x in d.get("shape_signature", d["shape"])]
+                dtype = np.dtype(d["dtype"])
+                if np.issubdtype(dtype, np.floating):
+                    row[k] = rng.uniform(-1, 1, shape).astype(dtype)
+                elif dtype == np.bool_:
+                    row[k] = rng.integers(0, 2, shape).astype(bool)
+                else:
+                    row[k] = rng.integers(0, 4, shape).astype(dtype)
+            feeds[sig].append(row)
+    return feeds
+
+
+def real_verdict(path, feeds=None):
+    """What LiteRT's GPU accelerator does with `path`: (accepted, why).
+
+    Accepted means: compiles with the GPU accelerator alone, reports itself
+    fully accelerated, and every output of every signature on `feeds` (default
+    `synthetic_feeds`) is within `tolerance_for` of LiteRT's CPU, integer outputs
+    equal."""
+    feeds = feeds or synthetic_feeds(path)
+    result = run_in_child(path, feeds, runs=0)
+    if result["crashed"]:
+        return False, result["crashed"]
+    gpu, cpu = result["gpu"], result["cpu"]
+    if not gpu["compiled"]:
+        return False, gpu["error"]
+    if not gpu["fully_accelerated"]:
+        return False, "compiled but not fully accelerated"
+    if gpu.get("run_error"):
+        return False, f"compiled, then failed to run: {gpu['run_error']}"
+    for sig in feeds:
+        for r, (want, got) in enumerate(zip(cpu["outputs"][sig], gpu["outputs"][sig])):
+            diffs, tol = float_diff(want, got), tolerance_for(want)
+            for k, d in diffs.items():
+                if not d <= tol[k]:
+                    return False, f"{sig} output {k!r} off by {d:.3g} from CPU (tolerance {tol[k]:.2g})"
+            for k, v in want.items():
+                if not np.issubdtype(np.asarray(v).dtype, np.floating) and not np.array_equal(v, got[k]):
+                    return False, f"{sig} output {k!r} differs from CPU"
+    return True, "fully accelerated, outputs match CPU"

@@ -27,9 +27,58 @@ def low_rank_operands(g, op, name):
             if i >= 0 and not g.is_const(i) and 1 <= len(g.dims(i)) < out_rank]
 
 
+# Consumers that reject a float16 constant seen through DEQUANTIZE (measured on
+# the tagger's fp16 --static-shape export: "GATHER: Input / output dtype
+# mismatch", "RESHAPE: Expected 1 runtime input tensor(s), but node has 0").
+# FULLY_CONNECTED / CONV_2D weights and elementwise operands take it.
+FP16_CONST_REJECTED_BY = frozenset({"GATHER", "RESHAPE"})
+
+
+def dequantized_fp16_constants(model, sg):
+    """{output tensor: DEQUANTIZE op index} for DEQUANTIZEs of float16 constants."""
+    from export import check
+
+    g = check._Graph(model, sg)
+    out = {}
+    for k, op in enumerate(sg.operators if sg.operators is not None else []):
+        if check.op_name(model, op) == "DEQUANTIZE" and g.is_const(op.inputs[0]) \
+                and g.dtype(op.inputs[0]) == "FLOAT16":
+            out[op.outputs[0]] = k
+    return out
+
+
+def _fold_fp16_constants(model, sg, check):
+    """Makes float32 constants of the DEQUANTIZEd float16 constants that a
+    GATHER or RESHAPE reads (their bytes double; the rest stay float16)."""
+    deq = dequantized_fp16_constants(model, sg)
+    if not deq:
+        return False
+    fold = set()
+    for op in sg.operators:
+        if check.op_name(model, op) in FP16_CONST_REJECTED_BY:
+            fold.update(i for i in op.inputs if i in deq)
+    if not fold:
+        return False
+    from ai_edge_litert import schema_py_generated as schema
+
+    drop = set()
+    for t in fold:
+        op = sg.operators[deq[t]]
+        src = sg.tensors[op.inputs[0]]
+        values = np.frombuffer(bytes(bytearray(model.buffers[src.buffer].data)), np.float16).astype(np.float32)
+        buf = schema.BufferT()
+        buf.data = np.frombuffer(values.tobytes(), np.uint8)
+        model.buffers.append(buf)
+        sg.tensors[t].buffer = len(model.buffers) - 1
+        drop.add(deq[t])
+    sg.operators = [op for k, op in enumerate(sg.operators) if k not in drop]
+    return True
+
+
 def legalize(content):
-    """`content` (.tflite bytes) with the low-rank operands reshaped; the same
-    bytes when nothing needs it."""
+    """`content` (.tflite bytes) with the low-rank operands reshaped and the
+    float16 constants GATHER / RESHAPE read made float32; the same bytes when
+    nothing needs it."""
     import flatbuffers
     from ai_edge_litert import schema_py_generated as schema
 
@@ -39,6 +88,7 @@ def legalize(content):
     reshape_code = None
     changed = False
     for sg in model.subgraphs or []:
+        changed |= _fold_fp16_constants(model, sg, check)
         g = check._Graph(model, sg)
         new_ops = []
         for op in sg.operators if sg.operators is not None else []:
