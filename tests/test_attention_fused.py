@@ -230,3 +230,30 @@ def main():
 
 if __name__ == "__main__":
     main()
+
+
+def test_gpu_benchmark_child_runs_without_tensorflow():
+    """benchmarks/attention_gpu.py's child at a tiny shape, under JAX with
+    `import tensorflow` made impossible (the device machine has none):
+    the agreement check passes and the row is timed."""
+    pytest.importorskip("jax")
+    import json
+
+    config = dict(kind="long", impl="chunked", length=24, dim=16, chunk=8, dtype="float32", smoke=True)
+    code = (
+        "import sys\n"
+        "class Block:\n"
+        "    def find_spec(self, name, path=None, target=None):\n"
+        "        if name.split('.')[0] == 'tensorflow':\n"
+        "            raise ImportError('tensorflow is blocked here')\n"
+        "sys.meta_path.insert(0, Block())\n"
+        "from benchmarks import attention_gpu\n"
+        f"sys.exit(attention_gpu.main(['--child', {json.dumps(json.dumps(config))}]))\n"
+    )
+    env = dict(os.environ, KERAS_BACKEND="jax", JAX_PLATFORMS="cpu", PYTHONPATH=ROOT)
+    proc = subprocess.run([sys.executable, "-c", code], cwd=ROOT, env=env,
+                          capture_output=True, text=True, timeout=600)
+    assert proc.returncode == 0, proc.stdout + proc.stderr[-3000:]
+    row = json.loads(proc.stdout.strip().splitlines()[-1])
+    assert "error" not in row, row
+    assert row["max_rel_error"] <= row["tolerance"] and row["fwdbwd_ms"] > 0, row
