@@ -291,33 +291,37 @@ accelerator._child_main(sys.argv[2])
 
 
 def _child_main(workdir):
+    """Runs every model of job.json in turn, writing result_<i>.json and
+    out_<i>.npz as each finishes (a crash loses only the model it happened in)."""
     import json
 
     with open(os.path.join(workdir, "job.json")) as f:
-        job = json.load(f)
-    with np.load(os.path.join(workdir, "in.npz")) as data:
-        feeds = {k: data[k] for k in data.files}
-    result, arrays = {}, {}
-    for acc in ("cpu", "gpu"):
-        entry = result[acc] = {}
-        try:
-            m = Compiled(job["path"], acc)
-        except CompileError as e:
-            entry.update(compiled=False, error=str(e), log=e.log)
-            continue
-        entry.update(compiled=True, fully_accelerated=m.fully_accelerated, log=log_errors(m.log),
-                     signatures=sorted(m.signatures), latency={})
-        with captured_stderr() as run_log:
+        jobs = json.load(f)["models"]
+    for n, job in enumerate(jobs):
+        with np.load(os.path.join(workdir, f"in_{n}.npz")) as data:
+            feeds = {k: data[k] for k in data.files}
+        result, arrays = {}, {}
+        for acc in ("cpu", "gpu"):
+            entry = result[acc] = {}
             try:
-                _child_runs(job, feeds, m, entry, arrays, acc)
-            except RuntimeError as e:
-                entry["run_error"] = " ".join(str(e).split())[:300]
-        entry["run_log"] = log_errors(run_log[0] if run_log else "")
-    if "tensorflow" in sys.modules:
-        result["warning"] = "tensorflow was imported in the accelerator's process"
-    np.savez(os.path.join(workdir, "out.npz"), **arrays)
-    with open(os.path.join(workdir, "result.json"), "w") as f:
-        json.dump(result, f)
+                m = Compiled(job["path"], acc)
+            except CompileError as e:
+                entry.update(compiled=False, error=str(e), log=e.log)
+                continue
+            entry.update(compiled=True, fully_accelerated=m.fully_accelerated, log=log_errors(m.log),
+                         signatures=sorted(m.signatures), latency={})
+            with captured_stderr() as run_log:
+                try:
+                    _child_runs(job, feeds, m, entry, arrays, acc)
+                except RuntimeError as e:
+                    entry["run_error"] = " ".join(str(e).split())[:300]
+            entry["run_log"] = log_errors(run_log[0] if run_log else "")
+            del m
+        if "tensorflow" in sys.modules:
+            result["warning"] = "tensorflow was imported in the accelerator's process"
+        np.savez(os.path.join(workdir, f"out_{n}.npz"), **arrays)
+        with open(os.path.join(workdir, f"result_{n}.json"), "w") as f:
+            json.dump(result, f)
 
 
 def _child_runs(job, feeds, m, entry, arrays, acc):
@@ -355,38 +359,65 @@ def run_in_child(path, feeds, greedy=None, runs=20, timeout=600):
 
     Returns:
         {"cpu"|"gpu": {"compiled", "fully_accelerated", "log", "error",
-         "outputs": {signature: [ {output: array}, ... ]}, "latency",
-         "greedy"}, "crashed": None or a message}.
+         "run_error", "outputs": {signature: [ {output: array}, ... ]},
+         "latency", "greedy"}, "crashed": None or a message}.
     """
+    return run_many_in_child([(path, feeds, greedy, runs)], timeout)[0]
+
+
+def run_many_in_child(jobs, timeout=600):
+    """`run_in_child` for many (path, feeds, greedy, runs) jobs in one process;
+    where a model takes the process down, it gets the crash as its result and
+    the models after it run in a new process."""
     import json
 
     ensure_runtime_dir()
     root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-    with tempfile.TemporaryDirectory(prefix="export-accelerator-") as tmp:
-        arrays = {f"{sig}/{r}/{k}": np.asarray(v) for sig, rows in feeds.items()
-                  for r, row in enumerate(rows) for k, v in row.items()}
-        job = {"path": os.path.abspath(path), "signatures": {s: len(r) for s, r in feeds.items()}, "runs": runs}
-        if greedy:
-            job["greedy"] = {"rows": len(greedy["rows"]), "length": int(greedy["length"])}
-            arrays.update({f"greedy/{i}": np.asarray(r, np.int32) for i, r in enumerate(greedy["rows"])})
-        np.savez(os.path.join(tmp, "in.npz"), **arrays)
-        with open(os.path.join(tmp, "job.json"), "w") as f:
-            json.dump(job, f)
-        env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}
-        env["TF_CPP_MIN_LOG_LEVEL"] = "0"
-        try:
-            proc = subprocess.run([sys.executable, "-c", _JOB, root, tmp], capture_output=True, text=True,
-                                  timeout=timeout, env=env)
-        except subprocess.TimeoutExpired:
-            return {"crashed": f"the accelerator's process ran past {timeout} s"}
-        if proc.returncode != 0 or not os.path.exists(os.path.join(tmp, "result.json")):
-            why = f"signal {-proc.returncode}" if proc.returncode < 0 else f"exit {proc.returncode}"
-            tail = log_errors(proc.stderr + proc.stdout, 2)
-            return {"crashed": f"the accelerator's process died ({why})" + (f": {'; '.join(tail)}" if tail else "")}
-        with open(os.path.join(tmp, "result.json")) as f:
-            result = json.load(f)
-        with np.load(os.path.join(tmp, "out.npz")) as data:
-            out = {k: data[k] for k in data.files}
+    results = [None] * len(jobs)
+    start = 0
+    while start < len(jobs):
+        with tempfile.TemporaryDirectory(prefix="export-accelerator-") as tmp:
+            specs = []
+            for n, (path, feeds, greedy, runs) in enumerate(jobs[start:]):
+                arrays = {f"{sig}/{r}/{k}": np.asarray(v) for sig, rows in feeds.items()
+                          for r, row in enumerate(rows) for k, v in row.items()}
+                job = {"path": os.path.abspath(path), "signatures": {s: len(r) for s, r in feeds.items()},
+                       "runs": runs}
+                if greedy:
+                    job["greedy"] = {"rows": len(greedy["rows"]), "length": int(greedy["length"])}
+                    arrays.update({f"greedy/{i}": np.asarray(r, np.int32) for i, r in enumerate(greedy["rows"])})
+                np.savez(os.path.join(tmp, f"in_{n}.npz"), **arrays)
+                specs.append(job)
+            with open(os.path.join(tmp, "job.json"), "w") as f:
+                json.dump({"models": specs}, f)
+            env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}
+            env["TF_CPP_MIN_LOG_LEVEL"] = "0"
+            crash = None
+            try:
+                proc = subprocess.run([sys.executable, "-c", _JOB, root, tmp], capture_output=True, text=True,
+                                      timeout=timeout, env=env)
+                if proc.returncode != 0:
+                    why = f"signal {-proc.returncode}" if proc.returncode < 0 else f"exit {proc.returncode}"
+                    tail = log_errors(proc.stderr + proc.stdout, 2)
+                    crash = f"the accelerator's process died ({why})" + (f": {'; '.join(tail)}" if tail else "")
+            except subprocess.TimeoutExpired:
+                crash = f"the accelerator's process ran past {timeout} s"
+            done = 0
+            while done < len(specs) and os.path.exists(os.path.join(tmp, f"result_{done}.json")):
+                with open(os.path.join(tmp, f"result_{done}.json")) as f:
+                    result = json.load(f)
+                with np.load(os.path.join(tmp, f"out_{done}.npz")) as data:
+                    out = {k: data[k] for k in data.files}
+                results[start + done] = _unpack(result, out, jobs[start + done][1])
+                done += 1
+        if done < len(specs):
+            results[start + done] = {"crashed": crash or "the accelerator's process left no result"}
+            done += 1
+        start += done
+    return results
+
+
+def _unpack(result, out, feeds):
     result["crashed"] = None
     for acc in ("cpu", "gpu"):
         entry = result[acc]
@@ -432,8 +463,18 @@ def real_verdict(path, feeds=None):
     fully accelerated, and every output of every signature on `feeds` (default
     `synthetic_feeds`) is within `tolerance_for` of LiteRT's CPU, integer outputs
     equal."""
-    feeds = feeds or synthetic_feeds(path)
-    result = run_in_child(path, feeds, runs=0)
+    return real_verdicts([path], [feeds])[0]
+
+
+def real_verdicts(paths, feeds=None):
+    """`real_verdict` of many files, run in one child process."""
+    feeds = feeds or [None] * len(paths)
+    feeds = [f or synthetic_feeds(p) for p, f in zip(paths, feeds)]
+    results = run_many_in_child([(p, f, None, 0) for p, f in zip(paths, feeds)])
+    return [_verdict(r, f) for r, f in zip(results, feeds)]
+
+
+def _verdict(result, feeds):
     if result["crashed"]:
         return False, result["crashed"]
     gpu, cpu = result["gpu"], result["cpu"]

@@ -1,8 +1,9 @@
 """`python -m export check`: our GPU / int8 delegate rules on hand-built TFLite models.
 
 Each model is built from plain TF ops (no project code), so what is in the
-flatbuffer is known from the graph; the expectations follow docs/facts.md and the
-delegate's own compatibility rules.
+flatbuffer is known from the graph; the expectations follow what LiteRT's real
+GPU accelerator does with such models (tests/test_check_calibration.py runs them
+there).
 """
 
 import numpy as np
@@ -51,10 +52,42 @@ def test_five_d_tensor_fails():
     assert reasons and all("5-D tensor" in r for r in reasons)
 
 
-def test_dynamic_dimension_fails():
+def test_dynamic_dimension_alone_is_gpu_clean_but_not_int8():
+    """LiteRT's GPU accelerator resizes a model whose -1 dimensions need no
+    dynamic-shape op (tests/test_check_calibration.py: dynamic_batch,
+    dynamic_length); integer-only accelerators need static shapes."""
     content = _convert(_clean, [tf.TensorSpec([None], tf.int32, name="ids")])
-    reasons = _reasons(content)
-    assert any("GATHER" in r and "dynamic" in r for r in reasons)
+    assert _reasons(content) == []
+    assert any("dynamic" in r for r in _reasons(content, "int8"))
+
+
+def test_patterns_the_gpu_accelerator_computes_wrong_fail_until_rewritten():
+    """A batch-broadcast BATCH_MATMUL and a low-rank runtime elementwise operand
+    pass the op allowlist and compile, then compute wrong numbers on the GPU
+    accelerator (calibration cases); check names them, and gpu_rewrite.legalize
+    fixes the second with bitwise-equal CPU results."""
+    from ai_edge_litert.interpreter import Interpreter
+
+    from export import gpu_rewrite
+
+    k = np.random.default_rng(2).standard_normal((6, 9, 4)).astype("float32")
+    bmm = _convert(lambda x: tf.matmul(x, tf.constant(k)), [tf.TensorSpec([1, 16, 9], tf.float32)])
+    assert any(r.startswith("BATCH_MATMUL") and "broadcasts its first operand" in r for r in _reasons(bmm))
+    p = np.random.default_rng(3).standard_normal((1, 16, 8)).astype("float32")
+    low = _convert(lambda x: tf.reshape(x, [16, 8]) * 0.5 + tf.constant(p), [tf.TensorSpec([1, 128], tf.float32)])
+    assert any(r.startswith("ADD") and "lower rank" in r for r in _reasons(low))
+    fixed = gpu_rewrite.legalize(low)
+    assert _reasons(fixed) == [] and "RESHAPE" in op_counts(fixed)
+    x = np.random.default_rng(4).standard_normal((1, 128)).astype("float32")
+
+    def run(content):
+        interp = Interpreter(model_content=content)
+        interp.allocate_tensors()
+        interp.set_tensor(interp.get_input_details()[0]["index"], x)
+        interp.invoke()
+        return interp.get_tensor(interp.get_output_details()[0]["index"])
+
+    np.testing.assert_array_equal(run(low), run(fixed))
 
 
 def test_flex_op_fails():
@@ -73,7 +106,9 @@ def test_two_d_gather_fails():
 def test_rejected_ops_and_softmax_beta_fail():
     content = _convert(lambda x: tf.argmax(tf.nn.softmax(x * 1.0, axis=-1), axis=-1, output_type=tf.int32),
                        [tf.TensorSpec([1, 4, 6], tf.float32)])
-    assert any(r.startswith("ARG_MAX") for r in _reasons(content))
+    assert _reasons(content) == []  # ARG_MAX runs on LiteRT's GPU accelerator (calibration case arg_max)
+    nd = _convert(lambda ids: tf.gather_nd(tf.constant(TABLE), ids), [tf.TensorSpec([1, 5, 1], tf.int32)])
+    assert any(r.startswith("GATHER_ND: not supported") for r in _reasons(nd))
     # SOFTMAX with beta 2: set in the flatbuffer itself (the converter keeps a MUL).
     from ai_edge_litert.tools import flatbuffer_utils
 
@@ -119,11 +154,11 @@ def test_cli_exit_codes(tmp_path, capsys):
     good = tmp_path / "good.tflite"
     good.write_bytes(_convert(_clean, [tf.TensorSpec([5], tf.int32, name="ids")]))
     bad = tmp_path / "bad.tflite"
-    bad.write_bytes(_convert(_clean, [tf.TensorSpec([None], tf.int32, name="ids")]))
+    bad.write_bytes(_convert(lambda ids: tf.gather(tf.constant(TABLE), ids), [tf.TensorSpec([2, 3], tf.int32)]))
     assert main(["check", str(good), "--target", "gpu"]) == 0
     assert main(["check", str(bad), "--target", "gpu"]) == 1
     out = capsys.readouterr().out
-    assert "GATHER" in out and "[-1]" in out
+    assert "GATHER" in out and "1-D" in out
     junk = tmp_path / "junk.tflite"
     junk.write_bytes(b"not a model")
     for argv in (["check", str(tmp_path / "missing.tflite")], ["check", str(junk)],
