@@ -131,7 +131,7 @@ def export_savedmodel(source, out, version=None, model_name=None):
     except OSError as e:
         raise UsageError(f"cannot create --out {out}: {e.strerror}") from None
     with runlock.locked(out):
-        return _write_version(out, version, model_name, kind, archive, endpoints)
+        return _write_version(out, version, model_name, kind, archive, endpoints, src)
 
 
 def _check_unlocked(out):
@@ -140,7 +140,14 @@ def _check_unlocked(out):
         raise UsageError(str(runlock.LockedError(out, pid)))
 
 
-def _write_version(out, version, model_name, kind, archive, endpoints):
+def extra_files(kind, source):
+    """{file name: bytes} a kind ships in `assets.extra/` (e.g. seq2seq's
+    `spm.model`); kinds without an `extra_files` method ship none."""
+    method = getattr(kind, "extra_files", None)
+    return dict(method(source)) if method is not None else {}
+
+
+def _write_version(out, version, model_name, kind, archive, endpoints, source=None):
     atomic.clean_stale(out)
     version = version or next_version(out)
     target = os.path.join(out, str(version))
@@ -148,6 +155,11 @@ def _write_version(out, version, model_name, kind, archive, endpoints):
     with atomic.building(target, directory=True) as tmp:
         archive.write_out(tmp, verbose=False)
         warmup.write(tmp, model_name, [(e.name, e.example) for e in endpoints])
+        for name, content in (extra_files(kind, source) if source is not None else {}).items():
+            # Files for clients, beside the graph (the graph never reads them).
+            os.makedirs(os.path.join(tmp, "assets.extra"), exist_ok=True)
+            with open(os.path.join(tmp, "assets.extra", name), "wb") as f:
+                f.write(content)
         outputs = _prove(tmp, endpoints)
         doc = {
             "model": model_name,

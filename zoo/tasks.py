@@ -120,7 +120,9 @@ def _from_savedmodel(path):
     import tensorflow as tf
 
     try:
-        import tensorflow_text  # noqa: F401  (seq2seq graphs use its SentencePiece kernels)
+        # Only SavedModels exported before the core-op tokenizer (or of BPE
+        # models) use its SentencePiece kernels.
+        import tensorflow_text  # noqa: F401
     except ImportError:
         pass
     try:
@@ -254,12 +256,18 @@ def _source_ids(tokenizer, texts, length):
 
 
 def _savedmodel_tokenizer(path):
-    """The SentencePiece model inside a seq2seq SavedModel's graphs (the
-    `SentencepieceOp` that its `translate` signature tokenizes with), as a
-    `zoo.seq2seq.tokenization.Tokenizer`; None if there is none."""
+    """The SentencePiece model of a seq2seq SavedModel (`assets.extra/spm.model`, or
+    in older exports the `SentencepieceOp` that its `translate` signature
+    tokenizes with), as a `zoo.seq2seq.tokenization.Tokenizer`; None if there
+    is none."""
     from tensorflow.core.protobuf import saved_model_pb2
 
     from zoo.seq2seq.tokenization import Tokenizer
+
+    asset = os.path.join(path, "assets.extra", "spm.model")
+    if os.path.isfile(asset):
+        with open(asset, "rb") as f:
+            return Tokenizer(f.read())
 
     saved = saved_model_pb2.SavedModel()
     with open(os.path.join(path, "saved_model.pb"), "rb") as f:

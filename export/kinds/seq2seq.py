@@ -1,15 +1,18 @@
 """Export plugin for `zoo.seq2seq.transformer` / `zoo.seq2seq.universal_transformer` runs.
 
-SavedModel signatures (TF Serving; the loading process needs `import
-tensorflow_text`, which registers the SentencePiece kernels):
+SavedModel signatures (TF Serving; core TensorFlow ops only, so the stock
+`tensorflow_model_server` loads them and a Python client needs no
+`tensorflow_text`):
   translate(text: string [B])        -> translation string [B], token_ids int32 [B, L]
   serving_default                    the same as translate
   translate_ids(source_ids int32 [B, S]) -> token_ids int32 [B, L]
   encode, decode_step                steps.tflite's two signatures (below), the same
                                      functions, for clients that run the loop (beam
                                      search, sampling) themselves
-The tokenizer (SentencePiece, `tensorflow_text`) and greedy cached decoding run
-inside the graph: strings in, strings out.
+The tokenizer (SentencePiece rebuilt from lookup tables, `tf.strings` and
+`tf.while_loop`: `zoo.seq2seq.sentencepiece_graph`, the `sentencepiece`
+package's ids) and greedy cached decoding run inside the graph: strings in,
+strings out. The SentencePiece model itself ships as `assets.extra/spm.model`.
 
 TFLite (builtin ops only):
   `python -m export tflite RUN --out greedy.tflite`: the full greedy loop as one
@@ -137,7 +140,12 @@ class Seq2SeqKind(ExportKind):
         ]
 
     def resources(self, source):
-        return [self.model(source).tokenizer.tf_tokenizer()]
+        # The core-op tokenizer's lookup tables.
+        return [self.model(source).tokenizer.graph_tokenizer()]
+
+    def extra_files(self, source):
+        """SavedModel `assets.extra/` files: the SentencePiece model, for clients."""
+        return {"spm.model": bytes(self.model(source).tokenizer.proto)}
 
     def _example_texts(self, source, n=3):
         examples = source.metrics().get("test_examples") or []

@@ -1,17 +1,17 @@
 """Subword tokenization learned from the training text (SentencePiece).
 
 The trainer is Google's `sentencepiece` (unigram or BPE for text, `char` for the
-algorithmic tasks); the runtime is TensorFlow Text's in-graph
-`SentencepieceTokenizer`, so the same serialized model tokenizes eagerly in
-Python, inside the XLA-free parts of a `tf.function`, and inside an exported
-SavedModel signature (strings in, strings out). The serialized model travels
-inside the Keras model's config (base64), so a loaded `.keras` file translates
-raw strings with nothing beside it.
+algorithmic tasks). Eagerly, the `sentencepiece` package tokenizes; in graphs
+(`encode_tf`, `decode_tf`: an exported SavedModel signature, strings in, strings
+out) `zoo.seq2seq.sentencepiece_graph` does, from core TensorFlow ops only, with
+the same ids, so the stock `tensorflow_model_server` serves the model and a
+loading process needs no `tensorflow_text`. (Models it cannot rebuild, e.g. BPE,
+fall back to `tensorflow_text`'s `SentencepieceTokenizer`, whose kernels the
+loading process must then register with `import tensorflow_text`.) The serialized
+model travels inside the Keras model's config (base64), so a loaded `.keras`
+file translates raw strings with nothing beside it.
 
 Ids 0..3 are fixed: 0 = padding, 1 = unknown, 2 = begin (BOS), 3 = end (EOS).
-
-A process that loads an exported SavedModel must `import tensorflow_text`
-(it registers the `SentencepieceOp` kernels), as TF Hub text models require.
 """
 
 import base64
@@ -98,6 +98,7 @@ class Tokenizer:
         self.proto = bytes(proto)
         self._sp = spm.SentencePieceProcessor(model_proto=self.proto)
         self._tf = None
+        self._graph = None
 
     @property
     def vocabulary_size(self):
@@ -121,7 +122,8 @@ class Tokenizer:
         return out
 
     def tf_tokenizer(self):
-        """The in-graph `tensorflow_text.SentencepieceTokenizer` (a trackable)."""
+        """The in-graph `tensorflow_text.SentencepieceTokenizer` (a trackable;
+        needs `tensorflow_text` wherever its graph runs)."""
         if self._tf is None:
             import tensorflow as tf
             import tensorflow_text as tf_text
@@ -129,12 +131,26 @@ class Tokenizer:
             self._tf = tf_text.SentencepieceTokenizer(model=self.proto, out_type=tf.int32)
         return self._tf
 
+    def graph_tokenizer(self):
+        """The in-graph tokenizer (a trackable with `tokenize` / `detokenize`):
+        `sentencepiece_graph.build`'s core-op one when it supports the model
+        (unigram and char models: everything this project trains), else
+        `tf_tokenizer()`."""
+        if self._graph is None:
+            from zoo.seq2seq import sentencepiece_graph
+
+            try:
+                self._graph = sentencepiece_graph.build(self.proto)
+            except NotImplementedError:
+                self._graph = self.tf_tokenizer()
+        return self._graph
+
     def encode_tf(self, texts, length):
         """string [B] -> int32 [B, length] ids padded with 0 (in-graph), and
         int32 [B] token counts before padding (to detect over-long inputs)."""
         import tensorflow as tf
 
-        ragged = self.tf_tokenizer().tokenize(texts)
+        ragged = tf.cast(self.graph_tokenizer().tokenize(texts), tf.int32)
         counts = tf.cast(ragged.row_lengths(), tf.int32)
         batch = tf.shape(texts)[0]
         dense = ragged[:, :length].to_tensor(default_value=PAD_ID, shape=tf.stack([batch, length]))
@@ -149,4 +165,4 @@ class Tokenizer:
         before_eos = tf.equal(tf.cumsum(is_eos, axis=1, exclusive=False), 0)
         keep = tf.logical_and(before_eos, ids > BOS_ID)
         ragged = tf.ragged.boolean_mask(ids, keep)
-        return self.tf_tokenizer().detokenize(ragged)
+        return self.graph_tokenizer().detokenize(ragged)
