@@ -312,7 +312,8 @@ def litert_greedy(tflite, source_ids, max_length, eos_id=3, bos_id=2, model=None
 
 
 def export_all(run_dir, out_dir):
-    """Writes OUT/steps.tflite, OUT/greedy.tflite and OUT/seq2seq.tflite.json;
+    """Writes OUT/steps.tflite, OUT/greedy.tflite, OUT/spm.model (the
+    SentencePiece model) and OUT/seq2seq.tflite.json;
     checks both against Keras greedy decoding on calibration rows first."""
     from export import atomic, rundir, tflite
     from zoo.seq2seq import decoding
@@ -342,8 +343,11 @@ def export_all(run_dir, out_dir):
     report["steps_gpu_problems"] = [str(p) for p in check_model(steps, "gpu")]
     sidecar = dict(kind.sidecar(src), files={"steps": "steps.tflite", "greedy": "greedy.tflite"},
                    source=os.path.abspath(src.path) if src.run_dir or os.path.exists(src.path) else None,
-                   parity=report, num_self_caches=int(model.num_self_caches))
-    for name, content in (("steps.tflite", steps), ("greedy.tflite", greedy_bytes)):
+                   parity=report, num_self_caches=int(model.num_self_caches), tokenizer_file="spm.model")
+    # The SentencePiece model as the file an app's tokenizer library opens
+    # (also base64 in the sidecar's "tokenizer").
+    for name, content in (("steps.tflite", steps), ("greedy.tflite", greedy_bytes),
+                          ("spm.model", bytes(model.tokenizer.proto))):
         with atomic.building(os.path.join(out_dir, name)) as tmp:
             with open(tmp, "wb") as f:
                 f.write(content)
