@@ -11,7 +11,9 @@ a fresh process). Figures:
 2. achieved FLOP/s of our forward at N=1024 as a fraction of this machine's
    large-matmul FLOP/s;
 3. peak memory and time of self-attention at N = 2k, 8k, 32k (B=1, 8 heads,
-   head dim 64), ours with chunk_size vs Keras's.
+   head dim 64), ours with chunk_size vs Keras's;
+4. forward+backward at N = 8k (B=1, 8 heads, head dim 64): ours chunked vs
+   ours full vs Keras (`python -m benchmarks.attention_bench long-backward`).
 """
 
 import argparse
@@ -218,19 +220,81 @@ def long_sequences(quick=False):
     return rows
 
 
+def long_backward(quick=False, length=8192, chunks=(512, 1024), rounds=3):
+    """Figure 4: forward+backward at a long length (B=1, 8 heads, head dim
+    64, plain tf.function): ours chunked (the flash-attention-2 backward) vs
+    ours full vs Keras, interleaved round by round; ratios to ours full
+    within each round."""
+    import tensorflow as tf
+
+    from layers import MultiHeadAttention
+
+    if quick:
+        length, chunks, rounds = 1024, (256,), 1
+    x = tf.random.stateless_normal((1, length, HEADS * LONG_HEAD_DIM), seed=(3, 4))
+    impls = {f"chunked_{c}": MultiHeadAttention(HEADS, LONG_HEAD_DIM, chunk_size=c) for c in chunks}
+    impls["full"] = MultiHeadAttention(HEADS, LONG_HEAD_DIM)
+    import keras
+
+    keras_layer = keras.layers.MultiHeadAttention(HEADS, LONG_HEAD_DIM)
+    small = x[:, :8]
+    keras_layer(small, small)
+    fns = {}
+    for layer in impls.values():
+        layer(small)
+    for layer in impls.values():
+        layer.set_weights(impls["full"].get_weights())
+    for name, layer in list(impls.items()) + [("keras", keras_layer)]:
+        call = (lambda l: (lambda t: l(t, t)))(layer) if name == "keras" else (lambda l: l)(layer)
+
+        def make(layer=layer, call=call):
+            @tf.function
+            def step(t):
+                with tf.GradientTape() as tape:
+                    tape.watch(t)
+                    y = call(t)
+                    loss = tf.reduce_sum(y * y)
+                return tape.gradient(loss, [t] + layer.trainable_variables)
+
+            return step
+
+        fns[name] = make()
+    for fn in fns.values():
+        _block(fn(x))  # trace and warm up
+    times = {name: [] for name in fns}
+    for _ in range(rounds):
+        for name, fn in fns.items():
+            start = time.perf_counter()
+            _block(fn(x))
+            times[name].append(time.perf_counter() - start)
+    full = np.array(times["full"])
+    rows = []
+    for name, t in times.items():
+        t = np.array(t)
+        rows.append({"figure": "long_backward", "impl": name, "length": length,
+                     "fwdbwd_s": float(np.median(t)), "vs_full": float(np.median(t / full))})
+    return rows
+
+
 def run(quick=False):
-    return speed(quick) + flops_fraction(quick) + long_sequences(quick)
+    return speed(quick) + flops_fraction(quick) + long_sequences(quick) + long_backward(quick)
 
 
 def main(argv=None):
     parser = argparse.ArgumentParser(prog="python -m benchmarks.attention_bench")
-    parser.add_argument("mode", nargs="?", default="all", choices=["all", "memory"])
+    parser.add_argument("mode", nargs="?", default="all",
+                        choices=["all", "memory", "speed", "long-backward"])
     parser.add_argument("--impl", choices=["ours", "keras"], default="ours")
     parser.add_argument("--length", type=int, default=2048)
     parser.add_argument("--quick", action="store_true")
     args = parser.parse_args(argv)
     if args.mode == "memory":
         print(json.dumps(memory_child(args.impl, args.length)))
+        return 0
+    if args.mode in ("speed", "long-backward"):
+        rows = speed(args.quick) if args.mode == "speed" else long_backward(args.quick)
+        for row in rows:
+            print(json.dumps(row))
         return 0
     for row in run(args.quick):
         print(json.dumps(row))

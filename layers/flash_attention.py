@@ -2,7 +2,8 @@
 
 Flash-attention-2 in `keras.ops`: the forward visits key blocks with an
 online softmax and keeps, per query row, only the output and the log-sum-exp
-of its scores; the backward recomputes each block's scores from them. Autodiff
+of its scores; the backward recomputes each visible block's scores once from
+them and accumulates dQ, dK and dV in one pass. Autodiff
 of the block loop would instead keep every block's weights (quadratic memory:
 under JAX the scan stores them all). One `keras.ops.custom_gradient` serves
 TensorFlow and JAX.
@@ -12,7 +13,6 @@ values `[B, Tk, H, dv]`. Inside, everything is head-major `[B, H, T, d]`,
 where every product is a plain batched matmul, and float32.
 """
 
-import keras
 from keras import ops
 
 from layers.masks import position_mask
@@ -119,8 +119,26 @@ def flash_attention(
         start = ops.minimum(start, stop)
         return start, ops.maximum(stop, start)
 
+    # Nothing to mask in any block (static): no mask arithmetic at all.
+    static_lengths = isinstance(length_q, int) and isinstance(length_k, int)
+    unmasked = (
+        query_mask is None
+        and key_mask is None
+        and attention_mask is None
+        and key_valid_length is None
+        and not causal
+        and window is None
+        and include_self
+        and static_lengths
+        and length_q % c == 0
+        and length_k % c == 0
+    )
+
     def keep_block(qi, ki):
-        """float32 `[B, 1, c, c]`: 1 where query row may attend to key."""
+        """float32 `[B, 1, c, c]`: 1 where query row may attend to key;
+        `None` when nothing is masked."""
+        if unmasked:
+            return None
         q_start, k_start = qi * c, ki * c
         qmb = ops.slice(qmask, [zero, q_start], [batch, c])
         kmb = ops.slice(kmask, [zero, k_start], [batch, c])
@@ -161,9 +179,12 @@ def flash_attention(
                 m, l, acc = carry
                 keep = keep_block(qi, ki)
                 s = ops.matmul(qb, _t(block(k, ki, key_dim)))
-                s = s + (1.0 - keep) * _MASK_PENALTY
+                if keep is not None:
+                    s = s + (1.0 - keep) * _MASK_PENALTY
                 m_new = ops.maximum(m, ops.max(s, axis=-1, keepdims=True))
-                p = ops.exp(s - m_new) * keep
+                p = ops.exp(s - m_new)
+                if keep is not None:
+                    p = p * keep
                 rescale = ops.exp(m - m_new)
                 l = l * rescale + ops.sum(p, axis=-1, keepdims=True)
                 acc = acc * rescale + ops.matmul(p, block(v, ki, value_dim))
@@ -196,45 +217,40 @@ def flash_attention(
             # flash-attention's D: sum_j P_ij dP_ij equals rowsum(dO * O).
             row = ops.sum(d_out * out, axis=-1, keepdims=True)
 
-            def probabilities(qi, ki):
-                s = ops.matmul(block(q, qi, key_dim), _t(block(k, ki, key_dim)))
-                keep = keep_block(qi, ki)
-                s = s + (1.0 - keep) * _MASK_PENALTY
-                return ops.exp(s - block(lse, qi, 1)) * keep
+            def key_step(ki, carry):
+                # One pass over the visible (query, key) block pairs: each
+                # block's scores are recomputed once and feed dQ, dK and dV.
+                d_q, d_k, d_v = carry
+                kb, vb = block(k, ki, key_dim), block(v, ki, value_dim)
 
-            def d_scores(qi, ki, p):
-                d_p = ops.matmul(block(d_out, qi, value_dim), _t(block(v, ki, value_dim)))
-                return p * (d_p - block(row, qi, 1))
-
-            def query_grad(qi):
-                def step(ki, d_q):
-                    ds = d_scores(qi, ki, probabilities(qi, ki))
-                    return d_q + ops.matmul(ds, block(k, ki, key_dim))
-
-                start, stop = key_range(qi)
-                return ops.fori_loop(
-                    start, stop, step, ops.zeros((batch, heads, c, key_dim), "float32")
-                )
-
-            def key_grad(ki):
-                def step(qi, carry):
-                    d_k, d_v = carry
-                    p = probabilities(qi, ki)
-                    d_v = d_v + ops.matmul(_t(p), block(d_out, qi, value_dim))
-                    ds = d_scores(qi, ki, p)
-                    d_k = d_k + ops.matmul(_t(ds), block(q, qi, key_dim))
-                    return d_k, d_v
+                def query_step(qi, inner):
+                    d_q, d_kb, d_vb = inner
+                    qb, d_ob = block(q, qi, key_dim), block(d_out, qi, value_dim)
+                    s = ops.matmul(qb, _t(kb))
+                    keep = keep_block(qi, ki)
+                    if keep is not None:
+                        s = s + (1.0 - keep) * _MASK_PENALTY
+                    p = ops.exp(s - block(lse, qi, 1))
+                    if keep is not None:
+                        p = p * keep
+                    d_vb = d_vb + ops.matmul(_t(p), d_ob)
+                    d_s = p * (ops.matmul(d_ob, _t(vb)) - block(row, qi, 1))
+                    d_kb = d_kb + ops.matmul(_t(d_s), qb)
+                    start = [zero, zero, qi * c, zero]
+                    d_q = ops.slice_update(d_q, start, block(d_q, qi, key_dim) + ops.matmul(d_s, kb))
+                    return d_q, d_kb, d_vb
 
                 start, stop = query_range(ki)
-                init = (
-                    ops.zeros((batch, heads, c, key_dim), "float32"),
-                    ops.zeros((batch, heads, c, value_dim), "float32"),
+                d_q, d_kb, d_vb = ops.fori_loop(
+                    start, stop, query_step, (d_q, ops.zeros_like(kb), ops.zeros_like(vb))
                 )
-                return ops.fori_loop(start, stop, step, init)
+                at = [zero, zero, ki * c, zero]
+                return d_q, ops.slice_update(d_k, at, d_kb), ops.slice_update(d_v, at, d_vb)
 
-            d_q = stack_blocks(ops.map(query_grad, ops.arange(num_q, dtype="int32")), key_dim)
-            d_k, d_v = ops.map(key_grad, ops.arange(num_k, dtype="int32"))
-            d_k, d_v = stack_blocks(d_k, key_dim), stack_blocks(d_v, value_dim)
+            d_q, d_k, d_v = ops.fori_loop(
+                zero, ops.cast(num_k, "int32"), key_step,
+                (ops.zeros_like(q), ops.zeros_like(k), ops.zeros_like(v)),
+            )
             return tuple(
                 ops.cast(_head_major(g)[:, :n], dtype)
                 for g, n, dtype in zip(
@@ -255,7 +271,3 @@ def uses_flash(score, normalize, dropout, training):
         dropout is not None and dropout.rate > 0 and training is not None and training is not False
     )
     return score != "additive" and normalize == "softmax" and not dropping
-
-
-def backend_name():
-    return keras.backend.backend()

@@ -291,3 +291,17 @@ def test_chunk_size_auto_switches_paths(monkeypatch):
     assert calls == [5]
     restored = MultiHeadAttention.from_config(auto.get_config())
     assert restored.chunk_size == "auto"
+
+
+@pytest.mark.parametrize("length", [12, 13])
+def test_flash_backward_without_any_mask(length):
+    """No mask at all: at 12 (a multiple of the block) the blocks skip the
+    mask arithmetic; at 13 the padding mask is back."""
+    x = np.random.default_rng(9).normal(size=(2, length, 8)).astype("float32")
+    full, chunked = _pair(4)
+    _copy(full, chunked, x)
+    y_full, g_full = _values_and_grads(full, x)
+    y_chunk, g_chunk = _values_and_grads(chunked, x)
+    np.testing.assert_allclose(y_chunk, y_full, atol=1e-5)
+    for a, b in zip(g_chunk, g_full):
+        np.testing.assert_allclose(a, b, atol=1e-5, rtol=1e-5)
