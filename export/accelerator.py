@@ -125,10 +125,17 @@ def require_device():
         raise NoDevice(problem)
 
 
-def _accelerator(name):
+def _options(name):
+    """CompiledModel options: "cpu", "gpu" (the GPU alone, its default reduced
+    precision, as an app gets it) or "gpu_f32" (the GPU alone computing in
+    float32: tells precision from a wrong op)."""
     from ai_edge_litert.hardware_accelerator import HardwareAccelerator
+    from ai_edge_litert.options import CpuOptions, GpuOptions, Options
 
-    return {"gpu": HardwareAccelerator.GPU, "cpu": HardwareAccelerator.CPU}[name]
+    if name == "cpu":
+        return Options(hardware_accelerators=HardwareAccelerator.CPU, cpu_options=CpuOptions(num_threads=1))
+    return Options(hardware_accelerators=HardwareAccelerator.GPU,
+                   gpu_options=GpuOptions(enforce_f32=name == "gpu_f32"))
 
 
 class CompileError(RuntimeError):
@@ -147,15 +154,15 @@ class Compiled:
     def __init__(self, model, accelerator="gpu"):
         from ai_edge_litert.compiled_model import CompiledModel
 
-        if accelerator == "gpu":
+        if accelerator != "cpu":
             ensure_runtime_dir()
         self.accelerator = accelerator
         with captured_stderr() as log:
             try:
                 if isinstance(model, (bytes, bytearray)):
-                    self.model = CompiledModel.from_buffer(bytes(model), hardware_accel=_accelerator(accelerator))
+                    self.model = CompiledModel.from_buffer(bytes(model), options=_options(accelerator))
                 else:
-                    self.model = CompiledModel.from_file(str(model), hardware_accel=_accelerator(accelerator))
+                    self.model = CompiledModel.from_file(str(model), options=_options(accelerator))
                 error = None
             except RuntimeError as e:
                 error = e
@@ -269,9 +276,11 @@ def float_diff(reference, candidate):
     return out
 
 
-def tolerance_for(reference, rel=0.02, floor=0.02):
+def tolerance_for(reference, rel=0.03, floor=0.03):
     """The GPU computes in reduced precision (fp16 by default): an output is
-    right within max(floor, rel * its largest magnitude)."""
+    right within max(floor, rel * its largest magnitude). Measured gaps of
+    right models: up to 0.019 on [0, 1] images and 0.013 on probabilities
+    (float32 on the GPU: 2.5e-6); wrong ops were off by 0.39 to 7.8."""
     return {k: max(floor, rel * float(np.max(np.abs(np.asarray(v, np.float64))))) if np.asarray(v).size else floor
             for k, v in reference.items() if np.issubdtype(np.asarray(v).dtype, np.floating)}
 
@@ -301,7 +310,7 @@ def _child_main(workdir):
         with np.load(os.path.join(workdir, f"in_{n}.npz")) as data:
             feeds = {k: data[k] for k in data.files}
         result, arrays = {}, {}
-        for acc in ("cpu", "gpu"):
+        for acc in job.get("accelerators", ("cpu", "gpu")):
             entry = result[acc] = {}
             try:
                 m = Compiled(job["path"], acc)
@@ -332,11 +341,11 @@ def _child_runs(job, feeds, m, entry, arrays, acc):
             inputs = {k[len(prefix):]: v for k, v in feeds.items() if k.startswith(prefix)}
             for name, value in m.run(sig, inputs).items():
                 arrays[f"{acc}/{prefix}{name}"] = value
-        if rows and job.get("runs"):
+        if rows and job.get("runs") and acc != "gpu_f32":
             prefix = f"{sig}/0/"
             entry["latency"][sig] = m.time(
                 sig, {k[len(prefix):]: v for k, v in feeds.items() if k.startswith(prefix)}, runs=job["runs"])
-    if job.get("greedy"):
+    if job.get("greedy") and acc != "gpu_f32":
         from export.kinds import seq2seq
 
         g = job["greedy"]
@@ -348,7 +357,7 @@ def _child_runs(job, feeds, m, entry, arrays, acc):
             entry["margins"].append(margins)
 
 
-def run_in_child(path, feeds, greedy=None, runs=20, timeout=600):
+def run_in_child(path, feeds, greedy=None, runs=20, timeout=600, f32=False):
     """Runs `path` on CPU and on the GPU accelerator in a fresh process.
 
     Args:
@@ -356,16 +365,18 @@ def run_in_child(path, feeds, greedy=None, runs=20, timeout=600):
         greedy: None or {"rows": [source_ids [1, S], ...], "length": L}: the
             seq2seq app loop (`litert_greedy`) on each row, on each accelerator.
         runs: timed runs per signature (on the first row), 0 for none.
+        f32: also run on the GPU computing in float32 ("gpu_f32"; no greedy
+            loop or timing there).
 
     Returns:
-        {"cpu"|"gpu": {"compiled", "fully_accelerated", "log", "error",
+        {"cpu"|"gpu"|"gpu_f32": {"compiled", "fully_accelerated", "log", "error",
          "run_error", "outputs": {signature: [ {output: array}, ... ]},
          "latency", "greedy"}, "crashed": None or a message}.
     """
-    return run_many_in_child([(path, feeds, greedy, runs)], timeout)[0]
+    return run_many_in_child([(path, feeds, greedy, runs)], timeout, f32=f32)[0]
 
 
-def run_many_in_child(jobs, timeout=600):
+def run_many_in_child(jobs, timeout=600, f32=False):
     """`run_in_child` for many (path, feeds, greedy, runs) jobs in one process;
     where a model takes the process down, it gets the crash as its result and
     the models after it run in a new process."""
@@ -382,7 +393,7 @@ def run_many_in_child(jobs, timeout=600):
                 arrays = {f"{sig}/{r}/{k}": np.asarray(v) for sig, rows in feeds.items()
                           for r, row in enumerate(rows) for k, v in row.items()}
                 job = {"path": os.path.abspath(path), "signatures": {s: len(r) for s, r in feeds.items()},
-                       "runs": runs}
+                       "runs": runs, "accelerators": ["cpu", "gpu"] + (["gpu_f32"] if f32 else [])}
                 if greedy:
                     job["greedy"] = {"rows": len(greedy["rows"]), "length": int(greedy["length"])}
                     arrays.update({f"greedy/{i}": np.asarray(r, np.int32) for i, r in enumerate(greedy["rows"])})
@@ -419,7 +430,7 @@ def run_many_in_child(jobs, timeout=600):
 
 def _unpack(result, out, feeds):
     result["crashed"] = None
-    for acc in ("cpu", "gpu"):
+    for acc in [a for a in ("cpu", "gpu", "gpu_f32") if a in result]:
         entry = result[acc]
         entry["outputs"] = {}
         for sig, rows in feeds.items():

@@ -271,7 +271,7 @@ def verify_accelerator(target, tflite=None, samples=8, runs=20):
         greedy = {"rows": [r[None] for r in rows], "length": details["decode_step"]["inputs"]["self_cache"]["shape"][1]}
     else:
         feeds = {sig: _rows(d["inputs"], src, kind, samples) for sig, d in details.items()}
-    result = accelerator.run_in_child(path, feeds, greedy=greedy, runs=runs)
+    result = accelerator.run_in_child(path, feeds, greedy=greedy, runs=runs, f32=True)
     if result["crashed"]:
         report.update(compiled=False, error=result["crashed"], ok=False)
         return report
@@ -286,6 +286,11 @@ def verify_accelerator(target, tflite=None, samples=8, runs=20):
     for sig, rows in feeds.items():
         entry = _compare(cpu["outputs"][sig], gpu["outputs"][sig], rows, kind if greedy is None else None)
         entry["gpu_latency"], entry["cpu_latency"] = gpu["latency"].get(sig), cpu["latency"].get(sig)
+        f32 = result.get("gpu_f32") or {}
+        if f32.get("compiled") and not f32.get("run_error"):
+            # The same GPU computing in float32: a gap that vanishes here is precision.
+            entry["max_abs_diff_gpu_f32"] = accelerator.float_diff(_stack(cpu["outputs"][sig]),
+                                                                   _stack(f32["outputs"][sig]))
         report["signatures"][sig] = entry
     if greedy:
         # A row whose tokens part where CPU's best two logits are nearer than the
@@ -339,6 +344,8 @@ def format_accelerator_report(report):
         diffs = ", ".join(f"{k} {v:.3g} (tol {e['tolerance'][k]:.2g})" for k, v in e["max_abs_diff"].items())
         agree = f"; argmax agreement {e['agreement']:.2%}" if "agreement" in e else ""
         exact = "".join(f"; {k} equal {v:.2%}" for k, v in e.get("equal_fraction", {}).items())
+        if e.get("max_abs_diff_gpu_f32"):
+            diffs += " [GPU in float32: " + ", ".join(f"{v:.2g}" for v in e["max_abs_diff_gpu_f32"].values()) + "]"
         lines.append(f"  {sig}: {e['rows']} rows, max abs diff vs CPU {diffs or '-'}{agree}{exact}; "
                      + (f"p50 gpu {e['gpu_latency']['p50_ms']:.3f} ms, cpu {e['cpu_latency']['p50_ms']:.3f} ms"
                         if e.get("gpu_latency") else "untimed"))
