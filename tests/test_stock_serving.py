@@ -89,6 +89,22 @@ def test_char_and_small_unigram_models_of_the_embedded_tasks_equal_sentencepiece
     _check_against_sentencepiece(train_sentencepiece(words, vocab_size=60), words[:4] + HARD)
 
 
+MALFORMED = [b"\xff\xfeabc", b"caf\xc3", b"a\xe2\x96b", b"\xc3\xa9\x80x", b"\xef\xbf\xbd ok",
+             b"\xf0\x9f\x98 x", b"\xed\xa0\x80z", b"\xc0\xafq", b"  \xff  "]
+
+
+def test_malformed_utf8_reads_as_sentencepiece_reads_it():
+    """One U+FFFD per malformed byte, written past the character map (a literal
+    U+FFFD goes through it: nmt_nfkc deletes it)."""
+    for proto in (train_sentencepiece(["two dogs", "caf\u00e9 \u00fcber \ufffd"] * 20, vocab_size=30),
+                  train_sentencepiece(["abc+12", "ba+3"] * 10, vocab_size=64, model_type="char",
+                                      normalization="identity", add_dummy_prefix=False)):
+        sp = spm.SentencePieceProcessor(model_proto=proto)
+        graph = sentencepiece_graph.build(proto)
+        assert graph.tokenize(tf.constant(MALFORMED)).to_list() == [sp.encode(b) for b in MALFORMED]
+        assert graph.normalize(tf.constant(MALFORMED)).numpy().tolist() == [sp.normalize(b) for b in MALFORMED]
+
+
 def test_unsupported_models_are_named():
     bpe = train_sentencepiece(["two dogs run", "un chien court"] * 20, vocab_size=30, model_type="bpe")
     with pytest.raises(NotImplementedError, match="BPE"):

@@ -24,8 +24,7 @@ from lookup tables, `tf.strings` and `tf.while_loop`:
 Unsupported (raises `NotImplementedError` at construction): `bpe` and `word`
 models, byte fallback, user-defined symbols, a denormalizer, whitespace as
 suffix, and character maps whose rules write two spaces in a row.
-Malformed UTF-8 is decoded with U+FFFD replacements by TensorFlow's decoder,
-which may group bytes differently from sentencepiece (one U+FFFD per byte).
+Malformed UTF-8 becomes one U+FFFD per byte, as in sentencepiece.
 """
 
 import struct
@@ -159,13 +158,16 @@ def build(proto):
         # ------------------------------------------------------------ encode
         def normalize(self, texts):
             """string [B] -> string [B], `sentencepiece`'s normalized text."""
-            texts = tf.convert_to_tensor(texts, tf.string)
-            if self.max_rule_chars:
-                chars, lengths = _dense_chars(texts)
+            # Malformed bytes match no rule (every rule is valid UTF-8) and are
+            # written as U+FFFD.
+            chars, shown, lengths = _decoded_chars(tf.convert_to_tensor(texts, tf.string))
+            if not self.max_rule_chars:
+                texts = tf.strings.reduce_join(shown, axis=1)
+            else:
                 width = tf.shape(chars)[1]
                 k_max = self.max_rule_chars
                 matched_len = tf.zeros_like(lengths[:, None] + tf.range(width)[None, :])
-                value = chars
+                value = shown
                 for k in range(1, k_max + 1):
                     candidate = _windows(chars, k)
                     index = self._rules.lookup(candidate)
@@ -275,6 +277,33 @@ def build(proto):
             return tf.strings.regex_replace(joined, SPACE, " ")
 
     return _Tokenizer()
+
+
+def _decoded_chars(texts):
+    """string [B] -> (raw [B, N]: each character's bytes, a malformed sequence's
+    bytes as they are; shown [B, N]: the same with a malformed sequence of n bytes
+    written as n U+FFFD, as sentencepiece's normalizer writes it (past the
+    character map, one U+FFFD per byte); lengths int32 [B])."""
+    import tensorflow as tf
+
+    codes, offsets = tf.strings.unicode_decode_with_offsets(
+        texts, "UTF-8", errors="replace", replacement_char=0xFFFD)
+    starts, rows = offsets.flat_values, offsets.value_rowids()
+    next_starts = tf.concat([starts[1:], tf.zeros([1], starts.dtype)], axis=0)
+    next_rows = tf.concat([rows[1:], tf.fill([1], tf.constant(-1, rows.dtype))], axis=0)
+    ends = tf.where(tf.equal(next_rows, rows), next_starts,
+                    tf.cast(tf.gather(tf.strings.length(texts), rows), starts.dtype))
+    raw = tf.strings.substr(tf.gather(texts, rows), starts, ends - starts)
+    error = tf.equal(codes.flat_values, 0xFFFD) & tf.not_equal(raw, "\ufffd")
+    replacement = tf.gather(tf.constant(["\ufffd" * n for n in range(5)]),
+                            tf.minimum(tf.strings.length(raw), 4))
+    shown = tf.where(error, replacement, raw)
+    lengths = tf.cast(codes.row_lengths(), tf.int32)
+
+    def dense(values):
+        return codes.with_flat_values(values).to_tensor(default_value="", shape=[None, None])
+
+    return dense(raw), dense(shown), lengths
 
 
 def _dense_chars(texts):
