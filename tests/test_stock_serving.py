@@ -89,6 +89,22 @@ def test_char_and_small_unigram_models_of_the_embedded_tasks_equal_sentencepiece
     _check_against_sentencepiece(train_sentencepiece(words, vocab_size=60), words[:4] + HARD)
 
 
+def test_ties_break_as_sentencepiece_breaks_them():
+    """Every piece scored -(its length): every segmentation of a word ties, so
+    the ids are the library's tie-break alone (the earliest-starting piece)."""
+    from sentencepiece import sentencepiece_model_pb2
+
+    model = sentencepiece_model_pb2.ModelProto()
+    model.ParseFromString(train_sentencepiece(
+        ["a man in a blue shirt is standing on a ladder", "two dogs are playing in the snow"] * 20,
+        vocab_size=60))
+    for piece in model.pieces:
+        if piece.type == 1:
+            piece.score = -float(len(piece.piece))
+    texts = ["a man in a blue shirt", "two dogs are standing", "snowman ladders", "in the snow"]
+    _check_against_sentencepiece(model.SerializeToString(), texts + HARD)
+
+
 MALFORMED = [b"\xff\xfeabc", b"caf\xc3", b"a\xe2\x96b", b"\xc3\xa9\x80x", b"\xef\xbf\xbd ok",
              b"\xf0\x9f\x98 x", b"\xed\xa0\x80z", b"\xc0\xafq", b"  \xff  "]
 
