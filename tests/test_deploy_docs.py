@@ -20,15 +20,11 @@ import pytest
 import tensorflow as tf
 from tensorflow_serving.apis import predict_pb2, prediction_service_pb2_grpc
 
-import zoo
-import zoo.models  # noqa: F401
-from export.savedmodel import export_savedmodel
 from tests.test_docs import DOCS, _blocks
-from tests.test_stock_serving import _text_tokenizer
-from zoo.seq2seq.tokenization import encode_proto
+from tests.test_stock_serving import text_seq2seq
 
 TEXTS = ["a man in the snow", "deux chiens", "ｆｕｌｌｗｉｄｔｈ"]
-MODEL = "mt"
+MODEL = "mt"  # the SavedModel's directory name, as in docs/deploy.md
 
 
 def _page():
@@ -130,14 +126,8 @@ def _rest_handler(signatures, seen):
 
 
 @pytest.fixture(scope="module")
-def served(tmp_path_factory):
-    import keras
-
-    keras.utils.set_random_seed(2)
-    base = tmp_path_factory.mktemp("deploy")
-    model = zoo.build("seq2seq", tokenizer=encode_proto(_text_tokenizer()), hidden_dim=16, num_heads=2,
-                      num_layers=1, intermediate_dim=32, max_source_length=16, max_target_length=8)
-    version = export_savedmodel(model, str(base / "serving" / MODEL))
+def served():
+    model, version, _ = text_seq2seq()
     signatures = _Signatures(version)
     grpc_service = _Grpc(signatures)
     server = grpc.server(futures.ThreadPoolExecutor(max_workers=2))

@@ -14,9 +14,8 @@ import zoo.models  # noqa: F401
 from export.kinds import seq2seq as seq2seq_kind
 from export.tflite import export_tflite
 from tests.test_export_support import SENTENCES, make_tagger_run, run_clean
-from tests.test_stock_serving import _text_tokenizer
+from tests.test_stock_serving import text_seq2seq
 from zoo.seq2seq import decoding
-from zoo.seq2seq.tokenization import encode_proto
 
 TEXTS = ["a man in the snow", "deux chiens jouent", "ｆｕｌｌｗｉｄｔｈ dogs", "x"]
 WORDS = ["I saw a saw", "the dog can book a cat 42", "They SAW 7 Dogs"]
@@ -70,9 +69,7 @@ def exports(tmp_path_factory):
     run = str(base / "tagger-run")
     make_tagger_run(run)
     export_tflite(run, str(base / "tagger.tflite"))
-    translator = zoo.build("seq2seq", tokenizer=encode_proto(_text_tokenizer()), hidden_dim=16,
-                           num_heads=2, num_layers=1, intermediate_dim=32, max_source_length=16,
-                           max_target_length=12)
+    translator, _, _ = text_seq2seq()
     keras_file = str(base / "s2s.keras")
     translator.save(keras_file)
     seq2seq_kind.export_all(keras_file, str(base / "s2s"))

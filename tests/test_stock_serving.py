@@ -5,9 +5,13 @@ SavedModel loads and answers in a fresh process in which `tensorflow_text`
 cannot be imported, as the stock `tensorflow_model_server` (which lacks its
 SentencePiece kernels) would run it, equal to the Python model."""
 
+import atexit
+import functools
 import gzip
 import json
 import os
+import shutil
+import tempfile
 
 import numpy as np
 import pytest
@@ -174,6 +178,21 @@ def _text_tokenizer():
     return train_sentencepiece(corpus, vocab_size=70)
 
 
+@functools.lru_cache(maxsize=None)
+def text_seq2seq():
+    """A tiny untrained seq2seq model with a unigram nmt_nfkc tokenizer and its
+    SavedModel (version directory), built once per test session and shared by
+    the deploy tests (test_lite, test_deploy_docs)."""
+    import keras
+
+    keras.utils.set_random_seed(3)
+    model = zoo.build("seq2seq", tokenizer=encode_proto(_text_tokenizer()), hidden_dim=16, num_heads=2,
+                      num_layers=1, intermediate_dim=32, max_source_length=16, max_target_length=12)
+    base = tempfile.mkdtemp(prefix="zoo-text-seq2seq-")
+    atexit.register(shutil.rmtree, base, ignore_errors=True)
+    return model, export_savedmodel(model, os.path.join(base, "serving", "mt")), base
+
+
 def test_every_kind_serves_without_tensorflow_text(tmp_path):
     import keras
 
@@ -181,9 +200,8 @@ def test_every_kind_serves_without_tensorflow_text(tmp_path):
     tagger_run = str(tmp_path / "tagger")
     make_tagger_run(tagger_run)
     proto = encode_proto(_text_tokenizer())
+    shared, shared_version, _ = text_seq2seq()
     models = {
-        "seq2seq": zoo.build("seq2seq", tokenizer=proto, hidden_dim=16, num_heads=2, num_layers=1,
-                             intermediate_dim=32, max_source_length=24, max_target_length=8),
         "universal_transformer": zoo.build("universal_transformer", tokenizer=proto, hidden_dim=16,
                                            num_heads=2, intermediate_dim=32, num_steps=2,
                                            max_source_length=24, max_target_length=8),
@@ -193,6 +211,7 @@ def test_every_kind_serves_without_tensorflow_text(tmp_path):
     dirs = {"tagger": export_savedmodel(tagger_run, str(tmp_path / "serving" / "tagger"))}
     for kind, model in models.items():
         dirs[kind] = export_savedmodel(model, str(tmp_path / "serving" / kind))
+    models["seq2seq"], dirs["seq2seq"] = shared, shared_version
     for kind in ("seq2seq", "universal_transformer"):
         assert os.path.isfile(os.path.join(dirs[kind], "assets.extra", "spm.model"))
     texts = ["a man in the snow", "ｆｕｌｌｗｉｄｔｈ  dogs", "e\u0301te\u0301 \u65e5\u672c", ""]
