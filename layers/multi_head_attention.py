@@ -203,6 +203,15 @@ class MultiHeadAttention(keras.layers.Layer):
     >>> bool(np.allclose(y0, y[:, :1], atol=1e-5))
     True
 
+    Block by block (`chunk_size`), in memory linear in the length for the
+    forward and the backward pass, with the same result:
+
+    >>> chunked = MultiHeadAttention(num_heads=2, key_dim=4, causal=True, chunk_size=2)
+    >>> _ = chunked(x)
+    >>> chunked.set_weights(layer.get_weights())
+    >>> bool(np.allclose(chunked(x), y, atol=1e-5))
+    True
+
     References:
         - [Vaswani et al., 2017](https://arxiv.org/abs/1706.03762)
         - [Bahdanau et al., 2015](https://arxiv.org/abs/1409.0473)
