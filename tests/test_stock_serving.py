@@ -61,6 +61,10 @@ def _check_against_sentencepiece(proto, texts):
     assert normalized == [sp.normalize(t) for t in texts[-len(HARD):]]
     decoded = [s.decode() for s in graph.detokenize(tf.ragged.constant(want, dtype=tf.int32)).numpy()]
     assert decoded == sp.decode(want)
+    # Control pieces (<pad>, <s>, </s>) and <unk> anywhere in a row.
+    mixed = [[2, 0] + row[:1] + [1, 3] + row[1:] + [1, 0] for row in want[:50]] + [[1] + want[0], [3, 3]]
+    decoded = [s.decode() for s in graph.detokenize(tf.ragged.constant(mixed, dtype=tf.int32)).numpy()]
+    assert decoded == sp.decode(mixed)
     return want
 
 

@@ -19,7 +19,8 @@ from lookup tables, `tf.strings` and `tf.while_loop`:
    of `<unk>`s is merged into one (`sentencepiece_processor.cc`). A `char`
    model is the same with one-character pieces only.
 3. Decoding: pieces joined, the first piece's leading "▁"s dropped, "▁" read
-   as a space; control pieces are empty, `<unk>` is " ⁇ ".
+   as a space; control pieces are empty, `<unk>` is the model's `unk_surface`
+   (" ⁇ ").
 
 Unsupported (raises `NotImplementedError` at construction): `bpe` and `word`
 models, byte fallback, user-defined symbols, a denormalizer, whitespace as
@@ -81,8 +82,8 @@ def charsmap_rules(blob):
 
 
 def check_supported(proto):
-    """Raises NotImplementedError naming what `build` cannot
-    reproduce in core ops; returns the parsed ModelProto otherwise."""
+    """Raises NotImplementedError naming what `build` cannot reproduce in core
+    ops; returns (the parsed ModelProto, its `charsmap_rules`) otherwise."""
     from sentencepiece import sentencepiece_model_pb2
 
     model = sentencepiece_model_pb2.ModelProto()
@@ -97,16 +98,19 @@ def check_supported(proto):
         problems.append("whitespace as suffix")
     if any(p.type in (_USER_DEFINED, _BYTE) for p in model.pieces):
         problems.append("user-defined or byte pieces")
+    if trainer.model_type == _CHAR and any(p.type == _UNUSED for p in model.pieces):
+        problems.append("unused pieces in a char model")
     if model.denormalizer_spec.precompiled_charsmap:
         problems.append("a denormalizer")
-    if norm.remove_extra_whitespaces:
-        rules = charsmap_rules(norm.precompiled_charsmap)
-        if any(b"  " in v for v in rules.values()):
-            problems.append("character-map rules that write two spaces")
+    rules = charsmap_rules(norm.precompiled_charsmap)
+    # Runs of spaces collapse by a regex over the joined text, which equals the
+    # library's rule-by-rule stripping only if no rule writes two spaces.
+    if norm.remove_extra_whitespaces and any(b"  " in v for v in rules.values()):
+        problems.append("character-map rules that write two spaces")
     if problems:
         raise NotImplementedError("the core-op SentencePiece supports unigram and char models without "
                                   f"{', '.join(problems)}")
-    return model
+    return model, rules
 
 
 def build(proto):
@@ -120,9 +124,8 @@ def build(proto):
     import tensorflow as tf
 
     proto = bytes(proto)
-    model = check_supported(proto)
+    model, rules = check_supported(proto)
     trainer, norm = model.trainer_spec, model.normalizer_spec
-    rules = charsmap_rules(norm.precompiled_charsmap)
     # A one-character rule that writes its own input changes nothing.
     rules = {k: v for k, v in rules.items() if not (k == v and len(k.decode("utf-8")) == 1)}
     pieces = [p.piece for p in model.pieces]
@@ -263,7 +266,7 @@ def build(proto):
             safe = tf.maximum(dense, 0)
             kind = tf.gather(self._types, safe)
             text = tf.gather(self._pieces, safe)
-            text = tf.where(tf.equal(kind, _UNKNOWN), " \u2047 ", text)
+            text = tf.where(tf.equal(kind, _UNKNOWN), trainer.unk_surface, text)
             visible = present & ~tf.equal(kind, _CONTROL)
             text = tf.where(visible, text, "")
             if norm.add_dummy_prefix or norm.remove_extra_whitespaces:
