@@ -159,6 +159,8 @@ def build(proto):
             self._types = tf.constant(types, tf.int32)
 
         # ------------------------------------------------------------ encode
+        # Graph ops only (explicit while_loops): nothing for AutoGraph to convert.
+        @tf.autograph.experimental.do_not_convert
         def normalize(self, texts):
             """string [B] -> string [B], `sentencepiece`'s normalized text."""
             # Malformed bytes match no rule (every rule is valid UTF-8) and are
@@ -193,6 +195,7 @@ def build(proto):
                 texts = tf.strings.regex_replace(texts, f"({space})+$", "")
             return texts
 
+        @tf.autograph.experimental.do_not_convert
         def tokenize(self, texts):
             """string [B] -> int32 RaggedTensor [B, None], `sentencepiece`'s ids."""
             normalized = self.normalize(texts)
@@ -255,6 +258,7 @@ def build(proto):
             return tf.ragged.boolean_mask(dense, keep)
 
         # ------------------------------------------------------------ decode
+        @tf.autograph.experimental.do_not_convert
         def detokenize(self, ids):
             """int32 ids, a RaggedTensor [B, None] or a Tensor [B, L] (every
             id counts) -> string [B], `sentencepiece`'s decoded text."""
