@@ -128,3 +128,29 @@ def test_bad_input_exits_2(tmp_path, capsys):
         assert main(argv) == 2, argv
         err = capsys.readouterr().err.strip().splitlines()
         assert len(err) == 1, err
+
+
+def test_a_model_that_kills_the_accelerator_process_gets_that_as_its_verdict(tmp_path, monkeypatch):
+    """run_many_in_child: the model that crashed the child is reported as such
+    and the models after it still run (in a new child)."""
+    paths = []
+    for name in ("first", "crash", "last"):
+        path = tmp_path / f"{name}.tflite"
+        path.write_bytes(accelerator._PROBE)
+        paths.append(str(path))
+    monkeypatch.setattr(accelerator, "_JOB", accelerator._JOB.replace(
+        "accelerator._child_main(sys.argv[2])",
+        "import os, signal\n"
+        "real = accelerator.Compiled\n"
+        "def compiled(model, acc='gpu'):\n"
+        "    if str(model).endswith('crash.tflite'):\n"
+        "        os.kill(os.getpid(), signal.SIGSEGV)\n"
+        "    return real(model, acc)\n"
+        "accelerator.Compiled = compiled\n"
+        "accelerator._child_main(sys.argv[2])"))
+    feeds = {"serving_default": [{"x": [[1.0, 2.0, 3.0, 4.0]]}]}
+    results = accelerator.run_many_in_child([(p, feeds, None, 0) for p in paths])
+    assert "signal 11" in results[1]["crashed"]
+    for r in (results[0], results[2]):
+        assert r["crashed"] is None and r["cpu"]["compiled"]
+        assert r["cpu"]["outputs"]["serving_default"][0]["y"].tolist() == [[3.0, 5.0, 7.0, 9.0]]
