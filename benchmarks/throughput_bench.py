@@ -27,7 +27,7 @@ def _tagger(quick):
     from train.tagger import embedded
     from train.tagger.data import Batches, build_vocab
     from train.tagger.fit import compile_tagger
-    from train.tagger.run import MAX_CHARS, _encode
+    from train.tagger.training import MAX_CHARS, _encode
 
     data = embedded.generate(seed=0, train_size=256 if quick else 1024, dev_size=8, test_size=8)
     words, chars, tags = build_vocab(data)

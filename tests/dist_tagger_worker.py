@@ -2,7 +2,7 @@
 
 python tests/dist_tagger_worker.py --strategy default|mirrored|multi_worker --out DIR
     [--epochs N] [--resume]
-Trains the tagger of train.tagger.run (same model, optimizer, batches, engine) on a small
+Trains the tagger of train.tagger.training (same model, optimizer, batches, engine) on a small
 embedded data set for --epochs epochs of 3 steps each; at each epoch end every process
 writes its weights to DIR/weights-e{epoch}-w{worker}.npz and their moving average
 (the optimizer's EMA, `--ema-momentum`, on in every run: it leaves the raw updates
@@ -64,7 +64,7 @@ def run():
     from train.tagger import embedded
     from train.tagger.data import Batches, build_vocab
     from train.tagger.fit import compile_tagger
-    from train.tagger.run import MAX_CHARS, _encode
+    from train.tagger.training import MAX_CHARS, _encode
 
     keras.utils.set_random_seed(0)
     data = embedded.generate(seed=0, train_size=GLOBAL_BATCH * STEPS, dev_size=8, test_size=8)

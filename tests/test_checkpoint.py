@@ -162,7 +162,7 @@ def test_mixed_precision_tagger_and_seq2seq_train_without_nans(tmp_path):
     import argparse
 
     from train.cli import main
-    from train.tagger.run import train_one
+    from train.tagger.training import train_one
 
     keras.config.set_dtype_policy("mixed_bfloat16")
     data = embedded.generate(seed=0, train_size=64, dev_size=16, test_size=16)

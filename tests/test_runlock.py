@@ -10,13 +10,13 @@ import sys
 import pytest
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-HOLD = ("import sys, time; sys.path.insert(0, {root!r}); from train import runlock; "
-        "runlock.acquire({path!r}); print('held', flush=True); time.sleep(120)")
+HOLD = ("import sys, time; sys.path.insert(0, {root!r}); from zoo import run_lock; "
+        "run_lock.acquire({path!r}); print('held', flush=True); time.sleep(120)")
 
 
 @pytest.fixture
 def holder(tmp_path):
-    """A live process holding tmp_path/run's lock (train.runlock)."""
+    """A live process holding tmp_path/run's lock (zoo.run_lock)."""
     run = tmp_path / "run"
     run.mkdir()
     proc = subprocess.Popen([sys.executable, "-c", HOLD.format(root=ROOT, path=str(run))],
@@ -76,7 +76,8 @@ def test_an_export_into_a_locked_directory_refuses(holder, tmp_path, capsys):
 
 
 def test_train_holds_its_run_directory_and_releases_it(tmp_path):
-    from train import rundir, runlock
+    from train import rundir
+    from zoo import run_lock as runlock
 
     out = tmp_path / "run"
     rundir.create_run_dir(str(out), "tagger")
@@ -93,20 +94,20 @@ def test_train_holds_its_run_directory_and_releases_it(tmp_path):
 
 
 def test_train_and_export_use_the_one_lock_module():
-    """zoo/run_lock.py, loaded once whichever side comes first, without importing the zoo
-    package (its __init__ imports Keras) on train's and export's fast paths."""
+    """zoo/run_lock.py is the one lock module: export's names are its own, and train's
+    and export's fast paths import it without Keras or TensorFlow."""
     from export import runlock as export_lock
-    from train import runlock as train_lock
+    from zoo import run_lock as shared
 
-    shared = sys.modules["zoo.run_lock"]
     for name in ("LOCK_NAME", "LockedError", "holder", "acquire", "release", "release_all"):
-        assert getattr(export_lock, name) is getattr(train_lock, name) is getattr(shared, name), name
-    probe = _cli("-c", f"import sys; sys.path.insert(0, {ROOT!r}); from train import runlock; "
+        assert getattr(export_lock, name) is getattr(shared, name), name
+    probe = _cli("-c", f"import sys; sys.path.insert(0, {ROOT!r}); import train.cli, train.rundir; "
                        f"from export import runlock as e; import zoo.run_lock as z; "
-                       f"print(runlock.acquire is e.acquire is z.acquire, 'keras' in sys.modules)")
-    assert probe.stdout.split() == ["True", "True"], probe.stderr
+                       f"print(train.rundir.runlock is z, e.acquire is z.acquire, "
+                       f"sorted({{'keras', 'tensorflow'}} & set(sys.modules)))")
+    assert probe.stdout.split() == ["True", "True", "[]"], probe.stderr
     probe = _cli("-c", f"import sys; sys.path.insert(0, {ROOT!r}); from train import rundir; "
-                       f"from export import atomic, runlock; print(sorted({{'keras', 'tensorflow', 'zoo'}} "
+                       f"from export import atomic, runlock; print(sorted({{'keras', 'tensorflow'}} "
                        f"& set(sys.modules)))")
     assert probe.stdout.strip() == "[]", probe.stderr
 

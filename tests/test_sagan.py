@@ -213,7 +213,7 @@ def test_learning_rates_fall_linearly_over_the_second_half_of_the_budget(tiny_ru
 def _grid_of(model_path, config):
     import keras
 
-    from train.sagan.run import _fixed_latents
+    from train.sagan.training import _fixed_latents
 
     g = keras.models.load_model(model_path, compile=False)
     fixed = _fixed_latents(config["model"], config["train"]["seed"])
@@ -230,7 +230,7 @@ def test_model_keras_is_the_epoch_with_the_lowest_quick_fid(tiny_run, tmp_path):
     """--keep best (default): model.keras is the sampler of the epoch whose quick FID was
     lowest; its sample grid is that epoch's samples/epoch_NNN.png."""
     from train.sagan.figures import save_sample_grid
-    from train.sagan.run import GRID_COLUMNS
+    from train.sagan.training import GRID_COLUMNS
 
     metrics = json.load(open(os.path.join(tiny_run, "metrics.json")))
     config = json.load(open(os.path.join(tiny_run, "config.json")))
@@ -399,7 +399,7 @@ def test_image_dir_reader_labels_by_sub_folder(tmp_path):
 
 def _stub_training(monkeypatch, metrics):
     """--compare's orchestration without training: each run writes metrics(config, has_attention)."""
-    import train.sagan.run as sagan_run
+    import train.sagan.training as sagan_run
 
     def fake_fit(out, config, data, g, d, ema, *rest, **kwargs):
         has_attention = any(layer.name == "self_attention" for layer in g.layers)

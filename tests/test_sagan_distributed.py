@@ -120,7 +120,7 @@ def worker_main(argv):
     cpu = tf.config.list_physical_devices("CPU")[0]
     tf.config.set_logical_device_configuration(
         cpu, [tf.config.LogicalDeviceConfiguration()] * args.logical_cpus)
-    import train.sagan.run as sagan_run
+    import train.sagan.training as sagan_run
     from train import strategy as dist
     from train.cli import main
 
@@ -407,7 +407,7 @@ def test_jit_compiled_steps_equal_the_uncompiled_steps(tmp_path):
 
 
 def test_jit_compile_flag_reaches_the_sagan_trainer():
-    import train.sagan.run as sagan_run
+    import train.sagan.training as sagan_run
     from train import strategy as dist
 
     trainer = _tiny_trainer()

@@ -14,7 +14,7 @@ import pytest
 import zoo.models  # noqa: F401  (registers every class zoo model files name)
 from train.tagger import embedded
 from train.rundir import read_json
-from train.tagger.run import resume_run, train_one
+from train.tagger.training import resume_run, train_one
 
 ROOT = pathlib.Path(__file__).resolve().parents[1]
 FIXTURES = ROOT / "tests" / "fixtures" / "tagger"
@@ -58,7 +58,7 @@ def test_resume_continues_epochs_and_optimizer_state(tmp_path, tiny_data):
     # resume_run re-reads the data from config.json; give it the same small data there.
     config = read_json(out / "config.json")
     assert config["kind"] == "tagger" and config["train"]["epochs"] == 1
-    import train.tagger.run as run_module
+    import train.tagger.training as run_module
 
     original = run_module.load_data
     run_module.load_data = lambda *a, **k: tiny_data
@@ -76,7 +76,7 @@ def test_timing_probe_leaves_weights_and_optimizer_untouched(tiny_data, monkeypa
     from train import engine
     from train.tagger.data import Batches, Encoded
     from train.tagger.fit import compile_tagger
-    from train.tagger.run import _epochs_within_budget
+    from train.tagger.training import _epochs_within_budget
 
     from train.tagger.data import build_vocab
 

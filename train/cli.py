@@ -62,7 +62,8 @@ def main(argv=None):
     if name not in commands:
         return _fail(f"unknown model {name!r}; choose from: {', '.join(commands)}", EXIT_USAGE)
     debug = "--debug" in rest
-    from train import preemption, runlock
+    from train import preemption
+    from zoo import run_lock
 
     try:
         with preemption.handlers():
@@ -81,7 +82,7 @@ def main(argv=None):
         hint = "" if debug else " (run with --debug for the traceback)"
         return _fail(f"unexpected {type(e).__name__}: {message}{hint}", EXIT_FAILURE)
     finally:
-        runlock.release_all()
+        run_lock.release_all()
 
 
 def _run(name, rest, commands):

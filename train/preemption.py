@@ -116,7 +116,7 @@ def done_listening(saved):
 def requested():
     """The signal received while listening, or None: this process's own, or a peer's
     once `ClusterStop` agreed on it. Under several workers a loop polls
-    `ClusterStop.poll` instead (engine.fit, train/sagan/run.py), which shares it."""
+    `ClusterStop.poll` instead (engine.fit, train/sagan/training.py), which shares it."""
     return _state["requested"]
 
 

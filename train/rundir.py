@@ -12,7 +12,7 @@ import tempfile
 
 import numpy as np
 
-from train import runlock
+from zoo import run_lock as runlock
 from train.errors import UsageError
 
 MARKER = ".zoo-run"
@@ -76,7 +76,7 @@ def check_out_dir(path, resume=False, kinds=None):
 
 
 def lock(path):
-    """Locks the run directory `path` for this process (train.runlock); another live
+    """Locks the run directory `path` for this process (zoo.run_lock); another live
     process holding it is a UsageError naming its PID. Released when the CLI ends."""
     try:
         runlock.acquire(path)

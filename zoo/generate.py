@@ -18,7 +18,7 @@ import numpy as np
 
 from zoo.cli import UsageError as _Usage
 from zoo.cli import add_verbose_argument, cli_boundary, quiet_stderr, verbosity
-from zoo.cli import check_out_file, read_sidecar, run_kind, tflite_interpreter
+from zoo.cli import check_out_file, import_keras_quietly, read_sidecar, run_kind, tflite_interpreter
 
 
 class _Parser(argparse.ArgumentParser):
@@ -28,6 +28,7 @@ class _Parser(argparse.ArgumentParser):
 
 class KerasGenerator:
     def __init__(self, run_dir):
+        import_keras_quietly()
         from zoo import model_file
 
         path = os.path.join(run_dir, "model.keras")

@@ -13,7 +13,7 @@ import sys
 
 from zoo.cli import UsageError as _Usage
 from zoo.cli import add_verbose_argument, cli_boundary, quiet_stderr, verbosity
-from zoo.cli import check_utf8, read_sidecar, run_kind, tflite_interpreter
+from zoo.cli import check_utf8, import_keras_quietly, read_sidecar, run_kind, tflite_interpreter
 
 
 class _Parser(argparse.ArgumentParser):
@@ -28,6 +28,7 @@ def load_keras_tagger(run_dir):
     kind = run_kind(run_dir)
     if kind not in (None, "tagger"):
         raise _Usage(f"{run_dir} is a {kind!r} run, not a tagger")
+    import_keras_quietly()
     from zoo import model_file
     from zoo.tagger.model import Tagger
 

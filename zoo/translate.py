@@ -11,8 +11,8 @@ import argparse
 import os
 import sys
 
-from zoo.cli import (UsageError, add_verbose_argument, check_utf8, cli_boundary, quiet_stderr,
-                           run_kind, verbosity)
+from zoo.cli import (UsageError, add_verbose_argument, check_utf8, cli_boundary, import_keras_quietly,
+                     quiet_stderr, run_kind, verbosity)
 
 
 class _Parser(argparse.ArgumentParser):
@@ -67,6 +67,7 @@ def main(argv=None):
         if kind not in (None, "seq2seq", "universal_transformer"):
             raise UsageError(f"{args.run_dir} is a {kind!r} run, not a seq2seq run")
         with quiet_stderr(quiet):
+            import_keras_quietly()
             from zoo import model_file
             from zoo.seq2seq.transformer import Seq2SeqTransformer
 

@@ -147,7 +147,7 @@ def run(args):
         from zoo.cli import import_keras_quietly
 
         import_keras_quietly()  # after the cheap checks: bad input still gets one line
-        from train.sagan.run import resume_run
+        from train.sagan.training import resume_run
 
         return resume_run(args)
     # Everything that can be wrong with the input is found before anything is written.
@@ -164,7 +164,7 @@ def run(args):
     from zoo.cli import import_keras_quietly
 
     import_keras_quietly()  # after the cheap checks: bad input still gets one line
-    from train.sagan.run import check_replicas, train_compare, train_one
+    from train.sagan.training import check_replicas, train_compare, train_one
 
     check_replicas(args.batch_size)
 

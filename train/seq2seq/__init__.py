@@ -117,11 +117,11 @@ def run(args):
         from zoo.cli import import_keras_quietly
 
         import_keras_quietly()  # after the cheap checks: bad input still gets one line
-        from train.seq2seq import run as seq2seq_run
+        from train.seq2seq import training as seq2seq_run
         return seq2seq_run.resume_run(args)
     # Input problems are found before the (slow) TensorFlow import and before anything is written.
     from train.seq2seq.data import load_data
 
     data = load_data(args)
-    from train.seq2seq import run as seq2seq_run
+    from train.seq2seq import training as seq2seq_run
     return seq2seq_run.train_new(args, data)

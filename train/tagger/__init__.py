@@ -111,7 +111,7 @@ def run(args):
         from zoo.cli import import_keras_quietly
 
         import_keras_quietly()  # after the cheap checks: bad input still gets one line
-        from train.tagger.run import resume_run
+        from train.tagger.training import resume_run
 
         return resume_run(args)
     # Everything that can be wrong with the input is found before anything is written.
@@ -121,7 +121,7 @@ def run(args):
     from zoo.cli import import_keras_quietly
 
     import_keras_quietly()  # after the cheap checks: bad input still gets one line
-    from train.tagger.run import train_compare, train_one
+    from train.tagger.training import train_compare, train_one
 
     if args.compare:
         return train_compare(args, data)
