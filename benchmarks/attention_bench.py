@@ -161,14 +161,26 @@ def flops_fraction(quick=False):
     ]
 
 
-def memory_child(impl, length):
-    """Runs in a fresh process: peak RSS growth and time of one forward."""
+def memory_child(impl, length, backward=False):
+    """Runs in a fresh process: peak RSS growth and time of one forward (or
+    forward+backward, with respect to the input and the weights).
+    `impl`: "ours" (chunked), "ours_full" or "keras"."""
     import tensorflow as tf
 
     x = tf.random.stateless_normal((1, length, HEADS * LONG_HEAD_DIM), seed=(7, 8))
-    ours, theirs = _layers(LONG_HEAD_DIM, chunk_size=CHUNK)
-    layer = ours if impl == "ours" else theirs
-    call = (lambda t: layer(t)) if impl == "ours" else (lambda t: layer(t, t))
+    ours, theirs = _layers(LONG_HEAD_DIM, chunk_size=None if impl == "ours_full" else CHUNK)
+    layer = theirs if impl == "keras" else ours
+    call = (lambda t: layer(t, t)) if impl == "keras" else (lambda t: layer(t))
+    if backward:
+        forward = call
+
+        def call(t):
+            with tf.GradientTape() as tape:
+                tape.watch(t)
+                y = forward(t)
+                loss = tf.reduce_sum(y * y)
+            return tape.gradient(loss, [t] + layer.trainable_variables)
+
     small = tf.random.stateless_normal((1, 8, HEADS * LONG_HEAD_DIM), seed=(7, 8))
     _block(call(small))  # build and warm up on a short input
     base = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
@@ -180,7 +192,7 @@ def memory_child(impl, length):
     # Absolute peak RSS of the process (TensorFlow itself included) and its
     # growth during the long call; 0 growth means the call stayed under the
     # peak already reached while building and warming up.
-    return {"impl": impl, "length": length, "seconds": seconds,
+    return {"impl": impl, "length": length, "backward": backward, "seconds": seconds,
             "peak_rss_mb": peak / 1024.0, "growth_mb": (peak - base) / 1024.0}
 
 
@@ -284,12 +296,13 @@ def main(argv=None):
     parser = argparse.ArgumentParser(prog="python -m benchmarks.attention_bench")
     parser.add_argument("mode", nargs="?", default="all",
                         choices=["all", "memory", "speed", "long-backward"])
-    parser.add_argument("--impl", choices=["ours", "keras"], default="ours")
+    parser.add_argument("--impl", choices=["ours", "ours_full", "keras"], default="ours")
+    parser.add_argument("--backward", action="store_true", help="memory: forward+backward")
     parser.add_argument("--length", type=int, default=2048)
     parser.add_argument("--quick", action="store_true")
     args = parser.parse_args(argv)
     if args.mode == "memory":
-        print(json.dumps(memory_child(args.impl, args.length)))
+        print(json.dumps(memory_child(args.impl, args.length, args.backward)))
         return 0
     if args.mode in ("speed", "long-backward"):
         rows = speed(args.quick) if args.mode == "speed" else long_backward(args.quick)

@@ -170,6 +170,10 @@ def flash_attention(
     @ops.custom_gradient
     def attend(q, k, v):
         in_dtypes = (q.dtype, k.dtype, v.dtype)
+        # TensorFlow's eager custom_gradient runs this body with the tape
+        # still recording, which would keep every block's intermediates
+        # alive; nothing in it needs autodiff (`grad` below is the gradient).
+        q, k, v = (ops.stop_gradient(t) for t in (q, k, v))
         q, k, v = (ops.cast(_head_major(pad_axis1(t, c)), "float32") for t in (q, k, v))
 
         def forward_block(qi):
