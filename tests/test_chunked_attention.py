@@ -305,3 +305,28 @@ def test_flash_backward_without_any_mask(length):
     np.testing.assert_allclose(y_chunk, y_full, atol=1e-5)
     for a, b in zip(g_chunk, g_full):
         np.testing.assert_allclose(a, b, atol=1e-5, rtol=1e-5)
+
+
+@pytest.mark.parametrize("jit", [False, True])
+def test_flash_backward_in_compiled_function_with_dynamic_length(jit):
+    """The custom gradient traced once for any length (None dims), with and
+    without XLA, against the full path's gradients."""
+    full, chunked = _pair(5, causal=True)
+    x = np.random.default_rng(10).normal(size=(2, 12, 8)).astype("float32")
+    _copy(full, chunked, x)
+
+    def gradient_fn(layer):
+        @tf.function(input_signature=[tf.TensorSpec((None, None, 8), tf.float32)], jit_compile=jit)
+        def fn(t):
+            with tf.GradientTape() as tape:
+                tape.watch(t)
+                y = layer(t)
+                loss = tf.reduce_sum(y * tf.sin(tf.range(8, dtype=y.dtype)))
+            return tape.gradient(loss, [t] + layer.trainable_variables)
+
+        return fn
+
+    full_fn, chunked_fn = gradient_fn(full), gradient_fn(chunked)
+    for length in (12, 7):
+        for a, b in zip(chunked_fn(x[:, :length]), full_fn(x[:, :length])):
+            np.testing.assert_allclose(a.numpy(), b.numpy(), atol=1e-5)
