@@ -36,6 +36,7 @@ _UNIGRAM, _BPE, _WORD, _CHAR = 1, 2, 3, 4
 _NORMAL, _UNKNOWN, _CONTROL, _USER_DEFINED, _UNUSED, _BYTE = 1, 2, 3, 4, 5, 6
 _UNK_PENALTY = 10.0
 SPACE = "\u2581"
+_NO_RULE = b"\xff"
 
 
 def charsmap_rules(blob):
@@ -142,11 +143,12 @@ def build(proto):
             self.proto = proto
             self.max_rule_chars = max((len(k.decode("utf-8")) for k in rules), default=0)
             if rules:
-                keys = list(rules)
+                # Input sequence -> its normalized form; a miss gives _NO_RULE,
+                # which no rule writes (it is not UTF-8).
                 self._rules = tf.lookup.StaticHashTable(
                     tf.lookup.KeyValueTensorInitializer(
-                        tf.constant(keys, tf.string), tf.range(len(keys), dtype=tf.int64)), -1)
-                self._rule_values = tf.constant([rules[k] for k in keys], tf.string)
+                        tf.constant(list(rules), tf.string), tf.constant(list(rules.values()), tf.string)),
+                    _NO_RULE)
             matchable = normal if trainer.model_type == _UNIGRAM else [
                 i for i in normal if len(pieces[i]) == 1]
             self.max_piece_chars = max((len(pieces[i]) for i in matchable), default=1)
@@ -174,11 +176,10 @@ def build(proto):
                 matched_len = tf.zeros_like(lengths[:, None] + tf.range(width)[None, :])
                 value = shown
                 for k in range(1, k_max + 1):
-                    candidate = _windows(chars, k)
-                    index = self._rules.lookup(candidate)
-                    valid = (tf.range(width)[None, :] + k <= lengths[:, None]) & (index >= 0)
+                    written = self._rules.lookup(_windows(chars, k))
+                    valid = (tf.range(width)[None, :] + k <= lengths[:, None]) & tf.not_equal(written, _NO_RULE)
                     matched_len = tf.where(valid, k, matched_len)
-                    value = tf.where(valid, tf.gather(self._rule_values, tf.maximum(index, 0)), value)
+                    value = tf.where(valid, written, value)
                 starts = _greedy_starts(tf.maximum(matched_len, 1), lengths)
                 texts = tf.strings.reduce_join(tf.where(starts, value, ""), axis=1)
             if norm.remove_extra_whitespaces:
