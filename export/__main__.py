@@ -13,9 +13,10 @@ error (traceback only with --debug); 2 bad input (one line); 3 verify
 """
 
 import argparse
-import contextlib
 import os
 import sys
+
+from zoo.cli import quiet_stderr
 
 
 class _Parser(argparse.ArgumentParser):
@@ -144,7 +145,7 @@ def _run(args):
         print(f"{args.file}: compatible with --target {args.target}")
         return 0
     if args.command == "verify" and args.accelerator:
-        from export.errors import UsageError
+        from zoo.cli import UsageError
         from export.verify import format_accelerator_report, verify_accelerator
 
         if args.savedmodel:
@@ -169,29 +170,6 @@ def _run(args):
     raise AssertionError(args.command)
 
 
-@contextlib.contextmanager
-def _muted_stderr(enabled=True):
-    """fd 2 to /dev/null inside the block (the C++ runtimes write there directly,
-    past Python). What the block raises is reported after it."""
-    if not enabled:
-        yield
-        return
-    try:
-        saved, devnull = os.dup(2), os.open(os.devnull, os.O_WRONLY)
-    except OSError:
-        yield
-        return
-    sys.stderr.flush()
-    os.dup2(devnull, 2)
-    try:
-        yield
-    finally:
-        sys.stderr.flush()
-        os.dup2(saved, 2)
-        os.close(saved)
-        os.close(devnull)
-
-
 def _import_runtimes_quietly():
     """Imports TensorFlow/Keras and LiteRT with fd 2 muted.
 
@@ -199,7 +177,7 @@ def _import_runtimes_quietly():
     oneDNN) before logging is set up, which TF_CPP_MIN_LOG_LEVEL cannot filter; a bad
     input must still get one line on stderr. A failed import still raises.
     """
-    with _muted_stderr():
+    with quiet_stderr():
         import keras  # noqa: F401
 
         try:
@@ -215,12 +193,12 @@ def main(argv=None):
         args = build_parser().parse_args(argv)
     except SystemExit as e:  # argparse: usage errors (2) and --help (0)
         return e.code
-    from export.errors import ExportError, UsageError
-
+    from export.errors import ExportError
+    from zoo.cli import UsageError
     try:
         if args.command != "check":  # check reads the flatbuffer itself
             _import_runtimes_quietly()
-        with _muted_stderr(args.verbose == 0):
+        with quiet_stderr(args.verbose == 0):
             return _run(args)
     except UsageError as e:
         print(f"error: {e}", file=sys.stderr)

@@ -56,7 +56,7 @@ def check_target(path, flag="--out"):
     """Before any export work: `path`'s nearest existing ancestor must be a directory
     this process can write into (an --out under a file, or in a read-only directory,
     is bad input; zoo/run_lock.py's check_writable_ancestor). Raises
-    export.errors.UsageError."""
+    zoo.cli.UsageError."""
     from export import runlock
 
     runlock.check_writable_ancestor(path, flag)

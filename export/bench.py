@@ -7,9 +7,7 @@ import time
 import numpy as np
 
 from export import kinds, runtime, rundir, verify
-from export.errors import UsageError
-
-
+from zoo.cli import UsageError
 def _size(path):
     if os.path.isfile(path):
         return os.path.getsize(path)

@@ -30,7 +30,8 @@ import math
 import os
 
 from export import gpu_rewrite
-from export.errors import UsageError
+from export.flatbuffer import Graph, op_name, read_model
+from zoo.cli import UsageError
 
 TARGETS = ("gpu", "int8")
 
@@ -72,80 +73,6 @@ class Problem:
     def __str__(self):
         where = f"subgraph {self.subgraph} " if self.subgraph else ""
         return f"{where}op #{self.index} {self.op}: {self.reason}\n    {self.tensors}"
-
-
-def _enum_names(cls):
-    return {v: k for k, v in vars(cls).items() if not k.startswith("_") and isinstance(v, int)}
-
-
-def _schema():
-    from ai_edge_litert import schema_py_generated as schema
-
-    return schema
-
-
-def read_model(content):
-    """Parses .tflite bytes into the flatbuffer object API (ModelT)."""
-    schema = _schema()
-    if len(content) < 8 or content[4:8] != b"TFL3":
-        raise UsageError("not a TFLite flatbuffer (no TFL3 identifier)")
-    return schema.ModelT.InitFromPackedBuf(bytearray(content), 0)
-
-
-def op_name(model, op):
-    schema = _schema()
-    code = model.operatorCodes[op.opcodeIndex]
-    builtin = max(code.builtinCode, code.deprecatedBuiltinCode)
-    name = _enum_names(schema.BuiltinOperator).get(builtin, f"BUILTIN_{builtin}")
-    if name == "CUSTOM":
-        custom = code.customCode.decode() if isinstance(code.customCode, bytes) else str(code.customCode)
-        return custom if custom.startswith("Flex") else f"CUSTOM:{custom}"
-    return name
-
-
-class _Graph:
-    def __init__(self, model, sg):
-        schema = _schema()
-        self.model, self.sg = model, sg
-        self.types = _enum_names(schema.TensorType)
-        self.dequantized = set()
-        for op in sg.operators if sg.operators is not None else []:
-            if op_name(model, op) == "DEQUANTIZE" and self._has_data(op.inputs[0]):
-                self.dequantized.add(op.outputs[0])
-
-    def tensor(self, i):
-        return None if i < 0 else self.sg.tensors[i]
-
-    def dims(self, i):
-        t = self.sg.tensors[i]
-        sig = t.shapeSignature if t.shapeSignature is not None and len(t.shapeSignature) else t.shape
-        return [int(d) for d in (sig if sig is not None else [])]
-
-    def dtype(self, i):
-        return self.types.get(self.sg.tensors[i].type, str(self.sg.tensors[i].type))
-
-    def is_const(self, i):
-        """A constant, or a DEQUANTIZE of one (float16 weights: the delegate
-        reads them as constants)."""
-        if i in self.dequantized:
-            return True
-        return self._has_data(i)
-
-    def _has_data(self, i):
-        b = self.sg.tensors[i].buffer
-        if not b or b >= len(self.model.buffers):
-            return False
-        buf = self.model.buffers[b]
-        return (buf.data is not None and len(buf.data) > 0) or (buf.offset or 0) > 1
-
-    def describe(self, op):
-        def one(i):
-            kind = " const" if self.is_const(i) else ""
-            return f"[{','.join(map(str, self.dims(i)))}] {self.dtype(i).lower()}{kind}"
-
-        ins = ", ".join(one(i) for i in op.inputs if i >= 0)
-        outs = ", ".join(one(i) for i in op.outputs if i >= 0)
-        return f"inputs {ins} -> outputs {outs}"
 
 
 def _broadcastable(a, b):
@@ -282,7 +209,7 @@ def check_model(content, target="gpu"):
     model = read_model(content)
     problems = []
     for s, sg in enumerate(model.subgraphs or []):
-        g = _Graph(model, sg)
+        g = Graph(model, sg)
         graph_inputs = set(sg.inputs if sg.inputs is not None else [])
         graph_outputs = set(sg.outputs if sg.outputs is not None else [])
         for k, op in enumerate(sg.operators if sg.operators is not None else []):

@@ -1,14 +1,5 @@
-"""Error types that the CLI maps to exit codes.
-
-`UsageError` is bad input from the user (exit 2, one line on stderr);
-`ExportError` is a model that cannot be exported or failed its own proof
-(exit 1, one line on stderr). Anything else is a bug (exit 1, traceback
-only under --debug).
-"""
-
-
-class UsageError(ValueError):
-    """Bad input: missing path, unknown kind or option, target in the way."""
+"""`ExportError`: a model that cannot be exported or failed its own proof (exit 1,
+one line on stderr). Bad input is `zoo.cli.UsageError` (exit 2), as in every CLI."""
 
 
 class ExportError(RuntimeError):

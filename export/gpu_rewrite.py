@@ -12,6 +12,8 @@ pattern in files written without it.
 
 import numpy as np
 
+from export.flatbuffer import Graph, op_name, read_model
+
 # Elementwise ops with NumPy-style broadcasting of two operands.
 BROADCASTING = frozenset({"ADD", "SUB", "MUL", "DIV", "MAXIMUM", "MINIMUM", "POW", "SQUARED_DIFFERENCE",
                           "FLOOR_DIV", "FLOOR_MOD", "LESS", "LESS_EQUAL", "GREATER", "GREATER_EQUAL",
@@ -36,18 +38,16 @@ FP16_CONST_REJECTED_BY = frozenset({"GATHER", "RESHAPE"})
 
 def dequantized_fp16_constants(model, sg):
     """{output tensor: DEQUANTIZE op index} for DEQUANTIZEs of float16 constants."""
-    from export import check
-
-    g = check._Graph(model, sg)
+    g = Graph(model, sg)
     out = {}
     for k, op in enumerate(sg.operators if sg.operators is not None else []):
-        if check.op_name(model, op) == "DEQUANTIZE" and g.is_const(op.inputs[0]) \
+        if op_name(model, op) == "DEQUANTIZE" and g.is_const(op.inputs[0]) \
                 and g.dtype(op.inputs[0]) == "FLOAT16":
             out[op.outputs[0]] = k
     return out
 
 
-def _fold_fp16_constants(model, sg, check):
+def _fold_fp16_constants(model, sg):
     """Makes float32 constants of the DEQUANTIZEd float16 constants that a
     GATHER or RESHAPE reads (their bytes double; the rest stay float16)."""
     deq = dequantized_fp16_constants(model, sg)
@@ -55,7 +55,7 @@ def _fold_fp16_constants(model, sg, check):
         return False
     fold = set()
     for op in sg.operators:
-        if check.op_name(model, op) in FP16_CONST_REJECTED_BY:
+        if op_name(model, op) in FP16_CONST_REJECTED_BY:
             fold.update(i for i in op.inputs if i in deq)
     if not fold:
         return False
@@ -82,17 +82,15 @@ def legalize(content):
     import flatbuffers
     from ai_edge_litert import schema_py_generated as schema
 
-    from export import check
-
-    model = check.read_model(content)
+    model = read_model(content)
     reshape_code = None
     changed = False
     for sg in model.subgraphs or []:
-        changed |= _fold_fp16_constants(model, sg, check)
-        g = check._Graph(model, sg)
+        changed |= _fold_fp16_constants(model, sg)
+        g = Graph(model, sg)
         new_ops = []
         for op in sg.operators if sg.operators is not None else []:
-            name = check.op_name(model, op)
+            name = op_name(model, op)
             for slot in low_rank_operands(g, op, name):
                 if reshape_code is None:
                     reshape_code = _opcode(model, schema, schema.BuiltinOperator.RESHAPE)

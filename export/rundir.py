@@ -4,9 +4,7 @@ import dataclasses
 import json
 import os
 
-from export.errors import UsageError
-
-
+from zoo.cli import UsageError
 @dataclasses.dataclass
 class Source:
     """What an exporter works from.

@@ -6,7 +6,7 @@ over. Training uses the same module, zoo/run_lock.py, so train and export exclud
 each other.
 """
 
-from export.errors import UsageError
+from zoo.cli import UsageError
 from zoo import run_lock as _lock
 
 LOCK_NAME, LockedError = _lock.LOCK_NAME, _lock.LockedError
@@ -15,7 +15,7 @@ holder, acquire, release, release_all = _lock.holder, _lock.acquire, _lock.relea
 
 def locked(directory):
     """Holds `directory`'s lock for the block (released after, unless held before);
-    refusals are export.errors.UsageError (exit 2, one line)."""
+    refusals are zoo.cli.UsageError (exit 2, one line)."""
     return _lock.locked(directory, UsageError)
 
 

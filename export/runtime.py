@@ -14,15 +14,13 @@ def interpreter(model, threads=None):
     try:
         return Interpreter(model_path=str(model), **kwargs)
     except (ValueError, RuntimeError) as e:
-        from export.errors import UsageError
-
+        from zoo.cli import UsageError
         raise UsageError(f"cannot load .tflite file {model}: {' '.join(str(e).split())[:200]}") from None
 
 
 def _check_tflite_file(path):
     # LiteRT answers a truncated or foreign file with a multi-line error (or worse).
-    from export.errors import UsageError
-
+    from zoo.cli import UsageError
     try:
         with open(path, "rb") as f:
             head = f.read(8)

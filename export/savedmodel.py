@@ -12,8 +12,8 @@ import os
 import numpy as np
 
 from export import atomic, kinds, rundir, runlock, warmup
-from export.errors import ExportError, UsageError
-
+from export.errors import ExportError
+from zoo.cli import UsageError
 SIGNATURE_JSON = "signature.json"
 
 

@@ -16,8 +16,8 @@ import tempfile
 import numpy as np
 
 from export import atomic, kinds, runlock, runtime, rundir
-from export.errors import ExportError, UsageError
-
+from export.errors import ExportError
+from zoo.cli import UsageError
 QUANTIZE = ("none", "fp16", "dynamic", "int8", "int16x8")
 ENDPOINT = "serving_default"
 
@@ -134,7 +134,7 @@ def convert(source, quantize="none", static_length=None, calibration=None):
 
 
 def _reject_custom_ops(content):
-    from export.check import read_model, op_name
+    from export.flatbuffer import op_name, read_model
 
     model = read_model(content)
     custom = sorted({op_name(model, op) for sg in model.subgraphs for op in (sg.operators or [])

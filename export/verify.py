@@ -13,8 +13,8 @@ import tempfile
 import numpy as np
 
 from export import kinds, runtime, rundir
-from export.errors import ExportError, UsageError
-
+from export.errors import ExportError
+from zoo.cli import UsageError
 _PROJECT = ("layers", "zoo", "train", "export", "benchmarks")
 
 _CHILD = r"""

@@ -50,12 +50,12 @@ def with_softmax_beta(content, beta):
     scale into beta, so the case is written into the flatbuffer)."""
     import flatbuffers
 
-    from export import check
+    from export import flatbuffer
 
-    model = check.read_model(content)
+    model = flatbuffer.read_model(content)
     for sg in model.subgraphs:
         for op in sg.operators:
-            if check.op_name(model, op) == "SOFTMAX":
+            if flatbuffer.op_name(model, op) == "SOFTMAX":
                 op.builtinOptions.beta = beta
     b = flatbuffers.Builder(len(content) + 1024)
     b.Finish(model.Pack(b), file_identifier=b"TFL3")

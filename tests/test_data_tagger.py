@@ -8,7 +8,7 @@ import pytest
 from train.tagger import embedded
 from train.tagger.conllu import read_conllu
 from train.tagger.select import load_data
-from train.errors import DataError, UsageError
+from zoo.cli import DataError, UsageError
 
 FIXTURES = pathlib.Path(__file__).parent / "fixtures" / "tagger"
 LINES = pathlib.Path(__file__).resolve().parents[2] / "shared" / "data" / "ud-english-lines"

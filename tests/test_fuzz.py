@@ -19,7 +19,7 @@ import numpy as np
 import pytest
 from hypothesis import HealthCheck, assume, given, settings, strategies as st
 
-from train.errors import DataError
+from zoo.cli import DataError
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 SMALL_CONLLU = open(os.path.join(ROOT, "tests", "fixtures", "tagger", "small.conllu"), "rb").read()
@@ -157,7 +157,7 @@ def _image_dir(root, blobs):
 def test_fuzz_image_dir_headers(blob):
     """The size scan over the directory: every file is an image or a DataError."""
     from train.sagan import images
-    from train.errors import UsageError
+    from zoo.cli import UsageError
 
     with tempfile.TemporaryDirectory() as root:
         _image_dir(root, [VALID_PNG, blob])

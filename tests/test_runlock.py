@@ -116,9 +116,9 @@ def test_one_writable_ancestor_check_keeps_each_cli_s_message(tmp_path, monkeypa
     """train, export and the zoo CLIs share zoo.run_lock.check_writable_ancestor; their
     messages are unchanged (os.access patched: root writes anywhere)."""
     from export import atomic
-    from export.errors import UsageError as ExportUsage
+    from zoo.cli import UsageError as ExportUsage
     from train import rundir
-    from train.errors import UsageError as TrainUsage
+    from zoo.cli import UsageError as TrainUsage
     from zoo import cli as cli_input
     (tmp_path / "file").write_text("x")
     target = str(tmp_path / "file" / "out")

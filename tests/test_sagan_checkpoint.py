@@ -143,14 +143,14 @@ def test_sagan_state_keeps_the_previous_one_and_falls_back_to_it(tmp_path, capsy
     assert capsys.readouterr().err.strip() == (
         f"checkpoint {tmp_path / 'state.npz'} is missing; falling back to state.prev.npz")
     (tmp_path / "state.prev.npz").write_bytes(b"not a zip")  # and nothing good is left
-    from train.errors import UsageError
+    from zoo.cli import UsageError
 
     with pytest.raises(UsageError, match="state.prev.npz cannot be read .*; no earlier checkpoint"):
         _trainer().restore(str(tmp_path))
 
 
 def test_sagan_restore_refuses_other_variables_naming_the_first(tmp_path):
-    from train.errors import UsageError
+    from zoo.cli import UsageError
 
     _trainer(attention=16).save(str(tmp_path), {"epoch": 1})
     other = _trainer()  # no attention block: G and D lack its variables

@@ -43,7 +43,7 @@ import zlib
 
 import numpy as np
 
-from train.errors import UsageError
+from zoo.cli import UsageError
 from train.rundir import _atomic
 
 PATTERN = re.compile(r"^step-(\d{8,})\.npz$")

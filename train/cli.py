@@ -17,7 +17,7 @@ import os
 import sys
 import traceback
 
-from train.errors import EXIT_FAILURE, EXIT_USAGE, UsageError
+from zoo.cli import EXIT_FAILURE, EXIT_USAGE, UsageError
 
 COMMANDS = {
     "tagger": ("train.tagger", "part-of-speech tagger (attention / fc / window / bilstm)"),

@@ -35,7 +35,7 @@ import numpy as np
 import tensorflow as tf
 
 from train import checkpoint, preemption, strategy as dist
-from train.errors import UsageError
+from zoo.cli import UsageError
 
 
 class NonFiniteLoss(UsageError):

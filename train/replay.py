@@ -13,7 +13,7 @@ import argparse
 import json
 import os
 
-from train.errors import UsageError
+from zoo.cli import UsageError
 
 _KINDS = {"tagger": ("tagger",), "seq2seq": ("seq2seq", "universal_transformer"),
           "universal_transformer": ("universal_transformer", "seq2seq"), "sagan": ("sagan",)}

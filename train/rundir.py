@@ -13,7 +13,7 @@ import tempfile
 import numpy as np
 
 from zoo import run_lock as runlock
-from train.errors import UsageError
+from zoo.cli import UsageError
 
 MARKER = ".zoo-run"
 

@@ -22,7 +22,7 @@ import os
 import shutil
 import tempfile
 
-from train.errors import UsageError
+from zoo.cli import UsageError
 
 STRATEGIES = ("auto", "default", "mirrored", "multi_worker", "tpu")
 

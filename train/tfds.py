@@ -9,7 +9,7 @@ dropped.
 import os
 
 from train.tagger.types import TaggedSentence, TaggingData
-from train.errors import DataError, UsageError
+from zoo.cli import DataError, UsageError
 
 TAG_FEATURES = ("upos", "pos")
 _NOT_A_WORD = ("_", "")

@@ -1,7 +1,9 @@
-"""Input checks shared by the zoo's command-line tools (tag, translate, generate).
+"""What every command line shares (python -m train / export / zoo.*): the error
+types and exit codes, the error boundary, input checks, quiet imports.
 
-Each raises `UsageError` with one line naming the problem and the value; the CLIs
-print it on stderr and exit 2.
+A `UsageError` is the user's fault (bad flag, missing or malformed file): one line
+on stderr naming the problem and the value, exit 2. Anything else is a bug or an
+environment problem: exit 1 with a short message, the traceback only with --debug.
 """
 
 import contextlib
@@ -10,8 +12,18 @@ import os
 import sys
 
 
-class UsageError(Exception):
-    """Bad input from the user (exit code 2)."""
+EXIT_OK = 0
+EXIT_FAILURE = 1
+EXIT_USAGE = 2
+
+
+class UsageError(ValueError):
+    """Bad input from the user: the message names the problem and the offending value;
+    every CLI prints it as one line on stderr and exits 2 (EXIT_USAGE)."""
+
+
+class DataError(UsageError):
+    """A data file or data set that cannot be used (missing, malformed, empty)."""
 
 
 def run_kind(run_dir):

@@ -26,9 +26,7 @@ import pkgutil
 
 import numpy as np
 
-from export.errors import UsageError
-
-
+from zoo.cli import UsageError
 def checked(tensor, *assertions):
     """`tensor`, readable only after `assertions` (tf.debugging ops) passed.
 

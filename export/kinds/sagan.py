@@ -15,7 +15,7 @@ statistics at inference, so batch-1 output equals the batch output row for row.
 
 import numpy as np
 
-from export.errors import UsageError
+from zoo.cli import UsageError
 from export.kinds import Endpoint, ExportKind, assert_ids_in_range
 
 

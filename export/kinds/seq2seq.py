@@ -36,7 +36,7 @@ import sys
 
 import numpy as np
 
-from export.errors import UsageError
+from zoo.cli import UsageError
 from export.kinds import Endpoint, ExportKind, assert_ids_in_range, checked
 
 ALIASES = ("universal_transformer",)

@@ -16,7 +16,7 @@ GPU-delegate op, the app takes the argmax.
 
 import numpy as np
 
-from export.errors import UsageError
+from zoo.cli import UsageError
 from export.kinds import Endpoint, ExportKind, assert_ids_in_range, checked, fit_to_spec
 
 _LABEL_KEYS = ("tag_ids", "labels", "tags")

@@ -12,7 +12,7 @@ with `--batch-size` the global batch split across the replicas (docs/distributed
 
 import os
 
-from train.errors import UsageError
+from zoo.cli import UsageError
 
 
 def add_arguments(parser):

@@ -17,7 +17,7 @@ import sys
 
 import numpy as np
 
-from train.errors import EXIT_USAGE, UsageError
+from zoo.cli import EXIT_USAGE, UsageError
 
 
 def digit_images(size=32):

@@ -50,7 +50,7 @@ import tensorflow as tf
 
 from train import checkpoint
 from train.engine import _reduce_before_clipping, _split
-from train.errors import UsageError
+from zoo.cli import UsageError
 from train.rundir import atomic_write_json, read_json
 
 STATE_NPZ = "state.npz"

@@ -11,7 +11,7 @@ import os
 
 import numpy as np
 
-from train.errors import DataError, UsageError
+from zoo.cli import DataError, UsageError
 
 IMAGE_EXTENSIONS = (".png", ".jpg", ".jpeg", ".bmp", ".gif")
 TFDS_NAMES = ("mnist", "fashion_mnist", "cifar10", "celeb_a")

@@ -21,7 +21,7 @@ import time
 import numpy as np
 
 from train import rundir
-from train.errors import UsageError
+from zoo.cli import UsageError
 from train.progress import markdown_table
 
 SUMMARY_COLUMNS = [

@@ -13,7 +13,7 @@ calibration.npz, vocab/, checkpoints/, logs/ (TensorBoard).
 import argparse
 import os
 
-from train.errors import UsageError
+from zoo.cli import UsageError
 
 ARCHS = ("transformer", "universal_transformer")
 

@@ -1,6 +1,6 @@
 """The seq2seq model sizes and the model config a run's flags give, Keras-free."""
 
-from train.errors import UsageError
+from zoo.cli import UsageError
 
 # Sized for Multi30k-sized data (29k pairs) and a 30-minute budget on a 2-core CPU:
 # about 5.7e8 training FLOPs per sentence pair (16 + 19 subwords), so one epoch is

@@ -5,7 +5,7 @@ import numpy as np
 from train.seq2seq import algorithmic
 
 from train.seq2seq import parallel
-from train.errors import DataError, UsageError
+from zoo.cli import DataError, UsageError
 from zoo.seq2seq.tokenization import BOS_ID, EOS_ID, Tokenizer, train_sentencepiece
 
 

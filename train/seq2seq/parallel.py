@@ -11,7 +11,7 @@ import gzip
 import os
 import zlib
 
-from train.errors import DataError, UsageError
+from zoo.cli import DataError, UsageError
 
 
 @dataclasses.dataclass

@@ -20,7 +20,7 @@ import numpy as np
 import zoo.models  # noqa: F401  (registers every class zoo model files name)
 from train import checkpoint, engine, rundir
 from train import strategy as distribute
-from train.errors import UsageError
+from zoo.cli import UsageError
 from train.progress import markdown_table
 from train.seq2seq.data import Batches, Encoded, load_data, train_tokenizer
 from train.seq2seq.fit import DevScore, compile_seq2seq

@@ -10,7 +10,7 @@ import os
 import sys
 import time
 
-from train.errors import UsageError
+from zoo.cli import UsageError
 from zoo.tagger.config import ARCHS
 
 

@@ -11,7 +11,7 @@ import re
 import conllu
 
 from train.tagger.types import TaggedSentence
-from train.errors import DataError
+from zoo.cli import DataError
 
 _WORD_ID = re.compile(r"^[1-9][0-9]*$")
 _RANGE_ID = re.compile(r"^[1-9][0-9]*-[1-9][0-9]*$")

@@ -13,7 +13,7 @@ import keras
 
 from train import checkpoint
 from train.engine import averaged_weights
-from train.errors import UsageError
+from zoo.cli import UsageError
 from train.rundir import atomic_write_json, read_json
 
 LAST = "last.keras"

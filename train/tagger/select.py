@@ -6,7 +6,7 @@ from train.tagger import embedded
 from train.tagger.conllu import read_conllu
 from train.tfds import load_tfds, parse_dataset_flag
 from train.tagger.types import TaggingData
-from train.errors import UsageError
+from zoo.cli import UsageError
 
 
 def load_data(train_file=None, dev_file=None, test_file=None, dataset=None, seed=0):

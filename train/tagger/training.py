@@ -10,7 +10,7 @@ import numpy as np
 import zoo.models  # noqa: F401  (registers every class zoo model files name)
 from train import checkpoint, engine, rundir
 from train import strategy as distribute
-from train.errors import UsageError
+from zoo.cli import UsageError
 from train.progress import markdown_table
 from train.tagger.data import Batches, Encoded, build_vocab, load_data, word_tag_stats
 from train.tagger.fit import BEST, LAST, RunCheckpoint, TimeLimit, compile_tagger, read_state, recover

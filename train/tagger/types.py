@@ -2,7 +2,7 @@
 
 import dataclasses
 
-from train.errors import DataError
+from zoo.cli import DataError
 
 
 @dataclasses.dataclass(frozen=True)
