@@ -374,9 +374,10 @@ def chunked_attention_context(
             query_mask=query_mask,
             key_mask=key_mask,
             attention_mask=attention_mask,
+            normalize=normalize,
         )
-    # Additive scores, ReLU weights and dropout: autodiff through the block
-    # loop (linear memory forward; its backward keeps every block).
+    # Additive scores and dropout: autodiff through the block loop (linear
+    # memory forward; its backward keeps every block).
     c = chunk_size
     batch = ops.shape(query)[0]
     length_q, length_k = ops.shape(query)[1], ops.shape(key)[1]

@@ -52,8 +52,9 @@ def flash_attention(
     query_mask=None,
     key_mask=None,
     attention_mask=None,
+    normalize="softmax",
 ):
-    """Dot-product softmax attention in blocks; gradients in linear memory.
+    """Dot-product attention in blocks; gradients in linear memory.
 
     Args:
         query: `[B, Tq, H, d]`, already scaled.
@@ -64,6 +65,9 @@ def flash_attention(
             structural mask, as in `layers.masks.structural_mask`.
         query_mask, key_mask: `None` or `[B, Tq]` / `[B, Tk]` padding masks.
         attention_mask: `None` or `[B|1, Tq|1, Tk]` explicit mask.
+        normalize: `"softmax"`, or `"relu"` (weights `relu(q.k)`, no
+            normalisation: no row statistics, the backward needs only the
+            scores' sign).
 
     Returns:
         `(context [B, Tq, H, dv] in the value dtype, has_keys [B, Tq, 1]
@@ -71,6 +75,7 @@ def flash_attention(
         and `has_keys` 0.
     """
     c = int(chunk_size)
+    relu = normalize == "relu"
     batch = ops.shape(query)[0]
     length_q, length_k = ops.shape(query)[1], ops.shape(key)[1]
     heads, key_dim, value_dim = query.shape[2], query.shape[3], value.shape[3]
@@ -183,6 +188,10 @@ def flash_attention(
                 m, l, acc = carry
                 keep = keep_block(qi, ki)
                 s = ops.matmul(qb, _t(block(k, ki, key_dim)))
+                if relu:
+                    p = ops.relu(s) if keep is None else ops.relu(s) * keep
+                    seen = float(c) if keep is None else ops.sum(keep, axis=-1, keepdims=True)
+                    return m, l + seen, acc + ops.matmul(p, block(v, ki, value_dim))
                 if keep is not None:
                     s = s + (1.0 - keep) * _MASK_PENALTY
                 m_new = ops.maximum(m, ops.max(s, axis=-1, keepdims=True))
@@ -202,6 +211,8 @@ def flash_attention(
             # Rows that saw no key keep l == 0 and acc == 0: output zero, and
             # a log-sum-exp of 0 (their keys are all masked in the backward).
             has = l > 0
+            if relu:  # l counts the visible keys; nothing to normalise
+                return acc, ops.zeros_like(l), ops.cast(has, "float32")
             safe_l = ops.where(has, l, 1.0)
             out = acc / safe_l
             lse = ops.where(has, m + ops.log(safe_l), 0.0)
@@ -232,13 +243,20 @@ def flash_attention(
                     qb, d_ob = block(q, qi, key_dim), block(d_out, qi, value_dim)
                     s = ops.matmul(qb, _t(kb))
                     keep = keep_block(qi, ki)
-                    if keep is not None:
-                        s = s + (1.0 - keep) * _MASK_PENALTY
-                    p = ops.exp(s - block(lse, qi, 1))
-                    if keep is not None:
-                        p = p * keep
+                    if relu:
+                        active = ops.cast(s > 0, "float32")
+                        if keep is not None:
+                            active = active * keep
+                        p = s * active
+                    else:
+                        if keep is not None:
+                            s = s + (1.0 - keep) * _MASK_PENALTY
+                        p = ops.exp(s - block(lse, qi, 1))
+                        if keep is not None:
+                            p = p * keep
                     d_vb = d_vb + ops.matmul(_t(p), d_ob)
-                    d_s = p * (ops.matmul(d_ob, _t(vb)) - block(row, qi, 1))
+                    d_p = ops.matmul(d_ob, _t(vb))
+                    d_s = d_p * active if relu else p * (d_p - block(row, qi, 1))
                     d_kb = d_kb + ops.matmul(_t(d_s), qb)
                     start = [zero, zero, qi * c, zero]
                     d_q = ops.slice_update(d_q, start, block(d_q, qi, key_dim) + ops.matmul(d_s, kb))
@@ -270,8 +288,8 @@ def flash_attention(
 
 def uses_flash(score, normalize, dropout, training):
     """Whether the chunked path can take `flash_attention`: dot-product
-    scores with softmax and no active dropout on the weights."""
+    scores (softmax or ReLU weights) and no active dropout on them."""
     dropping = (
         dropout is not None and dropout.rate > 0 and training is not None and training is not False
     )
-    return score != "additive" and normalize == "softmax" and not dropping
+    return score != "additive" and normalize in ("softmax", "relu") and not dropping

@@ -22,14 +22,14 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 SHORT, LONG = 1024, 4096
 
 
-def scratch_bytes(length, chunk_size, causal=False, padded=False):
+def scratch_bytes(length, chunk_size, causal=False, padded=False, normalize="softmax"):
     """XLA's temp bytes for d/dx sum(MHA(x)^2) at `length` (JAX backend)."""
     import jax
     import jax.numpy as jnp
     import keras
     import numpy as np
 
-    layer = MultiHeadAttention_(chunk_size, causal)
+    layer = MultiHeadAttention_(chunk_size, causal, normalize)
     x = jnp.asarray(np.random.default_rng(0).normal(size=(1, length, 64)), "float32")
     mask = np.ones((1, length), bool)
     if padded:
@@ -46,10 +46,12 @@ def scratch_bytes(length, chunk_size, causal=False, padded=False):
     return int(compiled.memory_analysis().temp_size_in_bytes)
 
 
-def MultiHeadAttention_(chunk_size, causal):
+def MultiHeadAttention_(chunk_size, causal, normalize="softmax"):
     from layers import MultiHeadAttention
 
-    return MultiHeadAttention(num_heads=4, key_dim=16, chunk_size=chunk_size, causal=causal)
+    return MultiHeadAttention(
+        num_heads=4, key_dim=16, chunk_size=chunk_size, causal=causal, normalize=normalize
+    )
 
 
 def measure():
@@ -57,6 +59,7 @@ def measure():
     for causal in (False, True):
         tag = "causal" if causal else "plain"
         out[f"chunked_{tag}"] = [scratch_bytes(n, 256, causal, padded=True) for n in (SHORT, LONG)]
+    out["chunked_relu"] = [scratch_bytes(n, 256, normalize="relu") for n in (SHORT, LONG)]
     out["full"] = [scratch_bytes(n, None) for n in (SHORT, LONG)]
     return out
 
@@ -74,7 +77,7 @@ def test_chunked_backward_memory_grows_linearly():
     full_long = figures["full"][1]
     # The full path must itself be quadratic, or this comparison says nothing.
     assert figures["full"][1] > 0.5 * ratio**2 * figures["full"][0], figures
-    for name in ("chunked_plain", "chunked_causal"):
+    for name in ("chunked_plain", "chunked_causal", "chunked_relu"):
         short, long = figures[name]
         # Linear, with room for fixed costs: x4 length may cost at most x6
         # (a quadratic backward costs ~x16).

@@ -136,7 +136,7 @@ def test_self_attention_chunked_equals_full(options):
 @pytest.mark.parametrize(
     "options",
     [dict(), dict(causal=True), dict(window=2, include_self=False), dict(rotary=True, causal=True),
-     dict(causal=True, window=3)],
+     dict(causal=True, window=3), dict(normalize="relu"), dict(normalize="relu", causal=True, window=2)],
 )
 def test_flash_backward_equals_full_autodiff(options):
     """The chunked path's hand-written (flash-attention-2) backward against
