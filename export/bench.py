@@ -6,7 +6,9 @@ import time
 
 import numpy as np
 
-from export import kinds, runtime, rundir, verify
+from export import kinds, rundir, verify
+
+from zoo import litert as runtime
 from zoo.cli import UsageError
 def _size(path):
     if os.path.isfile(path):

@@ -15,7 +15,9 @@ import tempfile
 
 import numpy as np
 
-from export import atomic, kinds, runlock, runtime, rundir
+from export import atomic, kinds, runlock, rundir
+
+from zoo import litert as runtime
 from export.errors import ExportError
 from zoo.cli import UsageError
 QUANTIZE = ("none", "fp16", "dynamic", "int8", "int16x8")
@@ -222,7 +224,7 @@ def export_tflite(source, out, quantize="none", static_shape=False, length=None,
                               "retry with --static-shape") from None
         raise
 
-    from export.runtime import interpreter, signature_runner
+    from zoo.litert import interpreter, signature_runner
 
     runner, _ = signature_runner(interpreter(content))
     sidecar = dict(kind.sidecar(src, static_length=static_length if static_shape else None))

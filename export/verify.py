@@ -12,7 +12,9 @@ import tempfile
 
 import numpy as np
 
-from export import kinds, runtime, rundir
+from export import kinds, rundir
+
+from zoo import litert as runtime
 from export.errors import ExportError
 from zoo.cli import UsageError
 _PROJECT = ("layers", "zoo", "train", "export", "benchmarks")
@@ -152,7 +154,7 @@ def _accelerator_target(target, tflite):
         run = target
     if not os.path.isfile(path):
         raise UsageError(f"no such .tflite file: {path}")
-    runtime._check_tflite_file(path)
+    runtime.check_tflite_file(path)
     if run is None:
         for side in (path + ".json", os.path.join(os.path.dirname(path), "seq2seq.tflite.json")):
             if os.path.exists(side):

@@ -104,7 +104,6 @@ def test_translate_cli(copy_run, capsys):
 _CLEAN_CLIENT = r"""
 import json, sys
 import tensorflow as tf
-import tensorflow_text  # registers the SentencePiece kernels, as TF Serving has them
 loaded = tf.saved_model.load(sys.argv[1])
 out = loaded.signatures["translate"](text=tf.constant(json.loads(sys.argv[2])))
 assert not [m for m in sys.modules if m.split(".")[0] in ("layers", "zoo", "train", "export")]

@@ -133,7 +133,7 @@ def test_savedmodel_step_signatures_decode_and_sample_what_keras_does(exported):
     best = saved.generate(TEXTS, sampler=samplers.Beam(width=3), num_return_sequences=3, return_scores=True)
     assert all(len({t for t, _ in row}) == 3 for row in best)
     # The signatures are steps.tflite's: same names, dtypes and shapes.
-    from export.runtime import interpreter
+    from zoo.litert import interpreter
 
     lite = interpreter(files["steps"])
     loaded = tf.saved_model.load(files["savedmodel"])

@@ -53,19 +53,6 @@ def read_sidecar(path, kind):
     return meta
 
 
-def tflite_interpreter(path):
-    from ai_edge_litert.interpreter import Interpreter
-
-    with open(path, "rb") as f:
-        head = f.read(8)
-    if len(head) < 8 or head[4:8] != b"TFL3":
-        raise UsageError(f"not a TFLite model (no TFL3 identifier; truncated or corrupted?): {path}")
-    try:
-        return Interpreter(model_path=path)
-    except (ValueError, RuntimeError) as e:
-        raise UsageError(f"cannot load TFLite model {path}: {' '.join(str(e).split())[:200]}") from None
-
-
 def check_out_file(path, flag="--out"):
     """Before any work: the nearest existing ancestor of the file `path` must be a
     directory this process can write into (zoo.run_lock.check_writable_ancestor)."""

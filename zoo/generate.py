@@ -16,9 +16,10 @@ import sys
 
 import numpy as np
 
+from zoo import litert
 from zoo.cli import UsageError as _Usage
 from zoo.cli import add_verbose_argument, cli_boundary, quiet_stderr, verbosity
-from zoo.cli import check_out_file, import_keras_quietly, read_sidecar, run_kind, tflite_interpreter
+from zoo.cli import check_out_file, import_keras_quietly, read_sidecar, run_kind
 
 
 class _Parser(argparse.ArgumentParser):
@@ -64,7 +65,7 @@ class TFLiteGenerator:
         self.latent_dim = int(meta["latent_dim"])
         self.num_classes = meta.get("num_classes")
         self.class_names = meta.get("class_names") or []
-        self.runner = tflite_interpreter(path).get_signature_runner(meta.get("signature", "serving_default"))
+        self.runner = litert.interpreter(path).get_signature_runner(meta.get("signature", "serving_default"))
         self.batch_one = meta.get("inputs", {}).get("noise", {}).get("shape", [None])[0] == 1
 
     def __call__(self, noise, labels):

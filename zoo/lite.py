@@ -102,13 +102,9 @@ def _resolve(path):
 
 
 def _interpreter(path):
-    from ai_edge_litert.interpreter import Interpreter
+    from zoo.litert import interpreter
 
-    with open(path, "rb") as f:
-        head = f.read(8)
-    if len(head) < 8 or head[4:8] != b"TFL3":
-        raise ValueError(f"not a TFLite model (no TFL3 identifier): {path}")
-    return Interpreter(model_path=path)
+    return interpreter(path)
 
 
 def _sentences(sentences):

@@ -11,9 +11,10 @@ import argparse
 import os
 import sys
 
+from zoo import litert
 from zoo.cli import UsageError as _Usage
 from zoo.cli import add_verbose_argument, cli_boundary, quiet_stderr, verbosity
-from zoo.cli import check_utf8, import_keras_quietly, read_sidecar, run_kind, tflite_interpreter
+from zoo.cli import check_utf8, import_keras_quietly, read_sidecar, run_kind
 
 
 class _Parser(argparse.ArgumentParser):
@@ -52,7 +53,7 @@ class TFLiteTagger:
             self.encoder = TokenEncoder(meta["words"], meta["chars"], int(meta["max_chars"]))
         except (KeyError, TypeError, ValueError) as e:
             raise _Usage(f"bad sidecar file {path}.json: {type(e).__name__}: {e}") from None
-        self.interpreter = tflite_interpreter(path)
+        self.interpreter = litert.interpreter(path)
         signatures = self.interpreter.get_signature_list()
         key = next(iter(signatures))
         self.runner = self.interpreter.get_signature_runner(key)

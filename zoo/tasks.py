@@ -176,7 +176,8 @@ def _from_savedmodel(path):
 
 # ---------------------------------------------------------------- tflite
 def _from_tflite(path):
-    from zoo.cli import UsageError, read_sidecar, tflite_interpreter
+    from zoo.cli import UsageError, read_sidecar
+    from zoo.litert import interpreter as tflite_interpreter
 
     meta = _read_json(path + ".json")
     if not meta:  # `python -m export.kinds.seq2seq` writes one sidecar for its two files

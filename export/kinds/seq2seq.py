@@ -284,7 +284,7 @@ def litert_greedy(tflite, source_ids, max_length, eos_id=3, bos_id=2, model=None
     Returns:
         list of output ids, cut after EOS (EOS included if produced).
     """
-    from export.runtime import interpreter
+    from zoo.litert import interpreter
 
     if model is not None:
         encode, step = model.runner("encode"), model.runner("decode_step")
@@ -324,7 +324,7 @@ def export_all(run_dir, out_dir):
     steps = convert_steps(model)
     greedy_bytes, specs, _, _ = tflite.convert(src)
     rows = kind.sample_inputs(src, 4, specs=specs)["source_ids"]
-    from export.runtime import run
+    from zoo.litert import run
 
     report = {"checked_rows": int(len(rows))}
     for i, row in enumerate(rows):

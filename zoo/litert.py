@@ -1,4 +1,5 @@
-"""Running exported models: LiteRT signature runners and comparisons."""
+"""Running .tflite files with LiteRT (ai-edge-litert and NumPy only: no TensorFlow):
+the interpreter behind one file check, signature runners and comparisons."""
 
 import numpy as np
 
@@ -10,7 +11,7 @@ def interpreter(model, threads=None):
     kwargs = {"num_threads": threads} if threads else {}
     if isinstance(model, (bytes, bytearray)):
         return Interpreter(model_content=bytes(model), **kwargs)
-    _check_tflite_file(str(model))
+    check_tflite_file(str(model))
     try:
         return Interpreter(model_path=str(model), **kwargs)
     except (ValueError, RuntimeError) as e:
@@ -18,7 +19,7 @@ def interpreter(model, threads=None):
         raise UsageError(f"cannot load .tflite file {model}: {' '.join(str(e).split())[:200]}") from None
 
 
-def _check_tflite_file(path):
+def check_tflite_file(path):
     # LiteRT answers a truncated or foreign file with a multi-line error (or worse).
     from zoo.cli import UsageError
     try:
