@@ -95,7 +95,9 @@ def speed(quick=False):
         ours(x)
         theirs(x, x)
         for name in ("query", "key", "value", "output"):
-            getattr(ours, f"{name}_dense").set_weights(getattr(theirs, f"_{name}_dense").get_weights())
+            getattr(ours, f"{name}_dense").set_weights(
+                getattr(theirs, f"_{name}_dense").get_weights()
+            )
         for jit in (False, True):
             fns = _functions(ours, theirs, jit)
             # Interleave ours and Keras's so drifting machine load hits both,
@@ -192,8 +194,14 @@ def memory_child(impl, length, backward=False):
     # Absolute peak RSS of the process (TensorFlow itself included) and its
     # growth during the long call; 0 growth means the call stayed under the
     # peak already reached while building and warming up.
-    return {"impl": impl, "length": length, "backward": backward, "seconds": seconds,
-            "peak_rss_mb": peak / 1024.0, "growth_mb": (peak - base) / 1024.0}
+    return {
+        "impl": impl,
+        "length": length,
+        "backward": backward,
+        "seconds": seconds,
+        "peak_rss_mb": peak / 1024.0,
+        "growth_mb": (peak - base) / 1024.0,
+    }
 
 
 def _available_mb():
@@ -215,13 +223,29 @@ def long_sequences(quick=False):
             # that would exhaust the machine.
             need_mb = 3 * HEADS * length * length * 4 / 2**20
             if impl == "keras" and need_mb > 0.6 * _available_mb():
-                rows.append({"figure": "long", "impl": impl, "length": length,
-                             "error": f"not run: needs ~{need_mb / 1024:.0f} GB for [8, N, N] scores"})
+                rows.append(
+                    {
+                        "figure": "long",
+                        "impl": impl,
+                        "length": length,
+                        "error": f"not run: needs ~{need_mb / 1024:.0f} GB for [8, N, N] scores",
+                    }
+                )
                 continue
             proc = subprocess.run(
-                [sys.executable, "-m", "benchmarks.attention_bench", "memory",
-                 "--impl", impl, "--length", str(length)],
-                capture_output=True, text=True, timeout=3600,
+                [
+                    sys.executable,
+                    "-m",
+                    "benchmarks.attention_bench",
+                    "memory",
+                    "--impl",
+                    impl,
+                    "--length",
+                    str(length),
+                ],
+                capture_output=True,
+                text=True,
+                timeout=3600,
             )
             if proc.returncode != 0:
                 tail = (proc.stderr.strip().splitlines() or ["failed"])[-1]
@@ -257,7 +281,7 @@ def long_backward(quick=False, length=8192, chunks=(512, 1024), rounds=3):
     for layer in impls.values():
         layer.set_weights(impls["full"].get_weights())
     for name, layer in list(impls.items()) + [("keras", keras_layer)]:
-        call = (lambda l: (lambda t: l(t, t)))(layer) if name == "keras" else (lambda l: l)(layer)
+        call = (lambda l: lambda t: l(t, t))(layer) if name == "keras" else (lambda l: l)(layer)
 
         def make(layer=layer, call=call):
             @tf.function
@@ -283,8 +307,15 @@ def long_backward(quick=False, length=8192, chunks=(512, 1024), rounds=3):
     rows = []
     for name, t in times.items():
         t = np.array(t)
-        rows.append({"figure": "long_backward", "impl": name, "length": length,
-                     "fwdbwd_s": float(np.median(t)), "vs_full": float(np.median(t / full))})
+        rows.append(
+            {
+                "figure": "long_backward",
+                "impl": name,
+                "length": length,
+                "fwdbwd_s": float(np.median(t)),
+                "vs_full": float(np.median(t / full)),
+            }
+        )
     return rows
 
 
@@ -294,8 +325,9 @@ def run(quick=False):
 
 def main(argv=None):
     parser = argparse.ArgumentParser(prog="python -m benchmarks.attention_bench")
-    parser.add_argument("mode", nargs="?", default="all",
-                        choices=["all", "memory", "speed", "long-backward"])
+    parser.add_argument(
+        "mode", nargs="?", default="all", choices=["all", "memory", "speed", "long-backward"]
+    )
     parser.add_argument("--impl", choices=["ours", "ours_full", "keras"], default="ours")
     parser.add_argument("--backward", action="store_true", help="memory: forward+backward")
     parser.add_argument("--length", type=int, default=2048)

@@ -79,7 +79,11 @@ def run_child(config, timeout):
     try:
         proc = subprocess.run(
             [sys.executable, "-m", "benchmarks.attention_gpu", "--child", json.dumps(config)],
-            cwd=ROOT, env=env, capture_output=True, text=True, timeout=timeout,
+            cwd=ROOT,
+            env=env,
+            capture_output=True,
+            text=True,
+            timeout=timeout,
         )
     except subprocess.TimeoutExpired:
         return {**config, "error": f"timed out after {timeout} s"}
@@ -117,7 +121,9 @@ def _cell(value):
 
 
 def markdown(rows, device, smoke):
-    title = f"{device['device']} ({device['platform']}), JAX {device['jax']}, Keras {device['keras']}"
+    title = (
+        f"{device['device']} ({device['platform']}), JAX {device['jax']}, Keras {device['keras']}"
+    )
     lines = [f"# Attention under JAX on {title}", ""]
     if smoke:
         lines += ["**Smoke run at tiny shapes: these numbers are not benchmark results.**", ""]
@@ -127,12 +133,51 @@ def markdown(rows, device, smoke):
         "",
     ]
     figures = [
-        ("speed", ["batch", "length", "dim", "dtype", "ours_fwd_ms", "keras_fwd_ms", "fwd_ratio",
-                   "ours_fwdbwd_ms", "keras_fwdbwd_ms", "fwdbwd_ratio", "error"]),
-        ("long", ["length", "impl", "dtype", "fwd_ms", "fwd_peak_mb", "fwdbwd_ms",
-                  "fwdbwd_peak_mb", "xla_temp_fwdbwd_mb", "checked_at", "error"]),
-        ("encoder", ["impl", "layers", "dim", "batch", "length", "dtype", "tokens_per_s",
-                     "step_ms", "error"]),
+        (
+            "speed",
+            [
+                "batch",
+                "length",
+                "dim",
+                "dtype",
+                "ours_fwd_ms",
+                "keras_fwd_ms",
+                "fwd_ratio",
+                "ours_fwdbwd_ms",
+                "keras_fwdbwd_ms",
+                "fwdbwd_ratio",
+                "error",
+            ],
+        ),
+        (
+            "long",
+            [
+                "length",
+                "impl",
+                "dtype",
+                "fwd_ms",
+                "fwd_peak_mb",
+                "fwdbwd_ms",
+                "fwdbwd_peak_mb",
+                "xla_temp_fwdbwd_mb",
+                "checked_at",
+                "error",
+            ],
+        ),
+        (
+            "encoder",
+            [
+                "impl",
+                "layers",
+                "dim",
+                "batch",
+                "length",
+                "dtype",
+                "tokens_per_s",
+                "step_ms",
+                "error",
+            ],
+        ),
     ]
     for kind, columns in figures:
         chosen = [r for r in rows if r["kind"] == kind]
@@ -142,8 +187,7 @@ def markdown(rows, device, smoke):
                 if r.get("tokens_per_s") and keras_rate:
                     r["vs_keras"] = r["tokens_per_s"] / keras_rate
             columns = columns[:-1] + ["vs_keras", "error"]
-        lines += [f"**{kind}**", "", "| " + " | ".join(columns) + " |",
-                  "|" + "---|" * len(columns)]
+        lines += [f"**{kind}**", "", "| " + " | ".join(columns) + " |", "|" + "---|" * len(columns)]
         for r in chosen:
             lines.append("| " + " | ".join(_cell(r.get(c)) for c in columns) + " |")
         lines.append("")
@@ -298,7 +342,9 @@ def child_long(config):
             return {**row, "error": f"disagrees with Keras: {error:.3g} > {limit}"}
     x = jax.numpy.asarray(rng.normal(size=(1, length, config["dim"])), config["dtype"])
     layer, call = _attention_pair(
-        config["dim"], config["dtype"], config["chunk"] if impl == "chunked" else None,
+        config["dim"],
+        config["dtype"],
+        config["chunk"] if impl == "chunked" else None,
         impl="keras" if impl == "keras" else "ours",
     )
     params = _build(layer, x, "keras" if impl == "keras" else "ours")
@@ -373,7 +419,9 @@ def child(config):
     if keras.backend.backend() != "jax":
         raise SystemExit("attention_gpu children run with KERAS_BACKEND=jax")
     started = time.perf_counter()
-    row = {"speed": child_speed, "long": child_long, "encoder": child_encoder}[config["kind"]](config)
+    row = {"speed": child_speed, "long": child_long, "encoder": child_encoder}[config["kind"]](
+        config
+    )
     row["wall_s"] = round(time.perf_counter() - started, 1)
     if any(name == "tensorflow" or name.startswith("tensorflow.") for name in sys.modules):
         row["error"] = "TensorFlow was imported"

@@ -34,10 +34,20 @@ def _model(quick):
     from zoo.seq2seq.tokenization import EOS_ID, PAD_ID
 
     keras.utils.set_random_seed(0)
-    dims = dict(hidden_dim=128, num_layers=2, intermediate_dim=256, vocabulary_size=2000) if quick else \
-        dict(hidden_dim=256, num_layers=3, intermediate_dim=1024, vocabulary_size=8000)
-    model = zoo.build("seq2seq", num_heads=4, dropout=0.0, share_embeddings=False,
-                      max_source_length=64, max_target_length=128, **dims)
+    dims = (
+        dict(hidden_dim=128, num_layers=2, intermediate_dim=256, vocabulary_size=2000)
+        if quick
+        else dict(hidden_dim=256, num_layers=3, intermediate_dim=1024, vocabulary_size=8000)
+    )
+    model = zoo.build(
+        "seq2seq",
+        num_heads=4,
+        dropout=0.0,
+        share_embeddings=False,
+        max_source_length=64,
+        max_target_length=128,
+        **dims,
+    )
     bias = model.output_projection.bias
     value = np.asarray(bias).copy()
     # No EOS (every decoder runs the full length) and no padding id (the
@@ -55,8 +65,9 @@ def uncached_greedy(model, source_ids, max_length):
     from zoo.seq2seq.tokenization import BOS_ID
 
     batch = ops.shape(source_ids)[0]
-    buffer = ops.concatenate([ops.full((batch, 1), BOS_ID, "int32"),
-                              ops.zeros((batch, max_length - 1), "int32")], axis=1)
+    buffer = ops.concatenate(
+        [ops.full((batch, 1), BOS_ID, "int32"), ops.zeros((batch, max_length - 1), "int32")], axis=1
+    )
     out = ops.zeros((batch, max_length), "int32")
     encoder_output, mask = model.encode(source_ids)
 
@@ -66,12 +77,16 @@ def uncached_greedy(model, source_ids, max_length):
         nxt = tf.argmax(step, axis=-1, output_type=tf.int32)
         out = ops.slice_update(out, [ops.zeros((), "int32"), i], ops.reshape(nxt, (-1, 1)))
         nxt_pos = ops.minimum(i + 1, max_length - 1)
-        buffer = ops.where(ops.equal(ops.arange(max_length)[None, :], nxt_pos) & (i + 1 < max_length),
-                           ops.reshape(nxt, (-1, 1)), buffer)
+        buffer = ops.where(
+            ops.equal(ops.arange(max_length)[None, :], nxt_pos) & (i + 1 < max_length),
+            ops.reshape(nxt, (-1, 1)),
+            buffer,
+        )
         return i + 1, buffer, out
 
-    _, _, out = ops.while_loop(lambda i, *_: i < max_length, body,
-                               (ops.zeros((), "int32"), buffer, out))
+    _, _, out = ops.while_loop(
+        lambda i, *_: i < max_length, body, (ops.zeros((), "int32"), buffer, out)
+    )
     return out
 
 
@@ -92,12 +107,15 @@ def run(quick=False):
     import tensorflow as tf
 
     from zoo.seq2seq import decoding
+
     model = _model(quick)
     length = 32 if quick else 128
     repeats = 2 if quick else 3
     rows = []
     for batch in (1, 8):
-        src = np.random.default_rng(1).integers(4, model.vocabulary_size, (batch, 24)).astype("int32")
+        src = (
+            np.random.default_rng(1).integers(4, model.vocabulary_size, (batch, 24)).astype("int32")
+        )
         cached = decoding.compiled(model, "greedy", max_length=length)
         uncached = tf.function(lambda s: uncached_greedy(model, s, length), jit_compile=True)
         beam = decoding.compiled(model, "beam", width=4, alpha=0.6, max_length=length)
@@ -107,14 +125,27 @@ def run(quick=False):
         tokens = batch * length
         common = {"batch": batch, "tokens_per_row": length}
         rows += [
-            {**common, "decoder": "greedy, KV cache", "seconds": t_cached,
-             "tokens_per_s": tokens / t_cached},
-            {**common, "decoder": "greedy, full recompute", "seconds": t_uncached,
-             "tokens_per_s": tokens / t_uncached,
-             "cached_speedup": t_uncached / t_cached,
-             "identical": bool(np.array_equal(ids_cached, ids_uncached))},
-            {**common, "decoder": "beam 4, KV cache", "seconds": t_beam,
-             "tokens_per_s": tokens / t_beam, "time_vs_greedy": t_beam / t_cached},
+            {
+                **common,
+                "decoder": "greedy, KV cache",
+                "seconds": t_cached,
+                "tokens_per_s": tokens / t_cached,
+            },
+            {
+                **common,
+                "decoder": "greedy, full recompute",
+                "seconds": t_uncached,
+                "tokens_per_s": tokens / t_uncached,
+                "cached_speedup": t_uncached / t_cached,
+                "identical": bool(np.array_equal(ids_cached, ids_uncached)),
+            },
+            {
+                **common,
+                "decoder": "beam 4, KV cache",
+                "seconds": t_beam,
+                "tokens_per_s": tokens / t_beam,
+                "time_vs_greedy": t_beam / t_cached,
+            },
         ]
     return rows
 

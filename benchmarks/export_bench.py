@@ -38,7 +38,9 @@ def main(argv=None):
     os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
     p = argparse.ArgumentParser(prog="python -m benchmarks.export_bench")
     p.add_argument("run_dir")
-    p.add_argument("--out", help="directory for the exports and the JSON report (default: a temp dir)")
+    p.add_argument(
+        "--out", help="directory for the exports and the JSON report (default: a temp dir)"
+    )
     p.add_argument("--threads", type=int, default=None)
     p.add_argument("--runs", type=int, default=100)
     p.add_argument("--samples", type=int, default=200)
@@ -67,8 +69,10 @@ def main(argv=None):
         results[f"static_{target}_check"] = _static_check(args.run_dir, out, quantize, target)
 
     base = results.get("none", {})
-    print(f"{'mode':<8} {'size MB':>8} {'ratio':>6} {'max|diff|':>10} {'agree':>7} "
-          f"{'acc':>7} {'float':>7} {'LiteRT p50 b1':>14} {'Keras p50 b1':>13} {'speed-up':>8}")
+    print(
+        f"{'mode':<8} {'size MB':>8} {'ratio':>6} {'max|diff|':>10} {'agree':>7} "
+        f"{'acc':>7} {'float':>7} {'LiteRT p50 b1':>14} {'Keras p50 b1':>13} {'speed-up':>8}"
+    )
     for mode in ("none", "fp16", "dynamic", "int8"):
         res = results[mode]
         if "error" in res:
@@ -78,19 +82,28 @@ def main(argv=None):
         ratio = res["size_bytes"] / base["size_bytes"] if "size_bytes" in base else float("nan")
         diff = v["max_abs_diff"].get("probabilities", max(v["max_abs_diff"].values()))
         acc = v["metric"][1] if v.get("metric") else float("nan")
-        facc = v["float_metric_same_inputs"][1] if v.get("float_metric_same_inputs") else float("nan")
+        facc = (
+            v["float_metric_same_inputs"][1] if v.get("float_metric_same_inputs") else float("nan")
+        )
         lite, keras_ms = b["litert"][1]["p50_ms"], b["keras"][1]["p50_ms"]
-        print(f"{mode:<8} {res['size_bytes'] / 1e6:>8.3f} {ratio:>6.2f} {diff:>10.2e} "
-              f"{v['agreement']:>7.2%} {acc:>7.4f} {facc:>7.4f} {lite:>12.3f}ms {keras_ms:>11.3f}ms "
-              f"{keras_ms / lite:>7.1f}x")
+        print(
+            f"{mode:<8} {res['size_bytes'] / 1e6:>8.3f} {ratio:>6.2f} {diff:>10.2e} "
+            f"{v['agreement']:>7.2%} {acc:>7.4f} {facc:>7.4f} {lite:>12.3f}ms {keras_ms:>11.3f}ms "
+            f"{keras_ms / lite:>7.1f}x"
+        )
     for target in ("gpu", "int8"):
         found = results[f"static_{target}_check"]
-        print(f"static-shape check --target {target}:", "PASS" if not found else f"FAIL ({len(found)})")
+        print(
+            f"static-shape check --target {target}:",
+            "PASS" if not found else f"FAIL ({len(found)})",
+        )
         for line in found:
             print("  " + line.replace("\n", "\n  "))
     targets = {}
     if "verify" in results.get("fp16", {}):
-        targets["fp16 within 1e-3"] = max(results["fp16"]["verify"]["max_abs_diff"].values()) <= 1e-3
+        targets["fp16 within 1e-3"] = (
+            max(results["fp16"]["verify"]["max_abs_diff"].values()) <= 1e-3
+        )
     for mode in ("dynamic", "int8"):
         res = results.get(mode, {})
         if "verify" in res and "size_bytes" in base:
@@ -99,8 +112,9 @@ def main(argv=None):
                 drop = res["verify"]["float_metric_same_inputs"][1] - res["verify"]["metric"][1]
                 targets[f"{mode} within 0.5 acc points"] = drop <= 0.005
     if "bench" in base:
-        targets["LiteRT b1 <= 1/3 Keras"] = (base["bench"]["litert"][1]["p50_ms"]
-                                             <= base["bench"]["keras"][1]["p50_ms"] / 3)
+        targets["LiteRT b1 <= 1/3 Keras"] = (
+            base["bench"]["litert"][1]["p50_ms"] <= base["bench"]["keras"][1]["p50_ms"] / 3
+        )
     for target in ("gpu", "int8"):
         targets[f"static {target} check"] = not results[f"static_{target}_check"]
     for name, ok in targets.items():

@@ -18,7 +18,9 @@ def run(quick=False):
     epochs = "1" if quick else "4"
     subprocess.run(
         [sys.executable, "-m", "train", "tagger", "--epochs", epochs, "--out", run_dir],
-        check=True, capture_output=True, text=True,
+        check=True,
+        capture_output=True,
+        text=True,
     )
     out = os.path.join(work, "exports")
     from benchmarks import export_bench
@@ -40,11 +42,18 @@ def run(quick=False):
                 row[f"{side}_b{batch}_p50_ms"] = stats["p50_ms"]
         if "litert" in bench and "keras" in bench:
             first = min(bench["litert"], key=int)
-            row["litert/keras_b1"] = bench["litert"][first]["p50_ms"] / bench["keras"][first]["p50_ms"]
+            row["litert/keras_b1"] = (
+                bench["litert"][first]["p50_ms"] / bench["keras"][first]["p50_ms"]
+            )
         rows.append(row)
     for check in ("gpu", "int8"):
-        rows.append({"figure": "export", "mode": f"static {check} check",
-                     "problems": len(report["results"].get(f"static_{check}_check", []))})
+        rows.append(
+            {
+                "figure": "export",
+                "mode": f"static {check} check",
+                "problems": len(report["results"].get(f"static_{check}_check", [])),
+            }
+        )
     for target, met in report.get("targets", {}).items():
         rows.append({"figure": "export", "mode": f"target: {target}", "met": met})
     return rows

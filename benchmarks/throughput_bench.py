@@ -34,34 +34,54 @@ def _tagger(quick):
 
     def build():
         keras.utils.set_random_seed(0)
-        model = zoo.build("tagger", words=words, chars=chars, tags=tags, arch="attention",
-                          max_chars=MAX_CHARS, max_len=256, hidden_dim=64, num_layers=2, num_heads=4)
+        model = zoo.build(
+            "tagger",
+            words=words,
+            chars=chars,
+            tags=tags,
+            arch="attention",
+            max_chars=MAX_CHARS,
+            max_len=256,
+            hidden_dim=64,
+            num_layers=2,
+            num_heads=4,
+        )
         compile_tagger(model, 1e-3, total_steps=1000, warmup_steps=10, weight_decay=1e-4)
         return model
 
     encoded = _encode(build(), data)["train"]
     batch_size = 32
-    bucketed = [Batches(encoded, batch_size, shuffle=True, seed=0)[i]
-                for i in range(len(Batches(encoded, batch_size)))]
+    bucketed = [
+        Batches(encoded, batch_size, shuffle=True, seed=0)[i]
+        for i in range(len(Batches(encoded, batch_size)))
+    ]
     longest = int(encoded.lengths.max())
     order = np.random.default_rng(0).permutation(len(encoded))
-    unbucketed = [encoded.batch(list(order[i:i + batch_size]), multiple=longest)
-                  for i in range(0, len(order), batch_size)]
+    unbucketed = [
+        encoded.batch(list(order[i : i + batch_size]), multiple=longest)
+        for i in range(0, len(order), batch_size)
+    ]
     tokens = int(encoded.lengths.sum())
     return build, {"bucketed": bucketed, "unbucketed": unbucketed}, tokens, None
 
 
 def _seq2seq(quick):
     import zoo
-    from train.seq2seq import algorithmic
-    from train.seq2seq import parallel
+    from train.seq2seq import algorithmic, parallel
     from train.seq2seq.data import Batches, Encoded, _pad, train_tokenizer
     from zoo.seq2seq.tokenization import BOS_ID, EOS_ID, PAD_ID, Tokenizer, encode_proto
 
-    generated = algorithmic.splits("sort", train_size=256 if quick else 1024, min_length=1,
-                                   max_length=32, seed=0)
-    data = parallel.ParallelData(generated["train"], generated["dev"], generated["test"],
-                                 {"name": "embedded"}, task="sort", extra={})
+    generated = algorithmic.splits(
+        "sort", train_size=256 if quick else 1024, min_length=1, max_length=32, seed=0
+    )
+    data = parallel.ParallelData(
+        generated["train"],
+        generated["dev"],
+        generated["test"],
+        {"name": "embedded"},
+        task="sort",
+        extra={},
+    )
     proto = train_tokenizer(data, 64)
     tokenizer = Tokenizer(proto)
 
@@ -69,14 +89,24 @@ def _seq2seq(quick):
         from train.seq2seq.fit import compile_seq2seq
 
         keras.utils.set_random_seed(0)
-        model = zoo.build("seq2seq", tokenizer=encode_proto(proto), hidden_dim=64, num_layers=2,
-                          num_heads=4, intermediate_dim=256, dropout=0.0, max_source_length=64,
-                          max_target_length=64)
+        model = zoo.build(
+            "seq2seq",
+            tokenizer=encode_proto(proto),
+            hidden_dim=64,
+            num_layers=2,
+            num_heads=4,
+            intermediate_dim=256,
+            dropout=0.0,
+            max_source_length=64,
+            max_target_length=64,
+        )
         compile_seq2seq(model, 1e-3, 100, 0.1, jit_compile=False)
         return model
 
     model0 = build()
-    encoded = Encoded(tokenizer, data.train, model0.max_source_length, model0.max_target_length, "train")
+    encoded = Encoded(
+        tokenizer, data.train, model0.max_source_length, model0.max_target_length, "train"
+    )
     batch_size = 64
     bucketed = list(Batches(encoded, batch_size, shuffle=True, seed=0))
     s_max = max(len(s) for s in encoded.sources)
@@ -84,11 +114,18 @@ def _seq2seq(quick):
     order = np.random.default_rng(0).permutation(len(encoded))
     unbucketed = []
     for i in range(0, len(order), batch_size):
-        idx = order[i:i + batch_size]
+        idx = order[i : i + batch_size]
         src = [encoded.sources[j] for j in idx]
         tgt = [encoded.targets[j] for j in idx]
-        unbucketed.append(({"source_ids": _pad(src, s_max), "target_ids": _pad([[BOS_ID] + t for t in tgt], t_max)},
-                           _pad([t + [EOS_ID] for t in tgt], t_max)))
+        unbucketed.append(
+            (
+                {
+                    "source_ids": _pad(src, s_max),
+                    "target_ids": _pad([[BOS_ID] + t for t in tgt], t_max),
+                },
+                _pad([t + [EOS_ID] for t in tgt], t_max),
+            )
+        )
     tokens = int(sum(len(t) + 1 for t in encoded.targets))
     return build, {"bucketed": bucketed, "unbucketed": unbucketed}, tokens, PAD_ID
 
@@ -111,8 +148,13 @@ def _measure(build, batches, tokens, pad_id, jit, passes):
     seconds = time.perf_counter() - started
     shapes = len({tuple(np.shape(b[1])) for b in batches})
     padded = sum(int(np.prod(np.shape(b[1]))) for b in batches)
-    return {"tokens_per_s": round(tokens * passes / seconds, 1), "warmup_s": round(warmup, 1),
-            "batch_shapes": shapes, "padding": round(1 - tokens / padded, 3), "final_loss": round(loss, 3)}
+    return {
+        "tokens_per_s": round(tokens * passes / seconds, 1),
+        "warmup_s": round(warmup, 1),
+        "batch_shapes": shapes,
+        "padding": round(1 - tokens / padded, 3),
+        "final_loss": round(loss, 3),
+    }
 
 
 def run(quick=False, models=("tagger", "seq2seq")):
@@ -124,8 +166,12 @@ def run(quick=False, models=("tagger", "seq2seq")):
         build, variants, tokens, pad_id = make(quick)
         for bucketing in ("bucketed", "unbucketed"):
             for jit in (False, True):
-                row = {"bench": "train_throughput", "model": name, "bucketing": bucketing == "bucketed",
-                       "xla": jit}
+                row = {
+                    "bench": "train_throughput",
+                    "model": name,
+                    "bucketing": bucketing == "bucketed",
+                    "xla": jit,
+                }
                 row.update(_measure(build, variants[bucketing], tokens, pad_id, jit, passes))
                 print(row, file=sys.stderr, flush=True)
                 rows.append(row)
@@ -137,5 +183,20 @@ if __name__ == "__main__":
 
     chosen = [m for m in ("tagger", "seq2seq") if m in sys.argv[1:]] or ["tagger", "seq2seq"]
     result = run(quick="--quick" in sys.argv, models=chosen)
-    print(markdown_table(result, [(k, k) for k in ("model", "bucketing", "xla", "tokens_per_s", "warmup_s",
-                                                   "batch_shapes", "padding")]))
+    print(
+        markdown_table(
+            result,
+            [
+                (k, k)
+                for k in (
+                    "model",
+                    "bucketing",
+                    "xla",
+                    "tokens_per_s",
+                    "warmup_s",
+                    "batch_shapes",
+                    "padding",
+                )
+            ],
+        )
+    )

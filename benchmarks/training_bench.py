@@ -34,7 +34,9 @@ class KerasEncoderBlock(keras.layers.Layer):
 
     def build(self, shape):
         d = shape[-1]
-        self.attention = keras.layers.MultiHeadAttention(self.num_heads, d // self.num_heads, dropout=self.rate)
+        self.attention = keras.layers.MultiHeadAttention(
+            self.num_heads, d // self.num_heads, dropout=self.rate
+        )
         self.norm1 = keras.layers.LayerNormalization(epsilon=1e-5)
         self.norm2 = keras.layers.LayerNormalization(epsilon=1e-5)
         self.ffn1 = keras.layers.Dense(self.intermediate_dim, activation="gelu")
@@ -43,8 +45,13 @@ class KerasEncoderBlock(keras.layers.Layer):
 
     def call(self, x, mask=None, return_attention_scores=False, training=None):
         h = self.norm1(x)
-        attn, scores = self.attention(h, h, attention_mask=None if mask is None else mask[:, None, :],
-                                      return_attention_scores=True, training=training)
+        attn, scores = self.attention(
+            h,
+            h,
+            attention_mask=None if mask is None else mask[:, None, :],
+            return_attention_scores=True,
+            training=training,
+        )
         x = x + self.drop(attn, training=training)
         x = x + self.drop(self.ffn2(self.ffn1(self.norm2(x))), training=training)
         return (x, scores) if return_attention_scores else x
@@ -53,6 +60,7 @@ class KerasEncoderBlock(keras.layers.Layer):
 @contextlib.contextmanager
 def keras_blocks():
     from zoo.tagger import archs as tagger_archs
+
     original = tagger_archs.TransformerEncoderBlock
     tagger_archs.TransformerEncoderBlock = KerasEncoderBlock
     try:
@@ -75,13 +83,19 @@ def _tagger(jit):
 
 def _batches(core, batch, length, count, seed=0):
     rng = np.random.default_rng(seed)
-    max_chars = core.input["char_ids"].shape[-1] if isinstance(core.input, dict) else core.inputs[1].shape[-1]
+    max_chars = (
+        core.input["char_ids"].shape[-1]
+        if isinstance(core.input, dict)
+        else core.inputs[1].shape[-1]
+    )
     out = []
     for _ in range(count):
         lengths = rng.integers(length // 2, length + 1, size=batch)
         ids = rng.integers(2, 2000, size=(batch, length)).astype("int32")
         ids[np.arange(length)[None, :] >= lengths[:, None]] = 0
-        chars = rng.integers(2, 28, size=(batch, length, max_chars)).astype("int32") * (ids[..., None] > 0)
+        chars = rng.integers(2, 28, size=(batch, length, max_chars)).astype("int32") * (
+            ids[..., None] > 0
+        )
         y = rng.integers(0, 17, size=(batch, length)).astype("int32")
         out.append(({"word_ids": ids, "char_ids": chars}, y, int(lengths.sum())))
     return out
@@ -106,9 +120,16 @@ def tagger_throughput(quick=False):
                     core.train_on_batch(x, y)
                 rates[name].append(sum(n for _, _, n in data) / (time.perf_counter() - start))
         med = {name: float(np.median(r)) for name, r in rates.items()}
-        rows.append({"figure": "training", "model": "tagger (attention)", "jit_compile": jit,
-                     "ours_tokens_s": med["ours"], "keras_tokens_s": med["keras.layers"],
-                     "speedup": med["ours"] / med["keras.layers"]})
+        rows.append(
+            {
+                "figure": "training",
+                "model": "tagger (attention)",
+                "jit_compile": jit,
+                "ours_tokens_s": med["ours"],
+                "keras_tokens_s": med["keras.layers"],
+                "speedup": med["ours"] / med["keras.layers"],
+            }
+        )
     return rows
 
 

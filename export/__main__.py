@@ -70,7 +70,9 @@ def build_parser():
     s.add_argument("source", metavar="RUN_DIR_OR_MODEL")
     s.add_argument("--out", required=True, metavar="BASE/NAME")
     s.add_argument("--version", type=_positive_int)
-    s.add_argument("--debug", action="store_true", default=argparse.SUPPRESS, help=argparse.SUPPRESS)
+    s.add_argument(
+        "--debug", action="store_true", default=argparse.SUPPRESS, help=argparse.SUPPRESS
+    )
 
     t = sub.add_parser("tflite", help="builtin-ops-only .tflite, checked against Keras")
     t.add_argument("source", metavar="RUN_DIR_OR_MODEL")
@@ -80,35 +82,57 @@ def build_parser():
     t.add_argument("--length", type=_positive_int, help="fixed length for --static-shape")
     t.add_argument("--tolerance", type=_non_negative, help="max abs diff allowed vs Keras")
     t.add_argument("--min-agreement", type=_fraction, help="min argmax agreement vs Keras (0 to 1)")
-    t.add_argument("--debug", action="store_true", default=argparse.SUPPRESS, help=argparse.SUPPRESS)
+    t.add_argument(
+        "--debug", action="store_true", default=argparse.SUPPRESS, help=argparse.SUPPRESS
+    )
 
     c = sub.add_parser("check", help="delegate compatibility of a .tflite")
     c.add_argument("file", metavar="FILE.tflite")
     c.add_argument("--target", default="gpu", choices=TARGETS)
-    c.add_argument("--debug", action="store_true", default=argparse.SUPPRESS, help=argparse.SUPPRESS)
+    c.add_argument(
+        "--debug", action="store_true", default=argparse.SUPPRESS, help=argparse.SUPPRESS
+    )
 
-    v = sub.add_parser("verify", help="Keras vs SavedModel (clean process) vs LiteRT; "
-                       "--accelerator gpu: LiteRT's real GPU accelerator vs its CPU")
+    v = sub.add_parser(
+        "verify",
+        help="Keras vs SavedModel (clean process) vs LiteRT; "
+        "--accelerator gpu: LiteRT's real GPU accelerator vs its CPU",
+    )
     v.add_argument("run_dir", metavar="RUN_DIR_OR_FILE")
-    v.add_argument("--accelerator", choices=("gpu",),
-                   help="run FILE.tflite (or --tflite) on this accelerator and compare with CPU")
-    v.add_argument("--runs", type=_positive_int, default=20, help="timed runs per signature (--accelerator)")
+    v.add_argument(
+        "--accelerator",
+        choices=("gpu",),
+        help="run FILE.tflite (or --tflite) on this accelerator and compare with CPU",
+    )
+    v.add_argument(
+        "--runs", type=_positive_int, default=20, help="timed runs per signature (--accelerator)"
+    )
     v.add_argument("--savedmodel", metavar="DIR")
     v.add_argument("--tflite", metavar="FILE")
     v.add_argument("--samples", type=_positive_int, default=64)
     v.add_argument("--json", action="store_true", help="print the report as JSON")
-    v.add_argument("--debug", action="store_true", default=argparse.SUPPRESS, help=argparse.SUPPRESS)
+    v.add_argument(
+        "--debug", action="store_true", default=argparse.SUPPRESS, help=argparse.SUPPRESS
+    )
 
     b = sub.add_parser("bench", help="latency at batch 1 and 32, LiteRT vs Keras; size")
     b.add_argument("target", metavar="FILE.tflite|SAVEDMODEL")
-    b.add_argument("--run", metavar="RUN_DIR", help="Keras model to compare (default: sidecar's source)")
+    b.add_argument(
+        "--run", metavar="RUN_DIR", help="Keras model to compare (default: sidecar's source)"
+    )
     b.add_argument("--threads", type=_positive_int)
     b.add_argument("--runs", type=_positive_int, default=50)
     b.add_argument("--json", action="store_true")
-    b.add_argument("--debug", action="store_true", default=argparse.SUPPRESS, help=argparse.SUPPRESS)
+    b.add_argument(
+        "--debug", action="store_true", default=argparse.SUPPRESS, help=argparse.SUPPRESS
+    )
     for command in (s, t, c, v, b):
-        command.add_argument("--verbose", type=_verbosity, default="auto",
-                             help="auto (default, as 1), 0 (results and errors only), 1, 2")
+        command.add_argument(
+            "--verbose",
+            type=_verbosity,
+            default="auto",
+            help="auto (default, as 1), 0 (results and errors only), 1, 2",
+        )
     return p
 
 
@@ -125,13 +149,26 @@ def _run(args):
     if args.command == "tflite":
         from export.tflite import export_tflite
 
-        r = export_tflite(args.source, args.out, quantize=args.quantize, static_shape=args.static_shape,
-                          length=args.length, tolerance=args.tolerance, min_agreement=args.min_agreement)
+        r = export_tflite(
+            args.source,
+            args.out,
+            quantize=args.quantize,
+            static_shape=args.static_shape,
+            length=args.length,
+            tolerance=args.tolerance,
+            min_agreement=args.min_agreement,
+        )
         diffs = ", ".join(f"{k} {v:.3g}" for k, v in r.report["max_abs_diff"].items())
-        agree = "" if r.report["agreement"] is None else f", argmax agreement {r.report['agreement']:.2%}"
+        agree = (
+            ""
+            if r.report["agreement"] is None
+            else f", argmax agreement {r.report['agreement']:.2%}"
+        )
         if args.verbose:
-            print(f"wrote {r.path} ({r.size_bytes / 1e6:.3f} MB) and {r.sidecar}; "
-                  f"LiteRT vs Keras on {r.report['samples']} samples: max abs diff {diffs}{agree}")
+            print(
+                f"wrote {r.path} ({r.size_bytes / 1e6:.3f} MB) and {r.sidecar}; "
+                f"LiteRT vs Keras on {r.report['samples']} samples: max abs diff {diffs}{agree}"
+            )
         return 0
     if args.command == "check":
         from export.check import check_file
@@ -140,17 +177,21 @@ def _run(args):
         for p in problems:
             print(p)
         if problems:
-            print(f"{args.file}: NOT compatible with --target {args.target} ({len(problems)} problems)")
+            print(
+                f"{args.file}: NOT compatible with --target {args.target} ({len(problems)} problems)"
+            )
             return 1
         print(f"{args.file}: compatible with --target {args.target}")
         return 0
     if args.command == "verify" and args.accelerator:
-        from zoo.cli import UsageError
         from export.verify import format_accelerator_report, verify_accelerator
+        from zoo.cli import UsageError
 
         if args.savedmodel:
             raise UsageError("--accelerator runs a .tflite file; --savedmodel does not apply")
-        report = verify_accelerator(args.run_dir, tflite=args.tflite, samples=args.samples, runs=args.runs)
+        report = verify_accelerator(
+            args.run_dir, tflite=args.tflite, samples=args.samples, runs=args.runs
+        )
         print(json.dumps(report, indent=2) if args.json else format_accelerator_report(report))
         if "no_device" in report:
             return 3
@@ -158,7 +199,9 @@ def _run(args):
     if args.command == "verify":
         from export.verify import format_report, verify
 
-        report = verify(args.run_dir, savedmodel=args.savedmodel, tflite=args.tflite, samples=args.samples)
+        report = verify(
+            args.run_dir, savedmodel=args.savedmodel, tflite=args.tflite, samples=args.samples
+        )
         print(json.dumps(report, indent=2) if args.json else format_report(report))
         return 0
     if args.command == "bench":
@@ -195,6 +238,7 @@ def main(argv=None):
         return e.code
     from export.errors import ExportError
     from zoo.cli import UsageError
+
     try:
         if args.command != "check":  # check reads the flatbuffer itself
             _import_runtimes_quietly()
@@ -215,8 +259,10 @@ def main(argv=None):
         if args.debug:
             raise
         first = str(e).strip().splitlines()[0] if str(e).strip() else ""
-        print(f"unexpected error: {type(e).__name__}: {first} (rerun with --debug for the traceback)",
-              file=sys.stderr)
+        print(
+            f"unexpected error: {type(e).__name__}: {first} (rerun with --debug for the traceback)",
+            file=sys.stderr,
+        )
         return 1
 
 

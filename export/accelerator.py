@@ -26,7 +26,8 @@ import numpy as np
 HOW_TO_GET_ONE = (
     "no Vulkan device for LiteRT's GPU accelerator: run on a machine with a GPU and its Vulkan driver, "
     "or install Mesa >= 25's CPU driver (Debian 12: apt-get install -t bookworm-backports "
-    "mesa-vulkan-drivers; README, 'GPU export')")
+    "mesa-vulkan-drivers; README, 'GPU export')"
+)
 
 # x [1, 4] float32 -> y = 2x + 1 (serving_default): the probe model.
 _PROBE = base64.b64decode(
@@ -44,7 +45,8 @@ _PROBE = base64.b64decode(
     "AAAAEAAAACz///8DAAAAbXVsAAIAAAABAAAABAAAAKb///8AAAABEAAAABAAAAADAAAAFAAAAFz///8FAAAAbXVsL3kAAAAAAAAA"
     "0v///wAAAAEQAAAAEAAAAAIAAAAUAAAAiP///wUAAABhZGQveQAAAAAAAAAAABYAGAAUAAAAEAAMAAgAAAAAAAAABwAWAAAAAAAA"
     "ARAAAAAQAAAAAQAAACAAAADM////EwAAAHNlcnZpbmdfZGVmYXVsdF94OjAAAgAAAAEAAAAEAAAAAgAAABwAAAAIAAAABAAEAAQA"
-    "AAAMAAwACwAAAAAABAAMAAAAEgAAAAAAABI=")
+    "AAAMAAwACwAAAAAABAAMAAAAEgAAAAAAABI="
+)
 
 
 class NoDevice(Exception):
@@ -81,8 +83,15 @@ def captured_stderr():
             out.append(f.read().decode("utf-8", "replace"))
 
 
-_NOISE = ("IntelOpenvino", "libopenvino", "npu_registry", "NPU accelerator", "Logging before InitGoogle",
-          "Source Location Trace", "artificially reduced")
+_NOISE = (
+    "IntelOpenvino",
+    "libopenvino",
+    "npu_registry",
+    "NPU accelerator",
+    "Logging before InitGoogle",
+    "Source Location Trace",
+    "artificially reduced",
+)
 
 
 def log_errors(text, limit=3):
@@ -90,11 +99,17 @@ def log_errors(text, limit=3):
     lines = []
     for line in text.splitlines():
         line = line.strip().lstrip("└ ").strip()
-        if not line or any(n in line for n in _NOISE) or re.match(r"(INFO|WARNING|VERBOSE|I\d{4}|W\d{4}) ", line) \
-                or line.startswith(("INFO:", "VERBOSE:")):
+        if (
+            not line
+            or any(n in line for n in _NOISE)
+            or re.match(r"(INFO|WARNING|VERBOSE|I\d{4}|W\d{4}) ", line)
+            or line.startswith(("INFO:", "VERBOSE:"))
+        ):
             continue
-        if re.search(r"(^E\d{4}|ERROR|[Ee]rror|Failed|failed|mismatch|not supported|Unsupported|^[A-Z][A-Z0-9_]+: )",
-                     line):
+        if re.search(
+            r"(^E\d{4}|ERROR|[Ee]rror|Failed|failed|mismatch|not supported|Unsupported|^[A-Z][A-Z0-9_]+: )",
+            line,
+        ):
             line = re.sub(r"^E\d{4} [\d:. ]+\d+ ", "", line)
             if line not in lines:
                 lines.append(line[:300])
@@ -123,8 +138,14 @@ def device_problem():
     ensure_runtime_dir()
     root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
     try:
-        proc = subprocess.run([sys.executable, "-c", _CHILD, root], capture_output=True, text=True, timeout=120,
-                              check=False, env=dict(os.environ, TF_CPP_MIN_LOG_LEVEL="0"))
+        proc = subprocess.run(
+            [sys.executable, "-c", _CHILD, root],
+            capture_output=True,
+            text=True,
+            timeout=120,
+            check=False,
+            env=dict(os.environ, TF_CPP_MIN_LOG_LEVEL="0"),
+        )
     except (OSError, subprocess.TimeoutExpired) as e:
         return f"{HOW_TO_GET_ONE} (probe failed: {e})"
     if "\nPROBE-OK\n" in proc.stdout:
@@ -151,9 +172,13 @@ def _options(name):
     from ai_edge_litert.options import CpuOptions, GpuOptions, Options
 
     if name == "cpu":
-        return Options(hardware_accelerators=HardwareAccelerator.CPU, cpu_options=CpuOptions(num_threads=1))
-    return Options(hardware_accelerators=HardwareAccelerator.GPU,
-                   gpu_options=GpuOptions(enforce_f32=name == "gpu_f32"))
+        return Options(
+            hardware_accelerators=HardwareAccelerator.CPU, cpu_options=CpuOptions(num_threads=1)
+        )
+    return Options(
+        hardware_accelerators=HardwareAccelerator.GPU,
+        gpu_options=GpuOptions(enforce_f32=name == "gpu_f32"),
+    )
 
 
 class CompileError(RuntimeError):
@@ -178,7 +203,9 @@ class Compiled:
         with captured_stderr() as log:
             try:
                 if isinstance(model, (bytes, bytearray)):
-                    self.model = CompiledModel.from_buffer(bytes(model), options=_options(accelerator))
+                    self.model = CompiledModel.from_buffer(
+                        bytes(model), options=_options(accelerator)
+                    )
                 else:
                     self.model = CompiledModel.from_file(str(model), options=_options(accelerator))
                 error = None
@@ -188,9 +215,14 @@ class Compiled:
         if error is not None:
             lines = log_errors(self.log, 6) or [" ".join(str(error).split())[:200]]
             # the delegate names each op it rejects as "OP: reason"
-            ops = [l for l in lines if re.match(r"[A-Z][A-Z0-9_]+: ", l) and not l.startswith("ERROR")]
-            raise CompileError(f"{accelerator} accelerator refused the model: {'; '.join(ops) or lines[0]}",
-                               lines, self.log)
+            ops = [
+                l for l in lines if re.match(r"[A-Z][A-Z0-9_]+: ", l) and not l.startswith("ERROR")
+            ]
+            raise CompileError(
+                f"{accelerator} accelerator refused the model: {'; '.join(ops) or lines[0]}",
+                lines,
+                self.log,
+            )
         self.fully_accelerated = bool(self.model.is_fully_accelerated())
         self.signatures = self.model.get_signature_list()
         self._buffers = {}
@@ -207,8 +239,10 @@ class Compiled:
         return self._buffers[signature]
 
     def input_details(self, signature):
-        return {k: {"shape": list(d["shape"]), "dtype": np.dtype(d["dtype"])}
-                for k, (_, d) in self._io(signature)[0].items()}
+        return {
+            k: {"shape": list(d["shape"]), "dtype": np.dtype(d["dtype"])}
+            for k, (_, d) in self._io(signature)[0].items()
+        }
 
     def _resize(self, signature, inputs):
         """Resizes dynamic inputs to the shapes of `inputs` (both accelerators
@@ -217,7 +251,11 @@ class Compiled:
         changed = False
         for k, (_, d) in ins.items():
             a = np.asarray(inputs.get(k))
-            if k in inputs and a.ndim == len(d["shape"]) and list(a.shape) != [int(x) for x in d["shape"]]:
+            if (
+                k in inputs
+                and a.ndim == len(d["shape"])
+                and list(a.shape) != [int(x) for x in d["shape"]]
+            ):
                 self.model.resize_input_tensor_by_name(signature, k, list(a.shape), strict=False)
                 changed = True
         if changed:
@@ -242,13 +280,16 @@ class Compiled:
             if names is not None and k not in names:
                 continue
             shape = [int(x) for x in d["shape"]]
-            result[k] = np.asarray(buf.read(int(np.prod(shape)), np.dtype(d["dtype"]))).reshape(shape)
+            result[k] = np.asarray(buf.read(int(np.prod(shape)), np.dtype(d["dtype"]))).reshape(
+                shape
+            )
         return result
 
     def invoke(self, signature):
         ins, outs = self._io(signature)
-        self.model.run_by_name(signature, {k: b for k, (b, _) in ins.items()},
-                               {k: b for k, (b, _) in outs.items()})
+        self.model.run_by_name(
+            signature, {k: b for k, (b, _) in ins.items()}, {k: b for k, (b, _) in outs.items()}
+        )
 
     def run(self, signature, inputs):
         """One call: writes `inputs` (arrays of the signature's exact shapes), runs,
@@ -299,8 +340,13 @@ def tolerance_for(reference, rel=0.03, floor=0.03):
     right within max(floor, rel * its largest magnitude). Measured gaps of
     right models: up to 0.019 on [0, 1] images and 0.013 on probabilities
     (float32 on the GPU: 2.5e-6); wrong ops were off by 0.39 to 7.8."""
-    return {k: max(floor, rel * float(np.max(np.abs(np.asarray(v, np.float64))))) if np.asarray(v).size else floor
-            for k, v in reference.items() if np.issubdtype(np.asarray(v).dtype, np.floating)}
+    return {
+        k: max(floor, rel * float(np.max(np.abs(np.asarray(v, np.float64)))))
+        if np.asarray(v).size
+        else floor
+        for k, v in reference.items()
+        if np.issubdtype(np.asarray(v).dtype, np.floating)
+    }
 
 
 # ---------------------------------------------------------------- child process
@@ -335,8 +381,13 @@ def _child_main(workdir):
             except CompileError as e:
                 entry.update(compiled=False, error=str(e), log=e.log)
                 continue
-            entry.update(compiled=True, fully_accelerated=m.fully_accelerated, log=log_errors(m.log),
-                         signatures=sorted(m.signatures), latency={})
+            entry.update(
+                compiled=True,
+                fully_accelerated=m.fully_accelerated,
+                log=log_errors(m.log),
+                signatures=sorted(m.signatures),
+                latency={},
+            )
             with captured_stderr() as run_log:
                 try:
                     _child_runs(job, feeds, m, entry, arrays, acc)
@@ -356,13 +407,16 @@ def _child_runs(job, feeds, m, entry, arrays, acc):
     for sig, rows in job["signatures"].items():
         for r in range(rows):
             prefix = f"{sig}/{r}/"
-            inputs = {k[len(prefix):]: v for k, v in feeds.items() if k.startswith(prefix)}
+            inputs = {k[len(prefix) :]: v for k, v in feeds.items() if k.startswith(prefix)}
             for name, value in m.run(sig, inputs).items():
                 arrays[f"{acc}/{prefix}{name}"] = value
         if rows and job.get("runs") and acc != "gpu_f32":
             prefix = f"{sig}/0/"
             entry["latency"][sig] = m.time(
-                sig, {k[len(prefix):]: v for k, v in feeds.items() if k.startswith(prefix)}, runs=job["runs"])
+                sig,
+                {k[len(prefix) :]: v for k, v in feeds.items() if k.startswith(prefix)},
+                runs=job["runs"],
+            )
     if job.get("greedy") and acc != "gpu_f32":
         from export.kinds import seq2seq
 
@@ -370,8 +424,11 @@ def _child_runs(job, feeds, m, entry, arrays, acc):
         entry["greedy"], entry["margins"] = [], []
         for i in range(g["rows"]):
             margins = []
-            entry["greedy"].append(seq2seq.litert_greedy(job["path"], feeds["greedy/" + str(i)], g["length"],
-                                                         model=m, margins=margins))
+            entry["greedy"].append(
+                seq2seq.litert_greedy(
+                    job["path"], feeds["greedy/" + str(i)], g["length"], model=m, margins=margins
+                )
+            )
             entry["margins"].append(margins)
 
 
@@ -408,13 +465,26 @@ def run_many_in_child(jobs, timeout=600, f32=False):
         with tempfile.TemporaryDirectory(prefix="export-accelerator-") as tmp:
             specs = []
             for n, (path, feeds, greedy, runs) in enumerate(jobs[start:]):
-                arrays = {f"{sig}/{r}/{k}": np.asarray(v) for sig, rows in feeds.items()
-                          for r, row in enumerate(rows) for k, v in row.items()}
-                job = {"path": os.path.abspath(path), "signatures": {s: len(r) for s, r in feeds.items()},
-                       "runs": runs, "accelerators": ["cpu", "gpu"] + (["gpu_f32"] if f32 else [])}
+                arrays = {
+                    f"{sig}/{r}/{k}": np.asarray(v)
+                    for sig, rows in feeds.items()
+                    for r, row in enumerate(rows)
+                    for k, v in row.items()
+                }
+                job = {
+                    "path": os.path.abspath(path),
+                    "signatures": {s: len(r) for s, r in feeds.items()},
+                    "runs": runs,
+                    "accelerators": ["cpu", "gpu"] + (["gpu_f32"] if f32 else []),
+                }
                 if greedy:
                     job["greedy"] = {"rows": len(greedy["rows"]), "length": int(greedy["length"])}
-                    arrays.update({f"greedy/{i}": np.asarray(r, np.int32) for i, r in enumerate(greedy["rows"])})
+                    arrays.update(
+                        {
+                            f"greedy/{i}": np.asarray(r, np.int32)
+                            for i, r in enumerate(greedy["rows"])
+                        }
+                    )
                 np.savez(os.path.join(tmp, f"in_{n}.npz"), **arrays)
                 specs.append(job)
             with open(os.path.join(tmp, "job.json"), "w") as f:
@@ -423,12 +493,24 @@ def run_many_in_child(jobs, timeout=600, f32=False):
             env["TF_CPP_MIN_LOG_LEVEL"] = "0"
             crash = None
             try:
-                proc = subprocess.run([sys.executable, "-c", _JOB, root, tmp], capture_output=True, text=True,
-                                      timeout=timeout, env=env, check=False)
+                proc = subprocess.run(
+                    [sys.executable, "-c", _JOB, root, tmp],
+                    capture_output=True,
+                    text=True,
+                    timeout=timeout,
+                    env=env,
+                    check=False,
+                )
                 if proc.returncode != 0:
-                    why = f"signal {-proc.returncode}" if proc.returncode < 0 else f"exit {proc.returncode}"
+                    why = (
+                        f"signal {-proc.returncode}"
+                        if proc.returncode < 0
+                        else f"exit {proc.returncode}"
+                    )
                     tail = log_errors(proc.stderr + proc.stdout, 2)
-                    crash = f"the accelerator's process died ({why})" + (f": {'; '.join(tail)}" if tail else "")
+                    crash = f"the accelerator's process died ({why})" + (
+                        f": {'; '.join(tail)}" if tail else ""
+                    )
             except subprocess.TimeoutExpired:
                 crash = f"the accelerator's process ran past {timeout} s"
             done = 0
@@ -452,9 +534,18 @@ def _unpack(result, out, feeds):
         entry = result[acc]
         entry["outputs"] = {}
         for sig, rows in feeds.items():
-            entry["outputs"][sig] = [
-                {k.split("/", 3)[3]: v for k, v in out.items() if k.startswith(f"{acc}/{sig}/{r}/")}
-                for r in range(len(rows))] if entry.get("compiled") else []
+            entry["outputs"][sig] = (
+                [
+                    {
+                        k.split("/", 3)[3]: v
+                        for k, v in out.items()
+                        if k.startswith(f"{acc}/{sig}/{r}/")
+                    }
+                    for r in range(len(rows))
+                ]
+                if entry.get("compiled")
+                else []
+            )
     return result
 
 
@@ -518,8 +609,13 @@ def _verdict(result, feeds):
             diffs, tol = float_diff(want, got), tolerance_for(want)
             for k, d in diffs.items():
                 if not d <= tol[k]:
-                    return False, f"{sig} output {k!r} off by {d:.3g} from CPU (tolerance {tol[k]:.2g})"
+                    return (
+                        False,
+                        f"{sig} output {k!r} off by {d:.3g} from CPU (tolerance {tol[k]:.2g})",
+                    )
             for k, v in want.items():
-                if not np.issubdtype(np.asarray(v).dtype, np.floating) and not np.array_equal(v, got[k]):
+                if not np.issubdtype(np.asarray(v).dtype, np.floating) and not np.array_equal(
+                    v, got[k]
+                ):
                     return False, f"{sig} output {k!r} differs from CPU"
     return True, "fully accelerated, outputs match CPU"

@@ -40,7 +40,7 @@ def clean_stale(directory):
         if not name.startswith(_PREFIX):
             continue
         try:
-            pid = int(name[len(_PREFIX):].split("-", 1)[0])
+            pid = int(name[len(_PREFIX) :].split("-", 1)[0])
         except ValueError:
             continue
         if pid != os.getpid() and not _pid_alive(pid):

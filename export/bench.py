@@ -7,9 +7,10 @@ import time
 import numpy as np
 
 from export import kinds, rundir, verify
-
 from zoo import litert as runtime
 from zoo.cli import UsageError
+
+
 def _size(path):
     if os.path.isfile(path):
         return os.path.getsize(path)
@@ -25,8 +26,13 @@ def _time(call, runs, warmup):
         call()
         times.append((time.perf_counter() - t) * 1e3)
     p = np.percentile(times, [50, 90, 99])
-    return {"p50_ms": float(p[0]), "p90_ms": float(p[1]), "p99_ms": float(p[2]),
-            "mean_ms": float(np.mean(times)), "runs": runs}
+    return {
+        "p50_ms": float(p[0]),
+        "p90_ms": float(p[1]),
+        "p99_ms": float(p[2]),
+        "mean_ms": float(np.mean(times)),
+        "runs": runs,
+    }
 
 
 def _batch(inputs, b):
@@ -63,8 +69,10 @@ def bench(target, run_dir=None, threads=None, runs=50, warmup=5, batches=(1, 32)
         loaded = tf.saved_model.load(saved)
         sig_name = kind.id_signature if kind else "serving_default"
         signature = loaded.signatures[sig_name]
-        specs = [tf.TensorSpec(s.shape, s.dtype, name=k)
-                 for k, s in signature.structured_input_signature[1].items()]
+        specs = [
+            tf.TensorSpec(s.shape, s.dtype, name=k)
+            for k, s in signature.structured_input_signature[1].items()
+        ]
         report["size_bytes"] = _size(saved)
     if src:
         base = kind.sample_inputs(src, 32, specs=specs)
@@ -97,14 +105,20 @@ def bench(target, run_dir=None, threads=None, runs=50, warmup=5, batches=(1, 32)
 
 
 def format_report(report):
-    lines = [f"bench {report['target']}  size {report['size_bytes'] / 1e6:.3f} MB"
-             + (f"  threads {report['threads']}" if report["threads"] else "")]
+    lines = [
+        f"bench {report['target']}  size {report['size_bytes'] / 1e6:.3f} MB"
+        + (f"  threads {report['threads']}" if report["threads"] else "")
+    ]
     for key in ("litert", "savedmodel", "keras"):
         for b, s in report.get(key, {}).items():
-            lines.append(f"  {key:<10} batch {b:>3}: p50 {s['p50_ms']:.3f} ms  p90 {s['p90_ms']:.3f} ms"
-                         f"  p99 {s['p99_ms']:.3f} ms")
+            lines.append(
+                f"  {key:<10} batch {b:>3}: p50 {s['p50_ms']:.3f} ms  p90 {s['p90_ms']:.3f} ms"
+                f"  p99 {s['p99_ms']:.3f} ms"
+            )
     if "keras" in report:
         key = "litert" if "litert" in report else "savedmodel"
         b = min(report[key])
-        lines.append(f"  speed-up at batch {b}: {report['keras'][b]['p50_ms'] / report[key][b]['p50_ms']:.1f}x")
+        lines.append(
+            f"  speed-up at batch {b}: {report['keras'][b]['p50_ms'] / report[key][b]['p50_ms']:.1f}x"
+        )
     return "\n".join(lines)

@@ -35,27 +35,106 @@ from zoo.cli import UsageError
 
 TARGETS = ("gpu", "int8")
 
-_UNARY = {"ABS", "CEIL", "COS", "ELU", "EXP", "FLOOR", "GELU", "LOG", "LOGISTIC", "NEG",
-          "RSQRT", "SIGN", "SIN", "SQRT", "SQUARE", "TANH", "HARD_SWISH", "RELU", "RELU6",
-          "RELU_N1_TO_1", "LEAKY_RELU", "PRELU"}
-_BINARY = {"ATAN2", "DIV", "EQUAL", "FLOOR_DIV", "FLOOR_MOD", "GREATER", "GREATER_EQUAL",
-           "LOGICAL_AND", "LESS", "LESS_EQUAL", "MAXIMUM", "MINIMUM", "NOT_EQUAL", "POW",
-           "SQUARED_DIFFERENCE", "SUB"}
-_OTHER = {"ADD", "ADD_N", "AVERAGE_POOL_2D", "BATCH_MATMUL", "CAST", "CONCATENATION",
-          "CONV_2D", "CUMSUM", "DENSIFY", "DEPTHWISE_CONV_2D", "DEPTH_TO_SPACE", "DEQUANTIZE",
-          "EMBEDDING_LOOKUP", "DYNAMIC_UPDATE_SLICE", "FULLY_CONNECTED", "GATHER", "LSTM",
-          "MAX_POOL_2D", "MEAN", "MUL", "PACK", "ONE_HOT", "QUANTIZE", "RESHAPE", "SELECT",
-          "SELECT_V2", "SLICE", "SOFTMAX", "SPACE_TO_DEPTH", "SPLIT", "SPLIT_V",
-          "STRIDED_SLICE", "TILE", "TRANSPOSE", "TRANSPOSE_CONV", "RESIZE_BILINEAR",
-          "RESIZE_NEAREST_NEIGHBOR", "REDUCE_MAX", "REDUCE_MIN", "REDUCE_PROD", "SUM", "PAD",
-          "PADV2", "MIRROR_PAD", "STABLEHLO_CLAMP"}
+_UNARY = {
+    "ABS",
+    "CEIL",
+    "COS",
+    "ELU",
+    "EXP",
+    "FLOOR",
+    "GELU",
+    "LOG",
+    "LOGISTIC",
+    "NEG",
+    "RSQRT",
+    "SIGN",
+    "SIN",
+    "SQRT",
+    "SQUARE",
+    "TANH",
+    "HARD_SWISH",
+    "RELU",
+    "RELU6",
+    "RELU_N1_TO_1",
+    "LEAKY_RELU",
+    "PRELU",
+}
+_BINARY = {
+    "ATAN2",
+    "DIV",
+    "EQUAL",
+    "FLOOR_DIV",
+    "FLOOR_MOD",
+    "GREATER",
+    "GREATER_EQUAL",
+    "LOGICAL_AND",
+    "LESS",
+    "LESS_EQUAL",
+    "MAXIMUM",
+    "MINIMUM",
+    "NOT_EQUAL",
+    "POW",
+    "SQUARED_DIFFERENCE",
+    "SUB",
+}
+_OTHER = {
+    "ADD",
+    "ADD_N",
+    "AVERAGE_POOL_2D",
+    "BATCH_MATMUL",
+    "CAST",
+    "CONCATENATION",
+    "CONV_2D",
+    "CUMSUM",
+    "DENSIFY",
+    "DEPTHWISE_CONV_2D",
+    "DEPTH_TO_SPACE",
+    "DEQUANTIZE",
+    "EMBEDDING_LOOKUP",
+    "DYNAMIC_UPDATE_SLICE",
+    "FULLY_CONNECTED",
+    "GATHER",
+    "LSTM",
+    "MAX_POOL_2D",
+    "MEAN",
+    "MUL",
+    "PACK",
+    "ONE_HOT",
+    "QUANTIZE",
+    "RESHAPE",
+    "SELECT",
+    "SELECT_V2",
+    "SLICE",
+    "SOFTMAX",
+    "SPACE_TO_DEPTH",
+    "SPLIT",
+    "SPLIT_V",
+    "STRIDED_SLICE",
+    "TILE",
+    "TRANSPOSE",
+    "TRANSPOSE_CONV",
+    "RESIZE_BILINEAR",
+    "RESIZE_NEAREST_NEIGHBOR",
+    "REDUCE_MAX",
+    "REDUCE_MIN",
+    "REDUCE_PROD",
+    "SUM",
+    "PAD",
+    "PADV2",
+    "MIRROR_PAD",
+    "STABLEHLO_CLAMP",
+}
 GPU_OPS = frozenset(_UNARY | _BINARY | _OTHER | {"ARG_MAX"})
 
 # Seen rejected by the delegate (docs/facts.md); named so the message can say why.
 _KNOWN_REJECTED = {
-    "SHAPE": "dynamic-shape op", "BROADCAST_TO": "use implicit broadcasting",
-    "FILL": "build constants at export time", "RANGE": "build positions as constants",
-    "EXPAND_DIMS": "use RESHAPE", "GATHER_ND": "use a 1-D GATHER", "WHILE": "run the loop in the app",
+    "SHAPE": "dynamic-shape op",
+    "BROADCAST_TO": "use implicit broadcasting",
+    "FILL": "build constants at export time",
+    "RANGE": "build positions as constants",
+    "EXPAND_DIMS": "use RESHAPE",
+    "GATHER_ND": "use a 1-D GATHER",
+    "WHILE": "run the loop in the app",
 }
 # ARG_MAX left this list: LiteRT's GPU accelerator runs it (calibration case arg_max).
 
@@ -104,8 +183,10 @@ def _gpu_op_rules(g, op, name):
     if name == "SOFTMAX" and opts is not None and opts.beta != 1:
         out.append(f"SOFTMAX beta {opts.beta} != 1")
     if name in gpu_rewrite.FP16_CONST_REJECTED_BY and ins and ins[0] in g.dequantized:
-        out.append(f"{name} of a DEQUANTIZEd {g.dtype(g_src(g, ins[0])).lower()} constant: the GPU accelerator "
-                   "rejects it (make it a float32 constant; export/gpu_rewrite.py)")
+        out.append(
+            f"{name} of a DEQUANTIZEd {g.dtype(g_src(g, ins[0])).lower()} constant: the GPU accelerator "
+            "rejects it (make it a float32 constant; export/gpu_rewrite.py)"
+        )
     elif name == "RESHAPE" and ins and g.is_const(ins[0]):
         out.append("RESHAPE of a constant: the GPU accelerator needs a runtime input")
     if name == "GATHER":
@@ -126,14 +207,18 @@ def _gpu_op_rules(g, op, name):
             out.append(f"{name} cannot broadcast {a} with {b}")
     for slot in gpu_rewrite.low_rank_operands(g, op, name):
         i = op.inputs[slot]
-        out.append(f"{name}'s runtime operand {g.dims(i)} has a lower rank than its output "
-                   f"{g.dims(op.outputs[0])}: the GPU accelerator computes this wrong "
-                   "(RESHAPE it to the output's rank; export/gpu_rewrite.py)")
+        out.append(
+            f"{name}'s runtime operand {g.dims(i)} has a lower rank than its output "
+            f"{g.dims(op.outputs[0])}: the GPU accelerator computes this wrong "
+            "(RESHAPE it to the output's rank; export/gpu_rewrite.py)"
+        )
     if name == "BATCH_MATMUL" and len(ins) == 2:
         a, b, o = g.dims(ins[0]), g.dims(ins[1]), g.dims(op.outputs[0])
         if math.prod(a[:-2]) < math.prod(o[:-2]):
-            out.append(f"BATCH_MATMUL broadcasts its first operand's batch ({a} x {b} -> {o}): the GPU "
-                       "accelerator computes this wrong (mat_mul_as_convolution shape mismatch)")
+            out.append(
+                f"BATCH_MATMUL broadcasts its first operand's batch ({a} x {b} -> {o}): the GPU "
+                "accelerator computes this wrong (mat_mul_as_convolution shape mismatch)"
+            )
     if name == "ADD_N" and len(ins) != 2:
         out.append("ADD_N supports exactly 2 inputs")
     if name in ("MEAN", "SUM", "REDUCE_MAX", "REDUCE_MIN", "REDUCE_PROD") and len(ins) > 1:
@@ -152,13 +237,19 @@ def _gpu_op_rules(g, op, name):
             out.append("FULLY_CONNECTED with a constant input")
         if sum(not g.is_const(i) for i in ins) > 2:
             out.append("FULLY_CONNECTED with more than 2 runtime inputs")
-        if opts is not None and opts.keepNumDims and len(g.dims(ins[0])) != len(g.dims(op.outputs[0])):
+        if (
+            opts is not None
+            and opts.keepNumDims
+            and len(g.dims(ins[0])) != len(g.dims(op.outputs[0]))
+        ):
             out.append("FULLY_CONNECTED keep_num_dims with differing ranks")
     if name == "CAST":
         src, dst = g.dtype(ins[0]), g.dtype(op.outputs[0])
-        ok = ((src == "BOOL" and dst in ("FLOAT16", "FLOAT32"))
-              or (src in ("FLOAT16", "FLOAT32") and dst == "BOOL")
-              or (src in ("FLOAT32", "INT32") and dst in ("FLOAT32", "INT32")))
+        ok = (
+            (src == "BOOL" and dst in ("FLOAT16", "FLOAT32"))
+            or (src in ("FLOAT16", "FLOAT32") and dst == "BOOL")
+            or (src in ("FLOAT32", "INT32") and dst in ("FLOAT32", "INT32"))
+        )
         if not ok:
             out.append(f"CAST {src.lower()} -> {dst.lower()}")
     if name == "DEQUANTIZE" and g.dtype(ins[0]) == "INT16":
@@ -167,8 +258,10 @@ def _gpu_op_rules(g, op, name):
         if g.dtype(ins[0]) not in ("BOOL", "FLOAT16", "FLOAT32") or any(
             g.dtype(i) not in ("FLOAT16", "FLOAT32") for i in ins[1:]
         ):
-            out.append(f"{name} needs a bool/float condition and float values, got "
-                       + ", ".join(g.dtype(i).lower() for i in ins))
+            out.append(
+                f"{name} needs a bool/float condition and float values, got "
+                + ", ".join(g.dtype(i).lower() for i in ins)
+            )
         outd = g.dims(op.outputs[0])
         for i in ins[1:]:
             d = g.dims(i)

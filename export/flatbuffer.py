@@ -30,7 +30,9 @@ def op_name(model, op):
     builtin = max(code.builtinCode, code.deprecatedBuiltinCode)
     name = _enum_names(schema.BuiltinOperator).get(builtin, f"BUILTIN_{builtin}")
     if name == "CUSTOM":
-        custom = code.customCode.decode() if isinstance(code.customCode, bytes) else str(code.customCode)
+        custom = (
+            code.customCode.decode() if isinstance(code.customCode, bytes) else str(code.customCode)
+        )
         return custom if custom.startswith("Flex") else f"CUSTOM:{custom}"
     return name
 
@@ -50,7 +52,9 @@ class Graph:
 
     def dims(self, i):
         t = self.sg.tensors[i]
-        sig = t.shapeSignature if t.shapeSignature is not None and len(t.shapeSignature) else t.shape
+        sig = (
+            t.shapeSignature if t.shapeSignature is not None and len(t.shapeSignature) else t.shape
+        )
         return [int(d) for d in (sig if sig is not None else [])]
 
     def dtype(self, i):

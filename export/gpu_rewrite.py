@@ -15,9 +15,29 @@ import numpy as np
 from export.flatbuffer import Graph, op_name, read_model
 
 # Elementwise ops with NumPy-style broadcasting of two operands.
-BROADCASTING = frozenset({"ADD", "SUB", "MUL", "DIV", "MAXIMUM", "MINIMUM", "POW", "SQUARED_DIFFERENCE",
-                          "FLOOR_DIV", "FLOOR_MOD", "LESS", "LESS_EQUAL", "GREATER", "GREATER_EQUAL",
-                          "EQUAL", "NOT_EQUAL", "LOGICAL_AND", "LOGICAL_OR", "ATAN2"})
+BROADCASTING = frozenset(
+    {
+        "ADD",
+        "SUB",
+        "MUL",
+        "DIV",
+        "MAXIMUM",
+        "MINIMUM",
+        "POW",
+        "SQUARED_DIFFERENCE",
+        "FLOOR_DIV",
+        "FLOOR_MOD",
+        "LESS",
+        "LESS_EQUAL",
+        "GREATER",
+        "GREATER_EQUAL",
+        "EQUAL",
+        "NOT_EQUAL",
+        "LOGICAL_AND",
+        "LOGICAL_OR",
+        "ATAN2",
+    }
+)
 
 
 def low_rank_operands(g, op, name):
@@ -25,8 +45,11 @@ def low_rank_operands(g, op, name):
     if name not in BROADCASTING:
         return []
     out_rank = len(g.dims(op.outputs[0]))
-    return [slot for slot, i in enumerate(op.inputs)
-            if i >= 0 and not g.is_const(i) and 1 <= len(g.dims(i)) < out_rank]
+    return [
+        slot
+        for slot, i in enumerate(op.inputs)
+        if i >= 0 and not g.is_const(i) and 1 <= len(g.dims(i)) < out_rank
+    ]
 
 
 # Consumers that reject a float16 constant seen through DEQUANTIZE (measured on
@@ -41,8 +64,11 @@ def dequantized_fp16_constants(model, sg):
     g = Graph(model, sg)
     out = {}
     for k, op in enumerate(sg.operators if sg.operators is not None else []):
-        if op_name(model, op) == "DEQUANTIZE" and g.is_const(op.inputs[0]) \
-                and g.dtype(op.inputs[0]) == "FLOAT16":
+        if (
+            op_name(model, op) == "DEQUANTIZE"
+            and g.is_const(op.inputs[0])
+            and g.dtype(op.inputs[0]) == "FLOAT16"
+        ):
             out[op.outputs[0]] = k
     return out
 
@@ -65,7 +91,9 @@ def _fold_fp16_constants(model, sg):
     for t in fold:
         op = sg.operators[deq[t]]
         src = sg.tensors[op.inputs[0]]
-        values = np.frombuffer(bytes(bytearray(model.buffers[src.buffer].data)), np.float16).astype(np.float32)
+        values = np.frombuffer(bytes(bytearray(model.buffers[src.buffer].data)), np.float16).astype(
+            np.float32
+        )
         buf = schema.BufferT()
         buf.data = np.frombuffer(values.tobytes(), np.uint8)
         model.buffers.append(buf)
@@ -96,11 +124,25 @@ def legalize(content):
                     reshape_code = _opcode(model, schema, schema.BuiltinOperator.RESHAPE)
                 src = op.inputs[slot]
                 dims = [1] * (len(g.dims(op.outputs[0])) - len(g.dims(src))) + g.dims(src)
-                shape_t = _tensor(model, sg, schema, b"gpu_rewrite/shape", [len(dims)],
-                                  schema.TensorType.INT32, np.asarray(dims, np.int32).tobytes())
+                shape_t = _tensor(
+                    model,
+                    sg,
+                    schema,
+                    b"gpu_rewrite/shape",
+                    [len(dims)],
+                    schema.TensorType.INT32,
+                    np.asarray(dims, np.int32).tobytes(),
+                )
                 old = sg.tensors[src]
-                out_t = _tensor(model, sg, schema, (old.name or b"t") + b"/rank%d" % len(dims), dims, old.type,
-                                quantization=old.quantization)
+                out_t = _tensor(
+                    model,
+                    sg,
+                    schema,
+                    (old.name or b"t") + b"/rank%d" % len(dims),
+                    dims,
+                    old.type,
+                    quantization=old.quantization,
+                )
                 r = schema.OperatorT()
                 r.opcodeIndex = reshape_code
                 r.inputs, r.outputs = [src, shape_t], [out_t]

@@ -5,6 +5,8 @@ import json
 import os
 
 from zoo.cli import UsageError
+
+
 @dataclasses.dataclass
 class Source:
     """What an exporter works from.
@@ -97,16 +99,14 @@ def resolve(path_or_model, kind=None):
     config_path = os.path.join(path, "config.json")
     model_path = os.path.join(path, "model.keras")
     if not os.path.exists(config_path) or not os.path.exists(model_path):
-        raise UsageError(
-            f"not a run directory (needs config.json and model.keras): {path}"
-        )
+        raise UsageError(f"not a run directory (needs config.json and model.keras): {path}")
     try:
         with open(config_path, encoding="utf-8") as f:
             config = json.load(f)
     except (OSError, ValueError) as e:  # ValueError: bad JSON or not UTF-8
         raise UsageError(f"unreadable {config_path}: {e}") from None
     if not isinstance(config, dict) or "kind" not in config:
-        raise UsageError(f"{config_path} has no \"kind\"")
+        raise UsageError(f'{config_path} has no "kind"')
     return Source(path=path, kind=kind or str(config["kind"]), run_dir=path, config=config)
 
 

@@ -6,11 +6,16 @@ over. Training uses the same module, zoo/run_lock.py, so train and export exclud
 each other.
 """
 
-from zoo.cli import UsageError
 from zoo import run_lock as _lock
+from zoo.cli import UsageError
 
 LOCK_NAME, LockedError = _lock.LOCK_NAME, _lock.LockedError
-holder, acquire, release, release_all = _lock.holder, _lock.acquire, _lock.release, _lock.release_all
+holder, acquire, release, release_all = (
+    _lock.holder,
+    _lock.acquire,
+    _lock.release,
+    _lock.release_all,
+)
 
 
 def locked(directory):

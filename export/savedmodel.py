@@ -14,6 +14,7 @@ import numpy as np
 from export import atomic, kinds, rundir, runlock, warmup
 from export.errors import ExportError
 from zoo.cli import UsageError
+
 SIGNATURE_JSON = "signature.json"
 
 
@@ -59,7 +60,9 @@ def _spec_json(spec):
 def _jsonable(value):
     array = np.asarray(value)
     if array.dtype.kind in "SO":
-        return np.vectorize(lambda b: b.decode() if isinstance(b, bytes) else b, otypes=[object])(array).tolist()
+        return np.vectorize(lambda b: b.decode() if isinstance(b, bytes) else b, otypes=[object])(
+            array
+        ).tolist()
     return array.tolist()
 
 
@@ -78,8 +81,10 @@ def rest_bodies(endpoint):
     columns = {k: _jsonable(v) for k, v in endpoint.example.items()}
     instances = None
     if all(a.ndim for a in arrays) and len({len(a) for a in arrays}) == 1:
-        instances = {"signature_name": endpoint.name,
-                     "instances": [{k: columns[k][i] for k in columns} for i in range(len(arrays[0]))]}
+        instances = {
+            "signature_name": endpoint.name,
+            "instances": [{k: columns[k][i] for k in columns} for i in range(len(arrays[0]))],
+        }
     return instances, {"signature_name": endpoint.name, "inputs": columns}
 
 
@@ -93,7 +98,9 @@ def _prove(tmp, endpoints):
         if e.name not in loaded.signatures:
             raise ExportError(f"signature {e.name!r} missing from the written SavedModel")
         signature = loaded.signatures[e.name]
-        feed = {s.name: tf.constant(warmup._as_array(e.example[s.name]), dtype=s.dtype) for s in e.specs}
+        feed = {
+            s.name: tf.constant(warmup._as_array(e.example[s.name]), dtype=s.dtype) for s in e.specs
+        }
         got = signature(**feed)
         want = e.fn(*[feed[s.name] for s in e.specs])
         for name, value in want.items():
@@ -101,7 +108,9 @@ def _prove(tmp, endpoints):
             if a.dtype.kind in "fc":
                 diff = float(np.max(np.abs(a - b))) if a.size else 0.0
                 if not diff <= 1e-5:
-                    raise ExportError(f"signature {e.name!r} output {name!r} differs from Keras by {diff:g}")
+                    raise ExportError(
+                        f"signature {e.name!r} output {name!r} differs from Keras by {diff:g}"
+                    )
             elif not np.array_equal(a, b):
                 raise ExportError(f"signature {e.name!r} output {name!r} differs from Keras")
         outputs[e.name] = {k: v for k, v in signature.structured_outputs.items()}

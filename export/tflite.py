@@ -15,11 +15,11 @@ import tempfile
 
 import numpy as np
 
-from export import atomic, kinds, runlock, rundir
-
-from zoo import litert as runtime
+from export import atomic, kinds, rundir, runlock
 from export.errors import ExportError
+from zoo import litert as runtime
 from zoo.cli import UsageError
+
 QUANTIZE = ("none", "fp16", "dynamic", "int8", "int16x8")
 ENDPOINT = "serving_default"
 
@@ -71,8 +71,10 @@ def _converter(saved_dir, quantize, representative):
         conv.representative_dataset = representative
         # Ops without a 16x8 kernel (the rotary SIN/COS, mask CASTs) stay float rather
         # than failing the conversion; `check --target int8` lists them.
-        ops = [tf.lite.OpsSet.EXPERIMENTAL_TFLITE_BUILTINS_ACTIVATIONS_INT16_WEIGHTS_INT8,
-               tf.lite.OpsSet.TFLITE_BUILTINS]
+        ops = [
+            tf.lite.OpsSet.EXPERIMENTAL_TFLITE_BUILTINS_ACTIVATIONS_INT16_WEIGHTS_INT8,
+            tf.lite.OpsSet.TFLITE_BUILTINS,
+        ]
     # No SELECT_TF_OPS: a Flex op must fail here, not on the phone.
     conv.target_spec.supported_ops = ops
     return conv
@@ -139,8 +141,14 @@ def _reject_custom_ops(content):
     from export.flatbuffer import op_name, read_model
 
     model = read_model(content)
-    custom = sorted({op_name(model, op) for sg in model.subgraphs for op in (sg.operators or [])
-                     if op_name(model, op).startswith(("Flex", "CUSTOM:"))})
+    custom = sorted(
+        {
+            op_name(model, op)
+            for sg in model.subgraphs
+            for op in (sg.operators or [])
+            if op_name(model, op).startswith(("Flex", "CUSTOM:"))
+        }
+    )
     if custom:
         raise ExportError("model contains non-builtin ops: " + ", ".join(custom))
 
@@ -156,19 +164,33 @@ def proof(content, src, kind, specs, quantize, samples=64, tolerance=None, min_a
     missing = sorted(set(want) - set(got))
     if missing:
         raise ExportError(f"TFLite model lacks outputs {missing} (has {sorted(got)})")
-    report = runtime.compare(want, got, mask=kind.valid_mask(inputs), class_output=kind.class_output)
+    report = runtime.compare(
+        want, got, mask=kind.valid_mask(inputs), class_output=kind.class_output
+    )
     max_diff, agreement = TOLERANCES[quantize]
     max_diff = max_diff if tolerance is None else tolerance
     agreement = agreement if min_agreement is None else min_agreement
     worst = max(report["max_abs_diff"].values(), default=0.0)
-    report.update(gate_max_abs_diff=max_diff, gate_agreement=agreement, samples=len(next(iter(inputs.values()))))
+    report.update(
+        gate_max_abs_diff=max_diff,
+        gate_agreement=agreement,
+        samples=len(next(iter(inputs.values()))),
+    )
     for name, value in want.items():
-        if np.issubdtype(value.dtype, np.floating) and np.ptp(value) > 1e-3 and np.ptp(got[name]) == 0:
-            raise ExportError(f"LiteRT output {name!r} is constant while Keras's varies (broken conversion)")
+        if (
+            np.issubdtype(value.dtype, np.floating)
+            and np.ptp(value) > 1e-3
+            and np.ptp(got[name]) == 0
+        ):
+            raise ExportError(
+                f"LiteRT output {name!r} is constant while Keras's varies (broken conversion)"
+            )
     by_agreement = quantize == "int8" and report["agreement"] is not None and tolerance is None
     report.update(gated_on="agreement" if by_agreement else "max_abs_diff and agreement")
     if not by_agreement and not worst <= max_diff:
-        raise ExportError(f"LiteRT differs from Keras: max abs diff {worst:.3g} > {max_diff:g} ({quantize})")
+        raise ExportError(
+            f"LiteRT differs from Keras: max abs diff {worst:.3g} > {max_diff:g} ({quantize})"
+        )
     if report["agreement"] is not None and report["agreement"] < agreement:
         raise ExportError(
             f"LiteRT argmax agrees with Keras on {report['agreement']:.1%} < {agreement:.0%} ({quantize})"
@@ -176,8 +198,15 @@ def proof(content, src, kind, specs, quantize, samples=64, tolerance=None, min_a
     return report
 
 
-def export_tflite(source, out, quantize="none", static_shape=False, length=None,
-                  tolerance=None, min_agreement=None):
+def export_tflite(
+    source,
+    out,
+    quantize="none",
+    static_shape=False,
+    length=None,
+    tolerance=None,
+    min_agreement=None,
+):
     """Exports RUN_DIR_OR_MODEL to a builtin-ops-only .tflite plus FILE.tflite.json.
 
     Args:
@@ -215,13 +244,17 @@ def export_tflite(source, out, quantize="none", static_shape=False, length=None,
         raise UsageError("--length only applies with --static-shape")
     content, specs, kind, src = convert(src, quantize, static_length if static_shape else None)
     try:
-        report = proof(content, src, kind, specs, quantize, tolerance=tolerance, min_agreement=min_agreement)
+        report = proof(
+            content, src, kind, specs, quantize, tolerance=tolerance, min_agreement=min_agreement
+        )
     except RuntimeError as e:
         if quantize == "int16x8" and not static_shape:
             # Seen: a dynamic-length RANGE (rotary positions) left in float beside int16
             # tensors fails LiteRT's prepare step; a static length folds it away.
-            raise ExportError(f"the int16x8 model does not run in LiteRT ({str(e).splitlines()[0]}); "
-                              "retry with --static-shape") from None
+            raise ExportError(
+                f"the int16x8 model does not run in LiteRT ({str(e).splitlines()[0]}); "
+                "retry with --static-shape"
+            ) from None
         raise
 
     from zoo.litert import interpreter, signature_runner
@@ -229,10 +262,20 @@ def export_tflite(source, out, quantize="none", static_shape=False, length=None,
     runner, _ = signature_runner(interpreter(content))
     sidecar = dict(kind.sidecar(src, static_length=static_length if static_shape else None))
     sidecar.update(
-        inputs={k: {"dtype": np.dtype(d["dtype"]).name, "shape": [int(x) for x in d.get("shape_signature", d["shape"])]}
-                for k, d in runner.get_input_details().items()},
-        outputs={k: {"dtype": np.dtype(d["dtype"]).name, "shape": [int(x) for x in d.get("shape_signature", d["shape"])]}
-                 for k, d in runner.get_output_details().items()},
+        inputs={
+            k: {
+                "dtype": np.dtype(d["dtype"]).name,
+                "shape": [int(x) for x in d.get("shape_signature", d["shape"])],
+            }
+            for k, d in runner.get_input_details().items()
+        },
+        outputs={
+            k: {
+                "dtype": np.dtype(d["dtype"]).name,
+                "shape": [int(x) for x in d.get("shape_signature", d["shape"])],
+            }
+            for k, d in runner.get_output_details().items()
+        },
         signature=ENDPOINT,
         quantize=quantize,
         static_shape=bool(static_shape),

@@ -13,10 +13,10 @@ import tempfile
 import numpy as np
 
 from export import kinds, rundir
-
-from zoo import litert as runtime
 from export.errors import ExportError
+from zoo import litert as runtime
 from zoo.cli import UsageError
+
 _PROJECT = ("layers", "zoo", "train", "export", "benchmarks")
 
 _CHILD = r"""
@@ -39,8 +39,11 @@ def resolve_version_dir(path):
     if os.path.exists(os.path.join(path, "saved_model.pb")):
         return path
     if os.path.isdir(path):
-        versions = [int(n) for n in os.listdir(path) if n.isdigit()
-                    and os.path.exists(os.path.join(path, n, "saved_model.pb"))]
+        versions = [
+            int(n)
+            for n in os.listdir(path)
+            if n.isdigit() and os.path.exists(os.path.join(path, n, "saved_model.pb"))
+        ]
         if versions:
             return os.path.join(path, str(max(versions)))
     raise UsageError(f"not a SavedModel or TF Serving model directory: {path}")
@@ -50,8 +53,14 @@ def tflite_specs(details):
     """TensorSpecs (batch left free) of a LiteRT signature's inputs."""
     import tensorflow as tf
 
-    return [tf.TensorSpec([None] + [None if int(x) < 0 else int(x) for x in d["shape_signature"][1:]],
-                          d["dtype"], name=k) for k, d in details.items()]
+    return [
+        tf.TensorSpec(
+            [None] + [None if int(x) < 0 else int(x) for x in d["shape_signature"][1:]],
+            d["dtype"],
+            name=k,
+        )
+        for k, d in details.items()
+    ]
 
 
 def run_savedmodel_clean(saved_dir, inputs, signature):
@@ -62,12 +71,26 @@ def run_savedmodel_clean(saved_dir, inputs, signature):
         env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}
         env.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
         proc = subprocess.run(
-            [sys.executable, "-I", "-c", _CHILD, in_path, os.path.abspath(saved_dir), signature, out_path],
-            cwd=tmp, env=env, capture_output=True, text=True,
+            [
+                sys.executable,
+                "-I",
+                "-c",
+                _CHILD,
+                in_path,
+                os.path.abspath(saved_dir),
+                signature,
+                out_path,
+            ],
+            cwd=tmp,
+            env=env,
+            capture_output=True,
+            text=True,
         )
         if proc.returncode != 0:
             tail = (proc.stderr.strip().splitlines() or ["?"])[-1]
-            raise ExportError(f"SavedModel signature {signature!r} failed in a clean process: {tail}")
+            raise ExportError(
+                f"SavedModel signature {signature!r} failed in a clean process: {tail}"
+            )
         with np.load(out_path) as data:
             return {k: data[k] for k in data.files}
 
@@ -86,7 +109,9 @@ def verify(run_dir, savedmodel=None, tflite=None, samples=64):
     specs = kind.core_specs(src)
 
     def keras_run(inputs):
-        return {k: np.asarray(v) for k, v in fn(*[tf.constant(inputs[s.name]) for s in specs]).items()}
+        return {
+            k: np.asarray(v) for k, v in fn(*[tf.constant(inputs[s.name]) for s in specs]).items()
+        }
 
     report = {"source": src.path, "kind": kind.name, "rows_from": src.sample_file}
     inputs = kind.sample_inputs(src, samples, specs=specs)
@@ -96,8 +121,11 @@ def verify(run_dir, savedmodel=None, tflite=None, samples=64):
     if savedmodel is not None:
         saved_dir = resolve_version_dir(savedmodel)
         got = run_savedmodel_clean(saved_dir, inputs, kind.id_signature)
-        report["savedmodel"] = {"path": saved_dir, "signature": kind.id_signature,
-                                **runtime.compare(want, got, kind.valid_mask(inputs), kind.class_output)}
+        report["savedmodel"] = {
+            "path": saved_dir,
+            "signature": kind.id_signature,
+            **runtime.compare(want, got, kind.valid_mask(inputs), kind.class_output),
+        }
     if tflite is not None:
         if not os.path.isfile(tflite):
             raise UsageError(f"no such .tflite file: {tflite}")
@@ -114,8 +142,11 @@ def verify(run_dir, savedmodel=None, tflite=None, samples=64):
         if os.path.exists(tflite + ".json"):
             with open(tflite + ".json") as f:
                 sidecar = json.load(f)
-        entry = {"path": tflite, "quantize": sidecar.get("quantize"),
-                 **runtime.compare(t_want, got, kind.valid_mask(t_inputs), kind.class_output)}
+        entry = {
+            "path": tflite,
+            "quantize": sidecar.get("quantize"),
+            **runtime.compare(t_want, got, kind.valid_mask(t_inputs), kind.class_output),
+        }
         entry["metric"] = kind.metric(src, t_inputs, got)
         entry["float_metric_same_inputs"] = kind.metric(src, t_inputs, t_want)
         report["tflite"] = entry
@@ -137,7 +168,9 @@ def format_report(report):
         if e.get("metric"):
             name, value = e["metric"]
             fname, fvalue = e["float_metric_same_inputs"]
-            lines.append(f"  {'':<11} {name} {value:.4f} ({e.get('quantize')}) vs float {fvalue:.4f}")
+            lines.append(
+                f"  {'':<11} {name} {value:.4f} ({e.get('quantize')}) vs float {fvalue:.4f}"
+            )
     return "\n".join(lines)
 
 
@@ -148,7 +181,9 @@ def _accelerator_target(target, tflite):
     run = None
     if path is None:
         if not target.endswith(".tflite"):
-            raise UsageError(f"--accelerator needs a .tflite file: name it, or a run with --tflite FILE (got {target})")
+            raise UsageError(
+                f"--accelerator needs a .tflite file: name it, or a run with --tflite FILE (got {target})"
+            )
         path = target
     elif os.path.isdir(target):
         run = target
@@ -173,10 +208,15 @@ def _signature_details(path):
     for sig in interp.get_signature_list():
         runner = interp.get_signature_runner(sig)
         out[sig] = {
-            "inputs": {k: {"shape": [int(x) for x in d["shape"]], "dtype": np.dtype(d["dtype"])}
-                       for k, d in runner.get_input_details().items()},
-            "outputs": {k: {"shape": [int(x) for x in d["shape"]], "dtype": np.dtype(d["dtype"])}
-                        for k, d in runner.get_output_details().items()}}
+            "inputs": {
+                k: {"shape": [int(x) for x in d["shape"]], "dtype": np.dtype(d["dtype"])}
+                for k, d in runner.get_input_details().items()
+            },
+            "outputs": {
+                k: {"shape": [int(x) for x in d["shape"]], "dtype": np.dtype(d["dtype"])}
+                for k, d in runner.get_output_details().items()
+            },
+        }
     return out
 
 
@@ -192,7 +232,10 @@ def _rows(details, src, kind, n):
     else:
         inputs = kinds.ExportKind().sample_inputs(rundir.Source("", "keras"), n, specs=specs)
     count = min(len(v) for v in inputs.values())
-    return [{k: v[i:i + 1].reshape(details[k]["shape"]) for k, v in inputs.items()} for i in range(count)]
+    return [
+        {k: v[i : i + 1].reshape(details[k]["shape"]) for k, v in inputs.items()}
+        for i in range(count)
+    ]
 
 
 def _stack(results):
@@ -217,7 +260,11 @@ def _compare(cpu_rows, gpu_rows, rows, kind):
             same = same[mask]
         entry["agreement"] = float(same.mean()) if same.size else 1.0
         ok = ok and entry["agreement"] >= 0.95
-    exact = {k: float(np.mean(want[k] == got[k])) for k in want if not np.issubdtype(want[k].dtype, np.floating)}
+    exact = {
+        k: float(np.mean(want[k] == got[k]))
+        for k in want
+        if not np.issubdtype(want[k].dtype, np.floating)
+    }
     if exact:
         entry["equal_fraction"] = exact
     entry["ok"] = bool(ok)
@@ -230,7 +277,9 @@ def _seq2seq_rows(details, src, n):
         import tensorflow as tf
 
         spec = tf.TensorSpec([None, source_len], tf.int32, name="source_ids")
-        return kinds.fit_to_spec(kinds.get(src.kind).sample_inputs(src, n, specs=[spec])["source_ids"], spec)
+        return kinds.fit_to_spec(
+            kinds.get(src.kind).sample_inputs(src, n, specs=[spec])["source_ids"], spec
+        )
     vocab = details["decode_step"]["outputs"]["logits"]["shape"][-1]
     rng = np.random.default_rng(0)
     rows = np.zeros((n, source_len), np.int32)
@@ -253,8 +302,12 @@ def verify_accelerator(target, tflite=None, samples=8, runs=20):
     from export import accelerator, check
 
     path, run = _accelerator_target(target, tflite)
-    report = {"path": path, "accelerator": "gpu", "source": run,
-              "static_problems": [str(p) for p in check.check_file(path, "gpu")]}
+    report = {
+        "path": path,
+        "accelerator": "gpu",
+        "source": run,
+        "static_problems": [str(p) for p in check.check_file(path, "gpu")],
+    }
     problem = accelerator.device_problem()
     if problem:
         report["no_device"] = problem
@@ -266,11 +319,20 @@ def verify_accelerator(target, tflite=None, samples=8, runs=20):
     if {"encode", "decode_step"} <= set(details):
         rows = _seq2seq_rows(details, src, samples)
         first = runtime.interpreter(path).get_signature_runner("encode")(source_ids=rows[:1])
-        step = {"token": np.array([2], np.int32), "position": np.array(0, np.int32),
-                "cross_cache": first["cross_cache"], "encoder_mask": first["encoder_mask"],
-                "self_cache": np.zeros(details["decode_step"]["inputs"]["self_cache"]["shape"], np.float32)}
+        step = {
+            "token": np.array([2], np.int32),
+            "position": np.array(0, np.int32),
+            "cross_cache": first["cross_cache"],
+            "encoder_mask": first["encoder_mask"],
+            "self_cache": np.zeros(
+                details["decode_step"]["inputs"]["self_cache"]["shape"], np.float32
+            ),
+        }
         feeds = {"encode": [{"source_ids": r[None]} for r in rows], "decode_step": [step]}
-        greedy = {"rows": [r[None] for r in rows], "length": details["decode_step"]["inputs"]["self_cache"]["shape"][1]}
+        greedy = {
+            "rows": [r[None] for r in rows],
+            "length": details["decode_step"]["inputs"]["self_cache"]["shape"][1],
+        }
     else:
         feeds = {sig: _rows(d["inputs"], src, kind, samples) for sig, d in details.items()}
     result = accelerator.run_in_child(path, feeds, greedy=greedy, runs=runs, f32=True)
@@ -283,23 +345,35 @@ def verify_accelerator(target, tflite=None, samples=8, runs=20):
     if not gpu["compiled"]:
         report.update(compiled=False, error=gpu["error"], log=gpu["log"], ok=False)
         return report
-    report.update(compiled=True, fully_accelerated=gpu["fully_accelerated"],
-                  delegate_log=list(dict.fromkeys(gpu["log"] + gpu["run_log"])), signatures={})
+    report.update(
+        compiled=True,
+        fully_accelerated=gpu["fully_accelerated"],
+        delegate_log=list(dict.fromkeys(gpu["log"] + gpu["run_log"])),
+        signatures={},
+    )
     for sig, rows in feeds.items():
-        entry = _compare(cpu["outputs"][sig], gpu["outputs"][sig], rows, kind if greedy is None else None)
-        entry["gpu_latency"], entry["cpu_latency"] = gpu["latency"].get(sig), cpu["latency"].get(sig)
+        entry = _compare(
+            cpu["outputs"][sig], gpu["outputs"][sig], rows, kind if greedy is None else None
+        )
+        entry["gpu_latency"], entry["cpu_latency"] = (
+            gpu["latency"].get(sig),
+            cpu["latency"].get(sig),
+        )
         f32 = result.get("gpu_f32") or {}
         if f32.get("compiled") and not f32.get("run_error"):
             # The same GPU computing in float32: a gap that vanishes here is precision.
-            entry["max_abs_diff_gpu_f32"] = accelerator.float_diff(_stack(cpu["outputs"][sig]),
-                                                                   _stack(f32["outputs"][sig]))
+            entry["max_abs_diff_gpu_f32"] = accelerator.float_diff(
+                _stack(cpu["outputs"][sig]), _stack(f32["outputs"][sig])
+            )
         report["signatures"][sig] = entry
     if greedy:
         # A row whose tokens part where CPU's best two logits are nearer than the
         # GPU's measured logits error is a near tie (precision), not a wrong op;
         # it is counted apart and does not fail the verdict.
-        tie = max(report["signatures"]["decode_step"]["tolerance"].get("logits", 0.02),
-                  2 * report["signatures"]["decode_step"]["max_abs_diff"].get("logits", 0.0))
+        tie = max(
+            report["signatures"]["decode_step"]["tolerance"].get("logits", 0.02),
+            2 * report["signatures"]["decode_step"]["max_abs_diff"].get("logits", 0.0),
+        )
         mismatches, ties = [], 0
         for i, (a, b) in enumerate(zip(cpu["greedy"], gpu["greedy"])):
             if a == b:
@@ -307,23 +381,47 @@ def verify_accelerator(target, tflite=None, samples=8, runs=20):
             k = next((j for j, (x, y) in enumerate(zip(a, b)) if x != y), min(len(a), len(b)))
             margin = cpu["margins"][i][k] if k < len(cpu["margins"][i]) else float("inf")
             ties += margin <= tie
-            mismatches.append({"row": i, "step": k, "cpu_margin": margin, "near_tie": margin <= tie,
-                               "cpu": a[max(0, k - 2):k + 4], "gpu": b[max(0, k - 2):k + 4]})
+            mismatches.append(
+                {
+                    "row": i,
+                    "step": k,
+                    "cpu_margin": margin,
+                    "near_tie": margin <= tie,
+                    "cpu": a[max(0, k - 2) : k + 4],
+                    "gpu": b[max(0, k - 2) : k + 4],
+                }
+            )
         same = len(cpu["greedy"]) - len(mismatches)
         report["signatures"]["greedy"] = {
-            "rows": len(cpu["greedy"]), "same_tokens": same, "near_ties": ties, "tie_margin": tie,
-            "ok": len(mismatches) == ties, "mismatches": mismatches[:3]}
-    report["ok"] = bool(gpu["fully_accelerated"] and all(e["ok"] for e in report["signatures"].values()))
+            "rows": len(cpu["greedy"]),
+            "same_tokens": same,
+            "near_ties": ties,
+            "tie_margin": tie,
+            "ok": len(mismatches) == ties,
+            "mismatches": mismatches[:3],
+        }
+    report["ok"] = bool(
+        gpu["fully_accelerated"] and all(e["ok"] for e in report["signatures"].values())
+    )
     return report
 
 
 def format_accelerator_report(report):
-    lines = [f"verify {report['path']} on LiteRT's GPU accelerator"
-             + (f" (rows from {report['source']})" if report.get("source") else " (synthetic rows)")]
+    lines = [
+        f"verify {report['path']} on LiteRT's GPU accelerator"
+        + (f" (rows from {report['source']})" if report.get("source") else " (synthetic rows)")
+    ]
     static = report["static_problems"]
-    lines.append("  static check --target gpu: " + ("compatible" if not static else
-                                                     f"NOT compatible ({len(static)} problems; first: "
-                                                     + static[0].splitlines()[0] + ")"))
+    lines.append(
+        "  static check --target gpu: "
+        + (
+            "compatible"
+            if not static
+            else f"NOT compatible ({len(static)} problems; first: "
+            + static[0].splitlines()[0]
+            + ")"
+        )
+    )
     if "no_device" in report:
         lines.append("  " + report["no_device"])
         return "\n".join(lines)
@@ -331,25 +429,48 @@ def format_accelerator_report(report):
         lines.append(f"  gpu: {report['error']}")
         lines.append("  verdict: FAIL (does not compile for the GPU accelerator alone)")
         return "\n".join(lines)
-    lines.append("  gpu: compiled with the GPU accelerator only; "
-                 + ("fully accelerated" if report["fully_accelerated"] else "NOT fully accelerated"))
+    lines.append(
+        "  gpu: compiled with the GPU accelerator only; "
+        + ("fully accelerated" if report["fully_accelerated"] else "NOT fully accelerated")
+    )
     for line in report.get("delegate_log") or []:
         lines.append(f"  delegate: {line}")
     for sig, e in report["signatures"].items():
         if sig == "greedy":
-            lines.append(f"  greedy loop (encode + decode_step per token): {e['same_tokens']}/{e['rows']} rows "
-                         "with CPU's tokens" + (f", {e['near_ties']} parting at a near tie (CPU's top-2 logits "
-                                                f"within {e['tie_margin']:.2g})" if e["near_ties"] else "")
-                         + "".join(f"; row {m['row']} parts at step {m['step']} (CPU margin {m['cpu_margin']:.3g}): "
-                                   f"cpu ...{m['cpu']} gpu ...{m['gpu']}" for m in e["mismatches"]))
+            lines.append(
+                f"  greedy loop (encode + decode_step per token): {e['same_tokens']}/{e['rows']} rows "
+                "with CPU's tokens"
+                + (
+                    f", {e['near_ties']} parting at a near tie (CPU's top-2 logits "
+                    f"within {e['tie_margin']:.2g})"
+                    if e["near_ties"]
+                    else ""
+                )
+                + "".join(
+                    f"; row {m['row']} parts at step {m['step']} (CPU margin {m['cpu_margin']:.3g}): "
+                    f"cpu ...{m['cpu']} gpu ...{m['gpu']}"
+                    for m in e["mismatches"]
+                )
+            )
             continue
-        diffs = ", ".join(f"{k} {v:.3g} (tol {e['tolerance'][k]:.2g})" for k, v in e["max_abs_diff"].items())
+        diffs = ", ".join(
+            f"{k} {v:.3g} (tol {e['tolerance'][k]:.2g})" for k, v in e["max_abs_diff"].items()
+        )
         agree = f"; argmax agreement {e['agreement']:.2%}" if "agreement" in e else ""
         exact = "".join(f"; {k} equal {v:.2%}" for k, v in e.get("equal_fraction", {}).items())
         if e.get("max_abs_diff_gpu_f32"):
-            diffs += " [GPU in float32: " + ", ".join(f"{v:.2g}" for v in e["max_abs_diff_gpu_f32"].values()) + "]"
-        lines.append(f"  {sig}: {e['rows']} rows, max abs diff vs CPU {diffs or '-'}{agree}{exact}; "
-                     + (f"p50 gpu {e['gpu_latency']['p50_ms']:.3f} ms, cpu {e['cpu_latency']['p50_ms']:.3f} ms"
-                        if e.get("gpu_latency") else "untimed"))
+            diffs += (
+                " [GPU in float32: "
+                + ", ".join(f"{v:.2g}" for v in e["max_abs_diff_gpu_f32"].values())
+                + "]"
+            )
+        lines.append(
+            f"  {sig}: {e['rows']} rows, max abs diff vs CPU {diffs or '-'}{agree}{exact}; "
+            + (
+                f"p50 gpu {e['gpu_latency']['p50_ms']:.3f} ms, cpu {e['cpu_latency']['p50_ms']:.3f} ms"
+                if e.get("gpu_latency")
+                else "untimed"
+            )
+        )
     lines.append("  verdict: " + ("PASS" if report["ok"] else "FAIL"))
     return "\n".join(lines)

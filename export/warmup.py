@@ -50,17 +50,26 @@ def _subset_classes():
                 f.type_name = type_name
 
     opt, rep = F.LABEL_OPTIONAL, F.LABEL_REPEATED
-    message("ModelSpec", [("name", 1, F.TYPE_STRING, opt, None),
-                          ("signature_name", 3, F.TYPE_STRING, opt, None)])
-    message("InputsEntry", [("key", 1, F.TYPE_STRING, opt, None),
-                            ("value", 2, F.TYPE_BYTES, opt, None)])  # TensorProto bytes
-    message("PredictRequest", [
-        ("model_spec", 1, F.TYPE_MESSAGE, opt, ".tensorflow.serving.ModelSpec"),
-        ("inputs", 2, F.TYPE_MESSAGE, rep, ".tensorflow.serving.InputsEntry")])
-    message("PredictLog", [
-        ("request", 1, F.TYPE_MESSAGE, opt, ".tensorflow.serving.PredictRequest")])
-    message("PredictionLog", [
-        ("predict_log", 6, F.TYPE_MESSAGE, opt, ".tensorflow.serving.PredictLog")])
+    message(
+        "ModelSpec",
+        [("name", 1, F.TYPE_STRING, opt, None), ("signature_name", 3, F.TYPE_STRING, opt, None)],
+    )
+    message(
+        "InputsEntry", [("key", 1, F.TYPE_STRING, opt, None), ("value", 2, F.TYPE_BYTES, opt, None)]
+    )  # TensorProto bytes
+    message(
+        "PredictRequest",
+        [
+            ("model_spec", 1, F.TYPE_MESSAGE, opt, ".tensorflow.serving.ModelSpec"),
+            ("inputs", 2, F.TYPE_MESSAGE, rep, ".tensorflow.serving.InputsEntry"),
+        ],
+    )
+    message(
+        "PredictLog", [("request", 1, F.TYPE_MESSAGE, opt, ".tensorflow.serving.PredictRequest")]
+    )
+    message(
+        "PredictionLog", [("predict_log", 6, F.TYPE_MESSAGE, opt, ".tensorflow.serving.PredictLog")]
+    )
     pool = descriptor_pool.DescriptorPool()
     pool.Add(fdp)
     _SUBSET = message_factory.GetMessageClass(
@@ -80,9 +89,7 @@ def prediction_log_bytes(model_name, signature_name, inputs, official=True):
     """
     import tensorflow as tf
 
-    tensors = {
-        k: tf.make_tensor_proto(_as_array(v)) for k, v in sorted(inputs.items())
-    }
+    tensors = {k: tf.make_tensor_proto(_as_array(v)) for k, v in sorted(inputs.items())}
     classes = _official() if official else None
     if classes is not None:
         predict_pb2, prediction_log_pb2 = classes

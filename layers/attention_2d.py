@@ -85,12 +85,21 @@ class SelfAttention2D(keras.layers.Layer):
     def _conv(self, filters, name):
         if self.spectral_norm:
             return SNConv2D(
-                filters, 1, use_bias=False, kernel_initializer=self.kernel_initializer,
-                seed=self.seed, name=name, dtype=self.dtype_policy,
+                filters,
+                1,
+                use_bias=False,
+                kernel_initializer=self.kernel_initializer,
+                seed=self.seed,
+                name=name,
+                dtype=self.dtype_policy,
             )
         return keras.layers.Conv2D(
-            filters, 1, use_bias=False, kernel_initializer=self.kernel_initializer,
-            name=name, dtype=self.dtype_policy,
+            filters,
+            1,
+            use_bias=False,
+            kernel_initializer=self.kernel_initializer,
+            name=name,
+            dtype=self.dtype_policy,
         )
 
     def build(self, input_shape):
@@ -116,9 +125,7 @@ class SelfAttention2D(keras.layers.Layer):
         self.key_conv.build(shape)
         self.value_conv.build(shape)
         self.output_conv.build((*shape[:3], channels // self.value_ratio))
-        self.gamma = self.add_weight(
-            name="gamma", shape=(), initializer=self.gamma_initializer
-        )
+        self.gamma = self.add_weight(name="gamma", shape=(), initializer=self.gamma_initializer)
 
     def _flatten(self, x, channels):
         shape = ops.shape(x)

@@ -44,7 +44,11 @@ def check_chunk_size(chunk_size):
     """`None`, `"auto"` or an int >= 1; anything else is a ValueError."""
     if chunk_size is None or (isinstance(chunk_size, str) and chunk_size == "auto"):
         return chunk_size
-    if isinstance(chunk_size, bool) or not isinstance(chunk_size, numbers.Integral) or chunk_size < 1:
+    if (
+        isinstance(chunk_size, bool)
+        or not isinstance(chunk_size, numbers.Integral)
+        or chunk_size < 1
+    ):
         raise ValueError(
             '`chunk_size` must be None, "auto" or an integer >= 1. '
             f"Received: chunk_size={chunk_size!r}"
@@ -177,7 +181,9 @@ def takes_fused(score, normalize, dropout, training, need_weights):
     """Whether attention can run `keras.ops.dot_product_attention`: dot-product
     softmax scores, weights not returned, no active dropout on them, and a
     backend where it is the fastest path (`fused_enabled`)."""
-    dropping = dropout is not None and dropout.rate > 0 and training is not None and training is not False
+    dropping = (
+        dropout is not None and dropout.rate > 0 and training is not None and training is not False
+    )
     return (
         fused_enabled()
         and not need_weights
@@ -212,7 +218,9 @@ def takes_softmax_backward(score, normalize, dropout, training, need_weights):
     """Whether attention can run through `softmax_attention`'s hand-written
     backward: dot-product softmax scores, weights not returned, no active
     dropout on them, and not traced for XLA (see `compiled_by_xla`)."""
-    dropping = dropout is not None and dropout.rate > 0 and training is not None and training is not False
+    dropping = (
+        dropout is not None and dropout.rate > 0 and training is not None and training is not False
+    )
     return (
         not need_weights
         and score != "additive"
@@ -385,7 +393,9 @@ def chunked_attention_context(
     out_dtype = value.dtype
     offset = ops.cast(query_offset, "int32")
     valid_k = ops.cast(length_k if key_valid_length is None else key_valid_length, "int32")
-    ones_q = ops.ones((batch, length_q), "bool") if query_mask is None else ops.cast(query_mask, "bool")
+    ones_q = (
+        ops.ones((batch, length_q), "bool") if query_mask is None else ops.cast(query_mask, "bool")
+    )
     ones_k = ops.ones((batch, length_k), "bool") if key_mask is None else ops.cast(key_mask, "bool")
     q, k, v = _pad_axis1(query, c), _pad_axis1(key, c), _pad_axis1(value, c)
     qmask, kmask = _pad_axis1(ones_q, c, False), _pad_axis1(ones_k, c, False)
@@ -394,7 +404,9 @@ def chunked_attention_context(
         attention_mask = ops.broadcast_to(attention_mask, (batch, length_q, length_k))
         attention_mask = _pad_axis1(attention_mask, c, False)
         extra = ops.shape(k)[1] - length_k
-        attention_mask = ops.pad(attention_mask, [[0, 0], [0, 0], [0, extra]], constant_values=False)
+        attention_mask = ops.pad(
+            attention_mask, [[0, 0], [0, 0], [0, extra]], constant_values=False
+        )
     num_q = ops.shape(q)[1] // c
     num_k = ops.shape(k)[1] // c
     positions = ops.arange(c, dtype="int32")
@@ -430,9 +442,7 @@ def chunked_attention_context(
             vb = ops.slice(v, [zero, k_start, zero, zero], [batch, c, heads, value_dim])
             kmb = ops.slice(kmask, [zero, k_start], [batch, c])
             k_pos = ops.expand_dims(positions + k_start, 0)  # [1, c]
-            keep = ops.logical_and(
-                ops.expand_dims(qmb, 2), ops.expand_dims(kmb, 1)
-            )  # [B, c, c]
+            keep = ops.logical_and(ops.expand_dims(qmb, 2), ops.expand_dims(kmb, 1))  # [B, c, c]
             structure = position_mask(
                 q_pos,
                 k_pos,
@@ -488,16 +498,12 @@ def chunked_attention_context(
         return acc, valid
 
     # [B, num_q * c, ...] -> [num_q, B, c, ...] to scan over query blocks.
-    q_blocks = ops.transpose(
-        ops.reshape(q, (batch, num_q, c, heads, q.shape[3])), (1, 0, 2, 3, 4)
-    )
+    q_blocks = ops.transpose(ops.reshape(q, (batch, num_q, c, heads, q.shape[3])), (1, 0, 2, 3, 4))
     qmask_blocks = ops.transpose(ops.reshape(qmask, (batch, num_q, c)), (1, 0, 2))
     block_ids = ops.arange(num_q, dtype="int32")
     acc, valid = ops.map(query_block, (block_ids, q_blocks, qmask_blocks))
     # [num_q, B, c, ...] -> [B, num_q * c, ...]
-    output = ops.reshape(
-        ops.transpose(acc, (1, 0, 2, 3, 4)), (batch, num_q * c, heads, value_dim)
-    )
+    output = ops.reshape(ops.transpose(acc, (1, 0, 2, 3, 4)), (batch, num_q * c, heads, value_dim))
     has_keys = ops.reshape(ops.transpose(valid, (1, 0, 2, 3)), (batch, num_q * c, 1))
     return ops.cast(output[:, :length_q], out_dtype), has_keys[:, :length_q]
 

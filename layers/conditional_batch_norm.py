@@ -77,8 +77,14 @@ class ConditionalBatchNormalization(keras.layers.Layer):
     ):
         super().__init__(**kwargs)
         self.num_classes = check_int("num_classes", num_classes)
-        if isinstance(momentum, bool) or not isinstance(momentum, (int, float)) or not 0.0 <= momentum < 1.0:
-            raise ValueError(f"`momentum` must be a float in [0, 1). Received: momentum={momentum!r}")
+        if (
+            isinstance(momentum, bool)
+            or not isinstance(momentum, (int, float))
+            or not 0.0 <= momentum < 1.0
+        ):
+            raise ValueError(
+                f"`momentum` must be a float in [0, 1). Received: momentum={momentum!r}"
+            )
         if isinstance(epsilon, bool) or not isinstance(epsilon, (int, float)) or not epsilon > 0:
             raise ValueError(f"`epsilon` must be a positive float. Received: epsilon={epsilon!r}")
         self.momentum = float(momentum)
@@ -109,12 +115,20 @@ class ConditionalBatchNormalization(keras.layers.Layer):
         # replica would silently keep its own copy. MEAN keeps the copies identical (and,
         # with `synchronized`, every replica assigns the same value anyway).
         self.moving_mean = self.add_weight(
-            name="moving_mean", shape=(channels,), initializer="zeros", trainable=False,
-            autocast=False, aggregation="mean",
+            name="moving_mean",
+            shape=(channels,),
+            initializer="zeros",
+            trainable=False,
+            autocast=False,
+            aggregation="mean",
         )
         self.moving_variance = self.add_weight(
-            name="moving_variance", shape=(channels,), initializer="ones", trainable=False,
-            autocast=False, aggregation="mean",
+            name="moving_variance",
+            shape=(channels,),
+            initializer="ones",
+            trainable=False,
+            autocast=False,
+            aggregation="mean",
         )
 
     def call(self, inputs, labels, training=False):
@@ -154,12 +168,17 @@ class ConditionalBatchNormalization(keras.layers.Layer):
         import tensorflow as tf
 
         total = ops.concatenate(
-            [ops.sum(x, axis=axes), ops.reshape(ops.cast(ops.size(x) // x.shape[-1], "float32"), (1,))]
+            [
+                ops.sum(x, axis=axes),
+                ops.reshape(ops.cast(ops.size(x) // x.shape[-1], "float32"), (1,)),
+            ]
         )
         total = context.all_reduce(tf.distribute.ReduceOp.SUM, total)
         count = total[-1]
         mean = total[:-1] / count
-        squares = context.all_reduce(tf.distribute.ReduceOp.SUM, ops.sum(ops.square(x - mean), axis=axes))
+        squares = context.all_reduce(
+            tf.distribute.ReduceOp.SUM, ops.sum(ops.square(x - mean), axis=axes)
+        )
         return mean, squares / count
 
     def compute_output_shape(self, inputs_shape, labels_shape=None):

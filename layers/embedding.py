@@ -91,19 +91,12 @@ class TokenEmbedding(keras.layers.Layer):
         super().__init__(**kwargs)
         for name, value in (("input_dim", input_dim), ("output_dim", output_dim)):
             if isinstance(value, bool) or not isinstance(value, int) or value <= 0:
-                raise ValueError(
-                    f"`{name}` must be a positive integer. "
-                    f"Received: {name}={value!r}"
-                )
+                raise ValueError(f"`{name}` must be a positive integer. Received: {name}={value!r}")
         self.input_dim = input_dim
         self.output_dim = output_dim
         self.mask_zero = bool(mask_zero)
-        self.embeddings_initializer = keras.initializers.get(
-            embeddings_initializer
-        )
-        self.embeddings_regularizer = keras.regularizers.get(
-            embeddings_regularizer
-        )
+        self.embeddings_initializer = keras.initializers.get(embeddings_initializer)
+        self.embeddings_regularizer = keras.regularizers.get(embeddings_regularizer)
         self.embeddings_constraint = keras.constraints.get(embeddings_constraint)
         self.supports_masking = self.mask_zero
 
@@ -139,15 +132,9 @@ class TokenEmbedding(keras.layers.Layer):
                 "input_dim": self.input_dim,
                 "output_dim": self.output_dim,
                 "mask_zero": self.mask_zero,
-                "embeddings_initializer": keras.initializers.serialize(
-                    self.embeddings_initializer
-                ),
-                "embeddings_regularizer": keras.regularizers.serialize(
-                    self.embeddings_regularizer
-                ),
-                "embeddings_constraint": keras.constraints.serialize(
-                    self.embeddings_constraint
-                ),
+                "embeddings_initializer": keras.initializers.serialize(self.embeddings_initializer),
+                "embeddings_regularizer": keras.regularizers.serialize(self.embeddings_regularizer),
+                "embeddings_constraint": keras.constraints.serialize(self.embeddings_constraint),
             }
         )
         return config

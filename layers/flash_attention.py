@@ -92,7 +92,9 @@ def flash_attention(
         )
         attention_mask = pad_axis1(attention_mask, c, False)
         extra = ops.shape(kmask)[1] - length_k
-        attention_mask = ops.pad(attention_mask, [[0, 0], [0, 0], [0, extra]], constant_values=False)
+        attention_mask = ops.pad(
+            attention_mask, [[0, 0], [0, 0], [0, extra]], constant_values=False
+        )
     num_q = ops.shape(qmask)[1] // c
     num_k = ops.shape(kmask)[1] // c
     positions = ops.arange(c, dtype="int32")
@@ -259,7 +261,9 @@ def flash_attention(
                     d_s = d_p * active if relu else p * (d_p - block(row, qi, 1))
                     d_kb = d_kb + ops.matmul(_t(d_s), qb)
                     start = [zero, zero, qi * c, zero]
-                    d_q = ops.slice_update(d_q, start, block(d_q, qi, key_dim) + ops.matmul(d_s, kb))
+                    d_q = ops.slice_update(
+                        d_q, start, block(d_q, qi, key_dim) + ops.matmul(d_s, kb)
+                    )
                     return d_q, d_kb, d_vb
 
                 start, stop = query_range(ki)
@@ -270,14 +274,14 @@ def flash_attention(
                 return d_q, ops.slice_update(d_k, at, d_kb), ops.slice_update(d_v, at, d_vb)
 
             d_q, d_k, d_v = ops.fori_loop(
-                zero, ops.cast(num_k, "int32"), key_step,
+                zero,
+                ops.cast(num_k, "int32"),
+                key_step,
                 (ops.zeros_like(q), ops.zeros_like(k), ops.zeros_like(v)),
             )
             return tuple(
                 ops.cast(_head_major(g)[:, :n], dtype)
-                for g, n, dtype in zip(
-                    (d_q, d_k, d_v), (length_q, length_k, length_k), in_dtypes
-                )
+                for g, n, dtype in zip((d_q, d_k, d_v), (length_q, length_k, length_k), in_dtypes)
             )
 
         return (context, has_keys), grad

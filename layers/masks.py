@@ -37,12 +37,7 @@ def structural_mask(
     Returns:
         A boolean tensor, or `None` when nothing is masked.
     """
-    needs_mask = (
-        causal
-        or window is not None
-        or not include_self
-        or key_valid_length is not None
-    )
+    needs_mask = causal or window is not None or not include_self or key_valid_length is not None
     if not needs_mask:
         return None
     q_pos = ops.expand_dims(ops.arange(query_length, dtype="int32"), 1)

@@ -37,8 +37,9 @@ def _check_use_causal_mask(use_causal_mask):
     return bool(use_causal_mask)
 
 
-def _keras_names(output_dim, window, output_shape, attention_axes, sliding_window, flash_attention,
-                 use_gate):
+def _keras_names(
+    output_dim, window, output_shape, attention_axes, sliding_window, flash_attention, use_gate
+):
     """Maps `keras.layers.MultiHeadAttention`'s constructor names onto ours;
     returns `(output_dim, window)`."""
     if output_shape is not None:
@@ -76,7 +77,9 @@ def _keras_names(output_dim, window, output_shape, attention_axes, sliding_windo
             f"Received: flash_attention={flash_attention!r}"
         )
     if use_gate not in (None, False):
-        raise ValueError(f"`use_gate` must be False (not supported). Received: use_gate={use_gate!r}")
+        raise ValueError(
+            f"`use_gate` must be False (not supported). Received: use_gate={use_gate!r}"
+        )
     return output_dim, window
 
 
@@ -249,7 +252,13 @@ class MultiHeadAttention(keras.layers.Layer):
     ):
         super().__init__(**kwargs)
         output_dim, window = _keras_names(
-            output_dim, window, output_shape, attention_axes, sliding_window, flash_attention, use_gate
+            output_dim,
+            window,
+            output_shape,
+            attention_axes,
+            sliding_window,
+            flash_attention,
+            use_gate,
         )
         self.num_heads = check_int("num_heads", num_heads)
         self.key_dim = check_int("key_dim", key_dim)
@@ -266,8 +275,7 @@ class MultiHeadAttention(keras.layers.Layer):
         self.chunk_size = attention_ops.check_chunk_size(chunk_size)
         if self.rotary and self.key_dim % 2:
             raise ValueError(
-                "`key_dim` must be even when `rotary=True`. "
-                f"Received: key_dim={key_dim}"
+                f"`key_dim` must be even when `rotary=True`. Received: key_dim={key_dim}"
             )
         self.kernel_initializer = keras.initializers.get(kernel_initializer)
         self.bias_initializer = keras.initializers.get(bias_initializer)
@@ -491,7 +499,16 @@ class MultiHeadAttention(keras.layers.Layer):
         return output
 
     def _check_call_shapes(
-        self, query, value, key, query_mask, value_mask, key_mask, attention_mask, cache, cache_index
+        self,
+        query,
+        value,
+        key,
+        query_mask,
+        value_mask,
+        key_mask,
+        attention_mask,
+        cache,
+        cache_index,
     ):
         # Mismatched shapes would otherwise broadcast silently or fail deep in
         # a kernel with a message that names no argument.
@@ -703,7 +720,10 @@ class MultiHeadAttention(keras.layers.Layer):
                 and key_mask is None
                 and attention_mask is None
                 and attention_ops.takes_fused(
-                    self.score, self.normalize, self._dropout_layer, training,
+                    self.score,
+                    self.normalize,
+                    self._dropout_layer,
+                    training,
                     return_attention_scores,
                 )
             )

@@ -63,23 +63,17 @@ class LayerNorm(keras.layers.Layer):
     ):
         super().__init__(**kwargs)
         if isinstance(axis, (list, tuple)):
-            if not axis or not all(
-                isinstance(a, int) and not isinstance(a, bool) for a in axis
-            ):
+            if not axis or not all(isinstance(a, int) and not isinstance(a, bool) for a in axis):
                 raise ValueError(
-                    "`axis` must be an int or a non-empty list of ints. "
-                    f"Received: axis={axis!r}"
+                    f"`axis` must be an int or a non-empty list of ints. Received: axis={axis!r}"
                 )
             axis = list(axis)
         elif isinstance(axis, bool) or not isinstance(axis, int):
             raise ValueError(
-                "`axis` must be an int or a non-empty list of ints. "
-                f"Received: axis={axis!r}"
+                f"`axis` must be an int or a non-empty list of ints. Received: axis={axis!r}"
             )
         if isinstance(epsilon, bool) or not isinstance(epsilon, (int, float)) or not epsilon > 0:
-            raise ValueError(
-                f"`epsilon` must be a positive float. Received: epsilon={epsilon!r}"
-            )
+            raise ValueError(f"`epsilon` must be a positive float. Received: epsilon={epsilon!r}")
         self.epsilon = float(epsilon)
         self.center = bool(center)
         self.scale = bool(scale)
@@ -95,8 +89,7 @@ class LayerNorm(keras.layers.Layer):
         for a in axes:
             if a >= rank or a < -rank:
                 raise ValueError(
-                    f"`axis` is out of bounds for inputs of rank {rank}. "
-                    f"Received: axis={self.axis}"
+                    f"`axis` is out of bounds for inputs of rank {rank}. Received: axis={self.axis}"
                 )
             normalized.append(a % rank)
         return sorted(set(normalized))
@@ -170,12 +163,8 @@ class LayerNorm(keras.layers.Layer):
                 "center": self.center,
                 "scale": self.scale,
                 "axis": self.axis,
-                "beta_initializer": keras.initializers.serialize(
-                    self.beta_initializer
-                ),
-                "gamma_initializer": keras.initializers.serialize(
-                    self.gamma_initializer
-                ),
+                "beta_initializer": keras.initializers.serialize(self.beta_initializer),
+                "gamma_initializer": keras.initializers.serialize(self.gamma_initializer),
             }
         )
         return config

@@ -52,9 +52,7 @@ def check_start_index(start_index, sequence_length, max_length, *, name):
     """
     start = static_int(start_index)
     if start is not None and start < 0:
-        raise ValueError(
-            f"`start_index` must be >= 0. Received: start_index={start}"
-        )
+        raise ValueError(f"`start_index` must be >= 0. Received: start_index={start}")
     if max_length is None or sequence_length is None or start is None:
         return
     if start + sequence_length > max_length:
@@ -68,13 +66,9 @@ def check_start_index(start_index, sequence_length, max_length, *, name):
 
 def _check_positive_int(value, name):
     if isinstance(value, bool) or not isinstance(value, (int, np.integer)):
-        raise ValueError(
-            f"`{name}` must be a positive integer. Received: {name}={value!r}"
-        )
+        raise ValueError(f"`{name}` must be a positive integer. Received: {name}={value!r}")
     if value <= 0:
-        raise ValueError(
-            f"`{name}` must be a positive integer. Received: {name}={value}"
-        )
+        raise ValueError(f"`{name}` must be a positive integer. Received: {name}={value}")
 
 
 def _check_positive_number(value, name):
@@ -84,9 +78,7 @@ def _check_positive_number(value, name):
         or not math.isfinite(value)
         or value <= 0
     ):
-        raise ValueError(
-            f"`{name}` must be a positive number. Received: {name}={value!r}"
-        )
+        raise ValueError(f"`{name}` must be a positive number. Received: {name}={value!r}")
 
 
 def _check_rank(input_shape, ranks, layer_name, what="inputs"):
@@ -159,9 +151,7 @@ class SinusoidalPositionEncoding(keras.layers.Layer):
         # Features 2k and 2k + 1 share the frequency max_wavelength^(-2k/D).
         index = np.arange(features)
         exponents = (2 * (index // 2)).astype("float32") / np.float32(features)
-        inverse_freq = np.power(
-            np.float32(self.max_wavelength), -exponents
-        ).astype("float32")
+        inverse_freq = np.power(np.float32(self.max_wavelength), -exponents).astype("float32")
         angles = ops.expand_dims(positions, -1) * inverse_freq[None, :]
         is_cos = (index % 2).astype("float32")[None, :]
         return ops.sin(angles) * (1.0 - is_cos) + ops.cos(angles) * is_cos
@@ -261,9 +251,7 @@ class PositionEmbedding(keras.layers.Layer):
 
     def call(self, inputs, start_index=0):
         _check_rank(inputs.shape, (3,), "PositionEmbedding")
-        check_start_index(
-            start_index, inputs.shape[1], self.sequence_length, name=self.name
-        )
+        check_start_index(start_index, inputs.shape[1], self.sequence_length, name=self.name)
         shape = ops.shape(inputs)
         table = ops.convert_to_tensor(self.embeddings)
         start, length = static_int(start_index), inputs.shape[1]
@@ -365,8 +353,7 @@ class TokenAndPositionEmbedding(keras.layers.Layer):
         _check_positive_int(embedding_dim, "embedding_dim")
         if position not in _POSITION_KINDS:
             raise ValueError(
-                f"`position` must be one of {_POSITION_KINDS}. "
-                f"Received: position={position!r}"
+                f"`position` must be one of {_POSITION_KINDS}. Received: position={position!r}"
             )
         self.vocabulary_size = int(vocabulary_size)
         self.sequence_length = int(sequence_length)
@@ -374,9 +361,7 @@ class TokenAndPositionEmbedding(keras.layers.Layer):
         self.mask_zero = bool(mask_zero)
         self.position = position
         self.scale_by_sqrt_dim = bool(scale_by_sqrt_dim)
-        self.embeddings_initializer = keras.initializers.get(
-            embeddings_initializer
-        )
+        self.embeddings_initializer = keras.initializers.get(embeddings_initializer)
         self.max_wavelength = max_wavelength
         self.token_embedding = TokenEmbedding(
             self.vocabulary_size,
@@ -411,14 +396,10 @@ class TokenAndPositionEmbedding(keras.layers.Layer):
 
     def call(self, inputs, start_index=0):
         _check_rank(inputs.shape, (2,), "TokenAndPositionEmbedding")
-        check_start_index(
-            start_index, inputs.shape[1], self.sequence_length, name=self.name
-        )
+        check_start_index(start_index, inputs.shape[1], self.sequence_length, name=self.name)
         embedded = self.token_embedding(inputs)
         if self.scale_by_sqrt_dim:
-            embedded = embedded * ops.cast(
-                math.sqrt(self.embedding_dim), embedded.dtype
-            )
+            embedded = embedded * ops.cast(math.sqrt(self.embedding_dim), embedded.dtype)
         positions = self.position_embedding(embedded, start_index=start_index)
         return embedded + positions
 
@@ -439,9 +420,7 @@ class TokenAndPositionEmbedding(keras.layers.Layer):
                 "mask_zero": self.mask_zero,
                 "position": self.position,
                 "scale_by_sqrt_dim": self.scale_by_sqrt_dim,
-                "embeddings_initializer": keras.initializers.serialize(
-                    self.embeddings_initializer
-                ),
+                "embeddings_initializer": keras.initializers.serialize(self.embeddings_initializer),
                 "max_wavelength": self.max_wavelength,
             }
         )
@@ -516,9 +495,7 @@ class RotaryEmbedding(keras.layers.Layer):
         """Float32 `cos` and `sin` of the angles, each `[length, features/2]`."""
         half = features // 2
         exponents = np.arange(half, dtype="float32") * 2.0 / np.float32(features)
-        inverse_freq = np.power(
-            np.float32(self.max_wavelength), -exponents
-        ).astype("float32")
+        inverse_freq = np.power(np.float32(self.max_wavelength), -exponents).astype("float32")
         positions = _positions(length, start_index)
         if self.scaling_factor != 1.0:
             positions = positions / np.float32(self.scaling_factor)
@@ -540,9 +517,7 @@ class RotaryEmbedding(keras.layers.Layer):
         sin = ops.cast(sin, self.compute_dtype)
         x = ops.cast(inputs, self.compute_dtype)
         x1, x2 = x[..., :half], x[..., half:]
-        return ops.concatenate(
-            [x1 * cos - x2 * sin, x2 * cos + x1 * sin], axis=-1
-        )
+        return ops.concatenate([x1 * cos - x2 * sin, x2 * cos + x1 * sin], axis=-1)
 
     def compute_output_shape(self, input_shape):
         self._check_shape(input_shape)

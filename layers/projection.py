@@ -61,7 +61,9 @@ def heads_first_projection(x, kernels, biases=None):
         # The bias as one more input row: x [B*T, C+1] with a column of ones,
         # kernel [H, C+1, d]; the matmul adds it and its gradient comes out
         # of the kernel's, with no separate pass over [H, B*T, d] either way.
-        kernels = [ops.concatenate([k, ops.expand_dims(b, 1)], axis=1) for k, b in zip(kernels, biases)]
+        kernels = [
+            ops.concatenate([k, ops.expand_dims(b, 1)], axis=1) for k, b in zip(kernels, biases)
+        ]
         flat = ops.concatenate([flat, ops.ones_like(flat[:, :1])], axis=-1)
     count = len(kernels)
 
@@ -79,7 +81,10 @@ def heads_first_projection(x, kernels, biases=None):
             flat_t = ops.expand_dims(ops.transpose(flat), 0)
             d_kernels = tuple(ops.matmul(flat_t, d) for d in d_outs)
             token_major = ops.concatenate(
-                [ops.reshape(ops.transpose(d, (1, 0, 2)), (-1, h * depth)) for d, h in zip(d_outs, heads)],
+                [
+                    ops.reshape(ops.transpose(d, (1, 0, 2)), (-1, h * depth))
+                    for d, h in zip(d_outs, heads)
+                ],
                 axis=-1,
             )
             d_flat = ops.matmul(
@@ -92,4 +97,3 @@ def heads_first_projection(x, kernels, biases=None):
 
     projected = project(flat, *kernels)
     return [ops.reshape(p, (h, batch, steps, depth)) for p, h in zip(projected, heads)]
-

@@ -186,8 +186,10 @@ class SelfAttention(attention_ops.ScoresOutputSpec, keras.layers.Layer):
         chunk_size = self.chunk_size
         if chunk_size == "auto":
             shape = known_shape(inputs) or (None, None)
-            chunk_size = None if return_attention_scores else attention_ops.resolve_chunk_size(
-                "auto", shape[0], 1, shape[1], shape[1]
+            chunk_size = (
+                None
+                if return_attention_scores
+                else attention_ops.resolve_chunk_size("auto", shape[0], 1, shape[1], shape[1])
             )
         if chunk_size is not None:
             return self._call_chunked(
@@ -216,9 +218,7 @@ class SelfAttention(attention_ops.ScoresOutputSpec, keras.layers.Layer):
         )
         output = context
         if full_mask is not None:
-            output = output * ops.cast(
-                attention_ops.query_has_keys(full_mask), output.dtype
-            )
+            output = output * ops.cast(attention_ops.query_has_keys(full_mask), output.dtype)
         if return_attention_scores:
             return output, ops.cast(weights, self.compute_dtype)
         return output
@@ -259,7 +259,6 @@ class SelfAttention(attention_ops.ScoresOutputSpec, keras.layers.Layer):
         if not return_attention_scores:
             return output_shape
         return output_shape, (inputs_shape[0], inputs_shape[1], inputs_shape[1])
-
 
     def get_config(self):
         config = super().get_config()

@@ -272,7 +272,8 @@ class SNDense(_SpectralKernelMixin, keras.layers.Layer):
                 f"SNDense needs a known last dimension. Received: input_shape={tuple(input_shape)}"
             )
         self.kernel = self.add_weight(
-            name="kernel", shape=(int(input_shape[-1]), self.units),
+            name="kernel",
+            shape=(int(input_shape[-1]), self.units),
             initializer=self.kernel_initializer,
         )
         self.bias = (
@@ -309,7 +310,9 @@ class SNDense(_SpectralKernelMixin, keras.layers.Layer):
 def _pair(name, value):
     if isinstance(value, (list, tuple)):
         if len(value) != 2:
-            raise ValueError(f"`{name}` must be an int or a pair of ints. Received: {name}={value!r}")
+            raise ValueError(
+                f"`{name}` must be an int or a pair of ints. Received: {name}={value!r}"
+            )
         return tuple(check_int(name, v) for v in value)
     v = check_int(name, value)
     return (v, v)

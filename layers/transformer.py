@@ -92,9 +92,7 @@ class _BlockBase(keras.layers.Layer):
         )
 
     def _initializer(self):
-        return self.kernel_initializer.__class__.from_config(
-            self.kernel_initializer.get_config()
-        )
+        return self.kernel_initializer.__class__.from_config(self.kernel_initializer.get_config())
 
     def _norm(self, name):
         return LayerNorm(epsilon=self.layer_norm_epsilon, dtype=self.dtype_policy, name=name)
@@ -269,7 +267,6 @@ class TransformerEncoderBlock(attention_ops.ScoresOutputSpec, _BlockBase):
         return inputs_shape, (batch, self.num_heads, length, length)
 
 
-
 @keras.saving.register_keras_serializable(package="layers")
 class TransformerDecoderBlock(_BlockBase):
     """Transformer decoder block: causal self-attention, cross-attention to
@@ -373,14 +370,9 @@ class TransformerDecoderBlock(_BlockBase):
             encoder_mask = getattr(encoder_outputs, "_keras_mask", None)
         if self_attention_cache is not None and cache_index is None:
             raise ValueError(
-                "`cache_index` is required with `self_attention_cache`. "
-                "Received: cache_index=None"
+                "`cache_index` is required with `self_attention_cache`. Received: cache_index=None"
             )
-        if (
-            self.cross_attention
-            and encoder_outputs is None
-            and cross_attention_cache is None
-        ):
+        if self.cross_attention and encoder_outputs is None and cross_attention_cache is None:
             raise ValueError(
                 "This block has cross-attention: pass `encoder_outputs` or "
                 "`cross_attention_cache`. Received: encoder_outputs=None"
@@ -426,7 +418,9 @@ class TransformerDecoderBlock(_BlockBase):
             return x, new_cache
         return x
 
-    def compute_output_spec(self, inputs, encoder_outputs=None, self_attention_cache=None, **kwargs):
+    def compute_output_spec(
+        self, inputs, encoder_outputs=None, self_attention_cache=None, **kwargs
+    ):
         out = keras.KerasTensor(inputs.shape, dtype=self.compute_dtype)
         if self_attention_cache is None:
             return out

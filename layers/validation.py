@@ -9,9 +9,7 @@ import numbers
 
 def check_choice(name, value, choices):
     if value not in choices:
-        raise ValueError(
-            f"`{name}` must be one of {list(choices)}. Received: {name}={value!r}"
-        )
+        raise ValueError(f"`{name}` must be one of {list(choices)}. Received: {name}={value!r}")
     return value
 
 
@@ -19,25 +17,15 @@ def check_int(name, value, *, minimum=1, allow_none=False):
     if value is None and allow_none:
         return None
     if isinstance(value, bool) or not isinstance(value, numbers.Integral):
-        raise ValueError(
-            f"`{name}` must be an integer >= {minimum}. Received: {name}={value!r}"
-        )
+        raise ValueError(f"`{name}` must be an integer >= {minimum}. Received: {name}={value!r}")
     if value < minimum:
-        raise ValueError(
-            f"`{name}` must be an integer >= {minimum}. Received: {name}={value!r}"
-        )
+        raise ValueError(f"`{name}` must be an integer >= {minimum}. Received: {name}={value!r}")
     return int(value)
 
 
 def check_rate(name, value):
-    if (
-        isinstance(value, bool)
-        or not isinstance(value, numbers.Real)
-        or not 0.0 <= value < 1.0
-    ):
-        raise ValueError(
-            f"`{name}` must be a float in [0, 1). Received: {name}={value!r}"
-        )
+    if isinstance(value, bool) or not isinstance(value, numbers.Real) or not 0.0 <= value < 1.0:
+        raise ValueError(f"`{name}` must be a float in [0, 1). Received: {name}={value!r}")
     return float(value)
 
 
@@ -87,7 +75,5 @@ def check_shape(name, x, expected, described):
             "None" if w is None or None in w else "|".join(map(str, w)) for w in wanted
         )
         raise ValueError(
-            f"`{name}` must have shape {described} = ({values}). "
-            f"Received: {name}.shape={shape}"
+            f"`{name}` must have shape {described} = ({values}). Received: {name}.shape={shape}"
         )
-

@@ -43,8 +43,8 @@ import zlib
 
 import numpy as np
 
-from zoo.cli import UsageError
 from train.rundir import _atomic
+from zoo.cli import UsageError
 
 PATTERN = re.compile(r"^step-(\d{8,})\.npz$")
 KEEP = 3
@@ -98,8 +98,11 @@ def _normalised(obj, numbering):
     """The config without names and dtypes, every string renumbered as `canonical`
     does (references to automatically named layers: `keras_history: ["dense_3", ...]`)."""
     if isinstance(obj, dict):
-        return {str(k): _normalised(obj[k], numbering) for k in sorted(obj, key=str)
-                if k not in _DROP_FROM_CONFIG}
+        return {
+            str(k): _normalised(obj[k], numbering)
+            for k in sorted(obj, key=str)
+            if k not in _DROP_FROM_CONFIG
+        }
     if isinstance(obj, (list, tuple)):
         return [_normalised(v, numbering) for v in obj]
     if isinstance(obj, str):
@@ -144,14 +147,16 @@ def _keys(variables, refs=None):
         return paths, canonical(paths)
     ref_exact = variable_paths(refs)
     ref_canon = canonical(ref_exact)
-    prefixes = sorted(((p.replace("/", "_") + "_", i) for i, p in enumerate(ref_exact)),
-                      key=lambda item: -len(item[0]))
+    prefixes = sorted(
+        ((p.replace("/", "_") + "_", i) for i, p in enumerate(ref_exact)),
+        key=lambda item: -len(item[0]),
+    )
     exact, canon = [], []
     for path in paths:
         rest = path.split("/", 1)[1] if "/" in path else path
         for prefix, i in prefixes:
             if rest.startswith(prefix):
-                slot = rest[len(prefix):]
+                slot = rest[len(prefix) :]
                 exact.append(f"{ref_exact[i]}:{slot}")
                 canon.append(f"{ref_canon[i]}:{slot}")
                 break
@@ -264,24 +269,33 @@ def unpack(path, arrays, groups, refs=None, config=None, optional=()):
         if saved is None:
             if group in optional:
                 continue
-            raise UsageError(f"checkpoint {path} does not fit this model: it has no {group} variables")
+            raise UsageError(
+                f"checkpoint {path} does not fit this model: it has no {group} variables"
+            )
         pairs = _match(path, group, saved, variables, (refs or {}).get(group))
         if isinstance(pairs, UsageError):
             raise pairs
         for v, key in pairs:
             value = arrays[f"{group}/{key}"]
             if tuple(value.shape) != tuple(v.shape):
-                raise _mismatch(path, group, f"{key!r} has shape {tuple(value.shape)} there, "
-                                             f"{tuple(v.shape)} here")
+                raise _mismatch(
+                    path,
+                    group,
+                    f"{key!r} has shape {tuple(value.shape)} there, {tuple(v.shape)} here",
+                )
             plan.append((v, value))
     missing = sorted(set(info["groups"]) - set(groups) - set(optional))
     if missing:
-        raise UsageError(f"checkpoint {path} does not fit this model: it holds {missing[0]} "
-                         f"variables this model lacks")
+        raise UsageError(
+            f"checkpoint {path} does not fit this model: it holds {missing[0]} "
+            f"variables this model lacks"
+        )
     saved_hash = info.get("config_hash")
     if config is not None and saved_hash is not None and saved_hash != config:
-        raise UsageError(f"checkpoint {path} was written for another model configuration "
-                         f"(config hash {saved_hash} there, {config} here)")
+        raise UsageError(
+            f"checkpoint {path} was written for another model configuration "
+            f"(config hash {saved_hash} there, {config} here)"
+        )
     for v, value in plan:
         v.assign(value)
 
@@ -294,27 +308,37 @@ def _unpack_positional(path, arrays, groups, optional):
         if count == 0 and group in optional:
             continue
         if count != len(variables):
-            raise UsageError(f"checkpoint {path} holds {count} {group} variables, "
-                             f"the {group} here has {len(variables)}")
+            raise UsageError(
+                f"checkpoint {path} holds {count} {group} variables, "
+                f"the {group} here has {len(variables)}"
+            )
         for i, v in enumerate(variables):
             value = arrays[f"{group}/{i}"]
             if tuple(value.shape) != tuple(v.shape):
-                raise UsageError(f"checkpoint {path}: {group} variable {v.path} has shape "
-                                 f"{tuple(value.shape)} there, {tuple(v.shape)} here")
+                raise UsageError(
+                    f"checkpoint {path}: {group} variable {v.path} has shape "
+                    f"{tuple(value.shape)} there, {tuple(v.shape)} here"
+                )
             plan.append((v, value))
     for v, value in plan:
         v.assign(value)
-    print(f"note: {os.path.basename(path)} is a positional checkpoint (an older format): "
-          f"restored by position, counts and shapes checked", file=sys.stderr)
+    print(
+        f"note: {os.path.basename(path)} is a positional checkpoint (an older format): "
+        f"restored by position, counts and shapes checked",
+        file=sys.stderr,
+    )
 
 
 # ------------------------------------------------------------------ engine checkpoints
 def save(directory, model, optimizer, record, keep=KEEP):
     """Writes model + optimizer variables and `record` atomically; prunes old ones."""
     record_bytes = np.frombuffer(json.dumps(record).encode("utf-8"), dtype=np.uint8)
-    arrays = pack({"model": model.variables, "optimizer": optimizer.variables},
-                  refs={"optimizer": model.trainable_variables}, config=config_hash(model),
-                  extra={"record": record_bytes})
+    arrays = pack(
+        {"model": model.variables, "optimizer": optimizer.variables},
+        refs={"optimizer": model.trainable_variables},
+        config=config_hash(model),
+        extra={"record": record_bytes},
+    )
     path = path_for(directory, record["step"])
     os.makedirs(directory, exist_ok=True)
     write_npz(path, arrays)
@@ -370,8 +394,13 @@ def restore(path, model, optimizer):
     """Assigns the saved values to `model` and `optimizer` (built under any strategy)
     after checking every key and shape; returns the record."""
     arrays = load_verified(path)
-    unpack(path, arrays, {"model": model.variables, "optimizer": optimizer.variables},
-           refs={"optimizer": model.trainable_variables}, config=config_hash(model))
+    unpack(
+        path,
+        arrays,
+        {"model": model.variables, "optimizer": optimizer.variables},
+        refs={"optimizer": model.trainable_variables},
+        config=config_hash(model),
+    )
     return _record(arrays)
 
 
@@ -441,7 +470,10 @@ def check_file(path):
     try:
         record = _read_record(path)
     except (OSError, ValueError, UnicodeDecodeError):
-        return None, f"{path}: its checksum record {os.path.basename(path) + RECORD} cannot be read (damaged)"
+        return (
+            None,
+            f"{path}: its checksum record {os.path.basename(path) + RECORD} cannot be read (damaged)",
+        )
     size = os.path.getsize(path)
     if record.get("bytes") is not None and size != record["bytes"]:
         return None, f"{path} is truncated or damaged ({size} bytes, {record['bytes']} written)"

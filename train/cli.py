@@ -21,8 +21,14 @@ from zoo.cli import EXIT_FAILURE, EXIT_USAGE, UsageError
 
 COMMANDS = {
     "tagger": ("train.tagger", "part-of-speech tagger (attention / fc / window / bilstm)"),
-    "seq2seq": ("train.seq2seq", "sequence-to-sequence Transformer (--arch universal_transformer for UT)"),
-    "universal_transformer": ("train.seq2seq.universal", "Universal Transformer (seq2seq --arch universal_transformer)"),
+    "seq2seq": (
+        "train.seq2seq",
+        "sequence-to-sequence Transformer (--arch universal_transformer for UT)",
+    ),
+    "universal_transformer": (
+        "train.seq2seq.universal",
+        "Universal Transformer (seq2seq --arch universal_transformer)",
+    ),
     "sagan": ("train.sagan", "Self-Attention GAN"),
 }
 
@@ -35,8 +41,11 @@ class OneLineParser(argparse.ArgumentParser):
 
 
 def available_commands():
-    return {name: help_ for name, (module, help_) in COMMANDS.items()
-            if importlib.util.find_spec(module) is not None}
+    return {
+        name: help_
+        for name, (module, help_) in COMMANDS.items()
+        if importlib.util.find_spec(module) is not None
+    }
 
 
 def _usage():
@@ -88,14 +97,16 @@ def main(argv=None):
 def _run(name, rest, commands):
     module = importlib.import_module(COMMANDS[name][0])
     parser = OneLineParser(prog=f"python -m train {name}", description=commands[name])
-    parser.add_argument("--debug", action="store_true",
-                        help="show tracebacks of unexpected errors")
+    parser.add_argument("--debug", action="store_true", help="show tracebacks of unexpected errors")
     module.add_arguments(parser)
     from train import replay, strategy
 
     strategy.add_arguments(parser)
-    parser.add_argument("--config", metavar="FILE",
-                        help="replay the settings of a run's config.json (later flags override)")
+    parser.add_argument(
+        "--config",
+        metavar="FILE",
+        help="replay the settings of a run's config.json (later flags override)",
+    )
     config_path, rest = replay.split_config(rest)
     if config_path is not None:
         rest = replay.config_argv(parser, replay.read_config(config_path, name)) + rest

@@ -34,7 +34,8 @@ import keras
 import numpy as np
 import tensorflow as tf
 
-from train import checkpoint, preemption, strategy as dist
+from train import checkpoint, preemption
+from train import strategy as dist
 from zoo.cli import UsageError
 
 
@@ -107,7 +108,7 @@ def _split(strategy, batch):
 
     def value_fn(ctx):
         r = ctx.replica_id_in_sync_group
-        return tf.nest.map_structure(lambda a: tf.constant(a[bounds[r]:bounds[r + 1]]), batch)
+        return tf.nest.map_structure(lambda a: tf.constant(a[bounds[r] : bounds[r + 1]]), batch)
 
     return strategy.experimental_distribute_values_from_function(value_fn)
 
@@ -193,7 +194,9 @@ def _prefetched(iterator, size=2):
 
 
 def _numpy(batch):
-    return tf.nest.map_structure(lambda a: a.numpy() if hasattr(a, "numpy") else np.asarray(a), batch)
+    return tf.nest.map_structure(
+        lambda a: a.numpy() if hasattr(a, "numpy") else np.asarray(a), batch
+    )
 
 
 def _reduce_before_clipping(optimizer):
@@ -250,7 +253,9 @@ class Engine:
             grads = tape.gradient(scaled, model.trainable_variables)
             return loss, grads, y_pred
 
-        compiled = tf.function(forward_backward, jit_compile=self.jit_compile, reduce_retracing=True)
+        compiled = tf.function(
+            forward_backward, jit_compile=self.jit_compile, reduce_retracing=True
+        )
 
         if replicas > 1:
             _reduce_before_clipping(optimizer)
@@ -258,7 +263,9 @@ class Engine:
         def replica_step(x, y, w, global_count):
             loss, grads, y_pred = compiled(x, y, w, global_count)
             if replicas > 1:
-                grads = tf.distribute.get_replica_context().all_reduce(tf.distribute.ReduceOp.SUM, grads)
+                grads = tf.distribute.get_replica_context().all_reduce(
+                    tf.distribute.ReduceOp.SUM, grads
+                )
             optimizer.apply(grads, model.trainable_variables)
             for m in metrics:
                 m.update_state(y, y_pred, w)
@@ -299,7 +306,9 @@ class Engine:
         xs, ys = tf.nest.map_structure(spec, x), tf.nest.map_structure(spec, y)
         count = tf.TensorSpec([], tf.float32)
         if w is None:
-            graph = tf.function(lambda x_, y_, c: fn(x_, y_, None, c), input_signature=[xs, ys, count])
+            graph = tf.function(
+                lambda x_, y_, c: fn(x_, y_, None, c), input_signature=[xs, ys, count]
+            )
             return lambda x_, y_, w_, c: graph(x_, y_, c)
         return tf.function(fn, input_signature=[xs, ys, spec(w), count])
 
@@ -417,7 +426,8 @@ def _check_finite(loss, epoch, step, checkpoint_dir):
         where = f"kept the last good checkpoint {kept}" if kept else "no checkpoint was written"
         raise NonFiniteLoss(
             f"training stopped: the loss became {loss} at epoch {epoch + 1}, step {step}; "
-            f"{where} (lower --learning-rate, or check the data)")
+            f"{where} (lower --learning-rate, or check the data)"
+        )
 
 
 def _written(checkpoint_dir, chief, step, cluster=None):
@@ -426,13 +436,32 @@ def _written(checkpoint_dir, chief, step, cluster=None):
     if not checkpoint_dir:
         return "no checkpoint directory, nothing written"
     if not chief:
-        return "the chief wrote the checkpoint" if cluster is not None else "not the chief, nothing written"
+        return (
+            "the chief wrote the checkpoint"
+            if cluster is not None
+            else "not the chief, nothing written"
+        )
     return f"wrote {os.path.join(checkpoint_dir, os.path.basename(checkpoint.path_for(checkpoint_dir, step)))}"
 
 
-def fit(model, train_data, *, epochs, initial_epoch=0, validation_data=None, callbacks=(),
-        verbose="auto", steps_per_epoch=None, checkpoint_dir=None, checkpoint_every=None,
-        loss_terms=None, jit_compile=None, resume=True, announce=None, epochs_done=None):
+def fit(
+    model,
+    train_data,
+    *,
+    epochs,
+    initial_epoch=0,
+    validation_data=None,
+    callbacks=(),
+    verbose="auto",
+    steps_per_epoch=None,
+    checkpoint_dir=None,
+    checkpoint_every=None,
+    loss_terms=None,
+    jit_compile=None,
+    resume=True,
+    announce=None,
+    epochs_done=None,
+):
     """Trains a compiled `model` like `model.fit`, under `train.strategy.get()`.
 
     train_data: `epoch -> sized iterable of global batches` ((x, y) or (x, y, weights),
@@ -457,9 +486,15 @@ def fit(model, train_data, *, epochs, initial_epoch=0, validation_data=None, cal
     chief = dist.is_chief()
     verbose = 1 if verbose == "auto" else verbose
     history = keras.callbacks.History()
-    cbs = keras.callbacks.CallbackList(list(callbacks) + [history], add_history=False,
-                                       add_progbar=verbose != 0, verbose=verbose, epochs=epochs,
-                                       steps=steps, model=model)
+    cbs = keras.callbacks.CallbackList(
+        list(callbacks) + [history],
+        add_history=False,
+        add_progbar=verbose != 0,
+        verbose=verbose,
+        epochs=epochs,
+        steps=steps,
+        model=model,
+    )
     first = next(iter(data.batches(initial_epoch)), None)
     if first is None:
         raise UsageError("no training batches")
@@ -471,8 +506,10 @@ def fit(model, train_data, *, epochs, initial_epoch=0, validation_data=None, cal
     if checkpoint_dir and resume:
         within = None
         if epochs_done is not None:
+
             def within(record):
                 return record["epoch"] + bool(record.get("epoch_complete")) <= epochs_done
+
         path, record, damaged = checkpoint.latest_good(checkpoint_dir, accept=within)
         for bad, reason in damaged:
             if path:
@@ -480,7 +517,9 @@ def fit(model, train_data, *, epochs, initial_epoch=0, validation_data=None, cal
             elif initial_epoch > 0:
                 instead = f"falling back to the state at the end of epoch {initial_epoch}"
             else:
-                raise checkpoint.DamagedCheckpoint(f"{reason}; no earlier checkpoint to fall back to")
+                raise checkpoint.DamagedCheckpoint(
+                    f"{reason}; no earlier checkpoint to fall back to"
+                )
             print(f"{reason}; {instead}", file=sys.stderr)
         if record is not None and record["epoch"] >= initial_epoch:
             checkpoint.restore(path, model, engine.optimizer)
@@ -502,10 +541,20 @@ def fit(model, train_data, *, epochs, initial_epoch=0, validation_data=None, cal
         # partial_loss: the epoch's running loss sum and count, so that a resumed epoch
         # reports the mean over all its batches (an epoch resumed after its last batch
         # has a loss too).
-        checkpoint.save(checkpoint_dir, model, engine.optimizer,
-                        {"step": global_step, "epoch": epoch_, "batches_done": done,
-                         "epoch_complete": complete, "steps_per_epoch": steps,
-                         "partial_loss": [total, count], "strategy": dist.describe()})
+        checkpoint.save(
+            checkpoint_dir,
+            model,
+            engine.optimizer,
+            {
+                "step": global_step,
+                "epoch": epoch_,
+                "batches_done": done,
+                "epoch_complete": complete,
+                "steps_per_epoch": steps,
+                "partial_loss": [total, count],
+                "strategy": dist.describe(),
+            },
+        )
 
     def signalled():
         if cluster is not None:
@@ -516,7 +565,9 @@ def fit(model, train_data, *, epochs, initial_epoch=0, validation_data=None, cal
         # The step is finished: save it (as an incomplete epoch, so that the resumed run
         # still validates and closes the epoch), then leave with the signal's exit code.
         save(epoch_, done, False)
-        preemption.stop(f"{_written(checkpoint_dir, chief, global_step, cluster)} at epoch {epoch_ + 1}, batch {done}")
+        preemption.stop(
+            f"{_written(checkpoint_dir, chief, global_step, cluster)} at epoch {epoch_ + 1}, batch {done}"
+        )
 
     model.stop_training = False
     cbs.on_train_begin()
@@ -549,7 +600,9 @@ def fit(model, train_data, *, epochs, initial_epoch=0, validation_data=None, cal
                     save(epoch, done, False)
                 if signalled():
                     stop_for_signal(epoch, done)
-                if cluster is not None:  # the chief's wish to stop (time limit) holds for all, at one step
+                if (
+                    cluster is not None
+                ):  # the chief's wish to stop (time limit) holds for all, at one step
                     if model.stop_training and chief:
                         cluster.request_end(global_step)
                     model.stop_training = cluster.ended(global_step)
@@ -563,10 +616,14 @@ def fit(model, train_data, *, epochs, initial_epoch=0, validation_data=None, cal
             cbs.on_epoch_end(epoch, epoch_logs)
             save(epoch, done, done >= steps)
             if cluster is None and signalled():  # several workers: at their next step
-                preemption.stop(f"{_written(checkpoint_dir, chief, global_step)} at the end of epoch {epoch + 1}")
+                preemption.stop(
+                    f"{_written(checkpoint_dir, chief, global_step)} at the end of epoch {epoch + 1}"
+                )
             logs = epoch_logs
             epoch, skip = epoch + 1, 0
         if cluster is not None and cluster.finish():  # a signal after the last step
-            preemption.stop(f"{_written(checkpoint_dir, chief, global_step, cluster)} at the end of epoch {epoch}")
+            preemption.stop(
+                f"{_written(checkpoint_dir, chief, global_step, cluster)} at the end of epoch {epoch}"
+            )
     cbs.on_train_end(logs)
     return history

@@ -154,8 +154,9 @@ class ClusterStop:
         self.claimed = False
         self.end_target, self._end_claimed = None, False  # the chief's time limit
         self._closing = threading.Event()
-        self._thread = threading.Thread(target=self._watch, daemon=True,
-                                        name=f"zoo-stop-watcher-{self.index}")
+        self._thread = threading.Thread(
+            target=self._watch, daemon=True, name=f"zoo-stop-watcher-{self.index}"
+        )
         self._thread.start()
 
     def _watch(self):
@@ -179,7 +180,10 @@ class ClusterStop:
                 try:
                     self.ctx.set_config_key_value(f"{self.prefix}/{key}_ack/{self.index}", "1")
                 except Exception as e:  # noqa: BLE001
-                    print(f"warning: cannot acknowledge the stop to the other workers: {e}", file=sys.stderr)
+                    print(
+                        f"warning: cannot acknowledge the stop to the other workers: {e}",
+                        file=sys.stderr,
+                    )
 
     def _wait_for_acks(self, key):
         try:
@@ -232,8 +236,10 @@ class ClusterStop:
         more, so that a signal after the last poll stops every worker."""
         own = self._own() or (self.target[1] if self.target is not None else 0)
         self.ctx.set_config_key_value(f"{self.prefix}/end/{self.index}", str(int(own)))
-        signums = [int(self.ctx.get_config_key_value(f"{self.prefix}/end/{i}", self.ACK_TIMEOUT_MS))
-                   for i in range(self.workers)]
+        signums = [
+            int(self.ctx.get_config_key_value(f"{self.prefix}/end/{i}", self.ACK_TIMEOUT_MS))
+            for i in range(self.workers)
+        ]
         first = next((s for s in signums if s), 0)
         if first:
             from_peer(first)

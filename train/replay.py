@@ -15,8 +15,12 @@ import os
 
 from zoo.cli import UsageError
 
-_KINDS = {"tagger": ("tagger",), "seq2seq": ("seq2seq", "universal_transformer"),
-          "universal_transformer": ("universal_transformer", "seq2seq"), "sagan": ("sagan",)}
+_KINDS = {
+    "tagger": ("tagger",),
+    "seq2seq": ("seq2seq", "universal_transformer"),
+    "universal_transformer": ("universal_transformer", "seq2seq"),
+    "sagan": ("sagan",),
+}
 _NEVER = {"out", "resume", "debug", "config", "help"}
 # Options recorded under an earlier name: seq2seq's `xla` is now `--jit-compile`.
 _RENAMED = {"xla": "jit_compile"}
@@ -61,11 +65,16 @@ def read_config(path, command):
 
 def _flag(action, value):
     """argv items setting `action.dest` to `value`, or None when it cannot."""
-    option = next((o for o in action.option_strings if o.startswith("--")), action.option_strings[0])
+    option = next(
+        (o for o in action.option_strings if o.startswith("--")), action.option_strings[0]
+    )
     if action.nargs == 0:  # store_true / store_false / store_const
         return [option] if value == action.const else None
-    if action.nargs is None and not isinstance(action, argparse._AppendAction) \
-            and not isinstance(value, (dict, list)):
+    if (
+        action.nargs is None
+        and not isinstance(action, argparse._AppendAction)
+        and not isinstance(value, (dict, list))
+    ):
         return [option, str(value)]
     return None
 
@@ -101,6 +110,9 @@ def config_argv(parser, config):
     if "model_option" in by_dest:  # the tagger: hyper-parameters as --model-option KEY=JSON
         from zoo.tagger.config import DEFAULTS
 
-        argv += [f"--model-option={key}={json.dumps(value)}" for key, value in leftovers.items()
-                 if key in DEFAULTS and value is not None]
+        argv += [
+            f"--model-option={key}={json.dumps(value)}"
+            for key, value in leftovers.items()
+            if key in DEFAULTS and value is not None
+        ]
     return argv

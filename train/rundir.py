@@ -20,7 +20,8 @@ MARKER = ".zoo-run"
 
 def is_run_dir(path):
     return os.path.isfile(os.path.join(path, MARKER)) or os.path.isfile(
-        os.path.join(path, "config.json"))
+        os.path.join(path, "config.json")
+    )
 
 
 def run_kind(path):
@@ -63,14 +64,18 @@ def check_out_dir(path, resume=False, kinds=None):
         lock(path)
         return True
     if not is_run_dir(path):
-        raise UsageError(f"--out exists and is not a run directory (refusing to write into it): {path}")
+        raise UsageError(
+            f"--out exists and is not a run directory (refusing to write into it): {path}"
+        )
     if not resume:
         raise UsageError(
-            f"--out already holds a run: {path} (use --resume to continue it, or another --out)")
+            f"--out already holds a run: {path} (use --resume to continue it, or another --out)"
+        )
     found = run_kind(path)
     if kinds and found is not None and found not in kinds:
         raise UsageError(
-            f"--resume: {path} is a {found!r} run, not {' or '.join(repr(k) for k in kinds)}")
+            f"--resume: {path} is a {found!r} run, not {' or '.join(repr(k) for k in kinds)}"
+        )
     lock(path)
     return True
 

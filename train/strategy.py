@@ -26,22 +26,46 @@ from zoo.cli import UsageError
 
 STRATEGIES = ("auto", "default", "mirrored", "multi_worker", "tpu")
 
-_state = {"name": "default", "strategy": None, "mixed_precision": False, "jit_compile": None,
-          "checkpoint_every": 0, "scratch": None}
+_state = {
+    "name": "default",
+    "strategy": None,
+    "mixed_precision": False,
+    "jit_compile": None,
+    "checkpoint_every": 0,
+    "scratch": None,
+}
 
 
 def add_arguments(parser):
     g = parser.add_argument_group("distribution and speed (docs/distributed.md)")
-    g.add_argument("--strategy", default="auto",
-                   help="auto (default), default, mirrored, multi_worker (reads TF_CONFIG) or tpu")
-    g.add_argument("--tpu", default=None, help="TPU name or address for --strategy tpu (default: local)")
-    g.add_argument("--mixed-precision", action="store_true",
-                   help="mixed_float16 on GPU (loss scaling), mixed_bfloat16 on CPU/TPU")
-    g.add_argument("--jit-compile", dest="jit_compile", action="store_true", default=None,
-                   help="XLA-compile training steps (default: on for GPU/TPU, off on CPU)")
+    g.add_argument(
+        "--strategy",
+        default="auto",
+        help="auto (default), default, mirrored, multi_worker (reads TF_CONFIG) or tpu",
+    )
+    g.add_argument(
+        "--tpu", default=None, help="TPU name or address for --strategy tpu (default: local)"
+    )
+    g.add_argument(
+        "--mixed-precision",
+        action="store_true",
+        help="mixed_float16 on GPU (loss scaling), mixed_bfloat16 on CPU/TPU",
+    )
+    g.add_argument(
+        "--jit-compile",
+        dest="jit_compile",
+        action="store_true",
+        default=None,
+        help="XLA-compile training steps (default: on for GPU/TPU, off on CPU)",
+    )
     g.add_argument("--no-jit-compile", dest="jit_compile", action="store_false")
-    g.add_argument("--checkpoint-every", type=int, default=0, metavar="N",
-                   help="checkpoint every N training steps as well as at epoch ends (default 0: epoch ends)")
+    g.add_argument(
+        "--checkpoint-every",
+        type=int,
+        default=0,
+        metavar="N",
+        help="checkpoint every N training steps as well as at epoch ends (default 0: epoch ends)",
+    )
 
 
 def _tf_config():
@@ -80,12 +104,16 @@ def configure(args, command=None):
         raise UsageError(f"unknown --strategy {name!r}; choose from: {', '.join(STRATEGIES)}")
     if command in SINGLE_DEVICE:
         if name not in ("auto", "default"):
-            raise UsageError(f"--strategy {name} is not supported by {command} yet: its loop "
-                             f"{SINGLE_DEVICE[command]} trains on one device; use --strategy default")
+            raise UsageError(
+                f"--strategy {name} is not supported by {command} yet: its loop "
+                f"{SINGLE_DEVICE[command]} trains on one device; use --strategy default"
+            )
         name = "default"
         if getattr(args, "mixed_precision", False) and device_kind() == "gpu":
-            raise UsageError(f"--mixed-precision is not supported by {command} on GPU yet: its loop "
-                             f"{SINGLE_DEVICE[command]} does not scale the float16 loss")
+            raise UsageError(
+                f"--mixed-precision is not supported by {command} on GPU yet: its loop "
+                f"{SINGLE_DEVICE[command]} does not scale the float16 loss"
+            )
     every = getattr(args, "checkpoint_every", 0) or 0
     if every < 0:
         raise UsageError(f"--checkpoint-every must be >= 0, got {every}")
@@ -95,11 +123,18 @@ def configure(args, command=None):
     if name == "auto":
         if config is not None and len(config["cluster"]["worker"]) > 1:
             name = "multi_worker"
-    _state.update(name=name, strategy=None, mixed_precision=bool(getattr(args, "mixed_precision", False)),
-                  jit_compile=getattr(args, "jit_compile", None), checkpoint_every=every,
-                  tpu=getattr(args, "tpu", None))
+    _state.update(
+        name=name,
+        strategy=None,
+        mixed_precision=bool(getattr(args, "mixed_precision", False)),
+        jit_compile=getattr(args, "jit_compile", None),
+        checkpoint_every=every,
+        tpu=getattr(args, "tpu", None),
+    )
     if name == "multi_worker" and hasattr(args, "out") and not args.out:
-        raise UsageError("--strategy multi_worker needs an explicit --out (the same on every worker)")
+        raise UsageError(
+            "--strategy multi_worker needs an explicit --out (the same on every worker)"
+        )
     if name in ("multi_worker", "tpu"):
         get()
     if _state["mixed_precision"]:
@@ -142,7 +177,9 @@ def get():
     elif name == "multi_worker":
         strategy = tf.distribute.MultiWorkerMirroredStrategy()
     else:
-        resolver = tf.distribute.cluster_resolver.TPUClusterResolver(tpu=_state.get("tpu") or "local")
+        resolver = tf.distribute.cluster_resolver.TPUClusterResolver(
+            tpu=_state.get("tpu") or "local"
+        )
         tf.config.experimental_connect_to_cluster(resolver)
         tf.tpu.experimental.initialize_tpu_system(resolver)
         strategy = tf.distribute.TPUStrategy(resolver)
@@ -215,15 +252,23 @@ def _use_scratch_out(args):
 
 def reset():
     """Back to one device, float32, no step checkpoints (tests, and library use after a CLI run)."""
-    _state.update(name="default", strategy=None, mixed_precision=False, jit_compile=None,
-                  checkpoint_every=0, scratch=None)
+    _state.update(
+        name="default",
+        strategy=None,
+        mixed_precision=False,
+        jit_compile=None,
+        checkpoint_every=0,
+        scratch=None,
+    )
     _state.pop("resolved", None)
     _state.pop("policy", None)
 
 
 def describe():
     strategy = get()
-    return {"strategy": _state.get("resolved", _state["name"]),
-            "replicas": int(strategy.num_replicas_in_sync),
-            "mixed_precision": _state.get("policy") if _state["mixed_precision"] else None,
-            "jit_compile": jit_compile()}
+    return {
+        "strategy": _state.get("resolved", _state["name"]),
+        "replicas": int(strategy.num_replicas_in_sync),
+        "mixed_precision": _state.get("policy") if _state["mixed_precision"] else None,
+        "jit_compile": jit_compile(),
+    }

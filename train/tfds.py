@@ -16,9 +16,11 @@ _NOT_A_WORD = ("_", "")
 
 
 def parse_dataset_flag(value):
-    if not value.startswith("tfds:") or not value[len("tfds:"):].strip():
-        raise UsageError(f"--dataset must look like tfds:NAME (e.g. tfds:universal_dependencies/en_ewt): {value!r}")
-    return value[len("tfds:"):].strip()
+    if not value.startswith("tfds:") or not value[len("tfds:") :].strip():
+        raise UsageError(
+            f"--dataset must look like tfds:NAME (e.g. tfds:universal_dependencies/en_ewt): {value!r}"
+        )
+    return value[len("tfds:") :].strip()
 
 
 def open_builder(name, data_dir=None):
@@ -61,7 +63,9 @@ def load_tfds(name, data_dir=None):
     if "train" not in splits:
         raise DataError(f"tfds data set {name!r} has no train split")
     data = TaggingData(
-        train=splits["train"], dev=splits.get("dev"), test=splits.get("test"),
+        train=splits["train"],
+        dev=splits.get("dev"),
+        test=splits.get("test"),
         source={"name": f"tfds:{name}", "data_dir": data_dir or os.environ.get("TFDS_DATA_DIR")},
     )
     return data

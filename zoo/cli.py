@@ -11,7 +11,6 @@ import json
 import os
 import sys
 
-
 EXIT_OK = 0
 EXIT_FAILURE = 1
 EXIT_USAGE = 2
@@ -67,7 +66,9 @@ def check_utf8(texts, what="argument"):
         try:
             text.encode("utf-8")
         except UnicodeEncodeError as e:
-            raise UsageError(f"{what} {i} is not valid UTF-8 text (byte {e.start}): {text!r}") from None
+            raise UsageError(
+                f"{what} {i} is not valid UTF-8 text (byte {e.start}): {text!r}"
+            ) from None
 
 
 def cli_boundary(body, argv=None):
@@ -83,14 +84,18 @@ def cli_boundary(body, argv=None):
         if "--debug" in (argv if argv is not None else sys.argv):
             raise
         first = str(e).strip().splitlines()[0] if str(e).strip() else ""
-        print(f"error: unexpected {type(e).__name__}: {first} (run with --debug for the traceback)",
-              file=sys.stderr)
+        print(
+            f"error: unexpected {type(e).__name__}: {first} (run with --debug for the traceback)",
+            file=sys.stderr,
+        )
         return 1
 
 
-VERBOSE_HELP = ("messages besides the results: auto (the default, as 1), 0 (results and errors "
-                "only: no progress lines, no TensorFlow / LiteRT runtime logs), 1, 2; the train "
-                "commands' flag")
+VERBOSE_HELP = (
+    "messages besides the results: auto (the default, as 1), 0 (results and errors "
+    "only: no progress lines, no TensorFlow / LiteRT runtime logs), 1, 2; the train "
+    "commands' flag"
+)
 
 
 def add_verbose_argument(parser):

@@ -36,7 +36,9 @@ def main(argv=None):
         return 0 if argv else 2
     name, rest = argv[0], argv[1:]
     if name not in COMMANDS:
-        print(f"error: unknown command {name!r}; choose from: {', '.join(COMMANDS)}", file=sys.stderr)
+        print(
+            f"error: unknown command {name!r}; choose from: {', '.join(COMMANDS)}", file=sys.stderr
+        )
         return 2
     module = importlib.import_module(COMMANDS[name][0])
     return int(module.main(rest) or 0)

@@ -18,8 +18,16 @@ import numpy as np
 
 from zoo import litert
 from zoo.cli import UsageError as _Usage
-from zoo.cli import add_verbose_argument, cli_boundary, quiet_stderr, verbosity
-from zoo.cli import check_out_file, import_keras_quietly, read_sidecar, run_kind
+from zoo.cli import (
+    add_verbose_argument,
+    check_out_file,
+    cli_boundary,
+    import_keras_quietly,
+    quiet_stderr,
+    read_sidecar,
+    run_kind,
+    verbosity,
+)
 
 
 class _Parser(argparse.ArgumentParser):
@@ -35,7 +43,9 @@ class KerasGenerator:
         path = os.path.join(run_dir, "model.keras")
         config_path = os.path.join(run_dir, "config.json")
         if not os.path.isfile(path) or not os.path.isfile(config_path):
-            raise _Usage(f"not a SAGAN run directory (needs model.keras and config.json): {run_dir}")
+            raise _Usage(
+                f"not a SAGAN run directory (needs model.keras and config.json): {run_dir}"
+            )
         kind = run_kind(run_dir)
         if kind != "sagan":
             raise _Usage(f"{run_dir} is a {kind!r} run, not 'sagan'")
@@ -65,7 +75,9 @@ class TFLiteGenerator:
         self.latent_dim = int(meta["latent_dim"])
         self.num_classes = meta.get("num_classes")
         self.class_names = meta.get("class_names") or []
-        self.runner = litert.interpreter(path).get_signature_runner(meta.get("signature", "serving_default"))
+        self.runner = litert.interpreter(path).get_signature_runner(
+            meta.get("signature", "serving_default")
+        )
         self.batch_one = meta.get("inputs", {}).get("noise", {}).get("shape", [None])[0] == 1
 
     def __call__(self, noise, labels):
@@ -76,7 +88,9 @@ class TFLiteGenerator:
             return self.runner(**feed)["image"]
 
         if self.batch_one:
-            return np.concatenate([run(noise[i:i + 1], labels[i:i + 1]) for i in range(len(noise))])
+            return np.concatenate(
+                [run(noise[i : i + 1], labels[i : i + 1]) for i in range(len(noise))]
+            )
         return run(noise, labels)
 
 
@@ -89,7 +103,7 @@ def grid(images, columns, pad=1):
     for i, image in enumerate(images):
         r, k = divmod(i, columns)
         top, left = pad + r * (h + pad), pad + k * (w + pad)
-        out[top:top + h, left:left + w] = image
+        out[top : top + h, left : left + w] = image
     return out
 
 
@@ -130,7 +144,9 @@ def _class_id(value, generator):
     try:
         k = int(value)
     except ValueError:
-        raise _Usage(f"--class must be a class id or one of {generator.class_names}: {value!r}") from None
+        raise _Usage(
+            f"--class must be a class id or one of {generator.class_names}: {value!r}"
+        ) from None
     if not 0 <= k < generator.num_classes:
         raise _Usage(f"--class must be in [0, {generator.num_classes}), got {k}")
     return k
@@ -143,12 +159,15 @@ def main(argv=None):
     parser.add_argument("path", help="SAGAN run directory or exported .tflite file")
     parser.add_argument("--out", required=True, help="PNG file to write")
     parser.add_argument("--class", dest="class_", help="class id or name (conditional generators)")
-    parser.add_argument("--num", type=int, default=16, help="images (default 16; per class without --class)")
+    parser.add_argument(
+        "--num", type=int, default=16, help="images (default 16; per class without --class)"
+    )
     parser.add_argument("--columns", type=int, default=8, help="grid columns (default 8)")
     parser.add_argument("--seed", type=int, default=0, help="noise seed")
     parser.add_argument("--force", action="store_true", help="overwrite --out")
     add_verbose_argument(parser)
     parser.add_argument("--debug", action="store_true", help="show tracebacks")
+
     def body():
         args = parser.parse_args(argv)
         level = verbosity(args.verbose)
@@ -166,7 +185,11 @@ def main(argv=None):
         if not os.path.isdir(args.path) and not args.path.endswith(".tflite"):
             raise _Usage(f"expected a run directory or a .tflite file: {args.path}")
         with quiet_stderr(level == 0):
-            generator = KerasGenerator(args.path) if os.path.isdir(args.path) else TFLiteGenerator(args.path)
+            generator = (
+                KerasGenerator(args.path)
+                if os.path.isdir(args.path)
+                else TFLiteGenerator(args.path)
+            )
             k = _class_id(args.class_, generator)
             if generator.num_classes and k is None:
                 labels = np.repeat(np.arange(generator.num_classes), args.num).astype(np.int32)
@@ -174,8 +197,11 @@ def main(argv=None):
             else:
                 labels = np.full(args.num, k or 0, np.int32)
                 columns = min(args.columns, args.num)
-            noise = np.random.default_rng(args.seed).standard_normal(
-                (len(labels), generator.latent_dim)).astype(np.float32)
+            noise = (
+                np.random.default_rng(args.seed)
+                .standard_normal((len(labels), generator.latent_dim))
+                .astype(np.float32)
+            )
             images = generator(noise, labels)
         uint8 = np.clip(np.round(np.asarray(images) * 255.0), 0, 255).astype(np.uint8)
         save_png(grid(uint8, columns), args.out)

@@ -58,7 +58,9 @@ def load(path):
         return LiteTranslator(model_path, meta)
     if kind == "sagan":
         return LiteGenerator(model_path, meta)
-    raise ValueError(f"{model_path}: sidecar kind {kind!r} is not one of 'tagger', 'seq2seq', 'sagan'")
+    raise ValueError(
+        f"{model_path}: sidecar kind {kind!r} is not one of 'tagger', 'seq2seq', 'sagan'"
+    )
 
 
 def _read_json(path):
@@ -83,14 +85,21 @@ def _resolve(path):
                 if files.get(key) and os.path.isfile(os.path.join(path, files[key])):
                     return os.path.join(path, files[key]), meta
             raise ValueError(f"{shared} names no .tflite file present in {path}")
-        found = sorted(n for n in os.listdir(path)
-                       if n.endswith(".tflite") and os.path.isfile(os.path.join(path, n + ".json")))
+        found = sorted(
+            n
+            for n in os.listdir(path)
+            if n.endswith(".tflite") and os.path.isfile(os.path.join(path, n + ".json"))
+        )
         if len(found) != 1:
-            raise ValueError(f"{path} must hold one .tflite file with its .json sidecar "
-                             f"(or {SEQ2SEQ_SIDECAR}); found {found}")
+            raise ValueError(
+                f"{path} must hold one .tflite file with its .json sidecar "
+                f"(or {SEQ2SEQ_SIDECAR}); found {found}"
+            )
         path = os.path.join(path, found[0])
     if not path.endswith(".tflite"):
-        raise ValueError(f"`path` must be a .tflite file or an export folder. Received: path={path!r}")
+        raise ValueError(
+            f"`path` must be a .tflite file or an export folder. Received: path={path!r}"
+        )
     if os.path.isfile(path + ".json"):
         return path, _read_json(path + ".json")
     shared = os.path.join(os.path.dirname(os.path.abspath(path)), SEQ2SEQ_SIDECAR)
@@ -134,7 +143,9 @@ class LiteTagger:
             raise ValueError(f"bad tagger sidecar for {path}: {type(e).__name__}: {e}") from None
         self.path = path
         interpreter = _interpreter(path)
-        self._runner = interpreter.get_signature_runner(next(iter(interpreter.get_signature_list())))
+        self._runner = interpreter.get_signature_runner(
+            next(iter(interpreter.get_signature_list()))
+        )
         shape = self._runner.get_input_details()["word_ids"]["shape_signature"]
         self.static_length = int(shape[1]) if shape[1] > 0 else None
 
@@ -144,7 +155,7 @@ class LiteTagger:
         return self._words.get(re.sub("[0-9]", "0", token.lower()), UNK_ID)
 
     def char_ids(self, token):
-        ids = [self._chars.get(c, UNK_ID) for c in token][:self.max_chars]
+        ids = [self._chars.get(c, UNK_ID) for c in token][: self.max_chars]
         return ids + [PAD_ID] * (self.max_chars - len(ids))
 
     def encode(self, tokens, width):
@@ -159,10 +170,14 @@ class LiteTagger:
         for tokens in _sentences(sentences):
             limit = self.static_length or self.max_len
             if len(tokens) > limit:
-                raise ValueError(f"sentence has {len(tokens)} tokens, more than the model's {limit}")
+                raise ValueError(
+                    f"sentence has {len(tokens)} tokens, more than the model's {limit}"
+                )
             words, chars = self.encode(tokens, self.static_length or len(tokens))
             out = self._runner(word_ids=words, char_ids=chars)
-            tag_ids = out["tag_ids"][0] if "tag_ids" in out else np.argmax(out["probabilities"][0], -1)
+            tag_ids = (
+                out["tag_ids"][0] if "tag_ids" in out else np.argmax(out["probabilities"][0], -1)
+            )
             results.append([(t, self.tags[int(i)]) for t, i in zip(tokens, tag_ids)])
         return results
 
@@ -195,14 +210,18 @@ class LiteTranslator:
 
         self.path = path
         self.kind = meta.get("kind", "seq2seq")
-        beside = os.path.join(os.path.dirname(os.path.abspath(path)), meta.get("tokenizer_file") or "spm.model")
+        beside = os.path.join(
+            os.path.dirname(os.path.abspath(path)), meta.get("tokenizer_file") or "spm.model"
+        )
         if os.path.isfile(beside):
             with open(beside, "rb") as f:
                 proto = f.read()
         elif meta.get("tokenizer"):
             proto = base64.b64decode(meta["tokenizer"])
         else:
-            raise ValueError(f"{path}: no spm.model beside it and no tokenizer in its sidecar; re-export")
+            raise ValueError(
+                f"{path}: no spm.model beside it and no tokenizer in its sidecar; re-export"
+            )
         self.sentencepiece = spm.SentencePieceProcessor(model_proto=proto)
         interpreter = _interpreter(path)
         signatures = interpreter.get_signature_list()
@@ -211,7 +230,9 @@ class LiteTranslator:
             self._encode = interpreter.get_signature_runner("encode")
             self._step = interpreter.get_signature_runner("decode_step")
             self.max_source_length = int(self._encode.get_input_details()["source_ids"]["shape"][1])
-            self._cache_shape = tuple(int(d) for d in self._step.get_input_details()["self_cache"]["shape"])
+            self._cache_shape = tuple(
+                int(d) for d in self._step.get_input_details()["self_cache"]["shape"]
+            )
             self.max_target_length = self._cache_shape[1]
             self.vocabulary_size = int(self._step.get_output_details()["logits"]["shape"][-1])
         else:
@@ -224,8 +245,10 @@ class LiteTranslator:
         ids = [list(row) for row in self.sentencepiece.encode(list(texts))]
         for i, row in enumerate(ids):
             if len(row) > self.max_source_length:
-                raise ValueError(f"input {i} has {len(row)} tokens, more than the model's "
-                                 f"{self.max_source_length}: {texts[i][:60]!r}")
+                raise ValueError(
+                    f"input {i} has {len(row)} tokens, more than the model's "
+                    f"{self.max_source_length}: {texts[i][:60]!r}"
+                )
         return ids
 
     def decode_text(self, rows):
@@ -233,7 +256,7 @@ class LiteTranslator:
         for row in rows:
             row = [int(i) for i in row]
             if EOS_ID in row:
-                row = row[:row.index(EOS_ID)]
+                row = row[: row.index(EOS_ID)]
             out.append(self.sentencepiece.decode([i for i in row if i > BOS_ID]))
         return out
 
@@ -241,8 +264,10 @@ class LiteTranslator:
         """str or list of str -> str or list of str (greedy, or beam search)."""
         single = isinstance(texts, str)
         texts = [texts] if single else list(texts)
-        rows = [self.decode_ids(ids, beam_width=beam_width, alpha=alpha, max_length=max_length)
-                for ids in self.encode_text(texts)]
+        rows = [
+            self.decode_ids(ids, beam_width=beam_width, alpha=alpha, max_length=max_length)
+            for ids in self.encode_text(texts)
+        ]
         out = self.decode_text(rows)
         return out[0] if single else out
 
@@ -250,10 +275,18 @@ class LiteTranslator:
     def _limit(self, n, max_length):
         cap = self.max_target_length
         if max_length is not None:
-            if isinstance(max_length, bool) or not isinstance(max_length, (int, np.integer)) or max_length < 1:
-                raise ValueError(f"`max_length` must be a positive int. Received: max_length={max_length!r}")
+            if (
+                isinstance(max_length, bool)
+                or not isinstance(max_length, (int, np.integer))
+                or max_length < 1
+            ):
+                raise ValueError(
+                    f"`max_length` must be a positive int. Received: max_length={max_length!r}"
+                )
             if cap and max_length > cap:
-                raise ValueError(f"`max_length` exceeds the export's {cap}. Received: max_length={max_length}")
+                raise ValueError(
+                    f"`max_length` exceeds the export's {cap}. Received: max_length={max_length}"
+                )
             return int(max_length)
         limit = _bucket(2 * _bucket(max(1, n)) + 10)
         return min(cap, limit) if cap else limit
@@ -262,22 +295,28 @@ class LiteTranslator:
         """Source ids (one row, no BOS/EOS) -> output ids, cut before EOS."""
         limit = self._limit(len(ids), max_length)
         source = np.zeros((1, self.max_source_length), np.int32)
-        source[0, :len(ids)] = ids
+        source[0, : len(ids)] = ids
         if not self.steps:
             if beam_width != 1:
-                raise ValueError(f"{os.path.basename(self.path)} decodes greedily inside one WHILE op; "
-                                 "load steps.tflite for beam search")
+                raise ValueError(
+                    f"{os.path.basename(self.path)} decodes greedily inside one WHILE op; "
+                    "load steps.tflite for beam search"
+                )
             out = self._greedy(source_ids=source)["tokens"][0].tolist()[:limit]
         elif beam_width == 1:
             out = self._greedy_steps(source, limit)
         else:
             out = self._beam_steps(source, int(beam_width), float(alpha), limit)
-        return out[:out.index(EOS_ID)] if EOS_ID in out else out
+        return out[: out.index(EOS_ID)] if EOS_ID in out else out
 
     def _run_step(self, token, position, encoded, cache):
-        out = self._step(token=np.array([token], np.int32), position=np.array(position, np.int32),
-                         cross_cache=encoded["cross_cache"], encoder_mask=encoded["encoder_mask"],
-                         self_cache=cache)
+        out = self._step(
+            token=np.array([token], np.int32),
+            position=np.array(position, np.int32),
+            cross_cache=encoded["cross_cache"],
+            encoder_mask=encoded["encoder_mask"],
+            self_cache=cache,
+        )
         return out["logits"][0], out["self_cache"]
 
     def _greedy_steps(self, source, limit):
@@ -314,7 +353,9 @@ class LiteTranslator:
             new_caches = caches.copy()
             for r in range(k):
                 if alive_logp[r] > _NEG / 2:  # an empty slot is never among the 2k best
-                    logits[r], new_caches[r] = self._run_step(int(current[r]), i, encoded, caches[r])
+                    logits[r], new_caches[r] = self._run_step(
+                        int(current[r]), i, encoded, caches[r]
+                    )
             scores = (alive_logp[:, None] + _log_softmax(logits)).reshape(-1)
             top_logp, top_index = _top_k(scores, 2 * k)
             from_beam, token = top_index // vocab, (top_index % vocab).astype(np.int32)
@@ -326,7 +367,9 @@ class LiteTranslator:
             caches = new_caches[from_beam[order]]
             current = token[order]
             alive_logp = live_logp
-            penalty = np.power(np.float32((5.0 + np.float32(i + 1)) / np.float32(6.0)), np.float32(alpha))
+            penalty = np.power(
+                np.float32((5.0 + np.float32(i + 1)) / np.float32(6.0)), np.float32(alpha)
+            )
             eos_score = np.where(is_eos & (rank < k), top_logp / penalty, _NEG).astype(np.float32)
             all_score = np.concatenate([finished_score, eos_score])
             all_seq = np.concatenate([finished_seq, candidates])
@@ -353,7 +396,8 @@ class LiteGenerator:
         self.class_names = list(meta.get("class_names") or [])
         interpreter = _interpreter(path)
         self._runner = interpreter.get_signature_runner(
-            meta.get("signature") or next(iter(interpreter.get_signature_list())))
+            meta.get("signature") or next(iter(interpreter.get_signature_list()))
+        )
         details = self._runner.get_input_details()
         self.conditional = "label" in details
         self._batch_one = int(details["noise"]["shape_signature"][0]) == 1
@@ -367,10 +411,16 @@ class LiteGenerator:
                 if value not in self.class_names:
                     raise ValueError(f"unknown class {value!r}; known: {self.class_names}")
                 value = self.class_names.index(value)
-            if isinstance(value, bool) or not isinstance(value, (int, np.integer)) or value < 0 \
-                    or (self.num_classes and value >= self.num_classes):
-                raise ValueError(f"`class_ids` must hold ints in [0, {self.num_classes}) or class names. "
-                                 f"Received: {value!r}")
+            if (
+                isinstance(value, bool)
+                or not isinstance(value, (int, np.integer))
+                or value < 0
+                or (self.num_classes and value >= self.num_classes)
+            ):
+                raise ValueError(
+                    f"`class_ids` must hold ints in [0, {self.num_classes}) or class names. "
+                    f"Received: {value!r}"
+                )
             ids.append(int(value))
         if not ids:
             raise ValueError("`class_ids` is empty")
@@ -379,22 +429,38 @@ class LiteGenerator:
     def generate(self, class_ids=None, seed=None, num_images=None):
         if self.conditional:
             if class_ids is None or num_images is not None:
-                raise ValueError("a class-conditional generator takes `class_ids` (not `num_images`)")
+                raise ValueError(
+                    "a class-conditional generator takes `class_ids` (not `num_images`)"
+                )
             labels = self._labels(class_ids)
         else:
             if class_ids is not None:
-                raise ValueError("this generator is unconditional: pass `num_images`, not `class_ids`")
-            if isinstance(num_images, bool) or not isinstance(num_images, (int, np.integer)) or num_images < 1:
-                raise ValueError(f"`num_images` must be a positive int. Received: num_images={num_images!r}")
+                raise ValueError(
+                    "this generator is unconditional: pass `num_images`, not `class_ids`"
+                )
+            if (
+                isinstance(num_images, bool)
+                or not isinstance(num_images, (int, np.integer))
+                or num_images < 1
+            ):
+                raise ValueError(
+                    f"`num_images` must be a positive int. Received: num_images={num_images!r}"
+                )
             labels = np.zeros(int(num_images), np.int32)
-        noise = np.random.default_rng(seed).standard_normal((len(labels), self.latent_dim)).astype(np.float32)
+        noise = (
+            np.random.default_rng(seed)
+            .standard_normal((len(labels), self.latent_dim))
+            .astype(np.float32)
+        )
 
         def run(n, y):
             feed = {"noise": n, "label": y} if self.conditional else {"noise": n}
             return self._runner(**feed)["image"]
 
         if self._batch_one:
-            return np.concatenate([run(noise[i:i + 1], labels[i:i + 1]) for i in range(len(labels))])
+            return np.concatenate(
+                [run(noise[i : i + 1], labels[i : i + 1]) for i in range(len(labels))]
+            )
         return np.asarray(run(noise, labels), np.float32)
 
     def __repr__(self):

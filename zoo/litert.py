@@ -16,19 +16,25 @@ def interpreter(model, threads=None):
         return Interpreter(model_path=str(model), **kwargs)
     except (ValueError, RuntimeError) as e:
         from zoo.cli import UsageError
-        raise UsageError(f"cannot load .tflite file {model}: {' '.join(str(e).split())[:200]}") from None
+
+        raise UsageError(
+            f"cannot load .tflite file {model}: {' '.join(str(e).split())[:200]}"
+        ) from None
 
 
 def check_tflite_file(path):
     # LiteRT answers a truncated or foreign file with a multi-line error (or worse).
     from zoo.cli import UsageError
+
     try:
         with open(path, "rb") as f:
             head = f.read(8)
     except OSError as e:
         raise UsageError(f"cannot read .tflite file {path}: {e.strerror}") from None
     if len(head) < 8 or head[4:8] != b"TFL3":
-        raise UsageError(f"not a TFLite model (no TFL3 identifier; truncated or corrupted?): {path}")
+        raise UsageError(
+            f"not a TFLite model (no TFL3 identifier; truncated or corrupted?): {path}"
+        )
 
 
 def signature_runner(interp, signature=None):
@@ -58,9 +64,13 @@ def run(model, inputs, signature=None, threads=None):
         list(d.get("shape_signature", d["shape"]))[:1] == [1] for d in details.values()
     )
     if static_one and batch != 1:
-        parts = [runner(**{k: np.asarray(v[i : i + 1]) for k, v in inputs.items()}) for i in range(batch)]
+        parts = [
+            runner(**{k: np.asarray(v[i : i + 1]) for k, v in inputs.items()}) for i in range(batch)
+        ]
         return {k: np.concatenate([p[k] for p in parts]) for k in parts[0]}
-    return {k: np.asarray(v) for k, v in runner(**{k: np.asarray(v) for k, v in inputs.items()}).items()}
+    return {
+        k: np.asarray(v) for k, v in runner(**{k: np.asarray(v) for k, v in inputs.items()}).items()
+    }
 
 
 def compare(reference, candidate, mask=None, class_output=None):

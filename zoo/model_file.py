@@ -25,15 +25,26 @@ def check_archive(path):
     if not os.path.isfile(path):
         raise ModelFileError(f"model file is not a regular file: {path}")
     if not zipfile.is_zipfile(path):
-        raise ModelFileError(f"not a .keras model file (not a zip archive; truncated or corrupted?): {path}")
+        raise ModelFileError(
+            f"not a .keras model file (not a zip archive; truncated or corrupted?): {path}"
+        )
     try:
         with zipfile.ZipFile(path) as archive:
             names = set(archive.namelist())
             broken = archive.testzip()  # CRC of every member: catches flipped bytes
-    except (zipfile.BadZipFile, zipfile.LargeZipFile, zlib.error, OSError, EOFError, ValueError) as e:
+    except (
+        zipfile.BadZipFile,
+        zipfile.LargeZipFile,
+        zlib.error,
+        OSError,
+        EOFError,
+        ValueError,
+    ) as e:
         raise ModelFileError(f"corrupted .keras model file {path}: {e}") from None
     if broken is not None:
-        raise ModelFileError(f"corrupted .keras model file {path}: member {broken!r} fails its checksum")
+        raise ModelFileError(
+            f"corrupted .keras model file {path}: member {broken!r} fails its checksum"
+        )
     if "config.json" not in names:
         raise ModelFileError(f"not a .keras model file (no config.json inside): {path}")
     return path
@@ -56,6 +67,10 @@ def load(path, expected=None, compile=False):
         message = " ".join(str(e).split())[:300] or type(e).__name__
         raise ModelFileError(f"cannot load model {path}: {message}") from None
     if expected is not None and not isinstance(model, expected):
-        names = expected.__name__ if isinstance(expected, type) else "/".join(c.__name__ for c in expected)
+        names = (
+            expected.__name__
+            if isinstance(expected, type)
+            else "/".join(c.__name__ for c in expected)
+        )
         raise ModelFileError(f"{path} holds a {type(model).__name__}, not a {names}")
     return model

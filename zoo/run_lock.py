@@ -33,8 +33,10 @@ class LockedError(Exception):
 
     def __init__(self, directory, pid):
         holder = f"process {pid}" if pid else "another process"
-        super().__init__(f"{directory} is in use by {holder} (lock file {os.path.join(directory, LOCK_NAME)}); "
-                         f"wait for it to finish or stop it, or use another --out")
+        super().__init__(
+            f"{directory} is in use by {holder} (lock file {os.path.join(directory, LOCK_NAME)}); "
+            f"wait for it to finish or stop it, or use another --out"
+        )
         self.pid = pid
 
 
@@ -147,4 +149,6 @@ def check_writable_ancestor(path, flag, usage_error=ValueError, creating=False):
     if not os.path.isdir(parent):
         raise usage_error(f"{flag} {path}: {parent} is not a directory")
     if not os.access(parent, os.W_OK | os.X_OK):
-        raise usage_error(f"{flag} {path}: {'cannot create it, ' if creating else ''}{parent} is not writable")
+        raise usage_error(
+            f"{flag} {path}: {'cannot create it, ' if creating else ''}{parent} is not writable"
+        )

@@ -13,8 +13,16 @@ import sys
 
 from zoo import litert
 from zoo.cli import UsageError as _Usage
-from zoo.cli import add_verbose_argument, cli_boundary, quiet_stderr, verbosity
-from zoo.cli import check_utf8, import_keras_quietly, read_sidecar, run_kind
+from zoo.cli import (
+    add_verbose_argument,
+    check_utf8,
+    cli_boundary,
+    import_keras_quietly,
+    quiet_stderr,
+    read_sidecar,
+    run_kind,
+    verbosity,
+)
 
 
 class _Parser(argparse.ArgumentParser):
@@ -70,8 +78,10 @@ class TFLiteTagger:
         results = []
         for tokens in token_lists:  # one at a time: exported models may have batch 1
             if len(tokens) > (self.static_length or self.max_len):
-                raise _Usage(f"sentence has {len(tokens)} tokens, more than the model's "
-                             f"{self.static_length or self.max_len}")
+                raise _Usage(
+                    f"sentence has {len(tokens)} tokens, more than the model's "
+                    f"{self.static_length or self.max_len}"
+                )
             width = self.static_length or max(len(tokens), 1)
             padded = pad_tokens([list(tokens) + [""] * (width - len(tokens))])
             ids = {k: v.numpy().astype(np.int32) for k, v in self.encoder.encode(padded).items()}
@@ -94,6 +104,7 @@ def main(argv=None):
     parser.add_argument("sentences", nargs="+", help="sentences (split on whitespace)")
     add_verbose_argument(parser)
     parser.add_argument("--debug", action="store_true", help="show tracebacks")
+
     def body():
         args = parser.parse_args(argv)
         quiet = verbosity(args.verbose) == 0
@@ -107,10 +118,16 @@ def main(argv=None):
         if not os.path.isdir(args.path) and not args.path.endswith(".tflite"):
             raise _Usage(f"expected a run directory or a .tflite file: {args.path}")
         with quiet_stderr(quiet):
-            tagger = load_keras_tagger(args.path) if os.path.isdir(args.path) else TFLiteTagger(args.path)
+            tagger = (
+                load_keras_tagger(args.path)
+                if os.path.isdir(args.path)
+                else TFLiteTagger(args.path)
+            )
             try:
                 tagged = tagger(token_lists)
-            except ValueError as e:  # Tagger.tag: a sentence longer than max_len (documented: error)
+            except (
+                ValueError
+            ) as e:  # Tagger.tag: a sentence longer than max_len (documented: error)
                 raise _Usage(str(e)) from None
         for pairs in tagged:
             print(" ".join(f"{word}/{tag}" for word, tag in pairs))

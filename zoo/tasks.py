@@ -34,19 +34,25 @@ def load(path):
         raise ValueError(f"`path` does not exist. Received: path={path!r}")
     if os.path.isdir(path):
         if os.path.isfile(os.path.join(path, "model.keras")):
-            return _from_keras(os.path.join(path, "model.keras"), _read_json(os.path.join(path, "config.json")))
+            return _from_keras(
+                os.path.join(path, "model.keras"), _read_json(os.path.join(path, "config.json"))
+            )
         saved_model = _saved_model_dir(path)
         if saved_model:
             return _from_savedmodel(saved_model)
-        raise ValueError("`path` is a directory without model.keras or saved_model.pb (nor "
-                         f"numbered versions holding one). Received: path={path!r}")
+        raise ValueError(
+            "`path` is a directory without model.keras or saved_model.pb (nor "
+            f"numbered versions holding one). Received: path={path!r}"
+        )
     if path.endswith(".keras"):
         sibling = os.path.join(os.path.dirname(os.path.abspath(path)), "config.json")
         return _from_keras(path, _read_json(sibling))
     if path.endswith(".tflite"):
         return _from_tflite(path)
-    raise ValueError("`path` must be a run directory, a .keras file, a SavedModel directory "
-                     f"or a .tflite file. Received: path={path!r}")
+    raise ValueError(
+        "`path` must be a run directory, a .keras file, a SavedModel directory "
+        f"or a .tflite file. Received: path={path!r}"
+    )
 
 
 def _read_json(path):
@@ -86,8 +92,11 @@ def _from_keras(path, config):
         latent_dim = int(inputs["noise"].shape[-1])
         num_classes = cfg.get("num_classes")
         if "label" in inputs and not num_classes:
-            found = [layer.num_classes for layer in model._flatten_layers()
-                     if getattr(layer, "num_classes", None)]
+            found = [
+                layer.num_classes
+                for layer in model._flatten_layers()
+                if getattr(layer, "num_classes", None)
+            ]
             num_classes = found[0] if found else None
         conditional = "label" in inputs
 
@@ -96,10 +105,18 @@ def _from_keras(path, config):
             image = np.asarray(model(feed, training=False), np.float32)
             return np.clip(image * 0.5 + 0.5, 0.0, 1.0)
 
-        return ImageGenerator(run, latent_dim, num_classes if conditional else None,
-                              config.get("class_names") or [], fmt="keras", model=model)
-    raise ValueError(f"{path} holds a {type(model).__name__}, which is not a zoo task model "
-                     f"(one of {', '.join(KINDS)})")
+        return ImageGenerator(
+            run,
+            latent_dim,
+            num_classes if conditional else None,
+            config.get("class_names") or [],
+            fmt="keras",
+            model=model,
+        )
+    raise ValueError(
+        f"{path} holds a {type(model).__name__}, which is not a zoo task model "
+        f"(one of {', '.join(KINDS)})"
+    )
 
 
 def _seq2seq_kind(model):
@@ -110,8 +127,11 @@ def _seq2seq_kind(model):
 def _saved_model_dir(path):
     if os.path.isfile(os.path.join(path, "saved_model.pb")):
         return path
-    versions = [d for d in os.listdir(path) if d.isdigit()
-                and os.path.isfile(os.path.join(path, d, "saved_model.pb"))]
+    versions = [
+        d
+        for d in os.listdir(path)
+        if d.isdigit() and os.path.isfile(os.path.join(path, d, "saved_model.pb"))
+    ]
     return os.path.join(path, max(versions, key=int)) if versions else None
 
 
@@ -128,7 +148,9 @@ def _from_savedmodel(path):
     try:
         loaded = tf.saved_model.load(path)
     except Exception as e:  # noqa: BLE001  (TF raises many types for bad directories)
-        raise ValueError(f"cannot load SavedModel {path}: {' '.join(str(e).split())[:300]}") from None
+        raise ValueError(
+            f"cannot load SavedModel {path}: {' '.join(str(e).split())[:300]}"
+        ) from None
     signatures = loaded.signatures
     if "tag_tokens" in signatures:
         fn = signatures["tag_tokens"]
@@ -137,15 +159,22 @@ def _from_savedmodel(path):
             width = max(len(t) for t in token_lists)
             rows = [list(t) + [""] * (width - len(t)) for t in token_lists]
             tags = fn(tokens=tf.constant(rows, tf.string))["tags"].numpy()
-            return [[(tok, tags[r, i].decode("utf-8")) for i, tok in enumerate(tokens)]
-                    for r, tokens in enumerate(token_lists)]
+            return [
+                [(tok, tags[r, i].decode("utf-8")) for i, tok in enumerate(tokens)]
+                for r, tokens in enumerate(token_lists)
+            ]
 
         return TaggerTask(tag, tags=None, fmt="savedmodel", model=loaded)
     if "translate" in signatures and "decode_step" in signatures:
         tokenizer = _savedmodel_tokenizer(path)
         if tokenizer is not None:
-            return Translator(fmt="savedmodel", kind="seq2seq", model=loaded, tokenizer=tokenizer,
-                              steps=SignatureSteps.from_savedmodel(signatures))
+            return Translator(
+                fmt="savedmodel",
+                kind="seq2seq",
+                model=loaded,
+                tokenizer=tokenizer,
+                steps=SignatureSteps.from_savedmodel(signatures),
+            )
     if "translate" in signatures:
         fn = signatures["translate"]
 
@@ -153,10 +182,15 @@ def _from_savedmodel(path):
             out = fn(text=tf.constant(texts, tf.string))["translation"].numpy()
             return [t.decode("utf-8") for t in out]
 
-        return Translator(greedy=greedy, fmt="savedmodel", kind="seq2seq", model=loaded,
-                          greedy_only="a SavedModel's translate signature decodes greedily inside its "
-                                      "graph (it exports no encode / decode_step signatures: exported "
-                                      "before they were added; export it again)")
+        return Translator(
+            greedy=greedy,
+            fmt="savedmodel",
+            kind="seq2seq",
+            model=loaded,
+            greedy_only="a SavedModel's translate signature decodes greedily inside its "
+            "graph (it exports no encode / decode_step signatures: exported "
+            "before they were added; export it again)",
+        )
     if "generate" in signatures:
         fn = signatures["serving_default"]
         specs = fn.structured_input_signature[1]
@@ -168,10 +202,19 @@ def _from_savedmodel(path):
                 feed["label"] = tf.constant(labels, tf.int32)
             return fn(**feed)["image"].numpy()
 
-        return ImageGenerator(run, int(specs["noise"].shape[-1]), None, [], fmt="savedmodel",
-                              model=loaded, conditional=conditional)
-    raise ValueError(f"SavedModel {path} has none of the zoo's signatures "
-                     f"(tag_tokens, translate, generate): {sorted(signatures)}")
+        return ImageGenerator(
+            run,
+            int(specs["noise"].shape[-1]),
+            None,
+            [],
+            fmt="savedmodel",
+            model=loaded,
+            conditional=conditional,
+        )
+    raise ValueError(
+        f"SavedModel {path} has none of the zoo's signatures "
+        f"(tag_tokens, translate, generate): {sorted(signatures)}"
+    )
 
 
 # ---------------------------------------------------------------- tflite
@@ -181,7 +224,9 @@ def _from_tflite(path):
 
     meta = _read_json(path + ".json")
     if not meta:  # `python -m export.kinds.seq2seq` writes one sidecar for its two files
-        shared = _read_json(os.path.join(os.path.dirname(os.path.abspath(path)), "seq2seq.tflite.json"))
+        shared = _read_json(
+            os.path.join(os.path.dirname(os.path.abspath(path)), "seq2seq.tflite.json")
+        )
         if os.path.basename(path) in (shared.get("files") or {}).values():
             meta = shared
     kind = meta.get("kind")
@@ -193,7 +238,9 @@ def _from_tflite(path):
             return TaggerTask(tagger, tags=list(tagger.tags), fmt="tflite")
         if kind == "sagan":
             meta = read_sidecar(path, "sagan")
-            runner = tflite_interpreter(path).get_signature_runner(meta.get("signature", "serving_default"))
+            runner = tflite_interpreter(path).get_signature_runner(
+                meta.get("signature", "serving_default")
+            )
             conditional = bool(meta.get("num_classes"))
             batch_one = runner.get_input_details()["noise"]["shape_signature"][0] == 1
 
@@ -203,17 +250,26 @@ def _from_tflite(path):
                     return runner(**feed)["image"]
 
                 if batch_one:
-                    return np.concatenate([once(noise[i:i + 1], labels[i:i + 1]) for i in range(len(noise))])
+                    return np.concatenate(
+                        [once(noise[i : i + 1], labels[i : i + 1]) for i in range(len(noise))]
+                    )
                 return once(noise, labels)
 
-            return ImageGenerator(run, int(meta["latent_dim"]), meta.get("num_classes"),
-                                  meta.get("class_names") or [], fmt="tflite")
+            return ImageGenerator(
+                run,
+                int(meta["latent_dim"]),
+                meta.get("num_classes"),
+                meta.get("class_names") or [],
+                fmt="tflite",
+            )
         if kind in ("seq2seq", "universal_transformer"):
             return _tflite_translator(path, meta, tflite_interpreter(path), kind)
     except UsageError as e:
         raise ValueError(str(e)) from None
-    raise ValueError(f"{path}: missing or unknown sidecar {path}.json (kind {kind!r}; "
-                     "expected 'tagger', 'seq2seq' or 'sagan')")
+    raise ValueError(
+        f"{path}: missing or unknown sidecar {path}.json (kind {kind!r}; "
+        "expected 'tagger', 'seq2seq' or 'sagan')"
+    )
 
 
 def _tflite_translator(path, meta, interpreter, kind):
@@ -223,13 +279,19 @@ def _tflite_translator(path, meta, interpreter, kind):
     from zoo.seq2seq.tokenization import Tokenizer, decode_proto
 
     if not meta.get("tokenizer"):
-        raise ValueError(f"{path}: the sidecar has no tokenizer (exported before it was added); "
-                         "re-export, or load the run directory or the SavedModel")
+        raise ValueError(
+            f"{path}: the sidecar has no tokenizer (exported before it was added); "
+            "re-export, or load the run directory or the SavedModel"
+        )
     tokenizer = Tokenizer(decode_proto(meta["tokenizer"]))
     signatures = interpreter.get_signature_list()
     if "decode_step" in signatures:
-        return Translator(fmt="tflite", kind=kind, steps=SignatureSteps.from_tflite(interpreter),
-                          tokenizer=tokenizer)
+        return Translator(
+            fmt="tflite",
+            kind=kind,
+            steps=SignatureSteps.from_tflite(interpreter),
+            tokenizer=tokenizer,
+        )
     runner = interpreter.get_signature_runner(sorted(signatures)[0])
     length = int(runner.get_input_details()["source_ids"]["shape"][1])
 
@@ -237,22 +299,28 @@ def _tflite_translator(path, meta, interpreter, kind):
         outputs = []
         for row in _source_ids(tokenizer, texts, length):
             ids = np.zeros((1, length), np.int32)
-            ids[0, :len(row)] = row
+            ids[0, : len(row)] = row
             outputs.append(tokenizer.decode([runner(source_ids=ids)["tokens"][0].tolist()])[0])
         return outputs
 
-    return Translator(greedy=greedy, fmt="tflite", kind=kind,
-                      greedy_only=f"{os.path.basename(path)} decodes greedily inside one WHILE op "
-                                  "(the step model steps.tflite, written next to it by "
-                                  "`python -m export.kinds.seq2seq`, runs every sampler)")
+    return Translator(
+        greedy=greedy,
+        fmt="tflite",
+        kind=kind,
+        greedy_only=f"{os.path.basename(path)} decodes greedily inside one WHILE op "
+        "(the step model steps.tflite, written next to it by "
+        "`python -m export.kinds.seq2seq`, runs every sampler)",
+    )
 
 
 def _source_ids(tokenizer, texts, length):
     ids = tokenizer.encode(texts)
     for i, row in enumerate(ids):
         if len(row) > length:
-            raise ValueError(f"input {i} has {len(row)} tokens, more than the model's {length}: "
-                             f"{texts[i][:60]!r}")
+            raise ValueError(
+                f"input {i} has {len(row)} tokens, more than the model's {length}: "
+                f"{texts[i][:60]!r}"
+            )
     return ids
 
 
@@ -310,9 +378,13 @@ class SignatureSteps:
     def from_tflite(cls, interpreter):
         encode = interpreter.get_signature_runner("encode")
         step = interpreter.get_signature_runner("decode_step")
-        return cls(encode, step, encode.get_input_details()["source_ids"]["shape"][1],
-                   step.get_input_details()["self_cache"]["shape"],
-                   step.get_output_details()["logits"]["shape"][-1])
+        return cls(
+            encode,
+            step,
+            encode.get_input_details()["source_ids"]["shape"][1],
+            step.get_input_details()["self_cache"]["shape"],
+            step.get_output_details()["logits"]["shape"][-1],
+        )
 
     @classmethod
     def from_savedmodel(cls, signatures):
@@ -330,8 +402,13 @@ class SignatureSteps:
         encode, encode_specs = runner(signatures["encode"])
         step, step_specs = runner(signatures["decode_step"])
         logits = signatures["decode_step"].structured_outputs["logits"]
-        return cls(encode, step, encode_specs["source_ids"].shape[1], step_specs["self_cache"].shape,
-                   logits.shape[-1])
+        return cls(
+            encode,
+            step,
+            encode_specs["source_ids"].shape[1],
+            step_specs["self_cache"].shape,
+            logits.shape[-1],
+        )
 
     def encode(self, source_ids):
         """source ids `[B, W]` (0-padded, W may exceed the exported length by
@@ -341,10 +418,12 @@ class SignatureSteps:
         if ids.shape[1] > s and ids[:, s:].any():
             raise ValueError(f"a source has more than the model's {s} tokens")
         padded = np.zeros((len(ids), s), np.int32)
-        padded[:, :min(s, ids.shape[1])] = ids[:, :s]
+        padded[:, : min(s, ids.shape[1])] = ids[:, :s]
         outs = [self._encode(source_ids=row[None]) for row in padded]
-        return (np.stack([o["cross_cache"] for o in outs]),
-                np.concatenate([o["encoder_mask"] for o in outs]))
+        return (
+            np.stack([o["cross_cache"] for o in outs]),
+            np.concatenate([o["encoder_mask"] for o in outs]),
+        )
 
     def cross_caches(self, encoded):
         return encoded  # `encode` already returns the projected keys and values
@@ -355,11 +434,18 @@ class SignatureSteps:
     def decode_step(self, token_ids, index, self_caches, cross_caches, source_mask):
         tokens = np.asarray(token_ids, np.int32).reshape(-1)
         position = np.asarray(index, np.int32).reshape(())
-        cache, cross, mask = (np.asarray(x, np.float32) for x in (self_caches[0], cross_caches, source_mask))
+        cache, cross, mask = (
+            np.asarray(x, np.float32) for x in (self_caches[0], cross_caches, source_mask)
+        )
         logits, new = [], []
         for r in range(len(tokens)):
-            out = self._step(token=tokens[r:r + 1], position=position, cross_cache=cross[r],
-                             encoder_mask=mask[r:r + 1], self_cache=cache[r])
+            out = self._step(
+                token=tokens[r : r + 1],
+                position=position,
+                cross_cache=cross[r],
+                encoder_mask=mask[r : r + 1],
+                self_cache=cache[r],
+            )
             logits.append(out["logits"][0])
             new.append(out["self_cache"])
         return np.stack(logits), (np.stack(new),)
@@ -426,8 +512,16 @@ class Translator:
     and `max_length` raise `ValueError` naming the sampler and the format.
     `translate(texts)`: greedy strings."""
 
-    def __init__(self, model=None, greedy=None, fmt="keras", kind="seq2seq", steps=None, tokenizer=None,
-                 greedy_only=None):
+    def __init__(
+        self,
+        model=None,
+        greedy=None,
+        fmt="keras",
+        kind="seq2seq",
+        steps=None,
+        tokenizer=None,
+        greedy_only=None,
+    ):
         self.model = model
         self._greedy = greedy
         self._steps = steps
@@ -436,36 +530,63 @@ class Translator:
         self.format = fmt
         self.kind = kind
 
-    def generate(self, texts, sampler="greedy", num_return_sequences=1, return_scores=False,
-                 max_length=None, seed=None):
+    def generate(
+        self,
+        texts,
+        sampler="greedy",
+        num_return_sequences=1,
+        return_scores=False,
+        max_length=None,
+        seed=None,
+    ):
         if self.format == "keras":
-            return self.model.generate(texts, sampler=sampler, num_return_sequences=num_return_sequences,
-                                       return_scores=return_scores, max_length=max_length, seed=seed)
+            return self.model.generate(
+                texts,
+                sampler=sampler,
+                num_return_sequences=num_return_sequences,
+                return_scores=return_scores,
+                max_length=max_length,
+                seed=seed,
+            )
         from zoo.seq2seq import samplers
+
         picked = samplers.get(sampler)
         single = isinstance(texts, str)
         texts = [texts] if single else list(texts)
         if self._steps is not None:
-            out = self._generate_steps(texts, picked, num_return_sequences, return_scores, max_length, seed)
-        elif not isinstance(picked, samplers.Greedy) or return_scores \
-                or num_return_sequences != 1 or max_length is not None:
-            raise ValueError(f"{self._greedy_only}: only sampler='greedy' with one sequence, no "
-                             "scores and the default length; load the run directory (or steps.tflite) "
-                             f"for sampler={sampler!r}. Received: sampler={sampler!r}, "
-                             f"format={self.format!r}, num_return_sequences={num_return_sequences}, "
-                             f"return_scores={return_scores}, max_length={max_length}")
+            out = self._generate_steps(
+                texts, picked, num_return_sequences, return_scores, max_length, seed
+            )
+        elif (
+            not isinstance(picked, samplers.Greedy)
+            or return_scores
+            or num_return_sequences != 1
+            or max_length is not None
+        ):
+            raise ValueError(
+                f"{self._greedy_only}: only sampler='greedy' with one sequence, no "
+                "scores and the default length; load the run directory (or steps.tflite) "
+                f"for sampler={sampler!r}. Received: sampler={sampler!r}, "
+                f"format={self.format!r}, num_return_sequences={num_return_sequences}, "
+                f"return_scores={return_scores}, max_length={max_length}"
+            )
         else:
             out = self._greedy(texts)
         return out[0] if single else out
 
-    def _generate_steps(self, texts, sampler, num_return_sequences, return_scores, max_length, seed):
-        from zoo.seq2seq import decoding
-        from zoo.seq2seq import samplers
+    def _generate_steps(
+        self, texts, sampler, num_return_sequences, return_scores, max_length, seed
+    ):
+        from zoo.seq2seq import decoding, samplers
+
         ids = _source_ids(self._tokenizer, texts, self._steps.max_source_length)
         if isinstance(sampler, samplers.Greedy) and num_return_sequences == 1 and not return_scores:
-            return self._tokenizer.decode(decoding.decode_ids(self._steps, ids, max_length=max_length))
-        found = decoding.generate_ids(self._steps, ids, sampler, num_return_sequences,
-                                      max_length=max_length, seed=seed)
+            return self._tokenizer.decode(
+                decoding.decode_ids(self._steps, ids, max_length=max_length)
+            )
+        found = decoding.generate_ids(
+            self._steps, ids, sampler, num_return_sequences, max_length=max_length, seed=seed
+        )
         outputs = []
         for candidates in found:
             decoded = self._tokenizer.decode([c[0] for c in candidates])
@@ -489,7 +610,9 @@ class ImageGenerator:
 
     kind = "sagan"
 
-    def __init__(self, run, latent_dim, num_classes, class_names, fmt, model=None, conditional=None):
+    def __init__(
+        self, run, latent_dim, num_classes, class_names, fmt, model=None, conditional=None
+    ):
         self._run = run
         self.latent_dim = latent_dim
         self.num_classes = num_classes
@@ -503,32 +626,56 @@ class ImageGenerator:
         for value in class_ids:
             if isinstance(value, str):
                 if value not in self.class_names:
-                    raise ValueError(f"`class_ids` names an unknown class; known: {self.class_names}. "
-                                     f"Received: {value!r}")
+                    raise ValueError(
+                        f"`class_ids` names an unknown class; known: {self.class_names}. "
+                        f"Received: {value!r}"
+                    )
                 value = self.class_names.index(value)
-            if isinstance(value, bool) or not isinstance(value, (int, np.integer)) or value < 0 \
-                    or (self.num_classes and value >= self.num_classes):
+            if (
+                isinstance(value, bool)
+                or not isinstance(value, (int, np.integer))
+                or value < 0
+                or (self.num_classes and value >= self.num_classes)
+            ):
                 bound = f"[0, {self.num_classes})" if self.num_classes else ">= 0"
-                raise ValueError(f"`class_ids` must hold ints in {bound} or class names. Received: {value!r}")
+                raise ValueError(
+                    f"`class_ids` must hold ints in {bound} or class names. Received: {value!r}"
+                )
             ids.append(int(value))
         return np.asarray(ids, np.int32)
 
     def generate(self, class_ids=None, seed=None, num_images=None):
         if self.conditional:
             if class_ids is None or num_images is not None:
-                raise ValueError("a class-conditional generator takes `class_ids` (not `num_images`). "
-                                 f"Received: class_ids={class_ids!r}, num_images={num_images!r}")
-            labels = self._ids([class_ids] if isinstance(class_ids, (int, str, np.integer)) else class_ids)
+                raise ValueError(
+                    "a class-conditional generator takes `class_ids` (not `num_images`). "
+                    f"Received: class_ids={class_ids!r}, num_images={num_images!r}"
+                )
+            labels = self._ids(
+                [class_ids] if isinstance(class_ids, (int, str, np.integer)) else class_ids
+            )
         else:
             if class_ids is not None:
-                raise ValueError(f"this generator is unconditional: pass `num_images`, not "
-                                 f"`class_ids`. Received: class_ids={class_ids!r}")
-            if isinstance(num_images, bool) or not isinstance(num_images, (int, np.integer)) or num_images < 1:
-                raise ValueError(f"`num_images` must be a positive int. Received: num_images={num_images!r}")
+                raise ValueError(
+                    f"this generator is unconditional: pass `num_images`, not "
+                    f"`class_ids`. Received: class_ids={class_ids!r}"
+                )
+            if (
+                isinstance(num_images, bool)
+                or not isinstance(num_images, (int, np.integer))
+                or num_images < 1
+            ):
+                raise ValueError(
+                    f"`num_images` must be a positive int. Received: num_images={num_images!r}"
+                )
             labels = np.zeros(int(num_images), np.int32)
         if len(labels) == 0:
             raise ValueError("`class_ids` is empty")
-        noise = np.random.default_rng(seed).standard_normal((len(labels), self.latent_dim)).astype(np.float32)
+        noise = (
+            np.random.default_rng(seed)
+            .standard_normal((len(labels), self.latent_dim))
+            .astype(np.float32)
+        )
         return np.asarray(self._run(noise, labels), np.float32)
 
     def __repr__(self):

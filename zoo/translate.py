@@ -11,8 +11,16 @@ import argparse
 import os
 import sys
 
-from zoo.cli import (UsageError, add_verbose_argument, check_utf8, cli_boundary, import_keras_quietly,
-                     quiet_stderr, run_kind, verbosity)
+from zoo.cli import (
+    UsageError,
+    add_verbose_argument,
+    check_utf8,
+    cli_boundary,
+    import_keras_quietly,
+    quiet_stderr,
+    run_kind,
+    verbosity,
+)
 
 
 class _Parser(argparse.ArgumentParser):
@@ -26,7 +34,9 @@ def _stdin_lines():
         try:
             lines.append(raw.decode("utf-8").rstrip("\r\n"))
         except UnicodeDecodeError as e:
-            raise UsageError(f"stdin line {number} is not valid UTF-8 (byte {e.start}): {raw[:60]!r}") from None
+            raise UsageError(
+                f"stdin line {number} is not valid UTF-8 (byte {e.start}): {raw[:60]!r}"
+            ) from None
     return lines
 
 

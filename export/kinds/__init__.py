@@ -27,6 +27,8 @@ import pkgutil
 import numpy as np
 
 from zoo.cli import UsageError
+
+
 def checked(tensor, *assertions):
     """`tensor`, readable only after `assertions` (tf.debugging ops) passed.
 
@@ -52,8 +54,12 @@ def assert_ids_in_range(ids, size, name):
     return checked(
         ids,
         tf.debugging.assert_non_negative(ids, message=f"{name} must be >= 0 (0 is padding)"),
-        tf.debugging.assert_less(ids, tf.cast(size, ids.dtype),
-                                 message=f"{name} must be < {size}, the size of the model's table"))
+        tf.debugging.assert_less(
+            ids,
+            tf.cast(size, ids.dtype),
+            message=f"{name} must be < {size}, the size of the model's table",
+        ),
+    )
 
 
 @dataclasses.dataclass
@@ -236,9 +242,7 @@ _GENERIC = ExportKind()
 
 def available():
     """Kind names with a plugin module (without importing them)."""
-    return sorted(
-        m.name for m in pkgutil.iter_modules(__path__) if not m.name.startswith("_")
-    )
+    return sorted(m.name for m in pkgutil.iter_modules(__path__) if not m.name.startswith("_"))
 
 
 def get(kind):

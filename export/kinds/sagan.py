@@ -15,8 +15,8 @@ statistics at inference, so batch-1 output equals the batch output row for row.
 
 import numpy as np
 
-from zoo.cli import UsageError
 from export.kinds import Endpoint, ExportKind, assert_ids_in_range
+from zoo.cli import UsageError
 
 
 class SaganKind(ExportKind):
@@ -30,7 +30,9 @@ class SaganKind(ExportKind):
     def model(self, source):
         model = super().model(source)
         if not self.matches(model):
-            raise UsageError(f"{source.path}: model {getattr(model, 'name', '?')!r} is not a SAGAN generator")
+            raise UsageError(
+                f"{source.path}: model {getattr(model, 'name', '?')!r} is not a SAGAN generator"
+            )
         return model
 
     def _dims(self, source):
@@ -38,7 +40,7 @@ class SaganKind(ExportKind):
         inputs = m.input if isinstance(m.input, dict) else {"noise": m.input}
         latent_dim = int(inputs["noise"].shape[-1])
         conditional = "label" in inputs
-        num_classes = (source.config.get("model", {}).get("num_classes") if source.config else None)
+        num_classes = source.config.get("model", {}).get("num_classes") if source.config else None
         if conditional and not num_classes:
             num_classes = int(m.get_layer("up_8").num_classes)
         return latent_dim, conditional, num_classes
@@ -95,10 +97,20 @@ class SaganKind(ExportKind):
 
         example = self.sample_inputs(source, 2, specs=specs)
         return [
-            Endpoint("serving_default", core, specs, example,
-                     "noise (and label) -> image float32 in [0, 1] (the TFLite contract)"),
-            Endpoint("generate", generate, specs, example,
-                     "noise (and label) -> image uint8 [B, S, S, C]"),
+            Endpoint(
+                "serving_default",
+                core,
+                specs,
+                example,
+                "noise (and label) -> image float32 in [0, 1] (the TFLite contract)",
+            ),
+            Endpoint(
+                "generate",
+                generate,
+                specs,
+                example,
+                "noise (and label) -> image uint8 [B, S, S, C]",
+            ),
         ]
 
     def sample_inputs(self, source, n, specs=None):
@@ -123,10 +135,15 @@ class SaganKind(ExportKind):
         config = source.config or {}
         classes = config.get("class_names") if conditional else None
         shape = [int(d) for d in m.output.shape[1:]]
-        return {"kind": "sagan", "latent_dim": latent_dim, "num_classes": num_classes,
-                "class_names": classes, "image_shape": shape,
-                "noise": "standard normal, float32 [batch, latent_dim]",
-                "output": "image float32 [batch, S, S, C] in [0, 1]; multiply by 255 for uint8"}
+        return {
+            "kind": "sagan",
+            "latent_dim": latent_dim,
+            "num_classes": num_classes,
+            "class_names": classes,
+            "image_shape": shape,
+            "noise": "standard normal, float32 [batch, latent_dim]",
+            "output": "image float32 [batch, S, S, C] in [0, 1]; multiply by 255 for uint8",
+        }
 
 
 KIND = SaganKind()

@@ -36,8 +36,8 @@ import sys
 
 import numpy as np
 
-from zoo.cli import UsageError
 from export.kinds import Endpoint, ExportKind, assert_ids_in_range, checked
+from zoo.cli import UsageError
 
 ALIASES = ("universal_transformer",)
 
@@ -62,7 +62,9 @@ class Seq2SeqKind(ExportKind):
     def model(self, source):
         model = super().model(source)
         if not self.matches(model):
-            raise UsageError(f"{source.path}: model is a {type(model).__name__}, not a zoo seq2seq model")
+            raise UsageError(
+                f"{source.path}: model is a {type(model).__name__}, not a zoo seq2seq model"
+            )
         return model
 
     def default_length(self, source):
@@ -71,7 +73,9 @@ class Seq2SeqKind(ExportKind):
     def check_static(self, source, static_length):
         m = self.model(source)
         if static_length and static_length > m.max_source_length:
-            raise UsageError(f"--length {static_length} exceeds max_source_length {m.max_source_length}")
+            raise UsageError(
+                f"--length {static_length} exceeds max_source_length {m.max_source_length}"
+            )
 
     # ------------------------------------------------------------ id level (greedy WHILE)
     def core_specs(self, source, static_length=None):
@@ -81,6 +85,7 @@ class Seq2SeqKind(ExportKind):
 
     def core_fn(self, source, static=False):
         from zoo.seq2seq import decoding
+
         m = self.model(source)
 
         def fn(source_ids):
@@ -92,51 +97,90 @@ class Seq2SeqKind(ExportKind):
     def serving_endpoints(self, source):
         tf = _tf()
         from zoo.seq2seq import decoding
+
         m = self.model(source)
         tok = m.tokenizer
         limit = int(m.max_source_length)
 
         def translate(text):
             ids, counts = tok.encode_tf(text, limit)
-            ids = checked(ids, tf.debugging.assert_less_equal(
-                counts, limit, message=f"an input has more tokens than max_source_length ({limit})"))
+            ids = checked(
+                ids,
+                tf.debugging.assert_less_equal(
+                    counts,
+                    limit,
+                    message=f"an input has more tokens than max_source_length ({limit})",
+                ),
+            )
             out = decoding.greedy(m, ids)
             return {"translation": tok.decode_tf(out), "token_ids": out}
 
         def translate_ids(source_ids):
-            source_ids = checked(source_ids, tf.debugging.assert_less_equal(
-                tf.shape(source_ids)[1], limit,
-                message=f"source_ids has more positions than max_source_length ({limit})"))
+            source_ids = checked(
+                source_ids,
+                tf.debugging.assert_less_equal(
+                    tf.shape(source_ids)[1],
+                    limit,
+                    message=f"source_ids has more positions than max_source_length ({limit})",
+                ),
+            )
             source_ids = assert_ids_in_range(source_ids, m.vocabulary_size, "source_ids")
             return {"token_ids": decoding.greedy(m, source_ids)}
 
         texts = self._example_texts(source)
         ids = np.zeros((len(texts), limit), "int32")
         for i, row in enumerate(tok.encode(texts)):
-            ids[i, :min(limit, len(row))] = row[:limit]
+            ids[i, : min(limit, len(row))] = row[:limit]
         # The step signatures are steps.tflite's functions (source_ids [1, S], S =
         # max_source_length), so a client can run beam search or sampling itself.
         encode, decode_step, specs = step_functions(m)
         source_row = ids[:1].copy()
         encoded = encode(tf.constant(source_row))
-        step_example = {"token": np.array([2], "int32"), "position": np.array(0, "int32"),
-                        "cross_cache": np.asarray(encoded["cross_cache"]),
-                        "encoder_mask": np.asarray(encoded["encoder_mask"]),
-                        "self_cache": np.zeros(specs["decode_step"][4].shape, "float32")}
-        ids = ids[:, :max(1, int((ids > 0).sum(axis=1).max()))]
+        step_example = {
+            "token": np.array([2], "int32"),
+            "position": np.array(0, "int32"),
+            "cross_cache": np.asarray(encoded["cross_cache"]),
+            "encoder_mask": np.asarray(encoded["encoder_mask"]),
+            "self_cache": np.zeros(specs["decode_step"][4].shape, "float32"),
+        }
+        ids = ids[:, : max(1, int((ids > 0).sum(axis=1).max()))]
         text_spec = [tf.TensorSpec([None], tf.string, name="text")]
         return [
-            Endpoint("serving_default", translate, text_spec, {"text": texts},
-                     "raw text -> translation (greedy, tokenizer inside)"),
-            Endpoint("translate", translate, text_spec, {"text": texts},
-                     "raw text -> translation (greedy, tokenizer inside)"),
-            Endpoint("translate_ids", translate_ids,
-                     [tf.TensorSpec([None, None], tf.int32, name="source_ids")], {"source_ids": ids},
-                     "SentencePiece ids (0-padded) -> output ids (EOS then 0)"),
-            Endpoint("encode", encode, specs["encode"], {"source_ids": source_row},
-                     "steps.tflite's encode: source ids [1, S] -> cross_cache, encoder_mask"),
-            Endpoint("decode_step", decode_step, specs["decode_step"], step_example,
-                     "steps.tflite's decode_step: one token -> logits [1, V], self_cache"),
+            Endpoint(
+                "serving_default",
+                translate,
+                text_spec,
+                {"text": texts},
+                "raw text -> translation (greedy, tokenizer inside)",
+            ),
+            Endpoint(
+                "translate",
+                translate,
+                text_spec,
+                {"text": texts},
+                "raw text -> translation (greedy, tokenizer inside)",
+            ),
+            Endpoint(
+                "translate_ids",
+                translate_ids,
+                [tf.TensorSpec([None, None], tf.int32, name="source_ids")],
+                {"source_ids": ids},
+                "SentencePiece ids (0-padded) -> output ids (EOS then 0)",
+            ),
+            Endpoint(
+                "encode",
+                encode,
+                specs["encode"],
+                {"source_ids": source_row},
+                "steps.tflite's encode: source ids [1, S] -> cross_cache, encoder_mask",
+            ),
+            Endpoint(
+                "decode_step",
+                decode_step,
+                specs["decode_step"],
+                step_example,
+                "steps.tflite's decode_step: one token -> logits [1, V], self_cache",
+            ),
         ]
 
     def resources(self, source):
@@ -162,10 +206,17 @@ class Seq2SeqKind(ExportKind):
         m = self.model(source)
         # The SentencePiece model itself (base64), so an app or `zoo.load` can
         # tokenize text exactly as training did; `pieces` alone cannot.
-        return {"kind": self.name, "tokenizer": m.tokenizer_proto,
-                "pieces": m.tokenizer.pieces(), "pad_id": 0, "unk_id": 1,
-                "bos_id": 2, "eos_id": 3, "max_source_length": int(static_length or m.max_source_length),
-                "max_target_length": int(m.max_target_length)}
+        return {
+            "kind": self.name,
+            "tokenizer": m.tokenizer_proto,
+            "pieces": m.tokenizer.pieces(),
+            "pad_id": 0,
+            "unk_id": 1,
+            "bos_id": 2,
+            "eos_id": 3,
+            "max_source_length": int(static_length or m.max_source_length),
+            "max_target_length": int(m.max_target_length),
+        }
 
 
 KIND = Seq2SeqKind()
@@ -185,8 +236,11 @@ def _token_major_attention(model):
     --target gpu` flags that BATCH_MATMUL). Both forms are the same arithmetic."""
     from layers import MultiHeadAttention
 
-    found = [layer for layer in model._flatten_layers(include_self=False, recursive=True)
-             if isinstance(layer, MultiHeadAttention)]
+    found = [
+        layer
+        for layer in model._flatten_layers(include_self=False, recursive=True)
+        if isinstance(layer, MultiHeadAttention)
+    ]
     for layer in found:
         layer._heads_first = lambda *args, **kwargs: False
     try:
@@ -212,20 +266,29 @@ def step_functions(model, source_length=None):
     n_cross = len(model.cross_caches(ops.zeros((1, 1, model.hidden_dim))))
 
     def pairs(flat, n):
-        return tuple((flat[2 * i:2 * i + 1], flat[2 * i + 1:2 * i + 2]) for i in range(n))
+        return tuple((flat[2 * i : 2 * i + 1], flat[2 * i + 1 : 2 * i + 2]) for i in range(n))
 
     def encode(source_ids):
         with _token_major_attention(model):
             encoder_output, mask = model.encode(source_ids)
         cross = model.cross_caches(encoder_output, split=True)
-        return {"cross_cache": ops.concatenate([t for pair in cross for t in pair], axis=0),
-                "encoder_mask": ops.cast(mask, "float32")}
+        return {
+            "cross_cache": ops.concatenate([t for pair in cross for t in pair], axis=0),
+            "encoder_mask": ops.cast(mask, "float32"),
+        }
 
     def decode_step(token, position, cross_cache, encoder_mask, self_cache):
-        logits, new = model.decode_step(token, position, pairs(self_cache, n_self),
-                                        pairs(cross_cache, n_cross), encoder_mask > 0.5)
-        return {"logits": logits,
-                "self_cache": ops.concatenate([t for pair in new for t in pair], axis=0)}
+        logits, new = model.decode_step(
+            token,
+            position,
+            pairs(self_cache, n_self),
+            pairs(cross_cache, n_cross),
+            encoder_mask > 0.5,
+        )
+        return {
+            "logits": logits,
+            "self_cache": ops.concatenate([t for pair in new for t in pair], axis=0),
+        }
 
     specs = {
         "encode": [tf.TensorSpec([1, s], tf.int32, name="source_ids")],
@@ -256,7 +319,9 @@ def convert_steps(model, source_length=None):
     workdir = tempfile.mkdtemp(prefix="export-seq2seq-steps-")
     try:
         archive.write_out(workdir, verbose=False)
-        converter = tf.lite.TFLiteConverter.from_saved_model(workdir, signature_keys=["encode", "decode_step"])
+        converter = tf.lite.TFLiteConverter.from_saved_model(
+            workdir, signature_keys=["encode", "decode_step"]
+        )
         converter.target_spec.supported_ops = [tf.lite.OpsSet.TFLITE_BUILTINS]
         # Low-rank elementwise operands reshaped for the GPU accelerator
         # (export/gpu_rewrite.py); the same arithmetic.
@@ -298,8 +363,13 @@ def litert_greedy(tflite, source_ids, max_length, eos_id=3, bos_id=2, model=None
     cache = np.zeros(cache_shape, np.float32)
     token, out = bos_id, []
     for position in range(max_length):
-        result = step(token=np.array([token], np.int32), position=np.array(position, np.int32),
-                      cross_cache=enc["cross_cache"], encoder_mask=enc["encoder_mask"], self_cache=cache)
+        result = step(
+            token=np.array([token], np.int32),
+            position=np.array(position, np.int32),
+            cross_cache=enc["cross_cache"],
+            encoder_mask=enc["encoder_mask"],
+            self_cache=cache,
+        )
         cache = result["self_cache"]
         token = int(np.argmax(result["logits"][0]))
         if margins is not None:
@@ -317,6 +387,7 @@ def export_all(run_dir, out_dir):
     checks both against Keras greedy decoding on calibration rows first."""
     from export import atomic, rundir, tflite
     from zoo.seq2seq import decoding
+
     src = rundir.resolve(run_dir)
     kind = KIND
     model = kind.model(src)
@@ -329,41 +400,57 @@ def export_all(run_dir, out_dir):
     report = {"checked_rows": int(len(rows))}
     for i, row in enumerate(rows):
         want = np.asarray(decoding.greedy(model, row[None]))[0].tolist()
-        want = want[:want.index(3) + 1] if 3 in want else want
+        want = want[: want.index(3) + 1] if 3 in want else want
         got_steps = litert_greedy(steps, row[None], model.max_target_length)
         got_loop = run(greedy_bytes, {"source_ids": row[None]})["tokens"][0].tolist()
-        got_loop = got_loop[:got_loop.index(3) + 1] if 3 in got_loop else got_loop
+        got_loop = got_loop[: got_loop.index(3) + 1] if 3 in got_loop else got_loop
         if got_steps != want or got_loop != want:
-            raise RuntimeError(f"row {i}: LiteRT tokens differ from Keras greedy "
-                               f"(steps {got_steps[:10]}, loop {got_loop[:10]}, keras {want[:10]})")
+            raise RuntimeError(
+                f"row {i}: LiteRT tokens differ from Keras greedy "
+                f"(steps {got_steps[:10]}, loop {got_loop[:10]}, keras {want[:10]})"
+            )
     from export.check import check_model
 
     # The step model is the GPU mode; its verdict ships with it so an app
     # knows before trying the delegate.
     report["steps_gpu_problems"] = [str(p) for p in check_model(steps, "gpu")]
-    sidecar = dict(kind.sidecar(src), files={"steps": "steps.tflite", "greedy": "greedy.tflite"},
-                   source=os.path.abspath(src.path) if src.run_dir or os.path.exists(src.path) else None,
-                   parity=report, num_self_caches=int(model.num_self_caches), tokenizer_file="spm.model")
+    sidecar = dict(
+        kind.sidecar(src),
+        files={"steps": "steps.tflite", "greedy": "greedy.tflite"},
+        source=os.path.abspath(src.path) if src.run_dir or os.path.exists(src.path) else None,
+        parity=report,
+        num_self_caches=int(model.num_self_caches),
+        tokenizer_file="spm.model",
+    )
     # The SentencePiece model as the file an app's tokenizer library opens
     # (also base64 in the sidecar's "tokenizer").
-    for name, content in (("steps.tflite", steps), ("greedy.tflite", greedy_bytes),
-                          ("spm.model", bytes(model.tokenizer.proto))):
+    for name, content in (
+        ("steps.tflite", steps),
+        ("greedy.tflite", greedy_bytes),
+        ("spm.model", bytes(model.tokenizer.proto)),
+    ):
         with atomic.building(os.path.join(out_dir, name)) as tmp:
             with open(tmp, "wb") as f:
                 f.write(content)
     with atomic.building(os.path.join(out_dir, "seq2seq.tflite.json")) as tmp:
         with open(tmp, "w") as f:
             json.dump(sidecar, f, indent=2)
-    return {"steps": os.path.join(out_dir, "steps.tflite"), "greedy": os.path.join(out_dir, "greedy.tflite"),
-            "steps_bytes": len(steps), "greedy_bytes": len(greedy_bytes),
-            "steps_gpu_compatible": not report["steps_gpu_problems"]}
+    return {
+        "steps": os.path.join(out_dir, "steps.tflite"),
+        "greedy": os.path.join(out_dir, "greedy.tflite"),
+        "steps_bytes": len(steps),
+        "greedy_bytes": len(greedy_bytes),
+        "steps_gpu_compatible": not report["steps_gpu_problems"],
+    }
 
 
 def main(argv=None):
     import argparse
 
-    parser = argparse.ArgumentParser(prog="python -m export.kinds.seq2seq",
-                                     description="seq2seq TFLite: steps.tflite (encode, decode_step) + greedy.tflite")
+    parser = argparse.ArgumentParser(
+        prog="python -m export.kinds.seq2seq",
+        description="seq2seq TFLite: steps.tflite (encode, decode_step) + greedy.tflite",
+    )
     parser.add_argument("run_dir")
     parser.add_argument("--out", required=True, help="output directory")
     args = parser.parse_args(argv)

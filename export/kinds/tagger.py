@@ -16,8 +16,8 @@ GPU-delegate op, the app takes the argmax.
 
 import numpy as np
 
-from zoo.cli import UsageError
 from export.kinds import Endpoint, ExportKind, assert_ids_in_range, checked, fit_to_spec
+from zoo.cli import UsageError
 
 _LABEL_KEYS = ("tag_ids", "labels", "tags")
 
@@ -53,8 +53,10 @@ class TaggerKind(ExportKind):
         if static_length is not None and static_length > m.max_len:
             raise UsageError(f"--length {static_length} exceeds the tagger's max_len {m.max_len}")
         b, t = (1, int(static_length)) if static_length is not None else (None, None)
-        return [tf.TensorSpec([b, t], tf.int32, name="word_ids"),
-                tf.TensorSpec([b, t, m.max_chars], tf.int32, name="char_ids")]
+        return [
+            tf.TensorSpec([b, t], tf.int32, name="word_ids"),
+            tf.TensorSpec([b, t, m.max_chars], tf.int32, name="char_ids"),
+        ]
 
     def core_fn(self, source, static=False):
         import tensorflow as tf
@@ -82,9 +84,14 @@ class TaggerKind(ExportKind):
         def tag_dense(tokens):
             present = tf.not_equal(tokens, "")
             lengths = tf.reduce_sum(tf.cast(present, tf.int32), axis=1)
-            tokens = checked(tokens, tf.debugging.assert_less_equal(
-                tf.shape(tokens)[1], max_len,
-                message=f"a sentence has more tokens than this tagger's max_len ({max_len})"))
+            tokens = checked(
+                tokens,
+                tf.debugging.assert_less_equal(
+                    tf.shape(tokens)[1],
+                    max_len,
+                    message=f"a sentence has more tokens than this tagger's max_len ({max_len})",
+                ),
+            )
             ids = m.encode_tf(tokens)
             probs = m.core(ids, training=False)
             tag_ids = tf.argmax(probs, axis=-1, output_type=tf.int32)
@@ -101,18 +108,24 @@ class TaggerKind(ExportKind):
 
         def tag_tokens(tokens):
             tf.debugging.assert_greater(
-                tf.shape(tokens)[1], 0, message="tokens must have at least one column")
+                tf.shape(tokens)[1], 0, message="tokens must have at least one column"
+            )
             return tag_dense(tokens)
 
         def predict_ids(word_ids, char_ids):
             word_ids = checked(
                 word_ids,
                 tf.debugging.assert_less_equal(
-                    tf.shape(word_ids)[1], max_len,
-                    message=f"word_ids has more positions than this tagger's max_len ({max_len})"),
+                    tf.shape(word_ids)[1],
+                    max_len,
+                    message=f"word_ids has more positions than this tagger's max_len ({max_len})",
+                ),
                 tf.debugging.assert_equal(
-                    tf.shape(char_ids)[:2], tf.shape(word_ids),
-                    message="char_ids must be [batch, time, max_chars] with word_ids' batch and time"))
+                    tf.shape(char_ids)[:2],
+                    tf.shape(word_ids),
+                    message="char_ids must be [batch, time, max_chars] with word_ids' batch and time",
+                ),
+            )
             word_ids = assert_ids_in_range(word_ids, len(m.words), "word_ids")
             char_ids = assert_ids_in_range(char_ids, len(m.chars), "char_ids")
             return self.core_fn(source)(word_ids, char_ids)
@@ -124,14 +137,27 @@ class TaggerKind(ExportKind):
         specs = self.core_specs(source)
         ids = self.sample_inputs(source, 3, specs=specs)
         return [
-            Endpoint("serving_default", tag_sentences,
-                     [tf.TensorSpec([None], tf.string, name="sentences")],
-                     {"sentences": sentences}, "raw sentences (whitespace-tokenised) -> tags"),
-            Endpoint("tag_tokens", tag_tokens,
-                     [tf.TensorSpec([None, None], tf.string, name="tokens")],
-                     {"tokens": padded}, "tokens [batch, time] padded with \"\" -> tags"),
-            Endpoint("predict_ids", predict_ids, specs, ids,
-                     "word_ids, char_ids -> probabilities, tag_ids (the TFLite model's contract)"),
+            Endpoint(
+                "serving_default",
+                tag_sentences,
+                [tf.TensorSpec([None], tf.string, name="sentences")],
+                {"sentences": sentences},
+                "raw sentences (whitespace-tokenised) -> tags",
+            ),
+            Endpoint(
+                "tag_tokens",
+                tag_tokens,
+                [tf.TensorSpec([None, None], tf.string, name="tokens")],
+                {"tokens": padded},
+                'tokens [batch, time] padded with "" -> tags',
+            ),
+            Endpoint(
+                "predict_ids",
+                predict_ids,
+                specs,
+                ids,
+                "word_ids, char_ids -> probabilities, tag_ids (the TFLite model's contract)",
+            ),
         ]
 
     def _example_sentences(self, source, n=3):
@@ -153,7 +179,7 @@ class TaggerKind(ExportKind):
                     break
         if not sentences:
             vocab = [w for w in m.words[2:] if w.strip()] or ["?"]
-            sentences = [" ".join(vocab[i:i + 4]) for i in range(0, min(len(vocab), 4 * n), 4)]
+            sentences = [" ".join(vocab[i : i + 4]) for i in range(0, min(len(vocab), 4 * n), 4)]
         return sentences
 
     # ------------------------------------------------------------ data
@@ -175,13 +201,17 @@ class TaggerKind(ExportKind):
         rng = np.random.default_rng(0)
         vocab = m.words[2:] or ["x"]
         longest = min(int(m.max_len), 12)
-        sentences = [[vocab[i] for i in rng.integers(0, len(vocab), rng.integers(1, longest + 1))]
-                     for _ in range(n)]
+        sentences = [
+            [vocab[i] for i in rng.integers(0, len(vocab), rng.integers(1, longest + 1))]
+            for _ in range(n)
+        ]
         ids = m.encode_tf(pad_tokens(sentences))
         return {k: np.asarray(v) for k, v in ids.items()}
 
     def calibration_inputs(self, source, specs, n=200):
-        return self.sample_inputs(source, min(n, len(source.calibration()["word_ids"])), specs=specs)
+        return self.sample_inputs(
+            source, min(n, len(source.calibration()["word_ids"])), specs=specs
+        )
 
     def valid_mask(self, inputs):
         return np.asarray(inputs["word_ids"]) > 0
@@ -204,9 +234,15 @@ class TaggerKind(ExportKind):
 
     def sidecar(self, source, static_length=None):
         m = self.model(source)
-        return {"kind": "tagger", "arch": getattr(m, "arch", None), "words": list(m.words),
-                "chars": list(m.chars), "tags": list(m.tags), "max_chars": int(m.max_chars),
-                "max_len": int(static_length or m.max_len)}
+        return {
+            "kind": "tagger",
+            "arch": getattr(m, "arch", None),
+            "words": list(m.words),
+            "chars": list(m.chars),
+            "tags": list(m.tags),
+            "max_chars": int(m.max_chars),
+            "max_len": int(static_length or m.max_len),
+        }
 
 
 KIND = TaggerKind()

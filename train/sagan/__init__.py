@@ -18,10 +18,18 @@ from zoo.cli import UsageError
 def add_arguments(parser):
     add = parser.add_argument
     add("--out", default=None, help="run directory (default runs/sagan or runs/sagan-compare)")
-    add("--epochs", type=int, default=None,
-        help="passes over the training images (default 100; --max-minutes usually ends the run first)")
-    add("--batch-size", type=int, default=32,
-        help="real images per D step, split across replicas (global batch; default 32)")
+    add(
+        "--epochs",
+        type=int,
+        default=None,
+        help="passes over the training images (default 100; --max-minutes usually ends the run first)",
+    )
+    add(
+        "--batch-size",
+        type=int,
+        default=32,
+        help="real images per D step, split across replicas (global batch; default 32)",
+    )
     add("--n-dis", type=int, default=1, help="D steps per G step (default 1)")
     # Not SAGAN's TTUR (1e-4 / 4e-4): on a short budget D won every step (d_loss ~0) and G
     # learned slowly; equal rates kept the game balanced (benchmarks/sagan.md).
@@ -29,59 +37,126 @@ def add_arguments(parser):
     add("--lr-d", type=float, default=2e-4, help="discriminator learning rate (default 2e-4)")
     # Off by default: decaying both rates let D win at the end (d_loss -> 0.06) and FID
     # rose (benchmarks/sagan.md).
-    add("--lr-decay-from", type=float, default=1.0, metavar="FRACTION",
+    add(
+        "--lr-decay-from",
+        type=float,
+        default=1.0,
+        metavar="FRACTION",
         help="from this fraction of the budget (--max-minutes or --epochs, whichever ends the "
-             "run), both learning rates fall linearly to 0 at its end (default 1 = constant)")
-    add("--keep", choices=("best", "last"), default="best",
+        "run), both learning rates fall linearly to 0 at its end (default 1 = constant)",
+    )
+    add(
+        "--keep",
+        choices=("best", "last"),
+        default="best",
         help="the generator model.keras holds: best (the epoch with the lowest quick FID, "
-             "--epoch-eval-samples images) or last (default best)")
+        "--epoch-eval-samples images) or last (default best)",
+    )
     add("--beta1", type=float, default=0.0, help="Adam beta_1 (default 0)")
     add("--beta2", type=float, default=0.9, help="Adam beta_2 (default 0.9)")
-    add("--ema", type=float, default=0.999, metavar="DECAY",
-        help="exponential moving average of G's weights (default 0.999; 0 = off)")
-    add("--mode-seeking", type=float, default=0.1, metavar="WEIGHT",
+    add(
+        "--ema",
+        type=float,
+        default=0.999,
+        metavar="DECAY",
+        help="exponential moving average of G's weights (default 0.999; 0 = off)",
+    )
+    add(
+        "--mode-seeking",
+        type=float,
+        default=0.1,
+        metavar="WEIGHT",
         help="weight of G's mode-seeking term, which keeps the noise from being ignored "
-             "(default 0.1; 0 = off)")
-    add("--class-loss", type=float, default=2.0, metavar="WEIGHT",
+        "(default 0.1; 0 = off)",
+    )
+    add(
+        "--class-loss",
+        type=float,
+        default=2.0,
+        metavar="WEIGHT",
         help="weight of the cross-entropy on D's projection class scores (dual projection: "
-             "D learns real images' classes, G is pushed towards the class it was asked for; "
-             "default 2; 0 = off)")
+        "D learns real images' classes, G is pushed towards the class it was asked for; "
+        "default 2; 0 = off)",
+    )
     add("--latent-dim", type=int, default=128, help="noise size (default 128)")
     add("--width", type=int, default=16, help="base channel count of G and D (default 16)")
-    add("--class-embedding", type=int, default=64, metavar="DIM",
+    add(
+        "--class-embedding",
+        type=int,
+        default=64,
+        metavar="DIM",
         help="size of the class embedding concatenated to G's noise (default 64; 0 = labels act "
-             "through the conditional batch norms only)")
-    add("--attention-resolution", default="auto",
-        help="feature-map side of the attention block: auto (image_size/2), none, or 8, 16, ...")
+        "through the conditional batch norms only)",
+    )
+    add(
+        "--attention-resolution",
+        default="auto",
+        help="feature-map side of the attention block: auto (image_size/2), none, or 8, 16, ...",
+    )
     add("--unconditional", action="store_true", help="ignore class labels")
     add("--dataset", help="tfds:mnist|fashion_mnist|cifar10|celeb_a (downloads)")
     add("--image-dir", help="directory with one sub-folder of images per class")
-    add("--image-size", type=int, default=None,
-        help="resize images to this side (a power of two >= 32; default: the data's own)")
+    add(
+        "--image-size",
+        type=int,
+        default=None,
+        help="resize images to this side (a power of two >= 32; default: the data's own)",
+    )
     # 16,000: with 4,000, D saw each image ~50 times in the budget and classes swung late.
-    add("--train-size", type=int, default=16000, help="embedded data: training images (default 16000)")
+    add(
+        "--train-size",
+        type=int,
+        default=16000,
+        help="embedded data: training images (default 16000)",
+    )
     add("--test-size", type=int, default=1000, help="embedded data: test images (default 1000)")
     add("--max-images", type=int, default=None, help="tfds / --image-dir: use at most this many")
-    add("--eval-samples", type=int, default=1000,
-        help="images per set for FID/KID (generated, reference, test; default 1000)")
-    add("--epoch-eval-samples", type=int, default=1000,
+    add(
+        "--eval-samples",
+        type=int,
+        default=1000,
+        help="images per set for FID/KID (generated, reference, test; default 1000)",
+    )
+    add(
+        "--epoch-eval-samples",
+        type=int,
+        default=1000,
         help="images for the FID, class accuracy and consistency logged after each epoch "
-             "(default 1000; 0 = off)")
-    add("--classifier-epochs", type=int, default=2,
-        help="epochs of the evaluation classifier (default 2: 16,000 embedded images x 2)")
-    add("--max-minutes", type=float, default=12.0,
+        "(default 1000; 0 = off)",
+    )
+    add(
+        "--classifier-epochs",
+        type=int,
+        default=2,
+        help="epochs of the evaluation classifier (default 2: 16,000 embedded images x 2)",
+    )
+    add(
+        "--max-minutes",
+        type=float,
+        default=12.0,
         help="stop training after this many minutes (default 12, so the default run with its "
-             "classifier and evaluation takes under 15 minutes on 2 CPU cores; 0 = no limit)")
-    add("--verbose", default="auto",
+        "classifier and evaluation takes under 15 minutes on 2 CPU cores; 0 = no limit)",
+    )
+    add(
+        "--verbose",
+        default="auto",
         help="progress output: auto (a bar on a terminal, else one line per epoch), 0 (one "
-             "line per epoch), 1 (bar), 2 (one line per epoch)")
+        "line per epoch), 1 (bar), 2 (one line per epoch)",
+    )
     add("--seed", type=int, default=0, help="random seed (models, noise, embedded data)")
     add("--resume", action="store_true", help="continue the run in --out from its last checkpoint")
-    add("--compare", action="store_true",
+    add(
+        "--compare",
+        action="store_true",
         help="train with and without attention on the same budget, for --seeds seeds; "
-             "report mean and spread of FID, class accuracy and consistency")
-    add("--seeds", type=int, default=3,
-        help="--compare: model seeds per arm (--seed, --seed+1, ...; default 3)")
+        "report mean and spread of FID, class accuracy and consistency",
+    )
+    add(
+        "--seeds",
+        type=int,
+        default=3,
+        help="--compare: model seeds per arm (--seed, --seed+1, ...; default 3)",
+    )
 
 
 def parse_attention(value):
@@ -93,13 +168,23 @@ def parse_attention(value):
     try:
         return int(text)
     except ValueError:
-        raise UsageError(f"--attention-resolution must be auto, none or an integer, got {value!r}") from None
+        raise UsageError(
+            f"--attention-resolution must be auto, none or an integer, got {value!r}"
+        ) from None
 
 
 def _validate(args):
-    positive = {"--batch-size": args.batch_size, "--n-dis": args.n_dis, "--latent-dim": args.latent_dim,
-                "--width": args.width, "--train-size": args.train_size, "--test-size": args.test_size,
-                "--eval-samples": args.eval_samples, "--seeds": args.seeds, "--classifier-epochs": args.classifier_epochs}
+    positive = {
+        "--batch-size": args.batch_size,
+        "--n-dis": args.n_dis,
+        "--latent-dim": args.latent_dim,
+        "--width": args.width,
+        "--train-size": args.train_size,
+        "--test-size": args.test_size,
+        "--eval-samples": args.eval_samples,
+        "--seeds": args.seeds,
+        "--classifier-epochs": args.classifier_epochs,
+    }
     for flag, value in positive.items():
         if value < 1:
             raise UsageError(f"{flag} must be >= 1, got {value}")

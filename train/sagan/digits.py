@@ -28,8 +28,9 @@ def digit_images(size=32):
     digits = load_digits()
     # 0..16 ink levels -> 0..255, then a bicubic upsampling (smooth strokes, not 4x4 blocks).
     small = np.round(digits.images * (255.0 / 16.0)).astype(np.uint8)
-    images = np.stack([np.asarray(Image.fromarray(im).resize((size, size), Image.BICUBIC))
-                       for im in small])
+    images = np.stack(
+        [np.asarray(Image.fromarray(im).resize((size, size), Image.BICUBIC)) for im in small]
+    )
     return images, digits.target.astype(np.int32)
 
 
@@ -49,7 +50,9 @@ def write_digits(out_dir, size=32):
     for i, (image, label) in enumerate(zip(images, labels)):
         folder = os.path.join(staging, str(int(label)))
         os.makedirs(folder, exist_ok=True)
-        Image.fromarray(np.repeat(image[..., None], 3, axis=-1)).save(os.path.join(folder, f"{i:04d}.png"))
+        Image.fromarray(np.repeat(image[..., None], 3, axis=-1)).save(
+            os.path.join(folder, f"{i:04d}.png")
+        )
     # All files at once: an interrupted conversion leaves no half-filled OUT_DIR.
     if os.path.isdir(out_dir):
         os.rmdir(out_dir)
@@ -60,10 +63,14 @@ def write_digits(out_dir, size=32):
 def main(argv=None):
     from train.cli import OneLineParser
 
-    parser = OneLineParser(prog="python -m train.sagan.digits",
-                           description="write scikit-learn's handwritten digits as a --image-dir folder")
+    parser = OneLineParser(
+        prog="python -m train.sagan.digits",
+        description="write scikit-learn's handwritten digits as a --image-dir folder",
+    )
     parser.add_argument("out_dir", help="directory to create (one sub-folder per digit)")
-    parser.add_argument("--size", type=int, default=32, help="image side (power of two >= 32; default 32)")
+    parser.add_argument(
+        "--size", type=int, default=32, help="image side (power of two >= 32; default 32)"
+    )
     try:
         args = parser.parse_args(argv)
         n = write_digits(args.out_dir, args.size)

@@ -20,9 +20,9 @@ def generate(generator, n, latent_dim, num_classes, seed, batch_size=128):
     labels = (np.arange(n) % num_classes).astype(np.int32) if num_classes else np.zeros(n, np.int32)
     images = []
     for i in range(0, n, batch_size):
-        feed = {"noise": noise[i:i + batch_size]}
+        feed = {"noise": noise[i : i + batch_size]}
         if num_classes:
-            feed["label"] = labels[i:i + batch_size]
+            feed["label"] = labels[i : i + batch_size]
         images.append(np.asarray(generator.predict_on_batch(feed)))
     return np.concatenate(images), labels
 
@@ -45,8 +45,12 @@ class Evaluator:
         if self._floor is None:
             self._floor = {
                 "fid_floor": round(frechet_distance(self.test_features, self.ref_features), 4),
-                "kid_floor": round(kernel_inception_distance(self.test_features, self.ref_features,
-                                                             subset_size=min(500, self.n)), 5),
+                "kid_floor": round(
+                    kernel_inception_distance(
+                        self.test_features, self.ref_features, subset_size=min(500, self.n)
+                    ),
+                    5,
+                ),
             }
         return self._floor
 
@@ -54,18 +58,26 @@ class Evaluator:
         """The per-epoch signal: FID, class accuracy and consistency (no KID)."""
         images, labels = generate(generator, self.n, latent_dim, num_classes, seed)
         features, out = features_and_outputs(self.classifier, images)
-        accuracy = float(np.mean(np.argmax(out["class"], axis=-1) == labels)) if num_classes else None
-        return {"fid_quick": round(frechet_distance(features, self.ref_features), 4),
-                "class_accuracy_quick": None if accuracy is None else round(accuracy, 4),
-                "consistent_quick": round(float(np.mean(out["consistent"][:, 0] > 0.5)), 4)}
+        accuracy = (
+            float(np.mean(np.argmax(out["class"], axis=-1) == labels)) if num_classes else None
+        )
+        return {
+            "fid_quick": round(frechet_distance(features, self.ref_features), 4),
+            "class_accuracy_quick": None if accuracy is None else round(accuracy, 4),
+            "consistent_quick": round(float(np.mean(out["consistent"][:, 0] > 0.5)), 4),
+        }
 
     def evaluate(self, generator, latent_dim, num_classes, seed, class_names=None):
         images, labels = generate(generator, self.n, latent_dim, num_classes, seed)
         features, out = features_and_outputs(self.classifier, images)
         metrics = {
             "fid": round(frechet_distance(features, self.ref_features), 4),
-            "kid": round(kernel_inception_distance(features, self.ref_features,
-                                                   subset_size=min(500, self.n)), 5),
+            "kid": round(
+                kernel_inception_distance(
+                    features, self.ref_features, subset_size=min(500, self.n)
+                ),
+                5,
+            ),
             **self.floor(),
             "class_accuracy": None,
             "consistent": round(float(np.mean(out["consistent"][:, 0] > 0.5)), 4),
@@ -78,6 +90,7 @@ class Evaluator:
             names = class_names or [str(k) for k in range(num_classes)]
             metrics["class_accuracy_per_class"] = {
                 names[k]: round(float(np.mean(predicted[labels == k] == k)), 4)
-                for k in range(num_classes) if np.any(labels == k)
+                for k in range(num_classes)
+                if np.any(labels == k)
             }
         return metrics

@@ -50,7 +50,9 @@ def kernel_inception_distance(features_a, features_b, subsets=10, subset_size=50
         kxx = (x @ x.T / d + 1) ** 3
         kyy = (y @ y.T / d + 1) ** 3
         kxy = (x @ y.T / d + 1) ** 3
-        values.append((kxx.sum() - np.trace(kxx)) / (m * (m - 1))
-                      + (kyy.sum() - np.trace(kyy)) / (m * (m - 1))
-                      - 2 * kxy.mean())
+        values.append(
+            (kxx.sum() - np.trace(kxx)) / (m * (m - 1))
+            + (kyy.sum() - np.trace(kyy)) / (m * (m - 1))
+            - 2 * kxy.mean()
+        )
     return float(np.mean(values))

@@ -46,7 +46,9 @@ def build_classifier(image_size, channels, num_classes, seed=0):
     x = keras.layers.Flatten()(x)
     features = keras.layers.Dense(128, activation="relu", name=FEATURES)(x)
     outputs = {
-        "class": keras.layers.Dense(max(num_classes, 1), activation="softmax", name="class")(features),
+        "class": keras.layers.Dense(max(num_classes, 1), activation="softmax", name="class")(
+            features
+        ),
         "consistent": keras.layers.Dense(1, activation="sigmoid", name="consistent")(features),
     }
     return keras.Model(image, outputs, name="fid_classifier")
@@ -72,8 +74,10 @@ def _dataset(images, labels, batch_size, seed, shuffle):
         n = tf.shape(x)[0]
         xs = tf.concat([x, splice(x)], axis=0)
         ones, zeros = tf.ones((n,)), tf.zeros((n,))
-        targets = {"class": tf.concat([y, y], 0),
-                   "consistent": tf.concat([ones, zeros], 0)[:, None]}
+        targets = {
+            "class": tf.concat([y, y], 0),
+            "consistent": tf.concat([ones, zeros], 0)[:, None],
+        }
         weights = {"class": tf.concat([ones, zeros], 0), "consistent": tf.ones((2 * n,))}
         return xs, targets, weights
 
@@ -91,8 +95,9 @@ def train_classifier(data, epochs=3, batch_size=64, seed=0, verbose=0):
         weighted_metrics={"class": ["accuracy"], "consistent": ["binary_accuracy"]},
     )
     batch = min(batch_size, max(2, len(data.train) // 2))
-    model.fit(_dataset(data.train, data.train_labels, batch, seed, True), epochs=epochs,
-              verbose=verbose)
+    model.fit(
+        _dataset(data.train, data.train_labels, batch, seed, True), epochs=epochs, verbose=verbose
+    )
     model.trainable = False
     return model, evaluate_real(model, data)
 
@@ -107,9 +112,11 @@ def evaluate_real(model, data):
     spliced = predict(model, np.asarray(splice(tf.constant(x))))
     consistent = float(np.mean(out["consistent"][:, 0] > 0.5))
     rejected = float(np.mean(spliced["consistent"][:, 0] <= 0.5))
-    return {"classifier_test_accuracy": round(class_acc, 4),
-            "classifier_test_consistent": round(consistent, 4),
-            "classifier_test_spliced_rejected": round(rejected, 4)}
+    return {
+        "classifier_test_accuracy": round(class_acc, 4),
+        "classifier_test_consistent": round(consistent, 4),
+        "classifier_test_spliced_rejected": round(rejected, 4),
+    }
 
 
 def predict(model, images, batch_size=256):
@@ -130,7 +137,7 @@ def features_and_outputs(model, images, batch_size=256):
     both = keras.Model(model.input, [model.get_layer(FEATURES).output, model.output])
     feats, outs = [], {"class": [], "consistent": []}
     for i in range(0, len(images), batch_size):
-        f, o = both(images[i:i + batch_size], training=False)
+        f, o = both(images[i : i + batch_size], training=False)
         feats.append(np.asarray(f))
         for k in outs:
             outs[k].append(np.asarray(o[k]))
@@ -142,8 +149,9 @@ def save_cached(model, report, out):
     from train import checkpoint
     from train.rundir import atomic_write_json
 
-    checkpoint.save_checked(os.path.join(out, CACHE), model.save, meta={"report": report},
-                            keep_previous=False)
+    checkpoint.save_checked(
+        os.path.join(out, CACHE), model.save, meta={"report": report}, keep_previous=False
+    )
     atomic_write_json(os.path.join(out, REPORT), report)
 
 
@@ -167,8 +175,10 @@ def load_cached(out):
         model = keras.models.load_model(path, compile=False)
     except Exception as e:  # noqa: BLE001  (a cache of the older format, unchecked: damaged)
         reason = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
-        print(f"{path} cannot be read ({reason}); training the evaluation classifier again",
-              file=sys.stderr)
+        print(
+            f"{path} cannot be read ({reason}); training the evaluation classifier again",
+            file=sys.stderr,
+        )
         return None
     model.trainable = False
     report = (record.get("meta") or {}).get("report") if record else None

@@ -1,7 +1,6 @@
 """SAGAN figures: sample grids and the attention map of a few query pixels (paper Fig. 1 style)."""
 
 import io
-import os
 
 import numpy as np
 
@@ -11,7 +10,9 @@ from zoo.generate import grid, save_png  # noqa: F401  (one implementation for t
 
 def to_uint8(images):
     """Generator output in [-1, 1] -> uint8 [0, 255]."""
-    return np.clip(np.round((np.asarray(images, np.float32) + 1.0) * 127.5), 0, 255).astype(np.uint8)
+    return np.clip(np.round((np.asarray(images, np.float32) + 1.0) * 127.5), 0, 255).astype(
+        np.uint8
+    )
 
 
 def save_sample_grid(images, columns, path):
@@ -48,8 +49,9 @@ def save_attention_figure(images, scores, feature_side, path, class_names=None, 
     key_side = int(round(np.sqrt(keys)))
     points = query_points(size)
     colours = ["#ff3030", "#30c0ff", "#ffd700", "#40ff40"]
-    fig, axes = plt.subplots(b, len(points) + 1, figsize=(2.0 * (len(points) + 1), 2.0 * b),
-                             squeeze=False)
+    fig, axes = plt.subplots(
+        b, len(points) + 1, figsize=(2.0 * (len(points) + 1), 2.0 * b), squeeze=False
+    )
     for i in range(b):
         shown = images[i][..., 0] if images.shape[-1] == 1 else images[i]
         ax = axes[i, 0]
@@ -93,7 +95,10 @@ def save_progress_figure(history, path):
         left.plot(epochs, [f if f is not None else np.nan for f in fids], "o-")
         left.set_yscale("log")
     left.set(xlabel="epoch", ylabel="FID (classifier features)", title="FID per epoch")
-    for key, label in (("class_accuracy_quick", "class accuracy"), ("consistent_quick", "consistent")):
+    for key, label in (
+        ("class_accuracy_quick", "class accuracy"),
+        ("consistent_quick", "consistent"),
+    ):
         values = [h.get(key) for h in history]
         if any(v is not None for v in values):
             right.plot(epochs, [v if v is not None else np.nan for v in values], "o-", label=label)

@@ -50,8 +50,8 @@ import tensorflow as tf
 
 from train import checkpoint
 from train.engine import _reduce_before_clipping, _split
-from zoo.cli import UsageError
 from train.rundir import atomic_write_json, read_json
+from zoo.cli import UsageError
 
 STATE_NPZ = "state.npz"
 STATE_JSON = "state.json"
@@ -72,8 +72,10 @@ def _check_in_scope(strategy, models):
     for model in models:
         for v in model.variables:
             if not strategy.extended.variable_created_in_scope(getattr(v, "value", v)):
-                raise ValueError(f"{model.name} was not built in the strategy's scope "
-                                 f"(variable {v.path}); build G, D and EMA-G in strategy.scope()")
+                raise ValueError(
+                    f"{model.name} was not built in the strategy's scope "
+                    f"(variable {v.path}); build G, D and EMA-G in strategy.scope()"
+                )
 
 
 class SaganTrainer:
@@ -86,9 +88,26 @@ class SaganTrainer:
     on several replicas); `self.jit_compile` says whether they are.
     """
 
-    def __init__(self, generator, discriminator, *, num_classes, latent_dim, lr_g=1e-4,
-                 lr_d=4e-4, beta_1=0.0, beta_2=0.9, n_dis=1, ema=None, ema_decay=0.999,
-                 seed=0, strategy=None, jit_compile=False, mode_seeking=0.0, class_loss=0.0):
+    def __init__(
+        self,
+        generator,
+        discriminator,
+        *,
+        num_classes,
+        latent_dim,
+        lr_g=1e-4,
+        lr_d=4e-4,
+        beta_1=0.0,
+        beta_2=0.9,
+        n_dis=1,
+        ema=None,
+        ema_decay=0.999,
+        seed=0,
+        strategy=None,
+        jit_compile=False,
+        mode_seeking=0.0,
+        class_loss=0.0,
+    ):
         self.strategy = strategy or tf.distribute.get_strategy()
         self.mode_seeking = float(mode_seeking)
         self.class_loss = float(class_loss) if num_classes else 0.0
@@ -102,14 +121,18 @@ class SaganTrainer:
         self.g, self.d, self.ema = generator, discriminator, ema
         self.lr_g, self.lr_d = float(lr_g), float(lr_d)
         self._lr_scale = None  # unknown until set (a restored checkpoint carries its own)
-        self.best = None  # {canonical variable key: value} of the kept sampler, saved with the state
+        self.best = (
+            None  # {canonical variable key: value} of the kept sampler, saved with the state
+        )
         self.num_classes = num_classes
         self.latent_dim = latent_dim
         self.n_dis = n_dis
         self.ema_decay = ema_decay
         self.seed = int(seed)
         self.replicas = self.strategy.num_replicas_in_sync
-        _check_in_scope(self.strategy, [m for m in (generator, discriminator, ema) if m is not None])
+        _check_in_scope(
+            self.strategy, [m for m in (generator, discriminator, ema) if m is not None]
+        )
         with self.strategy.scope():
             self.g_opt = _adam(lr_g, beta_1, beta_2)
             self.d_opt = _adam(lr_d, beta_1, beta_2)
@@ -123,8 +146,11 @@ class SaganTrainer:
             # sum first and the optimizers' own summation is turned off.
             for optimizer in (self.g_opt, self.d_opt):
                 _reduce_before_clipping(optimizer)
-        self.jit_compile = (bool(jit_compile) and self.replicas == 1
-                            and not isinstance(self.strategy, tf.distribute.TPUStrategy))
+        self.jit_compile = (
+            bool(jit_compile)
+            and self.replicas == 1
+            and not isinstance(self.strategy, tf.distribute.TPUStrategy)
+        )
         self.d_step = tf.function(self._d_step, reduce_retracing=True, jit_compile=self.jit_compile)
         self.g_step = tf.function(self._g_step, reduce_retracing=True, jit_compile=self.jit_compile)
         self.ema_step = tf.function(self._ema_step)
@@ -152,8 +178,10 @@ class SaganTrainer:
         keys = checkpoint.canonical(checkpoint.variable_paths(model.variables))
         missing = [k for k in keys if k not in self.best]
         if missing or len(keys) != len(self.best):
-            raise UsageError(f"the kept best generator does not fit this model "
-                             f"({(missing or sorted(set(self.best) - set(keys)))[0]!r} differs)")
+            raise UsageError(
+                f"the kept best generator does not fit this model "
+                f"({(missing or sorted(set(self.best) - set(keys)))[0]!r} differs)"
+            )
         for key, v in zip(keys, model.variables):
             v.assign(self.best[key])
         return True
@@ -175,7 +203,9 @@ class SaganTrainer:
 
     def _apply(self, optimizer, grads, variables):
         if self.replicas > 1:
-            grads = tf.distribute.get_replica_context().all_reduce(tf.distribute.ReduceOp.SUM, grads)
+            grads = tf.distribute.get_replica_context().all_reduce(
+                tf.distribute.ReduceOp.SUM, grads
+            )
         optimizer.apply(grads, variables)
 
     def _d_forward(self, images, labels):
@@ -187,7 +217,9 @@ class SaganTrainer:
         return tf.cast(logits, tf.float32), self._class_scores(trunk)
 
     def _class_term(self, scores, labels, global_batch):
-        ce = tf.nn.sparse_softmax_cross_entropy_with_logits(labels=tf.cast(labels, tf.int32), logits=scores)
+        ce = tf.nn.sparse_softmax_cross_entropy_with_logits(
+            labels=tf.cast(labels, tf.int32), logits=scores
+        )
         return self.class_loss * tf.reduce_sum(ce) / global_batch
 
     def _d_replica(self, real, labels, noise, fake_labels, global_batch):
@@ -198,15 +230,21 @@ class SaganTrainer:
         with tf.GradientTape() as tape:
             logits, scores = self._d_forward(images, all_labels)
             real_logits, fake_logits = logits[:batch], logits[batch:]
-            loss = (tf.reduce_sum(tf.nn.relu(1.0 - real_logits))
-                    + tf.reduce_sum(tf.nn.relu(1.0 + fake_logits))) / global_batch
+            loss = (
+                tf.reduce_sum(tf.nn.relu(1.0 - real_logits))
+                + tf.reduce_sum(tf.nn.relu(1.0 + fake_logits))
+            ) / global_batch
             total = loss
             if scores is not None:  # D learns the classes of real images only
                 total = total + self._class_term(scores[:batch], labels, global_batch)
             scaled = self.d_opt.scale_loss(total)
         grads = tape.gradient(scaled, self.d.trainable_variables)
         self._apply(self.d_opt, grads, self.d.trainable_variables)
-        return loss, tf.reduce_sum(real_logits) / global_batch, tf.reduce_sum(fake_logits) / global_batch
+        return (
+            loss,
+            tf.reduce_sum(real_logits) / global_batch,
+            tf.reduce_sum(fake_logits) / global_batch,
+        )
 
     @staticmethod
     def mode_seeking_loss(fake, noise, global_batch):
@@ -225,7 +263,11 @@ class SaganTrainer:
             fake = self.g(self._g_inputs(noise, labels), training=True)
             logits, scores = self._d_forward(fake, labels)
             loss = -tf.reduce_sum(logits) / global_batch
-            seeking = self.mode_seeking_loss(fake, noise, global_batch) if self.mode_seeking else tf.zeros(())
+            seeking = (
+                self.mode_seeking_loss(fake, noise, global_batch)
+                if self.mode_seeking
+                else tf.zeros(())
+            )
             total = loss + self.mode_seeking * seeking
             if scores is not None:  # G makes images D classifies as the label asked for
                 total = total + self._class_term(scores, labels, global_batch)
@@ -236,11 +278,15 @@ class SaganTrainer:
 
     def _sum(self, per_replica):
         return tf.nest.map_structure(
-            lambda v: self.strategy.reduce(tf.distribute.ReduceOp.SUM, v, axis=None), per_replica)
+            lambda v: self.strategy.reduce(tf.distribute.ReduceOp.SUM, v, axis=None), per_replica
+        )
 
     def _d_step(self, real, labels, noise, fake_labels, global_batch):
-        return self._sum(self.strategy.run(self._d_replica,
-                                           args=(real, labels, noise, fake_labels, global_batch)))
+        return self._sum(
+            self.strategy.run(
+                self._d_replica, args=(real, labels, noise, fake_labels, global_batch)
+            )
+        )
 
     def _g_step(self, noise, labels, global_batch):
         return self._sum(self.strategy.run(self._g_replica, args=(noise, labels, global_batch)))
@@ -260,15 +306,19 @@ class SaganTrainer:
         rows = len(real)
         global_batch = tf.constant(float(rows), tf.float32)
         noise, fake_labels = self.latents(d_steps_done, _D_NOISE, rows)
-        parts = _split(self.strategy, (np.asarray(real, np.float32), np.asarray(labels, np.int32),
-                                       noise, fake_labels))
+        parts = _split(
+            self.strategy,
+            (np.asarray(real, np.float32), np.asarray(labels, np.int32), noise, fake_labels),
+        )
         d_loss, real_logit, fake_logit = self.d_step(*parts, global_batch)
         logs = {"d_loss": float(d_loss), "d_real": float(real_logit), "d_fake": float(fake_logit)}
         if (d_steps_done + 1) % self.n_dis == 0:
             noise, fake_labels = self.latents(d_steps_done, _G_NOISE, rows)
             if self.mode_seeking:
-                fake_labels[1::2] = fake_labels[0::2][:rows // 2]
-            g_loss, seeking = self.g_step(*_split(self.strategy, (noise, fake_labels)), global_batch)
+                fake_labels[1::2] = fake_labels[0::2][: rows // 2]
+            g_loss, seeking = self.g_step(
+                *_split(self.strategy, (noise, fake_labels)), global_batch
+            )
             logs["g_loss"] = float(g_loss)
             if self.mode_seeking:
                 logs["mode_seeking"] = float(seeking)
@@ -279,8 +329,12 @@ class SaganTrainer:
 
     # ------------------------------------------------------------ state
     def _groups(self):
-        groups = {"g": self.g.variables, "d": self.d.variables,
-                  "g_opt": _inner(self.g_opt).variables, "d_opt": _inner(self.d_opt).variables}
+        groups = {
+            "g": self.g.variables,
+            "d": self.d.variables,
+            "g_opt": _inner(self.g_opt).variables,
+            "d_opt": _inner(self.d_opt).variables,
+        }
         if self.ema is not None:
             groups["ema"] = self.ema.variables
         # The loss scale (mixed_float16 only) is its own group, so a checkpoint moves
@@ -292,8 +346,12 @@ class SaganTrainer:
 
     def _refs(self):
         """The variables each optimizer group updates (checkpoint keys name them)."""
-        return {"g_opt": self.g.trainable_variables, "d_opt": self.d.trainable_variables,
-                "g_scale": [], "d_scale": []}
+        return {
+            "g_opt": self.g.trainable_variables,
+            "d_opt": self.d.trainable_variables,
+            "g_scale": [],
+            "d_scale": [],
+        }
 
     def save(self, directory, state):
         """Writes the state (the caller writes on the chief only): every variable keyed
@@ -302,12 +360,18 @@ class SaganTrainer:
         os.makedirs(directory, exist_ok=True)
         # The JSON state travels inside the one atomically replaced .npz: a run killed
         # between the two files' renames still resumes from a matching pair.
-        arrays = checkpoint.pack(self._groups(), refs=self._refs(),
-                                 config=checkpoint.config_hash(self.g, self.d),
-                                 extra={_STATE_KEY: np.array(json.dumps(state)),
-                                        **{_BEST + k: v for k, v in (self.best or {}).items()}})
-        checkpoint.write_npz(os.path.join(directory, STATE_NPZ), arrays,
-                             previous=os.path.join(directory, STATE_PREV))
+        arrays = checkpoint.pack(
+            self._groups(),
+            refs=self._refs(),
+            config=checkpoint.config_hash(self.g, self.d),
+            extra={
+                _STATE_KEY: np.array(json.dumps(state)),
+                **{_BEST + k: v for k, v in (self.best or {}).items()},
+            },
+        )
+        checkpoint.write_npz(
+            os.path.join(directory, STATE_NPZ), arrays, previous=os.path.join(directory, STATE_PREV)
+        )
         atomic_write_json(os.path.join(directory, STATE_JSON), state)
 
     def restore(self, directory):
@@ -328,10 +392,17 @@ class SaganTrainer:
             if damaged:
                 print(f"{damaged[0]}; falling back to {name}", file=sys.stderr)
             with self.strategy.scope():
-                checkpoint.unpack(path, saved, self._groups(), refs=self._refs(),
-                                  config=checkpoint.config_hash(self.g, self.d),
-                                  optional=("g_scale", "d_scale"))
-            self.best = {k[len(_BEST):]: v for k, v in saved.items() if k.startswith(_BEST)} or None
+                checkpoint.unpack(
+                    path,
+                    saved,
+                    self._groups(),
+                    refs=self._refs(),
+                    config=checkpoint.config_hash(self.g, self.d),
+                    optional=("g_scale", "d_scale"),
+                )
+            self.best = {
+                k[len(_BEST) :]: v for k, v in saved.items() if k.startswith(_BEST)
+            } or None
             if _STATE_KEY in saved:
                 return json.loads(str(saved[_STATE_KEY]))
             return read_json(os.path.join(directory, STATE_JSON))

@@ -42,12 +42,20 @@ class ImageData:
 def check_size(size, flag="--image-size"):
     if size < 32 or size & (size - 1):
         raise UsageError(
-            f"{flag} must be a power of two >= 32 (the generator doubles 4x4 up to it), got {size}")
+            f"{flag} must be a power of two >= 32 (the generator doubles 4x4 up to it), got {size}"
+        )
     return size
 
 
-def load_images(dataset=None, image_dir=None, image_size=None, train_size=4000, test_size=1000,
-                max_images=None, seed=0):
+def load_images(
+    dataset=None,
+    image_dir=None,
+    image_size=None,
+    train_size=4000,
+    test_size=1000,
+    max_images=None,
+    seed=0,
+):
     """The data the flags name (default: the embedded shapes)."""
     if dataset and image_dir:
         raise UsageError("--dataset and --image-dir cannot be combined")
@@ -62,27 +70,46 @@ def load_images(dataset=None, image_dir=None, image_size=None, train_size=4000, 
     size = image_size or 32
     train, train_labels = make_shapes(train_size, size, seed=seed)
     test, test_labels = make_shapes(test_size, size, seed=seed + 10_000)
-    return ImageData(train, train_labels, test, test_labels, list(CLASS_NAMES),
-                     {"name": "embedded", "generator": "train.sagan.shapes", "seed": seed,
-                      "train": train_size, "test": test_size, "image_size": size})
+    return ImageData(
+        train,
+        train_labels,
+        test,
+        test_labels,
+        list(CLASS_NAMES),
+        {
+            "name": "embedded",
+            "generator": "train.sagan.shapes",
+            "seed": seed,
+            "train": train_size,
+            "test": test_size,
+            "image_size": size,
+        },
+    )
 
 
 def _list_image_dir(path):
     if not os.path.isdir(path):
         raise DataError(f"--image-dir is not a directory: {path}")
-    classes = sorted(d for d in os.listdir(path)
-                     if os.path.isdir(os.path.join(path, d)) and not d.startswith("."))
+    classes = sorted(
+        d
+        for d in os.listdir(path)
+        if os.path.isdir(os.path.join(path, d)) and not d.startswith(".")
+    )
     files = {}
     for name in classes:
         folder = os.path.join(path, name)
-        found = sorted(os.path.join(folder, f) for f in os.listdir(folder)
-                       if f.lower().endswith(IMAGE_EXTENSIONS))
+        found = sorted(
+            os.path.join(folder, f)
+            for f in os.listdir(folder)
+            if f.lower().endswith(IMAGE_EXTENSIONS)
+        )
         if found:
             files[name] = found
     if not files:
         raise DataError(
             f"--image-dir has no images (expected class sub-folders holding "
-            f"{'/'.join(IMAGE_EXTENSIONS)} files): {path}")
+            f"{'/'.join(IMAGE_EXTENSIONS)} files): {path}"
+        )
     return files
 
 
@@ -104,12 +131,15 @@ def _common_size(files, image_size):
             elif size != first[1] and image_size is None:
                 raise DataError(
                     f"--image-dir images have mixed sizes ({first[0]} is {first[1][0]}x{first[1][1]}, "
-                    f"{p} is {size[0]}x{size[1]}); pass --image-size N to resize them all")
+                    f"{p} is {size[0]}x{size[1]}); pass --image-size N to resize them all"
+                )
     if image_size is not None:
         return image_size
     w, h = first[1]
     if w != h:
-        raise DataError(f"--image-dir images are not square ({w}x{h}); pass --image-size N to resize them")
+        raise DataError(
+            f"--image-dir images are not square ({w}x{h}); pass --image-size N to resize them"
+        )
     check_size(w, flag=f"image size of --image-dir ({first[0]})")
     return w
 
@@ -121,9 +151,16 @@ def load_image_dir(path, image_size=None, max_images=None, seed=0):
     import keras
 
     dataset = keras.utils.image_dataset_from_directory(
-        path, labels="inferred", label_mode="int", class_names=sorted(files),
-        image_size=(size, size), batch_size=None, shuffle=False, crop_to_aspect_ratio=True,
-        verbose=False)
+        path,
+        labels="inferred",
+        label_mode="int",
+        class_names=sorted(files),
+        image_size=(size, size),
+        batch_size=None,
+        shuffle=False,
+        crop_to_aspect_ratio=True,
+        verbose=False,
+    )
     images, labels = [], []
     import tensorflow as tf
 
@@ -133,7 +170,9 @@ def load_image_dir(path, image_size=None, max_images=None, seed=0):
             labels.append(int(label))
     except tf.errors.InvalidArgumentError as e:
         detail = " ".join(str(e.message).split()).split("transformation with iterator:")[-1][-120:]
-        raise DataError(f"--image-dir holds an image that cannot be decoded ({detail.strip()}): {path}") from None
+        raise DataError(
+            f"--image-dir holds an image that cannot be decoded ({detail.strip()}): {path}"
+        ) from None
     images, labels = np.stack(images), np.asarray(labels, np.int32)
     if len(images) < 4:
         raise DataError(f"--image-dir has only {len(images)} images; need at least 4: {path}")
@@ -143,15 +182,28 @@ def load_image_dir(path, image_size=None, max_images=None, seed=0):
         order = order[:max_images]
     n_test = max(1, len(order) // 10)
     test, train = order[:n_test], order[n_test:]
-    return ImageData(images[train], labels[train], images[test], labels[test], sorted(files),
-                     {"name": "image_dir", "path": os.path.abspath(path), "images": int(len(order)),
-                      "image_size": size, "test": "10% held out"})
+    return ImageData(
+        images[train],
+        labels[train],
+        images[test],
+        labels[test],
+        sorted(files),
+        {
+            "name": "image_dir",
+            "path": os.path.abspath(path),
+            "images": int(len(order)),
+            "image_size": size,
+            "test": "10% held out",
+        },
+    )
 
 
 def parse_tfds_flag(value):
-    name = value[len("tfds:"):].strip() if value.startswith("tfds:") else None
+    name = value[len("tfds:") :].strip() if value.startswith("tfds:") else None
     if name not in TFDS_NAMES:
-        raise UsageError(f"--dataset must be tfds:NAME with NAME in {', '.join(TFDS_NAMES)}: {value!r}")
+        raise UsageError(
+            f"--dataset must be tfds:NAME with NAME in {', '.join(TFDS_NAMES)}: {value!r}"
+        )
     return name
 
 
@@ -166,8 +218,10 @@ def load_tfds_images(value, image_size=None, max_images=None):
         builder = tfds.builder(name)
         builder.download_and_prepare()
     except Exception as e:  # noqa: BLE001  (offline: various network errors)
-        raise DataError(f"cannot download tfds data set {name!r} (needs the network): "
-                        f"{str(e).splitlines()[0] if str(e) else type(e).__name__}") from None
+        raise DataError(
+            f"cannot download tfds data set {name!r} (needs the network): "
+            f"{str(e).splitlines()[0] if str(e) else type(e).__name__}"
+        ) from None
     if name == "celeb_a":
         class_names = ["face"]
     else:
@@ -193,12 +247,28 @@ def load_tfds_images(value, image_size=None, max_images=None):
 
     train, train_labels = split("train", max_images)
     test, test_labels = split("test", max_images and max(1, max_images // 5))
-    return ImageData(train, train_labels, test, test_labels, class_names,
-                     {"name": f"tfds:{name}", "image_size": size, "train": int(len(train)),
-                      "test": int(len(test))})
+    return ImageData(
+        train,
+        train_labels,
+        test,
+        test_labels,
+        class_names,
+        {
+            "name": f"tfds:{name}",
+            "image_size": size,
+            "train": int(len(train)),
+            "test": int(len(test)),
+        },
+    )
 
 
 def data_flags(args):
-    return {"dataset": args.dataset, "image_dir": args.image_dir, "image_size": args.image_size,
-            "train_size": args.train_size, "test_size": args.test_size,
-            "max_images": args.max_images, "seed": args.seed}
+    return {
+        "dataset": args.dataset,
+        "image_dir": args.image_dir,
+        "image_size": args.image_size,
+        "train_size": args.train_size,
+        "test_size": args.test_size,
+        "max_images": args.max_images,
+        "seed": args.seed,
+    }

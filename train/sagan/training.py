@@ -21,13 +21,19 @@ import time
 import numpy as np
 
 from train import rundir
-from zoo.cli import UsageError
 from train.progress import markdown_table
+from zoo.cli import UsageError
 
 SUMMARY_COLUMNS = [
-    ("name", "run"), ("fid", "FID"), ("fid_floor", "FID floor"), ("kid", "KID"),
-    ("class_accuracy", "class acc"), ("consistent", "consistent"), ("params_g", "G params"),
-    ("train_seconds", "train s"), ("epochs", "epochs"),
+    ("name", "run"),
+    ("fid", "FID"),
+    ("fid_floor", "FID floor"),
+    ("kid", "KID"),
+    ("class_accuracy", "class acc"),
+    ("consistent", "consistent"),
+    ("params_g", "G params"),
+    ("train_seconds", "train s"),
+    ("epochs", "epochs"),
 ]
 DEFAULT_EPOCHS = 100
 GRID_COLUMNS = 8
@@ -38,11 +44,16 @@ def _model_config(args, data, attention):
 
     conditional = data.num_classes > 1 and not args.unconditional
     attention = resolve_attention(data.image_size, attention)
-    return {"image_size": data.image_size, "channels": data.channels,
-            "num_classes": data.num_classes if conditional else None,
-            "latent_dim": args.latent_dim, "width": args.width,
-            "attention_resolution": attention, "seed": args.seed,
-            "class_embedding": args.class_embedding if conditional else 0}
+    return {
+        "image_size": data.image_size,
+        "channels": data.channels,
+        "num_classes": data.num_classes if conditional else None,
+        "latent_dim": args.latent_dim,
+        "width": args.width,
+        "attention_resolution": attention,
+        "seed": args.seed,
+        "class_embedding": args.class_embedding if conditional else 0,
+    }
 
 
 def _d_config(model_cfg):
@@ -61,14 +72,28 @@ def _train_config(args, data_seed=None):
 
     # data_seed: the seed the data were made or split with (--compare trains several
     # model seeds on one data set).
-    return {**data_flags(args), "data_seed": args.seed if data_seed is None else data_seed, "epochs": DEFAULT_EPOCHS if args.epochs is None else args.epochs,
-            "batch_size": args.batch_size, "n_dis": args.n_dis, "lr_g": args.lr_g, "lr_d": args.lr_d,
-            "beta1": args.beta1, "beta2": args.beta2, "ema": args.ema, "mode_seeking": args.mode_seeking,
-            "class_loss": args.class_loss, "lr_decay_from": args.lr_decay_from,
-            "keep": args.keep, "verbose": str(args.verbose),
-            "eval_samples": args.eval_samples, "epoch_eval_samples": args.epoch_eval_samples,
-            "classifier_epochs": args.classifier_epochs, "max_minutes": args.max_minutes,
-            "unconditional": bool(args.unconditional)}
+    return {
+        **data_flags(args),
+        "data_seed": args.seed if data_seed is None else data_seed,
+        "epochs": DEFAULT_EPOCHS if args.epochs is None else args.epochs,
+        "batch_size": args.batch_size,
+        "n_dis": args.n_dis,
+        "lr_g": args.lr_g,
+        "lr_d": args.lr_d,
+        "beta1": args.beta1,
+        "beta2": args.beta2,
+        "ema": args.ema,
+        "mode_seeking": args.mode_seeking,
+        "class_loss": args.class_loss,
+        "lr_decay_from": args.lr_decay_from,
+        "keep": args.keep,
+        "verbose": str(args.verbose),
+        "eval_samples": args.eval_samples,
+        "epoch_eval_samples": args.epoch_eval_samples,
+        "classifier_epochs": args.classifier_epochs,
+        "max_minutes": args.max_minutes,
+        "unconditional": bool(args.unconditional),
+    }
 
 
 def _build(model_cfg, train_cfg):
@@ -127,7 +152,9 @@ def check_replicas(batch_size):
 
     replicas = int(dist.get().num_replicas_in_sync)
     if batch_size < replicas:
-        raise UsageError(f"--batch-size must be >= the number of replicas ({replicas}), got {batch_size}")
+        raise UsageError(
+            f"--batch-size must be >= the number of replicas ({replicas}), got {batch_size}"
+        )
 
 
 def get_classifier(out, data, train_cfg, classifier=None):
@@ -141,10 +168,14 @@ def get_classifier(out, data, train_cfg, classifier=None):
     if classifier is None:
         from train.sagan.fid_classifier import train_classifier
 
-        print(f"training the evaluation classifier ({train_cfg['classifier_epochs']} epochs)...",
-              file=sys.stderr, flush=True)
-        classifier, report = train_classifier(data, epochs=train_cfg["classifier_epochs"],
-                                              seed=train_cfg["seed"])
+        print(
+            f"training the evaluation classifier ({train_cfg['classifier_epochs']} epochs)...",
+            file=sys.stderr,
+            flush=True,
+        )
+        classifier, report = train_classifier(
+            data, epochs=train_cfg["classifier_epochs"], seed=train_cfg["seed"]
+        )
     else:
         from train.sagan.fid_classifier import evaluate_real
 
@@ -169,8 +200,14 @@ def train_one(args, data, out, attention=_FLAG, classifier=None, data_seed=None)
     rundir.create_run_dir(out, "sagan")
     rundir.atomic_write_lines(os.path.join(out, "vocab", "classes.txt"), data.class_names)
     d_cfg = _d_config(model_cfg)
-    config = {"kind": "sagan", "model": model_cfg, "discriminator": d_cfg, "train": train_cfg,
-              "data": data.source, "class_names": list(data.class_names)}
+    config = {
+        "kind": "sagan",
+        "model": model_cfg,
+        "discriminator": d_cfg,
+        "train": train_cfg,
+        "data": data.source,
+        "class_names": list(data.class_names),
+    }
     rundir.atomic_write_json(os.path.join(out, "config.json"), config)
     classifier, report = get_classifier(out, data, train_cfg, classifier)
     state = {"epoch": 0, "d_steps": 0, "train_seconds": 0.0, "history": []}
@@ -184,7 +221,9 @@ def resume_run(args):
     from train.sagan.fit import has_checkpoint
 
     if not os.path.exists(config_path) or not has_checkpoint(ckpt):
-        raise UsageError(f"--resume: no checkpoint to resume in {out} (missing config.json or checkpoints/)")
+        raise UsageError(
+            f"--resume: no checkpoint to resume in {out} (missing config.json or checkpoints/)"
+        )
     config = rundir.read_json(config_path)
     if config.get("kind") != "sagan":
         raise UsageError(f"--resume: {out} is not a sagan run (kind={config.get('kind')!r})")
@@ -195,8 +234,10 @@ def resume_run(args):
     check_replicas(train_cfg["batch_size"])
     from train.sagan.images import load_images
 
-    flags = {k: train_cfg[k] for k in ("dataset", "image_dir", "image_size", "train_size", "test_size",
-                                        "max_images")}
+    flags = {
+        k: train_cfg[k]
+        for k in ("dataset", "image_dir", "image_size", "train_size", "test_size", "max_images")
+    }
     data = load_images(**flags, seed=_data_seed(train_cfg))
     import keras
 
@@ -209,7 +250,10 @@ def resume_run(args):
     state = trainer.restore(ckpt)
     keras.utils.set_random_seed(train_cfg["seed"] + state["epoch"])
     within = f", batch {state['batches_done']}" if state.get("batches_done") else ""
-    print(f"resuming {out} at epoch {state['epoch']}{within} of {train_cfg['epochs']}", file=sys.stderr)
+    print(
+        f"resuming {out} at epoch {state['epoch']}{within} of {train_cfg['epochs']}",
+        file=sys.stderr,
+    )
     return _fit_and_finish(out, config, data, g, d, ema, classifier, report, state, trainer)
 
 
@@ -217,15 +261,30 @@ def _trainer(g, d, ema, model_cfg, train_cfg):
     from train import strategy as dist
     from train.sagan.fit import SaganTrainer
 
-    trainer = SaganTrainer(g, d, num_classes=model_cfg["num_classes"], latent_dim=model_cfg["latent_dim"],
-                           lr_g=train_cfg["lr_g"], lr_d=train_cfg["lr_d"], beta_1=train_cfg["beta1"],
-                           beta_2=train_cfg["beta2"], n_dis=train_cfg["n_dis"], ema=ema,
-                           ema_decay=train_cfg["ema"], seed=train_cfg["seed"], strategy=dist.get(),
-                           jit_compile=dist.jit_compile(), mode_seeking=train_cfg.get("mode_seeking", 0.0),
-                           class_loss=train_cfg.get("class_loss", 0.0))
+    trainer = SaganTrainer(
+        g,
+        d,
+        num_classes=model_cfg["num_classes"],
+        latent_dim=model_cfg["latent_dim"],
+        lr_g=train_cfg["lr_g"],
+        lr_d=train_cfg["lr_d"],
+        beta_1=train_cfg["beta1"],
+        beta_2=train_cfg["beta2"],
+        n_dis=train_cfg["n_dis"],
+        ema=ema,
+        ema_decay=train_cfg["ema"],
+        seed=train_cfg["seed"],
+        strategy=dist.get(),
+        jit_compile=dist.jit_compile(),
+        mode_seeking=train_cfg.get("mode_seeking", 0.0),
+        class_loss=train_cfg.get("class_loss", 0.0),
+    )
     if dist.jit_compile() and not trainer.jit_compile:
-        print(f"XLA: off for sagan on {trainer.replicas} replicas (an XLA computation runs on one "
-              f"device; docs/distributed.md)", file=sys.stderr)
+        print(
+            f"XLA: off for sagan on {trainer.replicas} replicas (an XLA computation runs on one "
+            f"device; docs/distributed.md)",
+            file=sys.stderr,
+        )
     return trainer
 
 
@@ -234,7 +293,9 @@ def _improves(entry, state):
     images of fresh noise against real training images; the final evaluation draws
     other noise). GAN runs swing late; this keeps a good epoch instead of the last."""
     fid = entry.get("fid_quick")
-    return fid is not None and (state.get("best_fid_quick") is None or fid < state["best_fid_quick"])
+    return fid is not None and (
+        state.get("best_fid_quick") is None or fid < state["best_fid_quick"]
+    )
 
 
 def lr_scale(progress, decay_from):
@@ -251,15 +312,20 @@ def _fixed_latents(model_cfg, seed, rows=None):
     rows = rows or (min(num_classes, 10) if num_classes else GRID_COLUMNS)
     rng = np.random.default_rng(seed + 12345)
     noise = rng.standard_normal((GRID_COLUMNS, model_cfg["latent_dim"])).astype(np.float32)
-    noise = np.tile(noise, (rows, 1)) if num_classes else rng.standard_normal(
-        (rows * GRID_COLUMNS, model_cfg["latent_dim"])).astype(np.float32)
+    noise = (
+        np.tile(noise, (rows, 1))
+        if num_classes
+        else rng.standard_normal((rows * GRID_COLUMNS, model_cfg["latent_dim"])).astype(np.float32)
+    )
     feed = {"noise": noise}
     if num_classes:
         feed["label"] = np.repeat(np.arange(rows), GRID_COLUMNS).astype(np.int32)
     return feed
 
 
-def _fit_and_finish(out, config, data, g, d, ema, classifier, classifier_report, state, trainer=None):
+def _fit_and_finish(
+    out, config, data, g, d, ema, classifier, classifier_report, state, trainer=None
+):
     import tensorflow as tf
 
     from train import strategy as dist
@@ -278,14 +344,17 @@ def _fit_and_finish(out, config, data, g, d, ema, classifier, classifier_report,
     writer = tf.summary.create_file_writer(os.path.join(out, "logs"))
     quick = None
     if train_cfg["epoch_eval_samples"]:
-        quick = Evaluator(classifier, data, train_cfg["epoch_eval_samples"], seed=_data_seed(train_cfg))
+        quick = Evaluator(
+            classifier, data, train_cfg["epoch_eval_samples"], seed=_data_seed(train_cfg)
+        )
 
     def quick_eval():
         if quick is None:
             return {"fid_quick": None}
         sampling.refresh()
-        return quick.progress(sampler, model_cfg["latent_dim"], model_cfg["num_classes"],
-                              seed=train_cfg["seed"] + 7)
+        return quick.progress(
+            sampler, model_cfg["latent_dim"], model_cfg["num_classes"], seed=train_cfg["seed"] + 7
+        )
 
     if "initial_fid" not in state:  # a step checkpoint of epoch 1 already holds it
         state["initial_fid"] = quick_eval()["fid_quick"]
@@ -298,7 +367,9 @@ def _fit_and_finish(out, config, data, g, d, ema, classifier, classifier_report,
     # Several workers agree on the step to stop after (one was signalled, all stop).
     index, workers = dist.worker()
     cluster = preemption.ClusterStop(index, workers) if workers > 1 else None
-    where = f"wrote {os.path.join(ckpt, 'state.npz')}" if chief else "the chief wrote the checkpoint"
+    where = (
+        f"wrote {os.path.join(ckpt, 'state.npz')}" if chief else "the chief wrote the checkpoint"
+    )
 
     def signalled():
         if cluster is not None:
@@ -314,8 +385,27 @@ def _fit_and_finish(out, config, data, g, d, ema, classifier, classifier_report,
         return cluster.ended(state["d_steps"])
 
     try:
-        stopped = _epochs(trainer, state, sampling, data, train_cfg, model_cfg, quick_eval, fixed, writer,
-                          samples_dir, ckpt, chief, out, show_bar, skip, sums, signalled, time_up, where)
+        stopped = _epochs(
+            trainer,
+            state,
+            sampling,
+            data,
+            train_cfg,
+            model_cfg,
+            quick_eval,
+            fixed,
+            writer,
+            samples_dir,
+            ckpt,
+            chief,
+            out,
+            show_bar,
+            skip,
+            sums,
+            signalled,
+            time_up,
+            where,
+        )
         if cluster is not None and cluster.finish():  # a signal after the last step
             preemption.stop(f"{where} at the end of epoch {state['epoch']}")
     finally:
@@ -324,15 +414,49 @@ def _fit_and_finish(out, config, data, g, d, ema, classifier, classifier_report,
     preemption.done_listening(f"{where} at the end of epoch {state['epoch']}")
     sampling.refresh()
     if train_cfg.get("keep", "last") == "best" and trainer.apply_best(sampler):
-        print(f"keeping the generator of epoch {state['best_epoch']} (quick FID "
-              f"{state['best_fid_quick']}, the lowest of the run)", file=sys.stderr, flush=True)
+        print(
+            f"keeping the generator of epoch {state['best_epoch']} (quick FID "
+            f"{state['best_fid_quick']}, the lowest of the run)",
+            file=sys.stderr,
+            flush=True,
+        )
     distribution = {**dist.describe(), "jit_compile": trainer.jit_compile}
-    return _finish(out, config, data, g, d, sampler, classifier, classifier_report, state, stopped,
-                   distribution)
+    return _finish(
+        out,
+        config,
+        data,
+        g,
+        d,
+        sampler,
+        classifier,
+        classifier_report,
+        state,
+        stopped,
+        distribution,
+    )
 
 
-def _epochs(trainer, state, sampling, data, train_cfg, model_cfg, quick_eval, fixed, writer,
-            samples_dir, ckpt, chief, out, show_bar, skip, sums, signalled, time_up, where):
+def _epochs(
+    trainer,
+    state,
+    sampling,
+    data,
+    train_cfg,
+    model_cfg,
+    quick_eval,
+    fixed,
+    writer,
+    samples_dir,
+    ckpt,
+    chief,
+    out,
+    show_bar,
+    skip,
+    sums,
+    signalled,
+    time_up,
+    where,
+):
     """The training epochs (until --epochs or --max-minutes); True when the time limit
     ended them."""
     import keras
@@ -356,16 +480,25 @@ def _epochs(trainer, state, sampling, data, train_cfg, model_cfg, quick_eval, fi
         started = time.perf_counter()
         order = np.random.default_rng(train_cfg["seed"] + epoch).permutation(len(data.train))
         print(f"epoch {epoch + 1}/{train_cfg['epochs']}", file=sys.stderr, flush=True)
-        bar = keras.utils.Progbar(steps, stateful_metrics=["d_loss", "g_loss", "d_real", "d_fake", "mode_seeking"],
-                                  verbose=1 if show_bar else 0)
+        bar = keras.utils.Progbar(
+            steps,
+            stateful_metrics=["d_loss", "g_loss", "d_real", "d_fake", "mode_seeking"],
+            verbose=1 if show_bar else 0,
+        )
         done = skip
         for i in range(skip, steps):
-            idx = order[i * batch:(i + 1) * batch]
+            idx = order[i * batch : (i + 1) * batch]
             elapsed = state["train_seconds"] + time.perf_counter() - started
-            trainer.set_lr_scale(lr_scale(max(state["d_steps"] / total_steps, elapsed / limit if limit else 0.0),
-                                          train_cfg.get("lr_decay_from", 1.0)))
+            trainer.set_lr_scale(
+                lr_scale(
+                    max(state["d_steps"] / total_steps, elapsed / limit if limit else 0.0),
+                    train_cfg.get("lr_decay_from", 1.0),
+                )
+            )
             real = data.train[idx].astype(np.float32) / 127.5 - 1.0
-            labels = data.train_labels[idx] if model_cfg["num_classes"] else np.zeros(len(idx), np.int32)
+            labels = (
+                data.train_labels[idx] if model_cfg["num_classes"] else np.zeros(len(idx), np.int32)
+            )
             logs = trainer.train_batch(real, labels.astype(np.int32), state["d_steps"])
             state["d_steps"] += 1
             for k, v in logs.items():
@@ -375,14 +508,30 @@ def _epochs(trainer, state, sampling, data, train_cfg, model_cfg, quick_eval, fi
             bar.update(i + 1, [(k, v) for k, v in logs.items()])
             done = i + 1
             if every and state["d_steps"] % every == 0 and done < steps and chief:
-                trainer.save(ckpt, {**state, "batches_done": done, "partial_logs": sums,
-                                    "train_seconds": state["train_seconds"] + time.perf_counter() - started})
+                trainer.save(
+                    ckpt,
+                    {
+                        **state,
+                        "batches_done": done,
+                        "partial_logs": sums,
+                        "train_seconds": state["train_seconds"] + time.perf_counter() - started,
+                    },
+                )
             if signalled():
                 if chief:
-                    trainer.save(ckpt, {**state, "batches_done": done, "partial_logs": sums,
-                                        "train_seconds": state["train_seconds"] + time.perf_counter() - started})
+                    trainer.save(
+                        ckpt,
+                        {
+                            **state,
+                            "batches_done": done,
+                            "partial_logs": sums,
+                            "train_seconds": state["train_seconds"] + time.perf_counter() - started,
+                        },
+                    )
                 preemption.stop(f"{where} at epoch {epoch + 1}, batch {done}")
-            if time_up(bool(limit) and state["train_seconds"] + time.perf_counter() - started >= limit):
+            if time_up(
+                bool(limit) and state["train_seconds"] + time.perf_counter() - started >= limit
+            ):
                 stopped = True
                 break
         state["train_seconds"] += time.perf_counter() - started
@@ -395,7 +544,9 @@ def _epochs(trainer, state, sampling, data, train_cfg, model_cfg, quick_eval, fi
             state["best_epoch"], state["best_fid_quick"] = epoch + 1, entry["fid_quick"]
         skip, sums = 0, {}
         images = np.asarray(sampling.refresh().predict_on_batch(fixed))
-        save_sample_grid(images, GRID_COLUMNS, os.path.join(samples_dir, f"epoch_{epoch + 1:03d}.png"))
+        save_sample_grid(
+            images, GRID_COLUMNS, os.path.join(samples_dir, f"epoch_{epoch + 1:03d}.png")
+        )
         with writer.as_default(step=epoch + 1):
             for k, v in entry.items():
                 if k not in ("epoch", "steps") and v is not None:
@@ -404,9 +555,13 @@ def _epochs(trainer, state, sampling, data, train_cfg, model_cfg, quick_eval, fi
         writer.flush()
         if chief:
             trainer.save(ckpt, state)
-        print(f"  d_loss {means.get('d_loss')}  g_loss {means.get('g_loss')}  "
-              f"FID {entry['fid_quick']}  class acc {entry.get('class_accuracy_quick')}  "
-              f"consistent {entry.get('consistent_quick')}", file=sys.stderr, flush=True)
+        print(
+            f"  d_loss {means.get('d_loss')}  g_loss {means.get('g_loss')}  "
+            f"FID {entry['fid_quick']}  class acc {entry.get('class_accuracy_quick')}  "
+            f"consistent {entry.get('consistent_quick')}",
+            file=sys.stderr,
+            flush=True,
+        )
         if chief:
             save_progress_figure(state["history"], os.path.join(out, "progress.png"))
         if stopped:
@@ -414,16 +569,22 @@ def _epochs(trainer, state, sampling, data, train_cfg, model_cfg, quick_eval, fi
     return stopped
 
 
-def _finish(out, config, data, g, d, sampler, classifier, classifier_report, state, stopped,
-            distribution):
+def _finish(
+    out, config, data, g, d, sampler, classifier, classifier_report, state, stopped, distribution
+):
     from train.sagan.evaluation import Evaluator
     from train.sagan.figures import save_attention_figure, save_sample_grid
     from zoo.sagan.model import attention_scores
 
     model_cfg, train_cfg = config["model"], config["train"]
     evaluator = Evaluator(classifier, data, train_cfg["eval_samples"], seed=_data_seed(train_cfg))
-    metrics = evaluator.evaluate(sampler, model_cfg["latent_dim"], model_cfg["num_classes"],
-                                 seed=train_cfg["seed"] + 1, class_names=data.class_names)
+    metrics = evaluator.evaluate(
+        sampler,
+        model_cfg["latent_dim"],
+        model_cfg["num_classes"],
+        seed=train_cfg["seed"] + 1,
+        class_names=data.class_names,
+    )
     seconds = state["train_seconds"]
     metrics.update(
         classifier_report,
@@ -433,13 +594,22 @@ def _finish(out, config, data, g, d, sampler, classifier, classifier_report, sta
         consistent_history=[h.get("consistent_quick") for h in state["history"]],
         d_loss=state["history"][-1].get("d_loss") if state["history"] else None,
         g_loss=state["history"][-1].get("g_loss") if state["history"] else None,
-        epochs=state["epoch"], d_steps=state["d_steps"], train_seconds=round(seconds, 1),
-        images_per_second=round(state["d_steps"] * train_cfg["batch_size"] / seconds, 1) if seconds else None,
-        stopped_by_time_limit=bool(stopped), keep=train_cfg.get("keep", "last"),
-        kept_epoch=state.get("best_epoch", state["epoch"]) if train_cfg.get("keep") == "best"
-        else state["epoch"], attention_resolution=model_cfg["attention_resolution"],
+        epochs=state["epoch"],
+        d_steps=state["d_steps"],
+        train_seconds=round(seconds, 1),
+        images_per_second=round(state["d_steps"] * train_cfg["batch_size"] / seconds, 1)
+        if seconds
+        else None,
+        stopped_by_time_limit=bool(stopped),
+        keep=train_cfg.get("keep", "last"),
+        kept_epoch=state.get("best_epoch", state["epoch"])
+        if train_cfg.get("keep") == "best"
+        else state["epoch"],
+        attention_resolution=model_cfg["attention_resolution"],
         distribution=distribution,
-        params_g=int(g.count_params()), params_d=int(d.count_params()), ema=train_cfg["ema"],
+        params_g=int(g.count_params()),
+        params_d=int(d.count_params()),
+        ema=train_cfg["ema"],
     )
     rundir.atomic_save_model(sampler, os.path.join(out, "model.keras"))
     rundir.atomic_save_model(d, os.path.join(out, "discriminator.keras"))
@@ -450,22 +620,33 @@ def _finish(out, config, data, g, d, sampler, classifier, classifier_report, sta
         calibration["label"] = (np.arange(200) % model_cfg["num_classes"]).astype(np.int32)
     rundir.atomic_save_npz(os.path.join(out, "calibration.npz"), **calibration)
     fixed = _fixed_latents(model_cfg, train_cfg["seed"])
-    save_sample_grid(np.asarray(sampler.predict_on_batch(fixed)), GRID_COLUMNS,
-                     os.path.join(out, "samples.png"))
-    feed = {k: v[::GRID_COLUMNS + 1][:3] for k, v in fixed.items()}
+    save_sample_grid(
+        np.asarray(sampler.predict_on_batch(fixed)), GRID_COLUMNS, os.path.join(out, "samples.png")
+    )
+    feed = {k: v[:: GRID_COLUMNS + 1][:3] for k, v in fixed.items()}
     result = attention_scores(sampler, feed)
     if result is not None:
         images, scores, side = result
-        save_attention_figure(np.asarray(images), np.asarray(scores), side,
-                              os.path.join(out, "attention.png"), data.class_names, feed.get("label"))
+        save_attention_figure(
+            np.asarray(images),
+            np.asarray(scores),
+            side,
+            os.path.join(out, "attention.png"),
+            data.class_names,
+            feed.get("label"),
+        )
     row = {"name": os.path.basename(os.path.normpath(out)), **metrics}
     print(f"\n{out}")
     print(markdown_table([row], SUMMARY_COLUMNS))
     return 0
 
 
-COMPARE_METRICS = (("fid", "FID"), ("class_accuracy", "class acc"), ("consistent", "consistent"),
-                   ("kid", "KID"))
+COMPARE_METRICS = (
+    ("fid", "FID"),
+    ("class_accuracy", "class acc"),
+    ("consistent", "consistent"),
+    ("kid", "KID"),
+)
 
 
 def summarize_compare(rows):
@@ -478,7 +659,9 @@ def summarize_compare(rows):
             values = [r[key] for r in runs if r.get(key) is not None]
             if values:
                 entry[f"{key}_mean"] = round(float(np.mean(values)), 4)
-                entry[f"{key}_std"] = round(float(np.std(values, ddof=1)), 4) if len(values) > 1 else 0.0
+                entry[f"{key}_std"] = (
+                    round(float(np.std(values, ddof=1)), 4) if len(values) > 1 else 0.0
+                )
         entry["fid_floor"] = runs[0].get("fid_floor") if runs else None
         entry["real_consistent"] = runs[0].get("real_consistent") if runs else None
         summary.append(entry)
@@ -491,12 +674,19 @@ def _summary_table(summary):
             return ""
         return f"{entry[f'{key}_mean']:.4g} ± {entry[f'{key}_std']:.2g}"
 
-    head = "| arm | seeds | " + " | ".join(title for _, title in COMPARE_METRICS) + " | FID floor | real consistent |"
+    head = (
+        "| arm | seeds | "
+        + " | ".join(title for _, title in COMPARE_METRICS)
+        + " | FID floor | real consistent |"
+    )
     lines = [head, "|" + "---|" * (len(COMPARE_METRICS) + 4)]
     for e in summary:
         cells = [cell(e, key) for key, _ in COMPARE_METRICS]
-        lines.append(f"| {e['name']} | {e['seeds']} | " + " | ".join(cells)
-                     + f" | {e['fid_floor']} | {e['real_consistent']} |")
+        lines.append(
+            f"| {e['name']} | {e['seeds']} | "
+            + " | ".join(cells)
+            + f" | {e['fid_floor']} | {e['real_consistent']} |"
+        )
     return "\n".join(lines)
 
 
@@ -516,21 +706,41 @@ def train_compare(args, data):
             name = arm if args.seeds == 1 else f"{arm}_seed{seed_args.seed}"
             print(f"\n=== {name} ===", flush=True)
             run_dir = os.path.join(args.out, name)
-            train_one(seed_args, data, run_dir, attention=attention, classifier=classifier,
-                      data_seed=args.seed)
-            rows.append({"name": name, "arm": arm, "seed": seed_args.seed,
-                         **rundir.read_json(os.path.join(run_dir, "metrics.json"))})
+            train_one(
+                seed_args,
+                data,
+                run_dir,
+                attention=attention,
+                classifier=classifier,
+                data_seed=args.seed,
+            )
+            rows.append(
+                {
+                    "name": name,
+                    "arm": arm,
+                    "seed": seed_args.seed,
+                    **rundir.read_json(os.path.join(run_dir, "metrics.json")),
+                }
+            )
     summary = summarize_compare(rows)
     table = markdown_table(rows, SUMMARY_COLUMNS)
     means = _summary_table(summary)
-    title = (f"SAGAN with vs without self-attention on {data.source.get('name')} data "
-             f"({args.seeds} seed(s), same budget; FID in the run's classifier feature space)")
-    text = f"# {title}\n\nMean ± standard deviation over seeds:\n\n{means}\n\nEvery run:\n\n{table}\n"
+    title = (
+        f"SAGAN with vs without self-attention on {data.source.get('name')} data "
+        f"({args.seeds} seed(s), same budget; FID in the run's classifier feature space)"
+    )
+    text = (
+        f"# {title}\n\nMean ± standard deviation over seeds:\n\n{means}\n\nEvery run:\n\n{table}\n"
+    )
     rundir.atomic_write_text(os.path.join(args.out, "compare.md"), text)
-    rundir.atomic_write_json(os.path.join(args.out, "compare.json"),
-                             {"data": data.source, "summary": summary, "runs": rows})
+    rundir.atomic_write_json(
+        os.path.join(args.out, "compare.json"),
+        {"data": data.source, "summary": summary, "runs": rows},
+    )
     print(f"\n{text}")
     att, no = summary
-    print(f"FID with attention: {att.get('fid_mean')}   without: {no.get('fid_mean')}   "
-          f"(floor {att['fid_floor']})")
+    print(
+        f"FID with attention: {att.get('fid_mean')}   without: {no.get('fid_mean')}   "
+        f"(floor {att['fid_floor']})"
+    )
     return 0

@@ -18,8 +18,20 @@ import numpy as np
 
 TASKS = ("copy", "reverse", "sort", "addition", "date")
 ALPHABET = "abcdefghij"
-_MONTHS = ["January", "February", "March", "April", "May", "June", "July", "August",
-           "September", "October", "November", "December"]
+_MONTHS = [
+    "January",
+    "February",
+    "March",
+    "April",
+    "May",
+    "June",
+    "July",
+    "August",
+    "September",
+    "October",
+    "November",
+    "December",
+]
 _DAYS = ["Monday", "Tuesday", "Wednesday", "Thursday", "Friday", "Saturday", "Sunday"]
 
 
@@ -46,7 +58,7 @@ def example(task, rng, length):
         s = _string(rng, length)
         return s, {"copy": s, "reverse": s[::-1], "sort": "".join(sorted(s))}[task]
     if task == "addition":
-        a = int(rng.integers(10 ** (length - 1) if length > 1 else 0, 10 ** length))
+        a = int(rng.integers(10 ** (length - 1) if length > 1 else 0, 10**length))
         b = int(rng.integers(0, 10 ** int(rng.integers(1, length + 1))))
         return f"{a}+{b}", str(a + b)
     if task == "date":

@@ -8,24 +8,51 @@ from zoo.cli import UsageError
 # minutes. The feed-forward width (512, not 4 * 256) and a 6k joint vocabulary (the
 # tied output projection is a large share of the cost) buy epochs, which matter more
 # than width at this budget.
-TEXT_MODEL = {"hidden_dim": 256, "num_layers": 3, "num_heads": 4, "intermediate_dim": 512,
-              "dropout": 0.1, "max_source_length": 128, "max_target_length": 128}
-TASK_MODEL = {"hidden_dim": 64, "num_layers": 2, "num_heads": 4, "intermediate_dim": 256,
-              "dropout": 0.0, "max_source_length": 64, "max_target_length": 64}
+TEXT_MODEL = {
+    "hidden_dim": 256,
+    "num_layers": 3,
+    "num_heads": 4,
+    "intermediate_dim": 512,
+    "dropout": 0.1,
+    "max_source_length": 128,
+    "max_target_length": 128,
+}
+TASK_MODEL = {
+    "hidden_dim": 64,
+    "num_layers": 2,
+    "num_heads": 4,
+    "intermediate_dim": 256,
+    "dropout": 0.0,
+    "max_source_length": 64,
+    "max_target_length": 64,
+}
 
 
 def model_config(args, text):
     base = dict(TEXT_MODEL if text else TASK_MODEL)
-    for key in ("hidden_dim", "num_layers", "num_heads", "intermediate_dim", "dropout",
-                "max_source_length", "max_target_length"):
+    for key in (
+        "hidden_dim",
+        "num_layers",
+        "num_heads",
+        "intermediate_dim",
+        "dropout",
+        "max_source_length",
+        "max_target_length",
+    ):
         if getattr(args, key) is not None:
             base[key] = getattr(args, key)
-    base.update(position=args.position, norm_first=not args.post_ln,
-                share_embeddings=not args.separate_embeddings, window=args.window,
-                label_smoothing=args.label_smoothing)
+    base.update(
+        position=args.position,
+        norm_first=not args.post_ln,
+        share_embeddings=not args.separate_embeddings,
+        window=args.window,
+        label_smoothing=args.label_smoothing,
+    )
     if args.arch == "universal_transformer":
         base.pop("num_layers")
         base.update(num_steps=args.num_steps, act=args.act)
     if base["hidden_dim"] % base["num_heads"]:
-        raise UsageError(f"--num-heads {base['num_heads']} must divide --hidden-dim {base['hidden_dim']}")
+        raise UsageError(
+            f"--num-heads {base['num_heads']} must divide --hidden-dim {base['hidden_dim']}"
+        )
     return base

@@ -2,17 +2,21 @@
 
 import numpy as np
 
-from train.seq2seq import algorithmic
-
-from train.seq2seq import parallel
+from train.seq2seq import algorithmic, parallel
 from zoo.cli import DataError, UsageError
 from zoo.seq2seq.tokenization import BOS_ID, EOS_ID, Tokenizer, train_sentencepiece
 
 
 def load_data(args):
     """`ParallelData` from the flags; every input problem raises before anything is written."""
-    files = [args.train_source, args.train_target, args.dev_source, args.dev_target,
-             args.test_source, args.test_target]
+    files = [
+        args.train_source,
+        args.train_target,
+        args.dev_source,
+        args.dev_target,
+        args.test_source,
+        args.test_target,
+    ]
     tsvs = [args.train_tsv, args.dev_tsv, args.test_tsv]
     if args.dataset:
         name = parallel.parse_dataset_flag(args.dataset)
@@ -26,27 +30,58 @@ def load_data(args):
             if (src is None) != (tgt is None):
                 raise UsageError(f"--{split}-source and --{split}-target must be given together")
             if tsv and src:
-                raise UsageError(f"give --{split}-tsv or --{split}-source/--{split}-target, not both")
+                raise UsageError(
+                    f"give --{split}-tsv or --{split}-source/--{split}-target, not both"
+                )
             if src:
                 splits[split] = parallel.read_parallel(src, tgt)
             elif tsv:
                 splits[split] = parallel.read_tsv(tsv)
         if "train" not in splits:
-            raise UsageError("training data missing: give --train-source/--train-target or --train-tsv")
-        source = {"name": "files", **{k: v for k, v in (
-            ("train_source", args.train_source), ("train_target", args.train_target),
-            ("dev_source", args.dev_source), ("dev_target", args.dev_target),
-            ("test_source", args.test_source), ("test_target", args.test_target),
-            ("train_tsv", args.train_tsv), ("dev_tsv", args.dev_tsv), ("test_tsv", args.test_tsv)) if v}}
+            raise UsageError(
+                "training data missing: give --train-source/--train-target or --train-tsv"
+            )
+        source = {
+            "name": "files",
+            **{
+                k: v
+                for k, v in (
+                    ("train_source", args.train_source),
+                    ("train_target", args.train_target),
+                    ("dev_source", args.dev_source),
+                    ("dev_target", args.dev_target),
+                    ("test_source", args.test_source),
+                    ("test_target", args.test_target),
+                    ("train_tsv", args.train_tsv),
+                    ("dev_tsv", args.dev_tsv),
+                    ("test_tsv", args.test_tsv),
+                )
+                if v
+            },
+        }
         return _complete(splits, source, args.seed)
-    generated = algorithmic.splits(args.task, train_size=args.train_size, min_length=1,
-                                   max_length=args.task_length, seed=args.seed)
+    generated = algorithmic.splits(
+        args.task,
+        train_size=args.train_size,
+        min_length=1,
+        max_length=args.task_length,
+        seed=args.seed,
+    )
     extra = {"long": generated["long"]} if "long" in generated else {}
     return parallel.ParallelData(
-        generated["train"], generated["dev"], generated["test"],
-        {"name": "embedded", "task": args.task, "train_size": args.train_size,
-         "task_length": args.task_length, "seed": args.seed},
-        task=args.task, extra=extra)
+        generated["train"],
+        generated["dev"],
+        generated["test"],
+        {
+            "name": "embedded",
+            "task": args.task,
+            "train_size": args.train_size,
+            "task_length": args.task_length,
+            "seed": args.seed,
+        },
+        task=args.task,
+        extra=extra,
+    )
 
 
 def _complete(splits, source, seed):
@@ -66,27 +101,39 @@ def train_tokenizer(data, vocab_size):
     if data.task == "text":
         return train_sentencepiece(texts, vocab_size=vocab_size, model_type="unigram")
     # Algorithmic tasks: characters are the tokens, exactly as written.
-    return train_sentencepiece(texts, vocab_size=vocab_size, model_type="char",
-                               normalization="identity", add_dummy_prefix=False)
+    return train_sentencepiece(
+        texts,
+        vocab_size=vocab_size,
+        model_type="char",
+        normalization="identity",
+        add_dummy_prefix=False,
+    )
 
 
 class Encoded:
     """Token ids of one split: sources, decoder inputs (BOS + y) and labels (y + EOS)."""
 
-    def __init__(self, tokenizer, pairs, max_source_length, max_target_length, name, truncate=False):
+    def __init__(
+        self, tokenizer, pairs, max_source_length, max_target_length, name, truncate=False
+    ):
         self.pairs = pairs
         self.sources = tokenizer.encode([s for s, _ in pairs])
         targets = tokenizer.encode([t for _, t in pairs])
         for i, (s, t) in enumerate(zip(self.sources, targets)):
             if len(s) > max_source_length or len(t) + 1 > max_target_length:
                 if not truncate:
-                    which, n, limit = (("source", len(s), max_source_length) if len(s) > max_source_length
-                                       else ("target", len(t) + 1, max_target_length))
+                    which, n, limit = (
+                        ("source", len(s), max_source_length)
+                        if len(s) > max_source_length
+                        else ("target", len(t) + 1, max_target_length)
+                    )
+                    text = pairs[i][0 if which == "source" else 1]
                     raise DataError(
                         f"{name} pair {i + 1} has a {which} of {n} tokens, over the limit {limit} "
-                        f"(raise --max-{which}-length or pass --truncate): {pairs[i][0 if which == 'source' else 1][:60]!r}")
+                        f"(raise --max-{which}-length or pass --truncate): {text[:60]!r}"
+                    )
                 self.sources[i] = s[:max_source_length]
-                targets[i] = t[:max_target_length - 1]
+                targets[i] = t[: max_target_length - 1]
         self.targets = targets
 
     def __len__(self):
@@ -99,7 +146,7 @@ class Encoded:
 def _pad(rows, width):
     out = np.zeros((len(rows), width), "int32")
     for i, r in enumerate(rows):
-        out[i, :len(r)] = r
+        out[i, : len(r)] = r
     return out
 
 
@@ -119,19 +166,21 @@ class Batches:
 
     def _order(self):
         n = len(self.encoded)
-        lengths = np.array([len(s) + len(t) for s, t in zip(self.encoded.sources, self.encoded.targets)])
+        lengths = np.array(
+            [len(s) + len(t) for s, t in zip(self.encoded.sources, self.encoded.targets)]
+        )
         if not self.shuffle:
             order = np.argsort(lengths, kind="stable")
-            return [order[i:i + self.batch_size] for i in range(0, n, self.batch_size)]
+            return [order[i : i + self.batch_size] for i in range(0, n, self.batch_size)]
         rng = np.random.default_rng(self.seed + self.epoch)
         self.epoch += 1
         order = rng.permutation(n)
         chunk = self.batch_size * 50
         batches = []
         for start in range(0, n, chunk):
-            part = order[start:start + chunk]
+            part = order[start : start + chunk]
             part = part[np.argsort(lengths[part], kind="stable")]
-            batches += [part[i:i + self.batch_size] for i in range(0, len(part), self.batch_size)]
+            batches += [part[i : i + self.batch_size] for i in range(0, len(part), self.batch_size)]
         rng.shuffle(batches)
         return batches
 
@@ -143,7 +192,10 @@ class Batches:
         targets = [self.encoded.targets[i] for i in index]
         width_s = _bucket(max(len(s) for s in sources))
         width_t = _bucket(max(len(t) for t in targets) + 1)
-        x = {"source_ids": _pad(sources, width_s), "target_ids": _pad([[BOS_ID] + t for t in targets], width_t)}
+        x = {
+            "source_ids": _pad(sources, width_s),
+            "target_ids": _pad([[BOS_ID] + t for t in targets], width_t),
+        }
         y = _pad([t + [EOS_ID] for t in targets], width_t)
         return x, y
 

@@ -14,10 +14,19 @@ from zoo.seq2seq.objectives import MaskedAccuracy, MaskedSmoothedCrossEntropy, W
 
 
 def compile_seq2seq(model, peak_lr, warmup_steps, label_smoothing, jit_compile):
-    optimizer = keras.optimizers.Adam(learning_rate=WarmupInverseSqrt(peak_lr, warmup_steps),
-                                      beta_1=0.9, beta_2=0.98, epsilon=1e-9, clipnorm=1.0)
-    model.compile(optimizer=optimizer, loss=MaskedSmoothedCrossEntropy(label_smoothing),
-                  metrics=[MaskedAccuracy()], jit_compile=jit_compile)
+    optimizer = keras.optimizers.Adam(
+        learning_rate=WarmupInverseSqrt(peak_lr, warmup_steps),
+        beta_1=0.9,
+        beta_2=0.98,
+        epsilon=1e-9,
+        clipnorm=1.0,
+    )
+    model.compile(
+        optimizer=optimizer,
+        loss=MaskedSmoothedCrossEntropy(label_smoothing),
+        metrics=[MaskedAccuracy()],
+        jit_compile=jit_compile,
+    )
 
 
 class DevScore(keras.callbacks.Callback):
@@ -44,8 +53,12 @@ class DevScore(keras.callbacks.Callback):
             self.writer = tf.summary.create_file_writer(f"{self.log_dir}/dev_score")
         with self.writer.as_default():
             tf.summary.scalar(self.name, value, step=epoch + 1)
-        print(f"  epoch {epoch + 1}: dev {self.name} {value:.2f} "
-              f"({time.perf_counter() - started:.0f}s to decode)", file=sys.stderr, flush=True)
+        print(
+            f"  epoch {epoch + 1}: dev {self.name} {value:.2f} "
+            f"({time.perf_counter() - started:.0f}s to decode)",
+            file=sys.stderr,
+            flush=True,
+        )
 
 
 def estimated_steps(examples, batch_size, epochs):

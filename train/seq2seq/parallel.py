@@ -64,7 +64,8 @@ def read_parallel(source_path, target_path):
     if len(sources) != len(targets):
         raise DataError(
             f"mismatched line counts: {source_path} has {len(sources)} lines, "
-            f"{target_path} has {len(targets)}")
+            f"{target_path} has {len(targets)}"
+        )
     _check_not_empty(source_path, sources)
     _check_not_empty(target_path, targets)
     return list(zip(sources, targets))
@@ -81,9 +82,12 @@ def read_tsv(path):
         if len(parts) != 2:
             raise DataError(
                 f"line {number} of {path} needs exactly one tab (source<TAB>target), "
-                f"found {len(parts) - 1}: {line[:60]!r}")
+                f"found {len(parts) - 1}: {line[:60]!r}"
+            )
         if not parts[0].strip() or not parts[1].strip():
-            raise DataError(f"empty {'source' if not parts[0].strip() else 'target'} on line {number} of {path}")
+            raise DataError(
+                f"empty {'source' if not parts[0].strip() else 'target'} on line {number} of {path}"
+            )
         pairs.append((parts[0], parts[1]))
     return pairs
 
@@ -97,14 +101,18 @@ def hold_out(pairs, fraction, minimum, maximum, seed):
         raise DataError(f"too little data to hold out {n} pairs: only {len(pairs)} training pairs")
     order = np.random.default_rng(seed).permutation(len(pairs))
     held = set(order[:n].tolist())
-    return ([p for i, p in enumerate(pairs) if i not in held],
-            [p for i, p in enumerate(pairs) if i in held])
+    return (
+        [p for i, p in enumerate(pairs) if i not in held],
+        [p for i, p in enumerate(pairs) if i in held],
+    )
 
 
 def parse_dataset_flag(value):
-    if not value.startswith("tfds:") or not value[len("tfds:"):].strip():
-        raise UsageError(f"--dataset must look like tfds:NAME (e.g. tfds:ted_hrlr_translate/pt_to_en): {value!r}")
-    return value[len("tfds:"):].strip()
+    if not value.startswith("tfds:") or not value[len("tfds:") :].strip():
+        raise UsageError(
+            f"--dataset must look like tfds:NAME (e.g. tfds:ted_hrlr_translate/pt_to_en): {value!r}"
+        )
+    return value[len("tfds:") :].strip()
 
 
 def load_tfds(name, data_dir=None):

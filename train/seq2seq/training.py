@@ -20,19 +20,26 @@ import numpy as np
 import zoo.models  # noqa: F401  (registers every class zoo model files name)
 from train import checkpoint, engine, rundir
 from train import strategy as distribute
-from zoo.cli import UsageError
 from train.progress import markdown_table
 from train.seq2seq.data import Batches, Encoded, load_data, train_tokenizer
 from train.seq2seq.fit import DevScore, compile_seq2seq
 from train.tagger.fit import BEST, LAST, RunCheckpoint, TimeLimit, read_state, recover
+from zoo.cli import UsageError
 from zoo.seq2seq import decoding
-from zoo.seq2seq.tokenization import PAD_ID, Tokenizer, decode_proto, encode_proto
+from zoo.seq2seq.tokenization import PAD_ID, Tokenizer, encode_proto
 
 _NOT_TRAIN = ("debug", "resume", "out", "verbose")
-SUMMARY = [("arch", "arch"), ("test_bleu", "test BLEU"), ("test_exact_match", "exact"),
-           ("test_long_exact_match", "exact (longer)"), ("dev_acc", "dev tok acc"),
-           ("params", "params"), ("epochs", "epochs"), ("train_seconds", "train s"),
-           ("decode_tokens_per_second", "decode tok/s")]
+SUMMARY = [
+    ("arch", "arch"),
+    ("test_bleu", "test BLEU"),
+    ("test_exact_match", "exact"),
+    ("test_long_exact_match", "exact (longer)"),
+    ("dev_acc", "dev tok acc"),
+    ("params", "params"),
+    ("epochs", "epochs"),
+    ("train_seconds", "train s"),
+    ("decode_tokens_per_second", "decode tok/s"),
+]
 
 
 def _kind(arch):
@@ -56,8 +63,14 @@ def _encode_all(tokenizer, data, model, truncate):
     for name, pairs in names.items():
         # Longer-than-trained test sets are meant to exceed nothing but the
         # training lengths; the model limits still apply.
-        encoded[name] = Encoded(tokenizer, pairs, model.max_source_length, model.max_target_length,
-                                name, truncate=truncate)
+        encoded[name] = Encoded(
+            tokenizer,
+            pairs,
+            model.max_source_length,
+            model.max_target_length,
+            name,
+            truncate=truncate,
+        )
     return encoded
 
 
@@ -87,12 +100,19 @@ def train_new(args, data):
     os.makedirs(os.path.join(out, "vocab"), exist_ok=True)
     rundir._atomic(os.path.join(out, "vocab", "spm.model"), lambda f: f.write(proto), "wb")
     rundir.atomic_write_lines(os.path.join(out, "vocab", "pieces.txt"), tokenizer.pieces())
-    config = {"kind": _kind(args.arch), "model": model.hparams(), "train": train_cfg,
-              "data": data.source, "task": data.task, "tokenizer": "vocab/spm.model"}
+    config = {
+        "kind": _kind(args.arch),
+        "model": model.hparams(),
+        "train": train_cfg,
+        "data": data.source,
+        "task": data.task,
+        "tokenizer": "vocab/spm.model",
+    }
     rundir.atomic_write_json(os.path.join(out, "config.json"), config)
     with distribute.scope():
-        compile_seq2seq(model, args.learning_rate, args.warmup_steps, args.label_smoothing,
-                        jit_compile=args.xla)
+        compile_seq2seq(
+            model, args.learning_rate, args.warmup_steps, args.label_smoothing, jit_compile=args.xla
+        )
     state = read_state(os.path.join(out, "checkpoints"))
     return _fit_and_finish(model, data, encoded, out, train_cfg, state, args.verbose)
 
@@ -105,8 +125,13 @@ def _rebuild(out, config, train_cfg):
         proto = f.read()
     with distribute.scope():
         model = zoo.build(config["kind"], tokenizer=encode_proto(proto), **config["model"])
-        compile_seq2seq(model, train_cfg["learning_rate"], train_cfg["warmup_steps"],
-                        train_cfg["label_smoothing"], jit_compile=train_cfg.get("xla"))
+        compile_seq2seq(
+            model,
+            train_cfg["learning_rate"],
+            train_cfg["warmup_steps"],
+            train_cfg["label_smoothing"],
+            jit_compile=train_cfg.get("xla"),
+        )
     return model
 
 
@@ -119,7 +144,9 @@ def resume_run(args):
         recover(ckpt_dir)  # a damaged last.keras or best weights: their previous copies
     step_checkpoint = checkpoint.latest(ckpt_dir)[1] if os.path.isdir(ckpt_dir) else None
     if not os.path.exists(config_path) or not (os.path.exists(last) or step_checkpoint):
-        raise UsageError(f"--resume: no checkpoint to resume in {out} (missing config.json or checkpoints/{LAST})")
+        raise UsageError(
+            f"--resume: no checkpoint to resume in {out} (missing config.json or checkpoints/{LAST})"
+        )
     config = rundir.read_json(config_path)
     if config.get("kind") not in ("seq2seq", "universal_transformer"):
         raise UsageError(f"--resume: {out} is not a seq2seq run (kind={config.get('kind')!r})")
@@ -141,7 +168,9 @@ def resume_run(args):
     state = read_state(os.path.join(out, "checkpoints"))
     keras.utils.set_random_seed(train_cfg["seed"] + state["epoch"])
     announce = f"resuming {out} at epoch {state['epoch']} of {train_cfg['epochs']}"
-    return _fit_and_finish(model, data, encoded, out, train_cfg, state, args.verbose, announce=announce)
+    return _fit_and_finish(
+        model, data, encoded, out, train_cfg, state, args.verbose, announce=announce
+    )
 
 
 def _dev_scorer(model, data, encoded, train_cfg, out):
@@ -155,31 +184,50 @@ def _dev_scorer(model, data, encoded, train_cfg, out):
         hyps = model.tokenizer.decode(decoding.decode_ids(model, ids, beam_width=1))
         return _bleu(hyps, refs) if data.task == "text" else 100.0 * _exact(hyps, refs)
 
-    return DevScore(score, "bleu" if data.task == "text" else "exact_match", os.path.join(out, "logs"))
+    return DevScore(
+        score, "bleu" if data.task == "text" else "exact_match", os.path.join(out, "logs")
+    )
 
 
 def _fit_and_finish(model, data, encoded, out, train_cfg, state, verbose, announce=None):
     ckpt_dir = os.path.join(out, "checkpoints")
     checkpoint = RunCheckpoint(ckpt_dir, state)
     limit = TimeLimit(train_cfg["max_minutes"] * 60.0, state["train_seconds"])
-    callbacks = [checkpoint, limit,
-                 keras.callbacks.TensorBoard(os.path.join(out, "logs"), write_graph=False, profile_batch=0)]
+    callbacks = [
+        checkpoint,
+        limit,
+        keras.callbacks.TensorBoard(os.path.join(out, "logs"), write_graph=False, profile_batch=0),
+    ]
     dev_score = _dev_scorer(model, data, encoded, train_cfg, out)
     if dev_score is not None:
         callbacks.insert(0, dev_score)
+
     def train_batches(epoch):  # the batch order of an epoch depends on (seed, epoch) only
-        return Batches(encoded["train"], train_cfg["batch_size"], shuffle=True,
-                       seed=train_cfg["seed"] * 1000 + epoch)
+        return Batches(
+            encoded["train"],
+            train_cfg["batch_size"],
+            shuffle=True,
+            seed=train_cfg["seed"] * 1000 + epoch,
+        )
 
     dev_batches = Batches(encoded["dev"], 128)
     epochs = train_cfg["epochs"]
     if state["epoch"] < epochs:
-        engine.fit(model, train_batches, validation_data=dev_batches, epochs=epochs,
-                   steps_per_epoch=train_cfg.get("steps_per_epoch"), initial_epoch=state["epoch"],
-                   epochs_done=state["epoch"],
-                   callbacks=callbacks, verbose=verbose, checkpoint_dir=ckpt_dir,
-                   loss_terms=engine.masked_mean_terms(model.loss, PAD_ID),
-                   jit_compile=True if train_cfg.get("xla") else None, announce=announce)
+        engine.fit(
+            model,
+            train_batches,
+            validation_data=dev_batches,
+            epochs=epochs,
+            steps_per_epoch=train_cfg.get("steps_per_epoch"),
+            initial_epoch=state["epoch"],
+            epochs_done=state["epoch"],
+            callbacks=callbacks,
+            verbose=verbose,
+            checkpoint_dir=ckpt_dir,
+            loss_terms=engine.masked_mean_terms(model.loss, PAD_ID),
+            jit_compile=True if train_cfg.get("xla") else None,
+            announce=announce,
+        )
     elif announce:
         print(announce, file=sys.stderr)
     state = checkpoint.state if checkpoint.started else state
@@ -188,11 +236,16 @@ def _fit_and_finish(model, data, encoded, out, train_cfg, state, verbose, announ
         model.load_weights(best)
     metrics = evaluate(model, data, encoded, train_cfg)
     metrics.update(
-        arch=train_cfg["arch"], params=int(model.count_params()), epochs=state["epoch"],
-        best_epoch=state["best_epoch"], dev_acc=state["best_val_acc"],
-        train_seconds=round(state["train_seconds"], 1), stopped_by_time_limit=bool(limit.stopped_early),
+        arch=train_cfg["arch"],
+        params=int(model.count_params()),
+        epochs=state["epoch"],
+        best_epoch=state["best_epoch"],
+        dev_acc=state["best_val_acc"],
+        train_seconds=round(state["train_seconds"], 1),
+        stopped_by_time_limit=bool(limit.stopped_early),
         train_pairs=len(data.train),
-        train_target_tokens_per_second=_train_speed(encoded["train"], train_cfg, state))
+        train_target_tokens_per_second=_train_speed(encoded["train"], train_cfg, state),
+    )
     if dev_score is not None and dev_score.history:
         metrics["dev_history"] = dev_score.history
     rundir.atomic_save_model(model, os.path.join(out, "model.keras"))
@@ -210,7 +263,9 @@ def _train_speed(encoded, train_cfg, state):
         return None
     passes = state["epoch"]
     if train_cfg.get("steps_per_epoch"):
-        passes *= min(1.0, train_cfg["steps_per_epoch"] * train_cfg["batch_size"] / max(1, len(encoded)))
+        passes *= min(
+            1.0, train_cfg["steps_per_epoch"] * train_cfg["batch_size"] / max(1, len(encoded))
+        )
     return round(encoded.target_tokens() * passes / state["train_seconds"], 1)
 
 
@@ -246,8 +301,10 @@ def _timed_decode(model, ids, beam_width, alpha, sample=256):
     again = decoding.decode_ids(model, timed, beam_width=beam_width, alpha=alpha)
     seconds = time.perf_counter() - started
     tokens = sum(len(o) + 1 for o in again)
-    return out, {"tokens_per_second": round(tokens / seconds, 1),
-                 "sentences_per_second": round(len(timed) / seconds, 1)}
+    return out, {
+        "tokens_per_second": round(tokens / seconds, 1),
+        "sentences_per_second": round(len(timed) / seconds, 1),
+    }
 
 
 def evaluate(model, data, encoded, train_cfg):
@@ -261,15 +318,20 @@ def evaluate(model, data, encoded, train_cfg):
     refs = [t for _, t in data.test]
     greedy_ids, speed = _timed_decode(model, test.sources, 1, alpha)
     greedy = model.tokenizer.decode(greedy_ids)
-    metrics.update(decode_tokens_per_second=speed["tokens_per_second"],
-                   decode_sentences_per_second=speed["sentences_per_second"])
+    metrics.update(
+        decode_tokens_per_second=speed["tokens_per_second"],
+        decode_sentences_per_second=speed["sentences_per_second"],
+    )
     hyps = greedy
     if beam > 1:
         beam_ids, beam_speed = _timed_decode(model, test.sources, beam, alpha)
         hyps = model.tokenizer.decode(beam_ids)
-        metrics.update(beam_width=beam, alpha=alpha,
-                       beam_decode_tokens_per_second=beam_speed["tokens_per_second"],
-                       beam_decode_sentences_per_second=beam_speed["sentences_per_second"])
+        metrics.update(
+            beam_width=beam,
+            alpha=alpha,
+            beam_decode_tokens_per_second=beam_speed["tokens_per_second"],
+            beam_decode_sentences_per_second=beam_speed["sentences_per_second"],
+        )
     if data.task == "text":
         metrics["test_bleu"] = round(_bleu(hyps, refs), 2)
         metrics["test_bleu_greedy"] = round(_bleu(greedy, refs), 2)
@@ -281,10 +343,15 @@ def evaluate(model, data, encoded, train_cfg):
     else:
         metrics["test_exact_match"] = round(_exact(hyps, refs), 4)
         for name in data.extra:
-            out = model.tokenizer.decode(decoding.decode_ids(model, encoded[name].sources, beam_width=1))
-            metrics[f"test_{name}_exact_match"] = round(_exact(out, [t for _, t in data.extra[name]]), 4)
-    metrics["test_examples"] = [{"source": s, "reference": r, "output": h}
-                                for (s, r), h in list(zip(data.test, hyps))[:5]]
+            out = model.tokenizer.decode(
+                decoding.decode_ids(model, encoded[name].sources, beam_width=1)
+            )
+            metrics[f"test_{name}_exact_match"] = round(
+                _exact(out, [t for _, t in data.extra[name]]), 4
+            )
+    metrics["test_examples"] = [
+        {"source": s, "reference": r, "output": h} for (s, r), h in list(zip(data.test, hyps))[:5]
+    ]
     return metrics
 
 
@@ -295,6 +362,8 @@ def _write_calibration(out, encoded, model, seed, rows=200):
     targets = np.zeros((len(picked), model.max_target_length), "int32")
     for r, i in enumerate(picked):
         s, t = encoded.sources[i], [2] + encoded.targets[i]
-        sources[r, :len(s)] = s
-        targets[r, :len(t)] = t[:model.max_target_length]
-    rundir.atomic_save_npz(os.path.join(out, "calibration.npz"), source_ids=sources, target_ids=targets)
+        sources[r, : len(s)] = s
+        targets[r, : len(t)] = t[: model.max_target_length]
+    rundir.atomic_save_npz(
+        os.path.join(out, "calibration.npz"), source_ids=sources, target_ids=targets
+    )

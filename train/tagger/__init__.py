@@ -7,12 +7,9 @@ Data: the embedded generated grammar by default (offline), CoNLL-U files
 import argparse
 import json
 import os
-import sys
-import time
 
 from zoo.cli import UsageError
 from zoo.tagger.config import ARCHS
-
 
 
 class _Named(argparse.Action):
@@ -25,34 +22,74 @@ class _Named(argparse.Action):
 
 
 def add_arguments(parser):
-    parser.add_argument("--arch", default="attention", help=f"one of {', '.join(ARCHS)} (default attention)")
-    parser.add_argument("--epochs", type=int, default=None,
-                        help="total epochs (default 5 on the embedded data, 40 on files; see --max-minutes)")
-    parser.add_argument("--batch-size", type=int, default=32, help="sentences per batch (default 32)")
-    parser.add_argument("--out", default=None, help="run directory (default runs/tagger-ARCH or runs/tagger-compare)")
+    parser.add_argument(
+        "--arch", default="attention", help=f"one of {', '.join(ARCHS)} (default attention)"
+    )
+    parser.add_argument(
+        "--epochs",
+        type=int,
+        default=None,
+        help="total epochs (default 5 on the embedded data, 40 on files; see --max-minutes)",
+    )
+    parser.add_argument(
+        "--batch-size", type=int, default=32, help="sentences per batch (default 32)"
+    )
+    parser.add_argument(
+        "--out",
+        default=None,
+        help="run directory (default runs/tagger-ARCH or runs/tagger-compare)",
+    )
     parser.add_argument("--seed", type=int, default=0, help="random seed (model and embedded data)")
-    parser.add_argument("--resume", action="store_true", help="continue the run in --out from its last checkpoint")
+    parser.add_argument(
+        "--resume", action="store_true", help="continue the run in --out from its last checkpoint"
+    )
     parser.add_argument("--train-file", help="CoNLL-U training file (UPOS column)")
     parser.add_argument("--dev-file", help="CoNLL-U dev file (default: 10%% held out from train)")
     parser.add_argument("--test-file", help="CoNLL-U test file (default: 10%% held out from train)")
-    parser.add_argument("--dataset", help="tfds:NAME, e.g. tfds:universal_dependencies/en_ewt (downloads)")
-    parser.add_argument("--compare", action="store_true",
-                        help="train all four archs on the same data; print and save a comparison table")
-    parser.add_argument("--max-minutes", type=float, default=20.0,
-                        help="stop training an arch after this many minutes (default 20; 0 = no limit)")
-    parser.add_argument("--learning-rate", type=float, default=None, help="peak learning rate (default per arch)")
-    parser.add_argument("--ema", dest="ema_momentum", type=float, default=None, metavar="MOMENTUM",
-                        action=_Named,
-                        help="evaluate and save the moving average of the weights with this "
-                             "momentum, e.g. 0.995 (default: off)")
+    parser.add_argument(
+        "--dataset", help="tfds:NAME, e.g. tfds:universal_dependencies/en_ewt (downloads)"
+    )
+    parser.add_argument(
+        "--compare",
+        action="store_true",
+        help="train all four archs on the same data; print and save a comparison table",
+    )
+    parser.add_argument(
+        "--max-minutes",
+        type=float,
+        default=20.0,
+        help="stop training an arch after this many minutes (default 20; 0 = no limit)",
+    )
+    parser.add_argument(
+        "--learning-rate", type=float, default=None, help="peak learning rate (default per arch)"
+    )
+    parser.add_argument(
+        "--ema",
+        dest="ema_momentum",
+        type=float,
+        default=None,
+        metavar="MOMENTUM",
+        action=_Named,
+        help="evaluate and save the moving average of the weights with this "
+        "momentum, e.g. 0.995 (default: off)",
+    )
     # The earlier name, kept working (hidden): one EMA flag across train commands.
-    parser.add_argument("--ema-momentum", dest="ema_momentum", type=float, action=_Named,
-                        help=argparse.SUPPRESS)
-    parser.add_argument("--verbose", default="auto",
-                        help="Keras progress output: auto (bars on a terminal, a line per epoch "
-                             "otherwise), 0, 1, 2")
-    parser.add_argument("--model-option", action="append", default=[], metavar="KEY=VALUE",
-                        help="tagger hyper-parameter, e.g. hidden_dim=192 (JSON values; repeatable)")
+    parser.add_argument(
+        "--ema-momentum", dest="ema_momentum", type=float, action=_Named, help=argparse.SUPPRESS
+    )
+    parser.add_argument(
+        "--verbose",
+        default="auto",
+        help="Keras progress output: auto (bars on a terminal, a line per epoch "
+        "otherwise), 0, 1, 2",
+    )
+    parser.add_argument(
+        "--model-option",
+        action="append",
+        default=[],
+        metavar="KEY=VALUE",
+        help="tagger hyper-parameter, e.g. hidden_dim=192 (JSON values; repeatable)",
+    )
 
 
 def _validate(args):
@@ -94,7 +131,9 @@ def _model_options(items):
     for item in items:
         key, sep, raw = item.partition("=")
         if not sep or key not in DEFAULTS:
-            raise UsageError(f"--model-option must be KEY=VALUE with KEY in {sorted(DEFAULTS)}: {item!r}")
+            raise UsageError(
+                f"--model-option must be KEY=VALUE with KEY in {sorted(DEFAULTS)}: {item!r}"
+            )
         try:
             options[key] = json.loads(raw)
         except json.JSONDecodeError:

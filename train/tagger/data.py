@@ -7,17 +7,21 @@ import numpy as np
 import tensorflow as tf
 
 from train.tagger.select import load_data  # noqa: F401  (re-exported for callers)
-from zoo.tagger.model import pad_tokens
 from zoo.tagger.encoding import PAD, UNK, TokenEncoder, word_keys
+from zoo.tagger.model import pad_tokens
 
 
 def normalised_keys(sentences):
     """Word keys (the encoder's own normalisation) for every token, sentence by sentence."""
     flat = [t for s in sentences for t in s.tokens]
-    keys = [k.decode("utf-8") for k in word_keys(tf.constant(flat, dtype=tf.string)).numpy()] if flat else []
+    keys = (
+        [k.decode("utf-8") for k in word_keys(tf.constant(flat, dtype=tf.string)).numpy()]
+        if flat
+        else []
+    )
     out, i = [], 0
     for s in sentences:
-        out.append(keys[i:i + len(s.tokens)])
+        out.append(keys[i : i + len(s.tokens)])
         i += len(s.tokens)
     return out
 
@@ -26,14 +30,19 @@ def build_vocab(data, min_word_count=1):
     """words/chars from training data only; tags from all splits (train ones first)."""
     train_keys = normalised_keys(data.train)
     counts = collections.Counter(k for keys in train_keys for k in keys)
-    words = [PAD, UNK] + sorted((k for k, c in counts.items() if c >= min_word_count
-                                 and k not in (PAD, UNK, "")), key=lambda k: (-counts[k], k))
+    words = [PAD, UNK] + sorted(
+        (k for k, c in counts.items() if c >= min_word_count and k not in (PAD, UNK, "")),
+        key=lambda k: (-counts[k], k),
+    )
     char_counts = collections.Counter(ch for s in data.train for t in s.tokens for ch in t)
-    chars = [PAD, UNK] + sorted((c for c in char_counts if c not in (PAD, UNK)),
-                                key=lambda c: (-char_counts[c], c))
+    chars = [PAD, UNK] + sorted(
+        (c for c in char_counts if c not in (PAD, UNK)), key=lambda c: (-char_counts[c], c)
+    )
     tag_counts = collections.Counter(t for s in data.train for t in s.tags)
     tags = sorted(tag_counts, key=lambda t: (-tag_counts[t], t))
-    extra = sorted({t for split in (data.dev, data.test) for s in split for t in s.tags} - set(tags))
+    extra = sorted(
+        {t for split in (data.dev, data.test) for s in split for t in s.tags} - set(tags)
+    )
     return words, chars, tags + extra
 
 
@@ -54,7 +63,7 @@ class Encoded:
         self.sentences = sentences
         self.word_ids, self.char_ids, self.tag_ids = [], [], []
         for start in range(0, len(sentences), chunk):
-            part = sentences[start:start + chunk]
+            part = sentences[start : start + chunk]
             ids = encoder.encode(pad_tokens([s.tokens for s in part]))
             w, c = ids["word_ids"].numpy(), ids["char_ids"].numpy()
             for row, s in enumerate(part):
@@ -103,11 +112,15 @@ class Batches:
             order = self.rng.permutation(n)
             pool = self.batch_size * 50
             # Sort within pools of 50 batches: random batches, but similar lengths inside.
-            order = np.concatenate([sorted(order[i:i + pool], key=lambda j: self.encoded.lengths[j])
-                                    for i in range(0, n, pool)])
+            order = np.concatenate(
+                [
+                    sorted(order[i : i + pool], key=lambda j: self.encoded.lengths[j])
+                    for i in range(0, n, pool)
+                ]
+            )
         else:
             order = np.argsort(self.encoded.lengths, kind="stable")
-        self.batches = [order[i:i + self.batch_size] for i in range(0, n, self.batch_size)]
+        self.batches = [order[i : i + self.batch_size] for i in range(0, n, self.batch_size)]
         if self.shuffle:
             self.rng.shuffle(self.batches)
 
@@ -127,8 +140,10 @@ class Batches:
         every pass over it (every epoch) draws new shuffled batches."""
         chars = self.encoded.char_ids[0].shape[-1] if len(self.encoded) else 1
         signature = (
-            {"word_ids": tf.TensorSpec([None, None], tf.int32),
-             "char_ids": tf.TensorSpec([None, None, chars], tf.int32)},
+            {
+                "word_ids": tf.TensorSpec([None, None], tf.int32),
+                "char_ids": tf.TensorSpec([None, None, chars], tf.int32),
+            },
             tf.TensorSpec([None, None], tf.int32),
             tf.TensorSpec([None, None], tf.float32),
         )

@@ -15,18 +15,95 @@ from train.tagger.types import TaggedSentence, TaggingData
 
 # Noun/verb homographs: (form as noun, form as verb).
 AMBIGUOUS_NV = [
-    "saw", "book", "watch", "run", "duck", "fly", "park", "train", "play", "light", "fish",
-    "ring", "race", "plant", "paint", "brush", "drink", "cook", "dance", "walk", "rock",
-    "lock", "check", "film", "mark", "step", "store", "visit", "wave", "work",
+    "saw",
+    "book",
+    "watch",
+    "run",
+    "duck",
+    "fly",
+    "park",
+    "train",
+    "play",
+    "light",
+    "fish",
+    "ring",
+    "race",
+    "plant",
+    "paint",
+    "brush",
+    "drink",
+    "cook",
+    "dance",
+    "walk",
+    "rock",
+    "lock",
+    "check",
+    "film",
+    "mark",
+    "step",
+    "store",
+    "visit",
+    "wave",
+    "work",
 ]
 # Adjective inside a noun phrase, adverb before a verb.
-AMBIGUOUS_MOD = ["still", "just", "only", "even", "early", "late", "fast", "hard", "daily", "pretty"]
-NOUNS = [
-    "man", "woman", "dog", "cat", "girl", "boy", "teacher", "farmer", "table", "house",
-    "car", "tree", "river", "city", "child", "doctor", "knife", "window", "letter", "garden",
-    "horse", "bird", "door", "boat", "friend", "road", "song", "hammer", "kitchen", "apple", "can",
+AMBIGUOUS_MOD = [
+    "still",
+    "just",
+    "only",
+    "even",
+    "early",
+    "late",
+    "fast",
+    "hard",
+    "daily",
+    "pretty",
 ]
-VERBS_PAST = ["liked", "found", "took", "bought", "made", "kept", "wanted", "needed", "sold", "fixed"]
+NOUNS = [
+    "man",
+    "woman",
+    "dog",
+    "cat",
+    "girl",
+    "boy",
+    "teacher",
+    "farmer",
+    "table",
+    "house",
+    "car",
+    "tree",
+    "river",
+    "city",
+    "child",
+    "doctor",
+    "knife",
+    "window",
+    "letter",
+    "garden",
+    "horse",
+    "bird",
+    "door",
+    "boat",
+    "friend",
+    "road",
+    "song",
+    "hammer",
+    "kitchen",
+    "apple",
+    "can",
+]
+VERBS_PAST = [
+    "liked",
+    "found",
+    "took",
+    "bought",
+    "made",
+    "kept",
+    "wanted",
+    "needed",
+    "sold",
+    "fixed",
+]
 VERBS_BASE = ["see", "like", "find", "take", "buy", "make", "keep", "want", "need", "sell", "fix"]
 ADJECTIVES = ["old", "big", "red", "new", "small", "sharp", "happy", "green", "quiet", "strong"]
 ADVERBS = ["quickly", "often", "never", "rarely", "slowly", "always", "soon", "usually"]
@@ -39,8 +116,32 @@ NUMBERS = ["two", "three", "four", "five", "ten"]
 NAMES = ["Anna", "Bob", "Maria", "Paris", "London", "Peter", "Sara", "Tom"]
 COORDINATORS = ["and", "but"]
 
-_ONSETS = ["b", "br", "d", "dr", "f", "fl", "g", "gr", "k", "kl", "m", "n", "p", "pl", "s",
-           "st", "t", "tr", "v", "z", "sh", "ch", "l", "r"]
+_ONSETS = [
+    "b",
+    "br",
+    "d",
+    "dr",
+    "f",
+    "fl",
+    "g",
+    "gr",
+    "k",
+    "kl",
+    "m",
+    "n",
+    "p",
+    "pl",
+    "s",
+    "st",
+    "t",
+    "tr",
+    "v",
+    "z",
+    "sh",
+    "ch",
+    "l",
+    "r",
+]
 _VOWELS = ["a", "e", "i", "o", "u", "ai", "ea", "oo"]
 _SUFFIXES = {
     "NOUN": ["tion", "ment", "ness", "er", "ist", "ity", "ance"],
@@ -98,9 +199,11 @@ class _Grammar:
         if r < 0.08:
             return [(self.pick(NAMES, "PROPN", 0.4), "PROPN")]
         if r < 0.14:
-            return [(self.rng.choice(NUMBERS), "NUM")] + self.modifiers("ADJ") + [
-                (self.pick(NOUNS, "NOUN") + "s", "NOUN")
-            ]
+            return (
+                [(self.rng.choice(NUMBERS), "NUM")]
+                + self.modifiers("ADJ")
+                + [(self.pick(NOUNS, "NOUN") + "s", "NOUN")]
+            )
         np = [(self.rng.choice(DETERMINERS), "DET")] + self.modifiers("ADJ") + [self.noun()]
         if allow_pp and self.rng.random() < 0.2:
             np += [(self.rng.choice(PREPOSITIONS), "ADP")] + self.noun_phrase(allow_pp=False)
@@ -120,8 +223,11 @@ class _Grammar:
             verb = rng.choice(AMBIGUOUS_NV) if rng.random() < 0.5 else self.pick(VERBS_BASE, "VERB")
         else:
             vp += self.modifiers("ADV")
-            verb = rng.choice(AMBIGUOUS_NV + ["saw"] * 4) if rng.random() < 0.5 else self.pick(
-                VERBS_PAST, "VERB")
+            verb = (
+                rng.choice(AMBIGUOUS_NV + ["saw"] * 4)
+                if rng.random() < 0.5
+                else self.pick(VERBS_PAST, "VERB")
+            )
         vp.append((verb, "VERB"))
         r = rng.random()
         if r < 0.55:
@@ -139,8 +245,12 @@ class _Grammar:
         rng = self.rng
         if rng.random() < 0.04:
             # The lecture's example and its relatives: PRON VERB DET NOUN.
-            words = [(rng.choice(SUBJECT_PRONOUNS), "PRON"), (rng.choice(AMBIGUOUS_NV), "VERB"),
-                     (rng.choice(DETERMINERS[:3]), "DET"), (rng.choice(AMBIGUOUS_NV), "NOUN")]
+            words = [
+                (rng.choice(SUBJECT_PRONOUNS), "PRON"),
+                (rng.choice(AMBIGUOUS_NV), "VERB"),
+                (rng.choice(DETERMINERS[:3]), "DET"),
+                (rng.choice(AMBIGUOUS_NV), "NOUN"),
+            ]
         else:
             words = self.clause()
             if rng.random() < 0.15:
@@ -164,14 +274,16 @@ def generate(seed=0, train_size=2000, dev_size=300, test_size=400):
     taken = set(AMBIGUOUS_NV + AMBIGUOUS_MOD + NOUNS + VERBS_PAST + ADJECTIVES + ADVERBS)
     pools = []
     for _ in range(3):
-        pools.append({tag: _pseudo_words(rng, tag, 12 if tag == "PROPN" else 30, taken)
-                      for tag in _SUFFIXES})
+        pools.append(
+            {tag: _pseudo_words(rng, tag, 12 if tag == "PROPN" else 30, taken) for tag in _SUFFIXES}
+        )
     splits = []
     for pool, size in zip(pools, (train_size, dev_size, test_size)):
         grammar = _Grammar(random.Random(rng.getrandbits(64)), pool)
         splits.append([grammar.sentence() for _ in range(size)])
     return TaggingData(
-        train=splits[0], dev=splits[1], test=splits[2],
-        source={"name": "embedded", "seed": seed,
-                "sizes": [train_size, dev_size, test_size]},
+        train=splits[0],
+        dev=splits[1],
+        test=splits[2],
+        source={"name": "embedded", "seed": seed, "sizes": [train_size, dev_size, test_size]},
     )

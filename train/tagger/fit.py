@@ -13,28 +13,36 @@ import keras
 
 from train import checkpoint
 from train.engine import averaged_weights
-from zoo.cli import UsageError
 from train.rundir import atomic_write_json, read_json
+from zoo.cli import UsageError
 
 LAST = "last.keras"
 BEST = "best.weights.h5"
 STATE = "state.json"
 
 
-def compile_tagger(model, learning_rate, total_steps, warmup_steps, weight_decay,
-                   ema_momentum=None):
+def compile_tagger(
+    model, learning_rate, total_steps, warmup_steps, weight_decay, ema_momentum=None
+):
     warmup_steps = max(0, min(warmup_steps, total_steps - 1))
     schedule = keras.optimizers.schedules.CosineDecay(
         initial_learning_rate=0.0 if warmup_steps else learning_rate,
-        decay_steps=max(1, total_steps - warmup_steps), alpha=0.05,
-        warmup_target=learning_rate if warmup_steps else None, warmup_steps=warmup_steps)
+        decay_steps=max(1, total_steps - warmup_steps),
+        alpha=0.05,
+        warmup_target=learning_rate if warmup_steps else None,
+        warmup_steps=warmup_steps,
+    )
     # With ema_momentum, dev evaluation and the saved model use the moving average of
     # the weights (Polyak averaging), which smooths out the last steps' noise.
     averaging = {"use_ema": True, "ema_momentum": ema_momentum} if ema_momentum else {}
-    optimizer = keras.optimizers.AdamW(learning_rate=schedule, weight_decay=weight_decay,
-                                       clipnorm=1.0, **averaging)
-    model.compile(optimizer=optimizer, loss=keras.losses.SparseCategoricalCrossentropy(),
-                  weighted_metrics=[keras.metrics.SparseCategoricalAccuracy(name="acc")])
+    optimizer = keras.optimizers.AdamW(
+        learning_rate=schedule, weight_decay=weight_decay, clipnorm=1.0, **averaging
+    )
+    model.compile(
+        optimizer=optimizer,
+        loss=keras.losses.SparseCategoricalCrossentropy(),
+        weighted_metrics=[keras.metrics.SparseCategoricalAccuracy(name="acc")],
+    )
 
 
 def read_state(checkpoint_dir):
@@ -44,7 +52,9 @@ def read_state(checkpoint_dir):
     try:
         return read_json(path)
     except (OSError, ValueError, UnicodeDecodeError) as e:
-        raise UsageError(f"{path} cannot be read ({type(e).__name__}); no copy to fall back to") from None
+        raise UsageError(
+            f"{path} cannot be read ({type(e).__name__}); no copy to fall back to"
+        ) from None
 
 
 def recover(checkpoint_dir):
@@ -70,8 +80,11 @@ def recover(checkpoint_dir):
         state = read_state(checkpoint_dir)
     if state is None:
         return
-    if best_fell_back or (best and state.get("best_epoch") is not None
-                          and best.get("best_epoch") != state.get("best_epoch")):
+    if best_fell_back or (
+        best
+        and state.get("best_epoch") is not None
+        and best.get("best_epoch") != state.get("best_epoch")
+    ):
         # The best weights in place are another epoch's than the state says (a fallback,
         # or a crash between the two writes): the state follows the weights.
         state.update(best_val_acc=best.get("best_val_acc"), best_epoch=best.get("best_epoch"))
@@ -112,15 +125,22 @@ class RunCheckpoint(keras.callbacks.Callback):
                     self.model.save_weights(tmp)
 
             # A failed write (a full disk) leaves no partial file and the previous copy.
-            checkpoint.save_checked(os.path.join(self.dir, BEST), write_best,
-                                    meta={"best_val_acc": float(val), "best_epoch": epoch + 1})
+            checkpoint.save_checked(
+                os.path.join(self.dir, BEST),
+                write_best,
+                meta={"best_val_acc": float(val), "best_epoch": epoch + 1},
+            )
         self.state["epoch"] = epoch + 1
         self.state.setdefault("history", []).append(
-            {"epoch": epoch + 1, **{k: round(float(v), 5) for k, v in logs.items()
-                                    if isinstance(v, (int, float))}})
+            {
+                "epoch": epoch + 1,
+                **{k: round(float(v), 5) for k, v in logs.items() if isinstance(v, (int, float))},
+            }
+        )
         self.state["train_seconds"] = self.base_seconds + time.perf_counter() - self.started
-        checkpoint.save_checked(os.path.join(self.dir, LAST), self.model.save,
-                                meta={"state": self.state})
+        checkpoint.save_checked(
+            os.path.join(self.dir, LAST), self.model.save, meta={"state": self.state}
+        )
         atomic_write_json(os.path.join(self.dir, STATE), self.state)
 
 

@@ -5,7 +5,6 @@ data. "Ambiguous": the word (normalised key) had two or more tags in training.
 "Unseen": the word never occurred in training.
 """
 
-import numpy as np
 import tensorflow as tf
 
 from train.tagger.data import Batches, normalised_keys
@@ -20,7 +19,7 @@ def predict_split(model, encoded, batch_size=64):
         probs = model.core(x, training=False)
         ids = tf.argmax(probs, axis=-1, output_type=tf.int32).numpy()
         for row, i in enumerate(batches.batches[k]):
-            preds[i] = ids[row, :encoded.lengths[i]]
+            preds[i] = ids[row, : encoded.lengths[i]]
     return preds
 
 

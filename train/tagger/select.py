@@ -4,8 +4,8 @@ import random
 
 from train.tagger import embedded
 from train.tagger.conllu import read_conllu
-from train.tfds import load_tfds, parse_dataset_flag
 from train.tagger.types import TaggingData
+from train.tfds import load_tfds, parse_dataset_flag
 from zoo.cli import UsageError
 
 
@@ -21,8 +21,12 @@ def load_data(train_file=None, dev_file=None, test_file=None, dataset=None, seed
             raise UsageError("--dev-file/--test-file need --train-file")
         # Read every file before complaining about any split, so errors name files in order.
         splits = {name: read_conllu(path) if path else None for name, path in files.items()}
-        data = TaggingData(train=splits["train"], dev=splits["dev"], test=splits["test"],
-                           source={"name": "conllu", **{k: v for k, v in files.items() if v}})
+        data = TaggingData(
+            train=splits["train"],
+            dev=splits["dev"],
+            test=splits["test"],
+            source={"name": "conllu", **{k: v for k, v in files.items() if v}},
+        )
     else:
         data = embedded.generate(seed=seed)
     _carve_missing(data, seed)

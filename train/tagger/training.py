@@ -2,7 +2,6 @@
 
 import os
 import sys
-import time
 
 import keras
 import numpy as np
@@ -10,26 +9,45 @@ import numpy as np
 import zoo.models  # noqa: F401  (registers every class zoo model files name)
 from train import checkpoint, engine, rundir
 from train import strategy as distribute
-from zoo.cli import UsageError
 from train.progress import markdown_table
 from train.tagger.data import Batches, Encoded, build_vocab, load_data, word_tag_stats
-from train.tagger.fit import BEST, LAST, RunCheckpoint, TimeLimit, compile_tagger, read_state, recover
+from train.tagger.fit import (
+    BEST,
+    LAST,
+    RunCheckpoint,
+    TimeLimit,
+    compile_tagger,
+    read_state,
+    recover,
+)
 from train.tagger.metrics import accuracies
+from zoo.cli import UsageError
 
 MAX_CHARS = 16
 MAX_LEN = 256
 LEARNING_RATES = {"attention": 1e-3, "fc": 2e-3, "window": 2e-3, "bilstm": 2e-3}
 SAMPLE = ["I", "saw", "a", "saw", "."]
 SUMMARY_COLUMNS = [
-    ("arch", "arch"), ("test_accuracy", "test acc"), ("test_ambiguous_accuracy", "ambiguous"),
-    ("test_unseen_accuracy", "unseen"), ("dev_accuracy", "dev acc"), ("params", "params"),
-    ("train_seconds", "train s"), ("tokens_per_second", "tokens/s"), ("epochs", "epochs"),
+    ("arch", "arch"),
+    ("test_accuracy", "test acc"),
+    ("test_ambiguous_accuracy", "ambiguous"),
+    ("test_unseen_accuracy", "unseen"),
+    ("dev_accuracy", "dev acc"),
+    ("params", "params"),
+    ("train_seconds", "train s"),
+    ("tokens_per_second", "tokens/s"),
+    ("epochs", "epochs"),
 ]
 
 
 def _data_flags(args):
-    return {"train_file": args.train_file, "dev_file": args.dev_file,
-            "test_file": args.test_file, "dataset": args.dataset, "seed": args.seed}
+    return {
+        "train_file": args.train_file,
+        "dev_file": args.dev_file,
+        "test_file": args.test_file,
+        "dataset": args.dataset,
+        "seed": args.seed,
+    }
 
 
 def _default_epochs(data):
@@ -55,16 +73,30 @@ def train_one(args, data, arch, out, vocab=None, verbose=None):
     except ValueError as e:
         raise UsageError(f"bad --model-option: {e}") from None
     lr = args.learning_rate or LEARNING_RATES[arch]
-    train_cfg = {**_data_flags(args), "epochs": epochs, "batch_size": args.batch_size,
-                 "learning_rate": lr, "max_minutes": args.max_minutes,
-                 "ema_momentum": args.ema_momentum}
+    train_cfg = {
+        **_data_flags(args),
+        "epochs": epochs,
+        "batch_size": args.batch_size,
+        "learning_rate": lr,
+        "max_minutes": args.max_minutes,
+        "ema_momentum": args.ema_momentum,
+    }
     rundir.create_run_dir(out, "tagger")
     _write_vocab(out, words, chars, tags)
-    config = {"kind": "tagger",
-              "model": {**model_cfg, **model.hparams,
-                        "vocab": {"words": "vocab/words.txt", "chars": "vocab/chars.txt",
-                                  "tags": "vocab/tags.txt"}},
-              "train": train_cfg, "data": data.source}
+    config = {
+        "kind": "tagger",
+        "model": {
+            **model_cfg,
+            **model.hparams,
+            "vocab": {
+                "words": "vocab/words.txt",
+                "chars": "vocab/chars.txt",
+                "tags": "vocab/tags.txt",
+            },
+        },
+        "train": train_cfg,
+        "data": data.source,
+    }
     rundir.atomic_write_json(os.path.join(out, "config.json"), config)
     encoded = _encode(model, data)
     _compile(model, encoded, train_cfg)
@@ -75,8 +107,11 @@ def train_one(args, data, arch, out, vocab=None, verbose=None):
         if fitted < epochs:
             # A schedule cut off by the time limit would stop with the learning rate
             # still high; planning fewer epochs lets the decay finish inside the budget.
-            print(f"{arch}: {epochs} epochs do not fit in --max-minutes {args.max_minutes:g}; "
-                  f"planning {fitted}", file=sys.stderr)
+            print(
+                f"{arch}: {epochs} epochs do not fit in --max-minutes {args.max_minutes:g}; "
+                f"planning {fitted}",
+                file=sys.stderr,
+            )
             train_cfg.update(epochs=fitted, planned_epochs=epochs)
             _compile(model, encoded, train_cfg)
             rundir.atomic_write_json(os.path.join(out, "config.json"), config)
@@ -89,10 +124,12 @@ def train_one(args, data, arch, out, vocab=None, verbose=None):
 def _epochs_within_budget(model, encoded, train_cfg, probe_steps=12, margin=0.9):
     """How many of the planned epochs fit in `max_minutes`, from the timed training
     steps of a random sample of the run's own batches (weights left untouched)."""
-    batches = Batches(encoded["train"], train_cfg["batch_size"], shuffle=True,
-                      seed=[train_cfg["seed"], 10_000])
+    batches = Batches(
+        encoded["train"], train_cfg["batch_size"], shuffle=True, seed=[train_cfg["seed"], 10_000]
+    )
     picked = np.random.default_rng(train_cfg["seed"]).choice(
-        len(batches), size=min(len(batches), probe_steps + 1), replace=False)
+        len(batches), size=min(len(batches), probe_steps + 1), replace=False
+    )
     warmup = 1  # the first probe step traces the function and is not timed
     step = engine.seconds_per_step(model, [batches[int(i)] for i in picked], warmup=warmup)
     # A step's time grows with its padded size, and a dozen random batches are not the
@@ -116,9 +153,14 @@ def _compile(model, encoded, train_cfg):
     epochs = train_cfg["epochs"]
     steps = len(Batches(encoded["train"], train_cfg["batch_size"]))
     with distribute.scope():
-        compile_tagger(model, train_cfg["learning_rate"], total_steps=max(1, epochs * steps),
-                       warmup_steps=min(400, epochs * steps // 10), weight_decay=1e-4,
-                       ema_momentum=train_cfg.get("ema_momentum"))
+        compile_tagger(
+            model,
+            train_cfg["learning_rate"],
+            total_steps=max(1, epochs * steps),
+            warmup_steps=min(400, epochs * steps // 10),
+            weight_decay=1e-4,
+            ema_momentum=train_cfg.get("ema_momentum"),
+        )
 
 
 def _rebuild(out, config):
@@ -143,15 +185,22 @@ def resume_run(args):
         recover(ckpt_dir)  # a damaged last.keras or best weights: their previous copies
     step_checkpoint = checkpoint.latest(ckpt_dir)[1] if os.path.isdir(ckpt_dir) else None
     if not os.path.exists(config_path) or not (os.path.exists(last) or step_checkpoint):
-        raise UsageError(f"--resume: no checkpoint to resume in {out} (missing config.json or checkpoints/{LAST})")
+        raise UsageError(
+            f"--resume: no checkpoint to resume in {out} (missing config.json or checkpoints/{LAST})"
+        )
     config = rundir.read_json(config_path)
     if config.get("kind") != "tagger":
         raise UsageError(f"--resume: {out} is not a tagger run (kind={config.get('kind')!r})")
     train_cfg = config["train"]
     if args.epochs is not None:
         train_cfg["epochs"] = args.epochs
-    data = load_data(train_cfg["train_file"], train_cfg["dev_file"], train_cfg["test_file"],
-                     train_cfg["dataset"], train_cfg["seed"])
+    data = load_data(
+        train_cfg["train_file"],
+        train_cfg["dev_file"],
+        train_cfg["test_file"],
+        train_cfg["dataset"],
+        train_cfg["seed"],
+    )
     keras.utils.set_random_seed(train_cfg["seed"] + 1)
     if os.path.exists(last):
         with distribute.scope():
@@ -165,32 +214,55 @@ def resume_run(args):
     rundir.atomic_write_json(config_path, config)
     state = read_state(ckpt_dir)
     announce = f"resuming {out} at epoch {state['epoch']} of {train_cfg['epochs']}"
-    return _fit_and_finish(model, data, encoded, out, train_cfg, state,
-                           _verbosity(getattr(args, "verbose", None)), announce=announce)
+    return _fit_and_finish(
+        model,
+        data,
+        encoded,
+        out,
+        train_cfg,
+        state,
+        _verbosity(getattr(args, "verbose", None)),
+        announce=announce,
+    )
 
 
 def _encode(model, data):
-    return {name: Encoded(model.encoder, getattr(data, name), model.tags)
-            for name in ("train", "dev", "test")}
+    return {
+        name: Encoded(model.encoder, getattr(data, name), model.tags)
+        for name in ("train", "dev", "test")
+    }
 
 
 def _fit_and_finish(model, data, encoded, out, train_cfg, state, verbose, announce=None):
     ckpt_dir = os.path.join(out, "checkpoints")
     checkpoint = RunCheckpoint(ckpt_dir, state)
     limit = TimeLimit(train_cfg["max_minutes"] * 60.0, state["train_seconds"])
-    callbacks = [checkpoint, limit,
-                 keras.callbacks.TensorBoard(os.path.join(out, "logs"), write_graph=False,
-                                             profile_batch=0)]
+    callbacks = [
+        checkpoint,
+        limit,
+        keras.callbacks.TensorBoard(os.path.join(out, "logs"), write_graph=False, profile_batch=0),
+    ]
+
     def train_batches(epoch):  # the batch order of an epoch depends on (seed, epoch) only
-        return Batches(encoded["train"], train_cfg["batch_size"], shuffle=True,
-                       seed=[train_cfg["seed"], epoch])
+        return Batches(
+            encoded["train"], train_cfg["batch_size"], shuffle=True, seed=[train_cfg["seed"], epoch]
+        )
 
     dev_batches = Batches(encoded["dev"], 64)
     epochs = train_cfg["epochs"]
     if state["epoch"] < epochs:
-        engine.fit(model, train_batches, validation_data=dev_batches, epochs=epochs,
-                   initial_epoch=state["epoch"], epochs_done=state["epoch"], callbacks=callbacks,
-                   verbose=verbose, checkpoint_dir=ckpt_dir, announce=announce)
+        engine.fit(
+            model,
+            train_batches,
+            validation_data=dev_batches,
+            epochs=epochs,
+            initial_epoch=state["epoch"],
+            epochs_done=state["epoch"],
+            callbacks=callbacks,
+            verbose=verbose,
+            checkpoint_dir=ckpt_dir,
+            announce=announce,
+        )
     elif announce:
         print(announce, file=sys.stderr)
     state = checkpoint.state if checkpoint.started else state
@@ -224,10 +296,13 @@ def _evaluate(model, data, encoded, state, train_cfg, stopped_early):
     train_tokens = int(encoded["train"].lengths.sum())
     seconds = state["train_seconds"]
     metrics.update(
-        params=int(model.count_params()), train_seconds=round(seconds, 1),
-        epochs=state["epoch"], best_epoch=state["best_epoch"],
+        params=int(model.count_params()),
+        train_seconds=round(seconds, 1),
+        epochs=state["epoch"],
+        best_epoch=state["best_epoch"],
         tokens_per_second=round(train_tokens * state["epoch"] / seconds, 1) if seconds else None,
-        stopped_by_time_limit=bool(stopped_early), train_sentences=len(data.train),
+        stopped_by_time_limit=bool(stopped_early),
+        train_sentences=len(data.train),
         train_tokens=train_tokens,
     )
     return metrics
@@ -262,7 +337,8 @@ def train_compare(args, data):
     table = markdown_table(rows, SUMMARY_COLUMNS)
     title = f"Tagger comparison on {data.source.get('name')} data (test split)"
     rundir.atomic_write_text(os.path.join(args.out, "compare.md"), f"# {title}\n\n{table}\n")
-    rundir.atomic_write_json(os.path.join(args.out, "compare.json"),
-                             {"data": data.source, "runs": rows})
+    rundir.atomic_write_json(
+        os.path.join(args.out, "compare.json"), {"data": data.source, "runs": rows}
+    )
     print(f"\n{title}\n{table}\n(saved to {os.path.join(args.out, 'compare.md')})")
     return 0

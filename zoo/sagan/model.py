@@ -58,7 +58,7 @@ def resolve_attention(image_size, attention_resolution):
         return image_size // 2
     if attention_resolution in (None, 0, False):
         return None
-    allowed = [2 ** k for k in range(3, int(math.log2(image_size)))]
+    allowed = [2**k for k in range(3, int(math.log2(image_size)))]
     if attention_resolution not in allowed:
         raise ValueError(
             f"`attention_resolution` must be one of {allowed} (a feature-map size of both "
@@ -124,20 +124,26 @@ class GeneratorBlock(keras.layers.Layer):
         [B, 2H, 2W, filters].
     """
 
-    def __init__(self, filters, num_classes=None, momentum=0.9, seed=None, synchronized=True, **kwargs):
+    def __init__(
+        self, filters, num_classes=None, momentum=0.9, seed=None, synchronized=True, **kwargs
+    ):
         super().__init__(**kwargs)
         self.filters = int(filters)
         self.num_classes = num_classes
         self.momentum = float(momentum)
         self.seed = seed
         if not isinstance(synchronized, bool):
-            raise ValueError(f"`synchronized` must be True or False. Received: synchronized={synchronized!r}")
+            raise ValueError(
+                f"`synchronized` must be True or False. Received: synchronized={synchronized!r}"
+            )
         self.synchronized = synchronized
         self.bn1 = self._norm("bn1")
         self.bn2 = self._norm("bn2")
         self.conv1 = SNConv2D(self.filters, 3, seed=seed, name="conv1", dtype=self.dtype_policy)
         self.conv2 = SNConv2D(self.filters, 3, seed=seed, name="conv2", dtype=self.dtype_policy)
-        self.shortcut = SNConv2D(self.filters, 1, seed=seed, name="shortcut", dtype=self.dtype_policy)
+        self.shortcut = SNConv2D(
+            self.filters, 1, seed=seed, name="shortcut", dtype=self.dtype_policy
+        )
 
     @staticmethod
     def upsample(x):
@@ -145,11 +151,20 @@ class GeneratorBlock(keras.layers.Layer):
 
     def _norm(self, name):
         if self.num_classes:
-            return ConditionalBatchNormalization(self.num_classes, momentum=self.momentum, name=name,
-                                                 synchronized=self.synchronized, dtype=self.dtype_policy)
-        return keras.layers.BatchNormalization(momentum=self.momentum, epsilon=1e-5, name=name,
-                                               synchronized=_keras_bn_synchronized(self.synchronized),
-                                               dtype=self.dtype_policy)
+            return ConditionalBatchNormalization(
+                self.num_classes,
+                momentum=self.momentum,
+                name=name,
+                synchronized=self.synchronized,
+                dtype=self.dtype_policy,
+            )
+        return keras.layers.BatchNormalization(
+            momentum=self.momentum,
+            epsilon=1e-5,
+            name=name,
+            synchronized=_keras_bn_synchronized(self.synchronized),
+            dtype=self.dtype_policy,
+        )
 
     def _bn(self, bn, x, labels, training):
         if self.num_classes:
@@ -181,8 +196,14 @@ class GeneratorBlock(keras.layers.Layer):
         return (b, None if h is None else 2 * h, None if w is None else 2 * w, self.filters)
 
     def get_config(self):
-        return {**super().get_config(), "filters": self.filters, "num_classes": self.num_classes,
-                "momentum": self.momentum, "seed": self.seed, "synchronized": self.synchronized}
+        return {
+            **super().get_config(),
+            "filters": self.filters,
+            "num_classes": self.num_classes,
+            "momentum": self.momentum,
+            "seed": self.seed,
+            "synchronized": self.synchronized,
+        }
 
 
 def _keras_bn_synchronized(synchronized):
@@ -211,7 +232,9 @@ class DiscriminatorBlock(keras.layers.Layer):
         self.seed = seed
         self.conv1 = SNConv2D(self.filters, 3, seed=seed, name="conv1", dtype=self.dtype_policy)
         self.conv2 = SNConv2D(self.filters, 3, seed=seed, name="conv2", dtype=self.dtype_policy)
-        self.shortcut = SNConv2D(self.filters, 1, seed=seed, name="shortcut", dtype=self.dtype_policy)
+        self.shortcut = SNConv2D(
+            self.filters, 1, seed=seed, name="shortcut", dtype=self.dtype_policy
+        )
         self.pool = keras.layers.AveragePooling2D(2, name="pool", dtype=self.dtype_policy)
 
     def build(self, inputs_shape):
@@ -242,8 +265,13 @@ class DiscriminatorBlock(keras.layers.Layer):
         return (b, h, w, self.filters)
 
     def get_config(self):
-        return {**super().get_config(), "filters": self.filters, "downsample": self.downsample,
-                "first": self.first, "seed": self.seed}
+        return {
+            **super().get_config(),
+            "filters": self.filters,
+            "downsample": self.downsample,
+            "first": self.first,
+            "seed": self.seed,
+        }
 
 
 @keras.saving.register_keras_serializable(package="zoo")
@@ -273,16 +301,18 @@ class ProjectionHead(keras.layers.Layer):
         self.linear.build((inputs_shape[0], channels))
         if self.num_classes:
             # An SN dense layer on one-hot labels is an SN embedding table.
-            self.embed = SNDense(channels, use_bias=False, seed=self.seed, name="embed",
-                                 dtype=self.dtype_policy)
+            self.embed = SNDense(
+                channels, use_bias=False, seed=self.seed, name="embed", dtype=self.dtype_policy
+            )
             self.embed.build((inputs_shape[0], self.num_classes))
 
     def call(self, inputs, labels=None, training=None):
         h = ops.sum(ops.relu(inputs), axis=(1, 2))
         out = self.linear(h, training=training)
         if self.num_classes:
-            onehot = ops.one_hot(ops.reshape(ops.cast(labels, "int32"), (-1,)), self.num_classes,
-                                 dtype=h.dtype)
+            onehot = ops.one_hot(
+                ops.reshape(ops.cast(labels, "int32"), (-1,)), self.num_classes, dtype=h.dtype
+            )
             out = out + ops.sum(self.embed(onehot, training=training) * h, axis=-1, keepdims=True)
         return out
 
@@ -331,8 +361,11 @@ class ClassEmbedding(keras.layers.Layer):
         self.dim = int(dim)
 
     def build(self, labels_shape):
-        self.table = self.add_weight(name="table", shape=(self.num_classes, self.dim),
-                                     initializer=keras.initializers.RandomNormal(stddev=1.0))
+        self.table = self.add_weight(
+            name="table",
+            shape=(self.num_classes, self.dim),
+            initializer=keras.initializers.RandomNormal(stddev=1.0),
+        )
 
     def call(self, labels):
         labels = ops.reshape(ops.cast(labels, "int32"), (-1, 1))
@@ -347,8 +380,16 @@ class ClassEmbedding(keras.layers.Layer):
         return {**super().get_config(), "num_classes": self.num_classes, "dim": self.dim}
 
 
-def build_generator(image_size=32, channels=3, num_classes=None, latent_dim=128, width=32,
-                    attention_resolution="auto", seed=None, class_embedding=0):
+def build_generator(
+    image_size=32,
+    channels=3,
+    num_classes=None,
+    latent_dim=128,
+    width=32,
+    attention_resolution="auto",
+    seed=None,
+    class_embedding=0,
+):
     """SAGAN generator (see the module docstring).
 
     Args:
@@ -368,9 +409,15 @@ def build_generator(image_size=32, channels=3, num_classes=None, latent_dim=128,
         A functional `keras.Model` named "sagan_generator".
     """
     _validate(image_size, channels, num_classes, width, latent_dim)
-    if isinstance(class_embedding, bool) or not isinstance(class_embedding, int) or class_embedding < 0:
-        raise ValueError("`class_embedding` must be an integer >= 0 (0: none). "
-                         f"Received: class_embedding={class_embedding!r}")
+    if (
+        isinstance(class_embedding, bool)
+        or not isinstance(class_embedding, int)
+        or class_embedding < 0
+    ):
+        raise ValueError(
+            "`class_embedding` must be an integer >= 0 (0: none). "
+            f"Received: class_embedding={class_embedding!r}"
+        )
     attention = resolve_attention(image_size, attention_resolution)
     noise = keras.Input((latent_dim,), name="noise")
     label = keras.Input((), dtype="int32", name="label") if num_classes else None
@@ -388,13 +435,18 @@ def build_generator(image_size=32, channels=3, num_classes=None, latent_dim=128,
     resolution = 4
     while resolution < image_size:
         resolution *= 2
-        block = GeneratorBlock(channels_at(width, image_size, resolution), num_classes,
-                               seed=seed, name=f"up_{resolution}")
+        block = GeneratorBlock(
+            channels_at(width, image_size, resolution),
+            num_classes,
+            seed=seed,
+            name=f"up_{resolution}",
+        )
         x = block(x, label) if num_classes else block(x)
         if resolution == attention:
             x = SelfAttention2D(seed=seed, name=ATTENTION_LAYER)(x)
-    x = keras.layers.BatchNormalization(momentum=0.9, epsilon=1e-5, name="bn_out",
-                                        synchronized=_keras_bn_synchronized(True))(x)
+    x = keras.layers.BatchNormalization(
+        momentum=0.9, epsilon=1e-5, name="bn_out", synchronized=_keras_bn_synchronized(True)
+    )(x)
     x = keras.layers.ReLU(name="relu_out")(x)
     x = SNConv2D(channels, 3, seed=seed, name="to_rgb")(x)
     image = keras.layers.Activation("tanh", name="image", dtype="float32")(x)
@@ -402,8 +454,9 @@ def build_generator(image_size=32, channels=3, num_classes=None, latent_dim=128,
     return keras.Model(inputs, image, name="sagan_generator")
 
 
-def build_discriminator(image_size=32, channels=3, num_classes=None, width=32,
-                        attention_resolution="auto", seed=None):
+def build_discriminator(
+    image_size=32, channels=3, num_classes=None, width=32, attention_resolution="auto", seed=None
+):
     """SAGAN projection discriminator (see the module docstring).
 
     Args: as `build_generator` (without `latent_dim`).
@@ -421,13 +474,18 @@ def build_discriminator(image_size=32, channels=3, num_classes=None, width=32,
     first = True
     while resolution > 4:
         resolution //= 2
-        x = DiscriminatorBlock(channels_at(width, image_size, resolution), first=first,
-                               seed=seed, name=f"down_{resolution}")(x)
+        x = DiscriminatorBlock(
+            channels_at(width, image_size, resolution),
+            first=first,
+            seed=seed,
+            name=f"down_{resolution}",
+        )(x)
         first = False
         if resolution == attention:
             x = SelfAttention2D(seed=seed, name=ATTENTION_LAYER)(x)
-    x = DiscriminatorBlock(channels_at(width, image_size, 4), downsample=False, seed=seed,
-                           name="block_4")(x)
+    x = DiscriminatorBlock(
+        channels_at(width, image_size, 4), downsample=False, seed=seed, name="block_4"
+    )(x)
     head = ProjectionHead(num_classes, seed=seed, name="logits")
     logits = head(x, label) if num_classes else head(x)
     inputs = {"image": image, "label": label} if num_classes else {"image": image}

@@ -17,8 +17,8 @@ Outputs are id arrays `[B, max_length]` without BOS: the tokens, then EOS,
 then padding (0).
 """
 
-import numpy as np
 import keras
+import numpy as np
 from keras import ops
 
 from zoo.seq2seq.tokenization import BOS_ID, EOS_ID, PAD_ID
@@ -38,12 +38,19 @@ def _argmax(logits):
 def _max_length(model, max_length):
     if max_length is None:
         return int(model.max_target_length)
-    if isinstance(max_length, bool) or not isinstance(max_length, (int, np.integer)) or max_length <= 0:
-        raise ValueError(f"`max_length` must be a positive int. Received: max_length={max_length!r}")
+    if (
+        isinstance(max_length, bool)
+        or not isinstance(max_length, (int, np.integer))
+        or max_length <= 0
+    ):
+        raise ValueError(
+            f"`max_length` must be a positive int. Received: max_length={max_length!r}"
+        )
     if model.position == "learned" and max_length > model.max_target_length:
         raise ValueError(
             f"`max_length` exceeds the learned positions (max_target_length="
-            f"{model.max_target_length}). Received: max_length={max_length}")
+            f"{model.max_target_length}). Received: max_length={max_length}"
+        )
     return int(max_length)
 
 
@@ -101,7 +108,8 @@ def beam(model, source_ids, width=4, alpha=0.6, max_length=None):
     """Beam search. source ids int32 `[B, S]` -> (ids `[B, max_length]`,
     normalised scores `[B]`)."""
     finished_seq, finished_score, alive_seq, alive_score = beam_candidates(
-        model, source_ids, width, alpha, max_length)
+        model, source_ids, width, alpha, max_length
+    )
     has_finished = finished_score[:, 0] > _NEG / 2
     best_seq = ops.where(ops.reshape(has_finished, (-1, 1)), finished_seq[:, 0], alive_seq[:, 0])
     best_score = ops.where(has_finished, finished_score[:, 0], alive_score[:, 0])
@@ -119,7 +127,8 @@ def beam_candidates(model, source_ids, width=4, alpha=0.6, max_length=None):
     if 2 * width > model.vocabulary_size:
         raise ValueError(
             f"`width` must be at most half the vocabulary ({model.vocabulary_size}). "
-            f"Received: width={width}")
+            f"Received: width={width}"
+        )
     max_length = _max_length(model, max_length)
     k, vocab = int(width), int(model.vocabulary_size)
     source_ids = ops.cast(source_ids, "int32")
@@ -168,30 +177,48 @@ def beam_candidates(model, source_ids, width=4, alpha=0.6, max_length=None):
         all_score = ops.concatenate([finished_score, eos_score], axis=1)
         all_seq = ops.concatenate([finished_seq, candidates], axis=1)
         # Inputs already done keep their finished set unchanged.
-        all_score = ops.where(ops.reshape(done, (-1, 1)),
-                              ops.concatenate([finished_score, ops.full_like(eos_score, _NEG)], 1),
-                              all_score)
+        all_score = ops.where(
+            ops.reshape(done, (-1, 1)),
+            ops.concatenate([finished_score, ops.full_like(eos_score, _NEG)], 1),
+            all_score,
+        )
         new_score, order2 = ops.top_k(all_score, k)
         new_finished = _gather_beams(all_seq, ops.cast(order2, "int32"), batch, 3 * k, grouped=True)
         best_live = live_logp[:, 0] / penalty
         done = ops.logical_or(done, new_score[:, k - 1] >= best_live)
         return (i + 1, current, caches, live_logp, new_alive_seq, new_finished, new_score, done)
 
-    state = (ops.zeros((), "int32"), current, caches, alive_logp, alive_seq,
-             finished_seq, finished_score, done)
+    state = (
+        ops.zeros((), "int32"),
+        current,
+        caches,
+        alive_logp,
+        alive_seq,
+        finished_seq,
+        finished_score,
+        done,
+    )
     out = ops.while_loop(cond, body, state)
     _, _, _, alive_logp, alive_seq, finished_seq, finished_score, _ = out
     return finished_seq, finished_score, alive_seq, alive_logp / length_penalty(max_length, alpha)
 
 
 def _check_sampling(temperature, top_k, top_p):
-    if isinstance(temperature, bool) or not isinstance(temperature, (int, float)) or temperature <= 0:
-        raise ValueError(f"`temperature` must be a number > 0. Received: temperature={temperature!r}")
-    if top_k is not None and (isinstance(top_k, bool) or not isinstance(top_k, (int, np.integer))
-                              or top_k <= 0):
+    if (
+        isinstance(temperature, bool)
+        or not isinstance(temperature, (int, float))
+        or temperature <= 0
+    ):
+        raise ValueError(
+            f"`temperature` must be a number > 0. Received: temperature={temperature!r}"
+        )
+    if top_k is not None and (
+        isinstance(top_k, bool) or not isinstance(top_k, (int, np.integer)) or top_k <= 0
+    ):
         raise ValueError(f"`top_k` must be a positive int or None. Received: top_k={top_k!r}")
-    if top_p is not None and (isinstance(top_p, bool) or not isinstance(top_p, (int, float))
-                              or not 0 < top_p <= 1):
+    if top_p is not None and (
+        isinstance(top_p, bool) or not isinstance(top_p, (int, float)) or not 0 < top_p <= 1
+    ):
         raise ValueError(f"`top_p` must be in (0, 1] or None. Received: top_p={top_p!r}")
 
 
@@ -222,12 +249,17 @@ def _uniform(shape, seed, step):
     column): integer ops only (two murmur3 finalisers), so the bits are the same
     eagerly, under XLA and on any device, which TensorFlow's stateless Philox
     ops are not (XLA's stream differs from the CPU kernel's)."""
+
     def counter(n, axis):
         index = ops.cast(ops.arange(n, dtype="int32"), "uint32")
         return ops.reshape(index, (-1, 1) if axis == 0 else (1, -1))
 
-    x = (ops.cast(seed, "uint32") * np.uint32(0x9E3779B1) + ops.cast(step, "uint32") * np.uint32(0x85EBCA77)
-         + counter(shape[0], 0) * np.uint32(0xC2B2AE3D) + counter(shape[1], 1) * np.uint32(0x27D4EB2F))
+    x = (
+        ops.cast(seed, "uint32") * np.uint32(0x9E3779B1)
+        + ops.cast(step, "uint32") * np.uint32(0x85EBCA77)
+        + counter(shape[0], 0) * np.uint32(0xC2B2AE3D)
+        + counter(shape[1], 1) * np.uint32(0x27D4EB2F)
+    )
     for _ in range(2):
         x = x ^ ops.right_shift(x, np.uint32(16))
         x = x * np.uint32(0x85EBCA6B)
@@ -249,8 +281,10 @@ def sample(model, source_ids, seed, temperature=1.0, top_k=None, top_p=None, max
 
     def pick(logits, i):
         # PAD and BOS are never outputs: a drawn PAD mid-row would end the row unscored.
-        special = ops.logical_or(ops.equal(ops.arange(logits.shape[-1]), PAD_ID),
-                                 ops.equal(ops.arange(logits.shape[-1]), BOS_ID))
+        special = ops.logical_or(
+            ops.equal(ops.arange(logits.shape[-1]), PAD_ID),
+            ops.equal(ops.arange(logits.shape[-1]), BOS_ID),
+        )
         logits = ops.where(special[None, :], _NEG, ops.cast(logits, "float32"))
         logits = filter_logits(logits, temperature, top_k, top_p)
         return _argmax(logits - ops.log(-ops.log(_uniform(ops.shape(logits), seed, i))))
@@ -272,8 +306,17 @@ def sequence_log_probability(model, source_ids, output_ids):
     return ops.sum(ops.where(ops.not_equal(output_ids, PAD_ID), picked, 0.0), axis=-1)
 
 
-def compiled(model, kind="greedy", width=4, alpha=0.6, max_length=None, jit_compile=True,
-             temperature=1.0, top_k=None, top_p=None):
+def compiled(
+    model,
+    kind="greedy",
+    width=4,
+    alpha=0.6,
+    max_length=None,
+    jit_compile=True,
+    temperature=1.0,
+    top_k=None,
+    top_p=None,
+):
     """A cached `tf.function` (XLA by default; the plain function for a model whose
     `eager_decoding` is true, `zoo.tasks.TFLiteSteps`) of one decoder for `model`:
     "greedy" and "beam" (ids), "beam_candidates" (`beam_candidates`'s four
@@ -293,13 +336,18 @@ def compiled(model, kind="greedy", width=4, alpha=0.6, max_length=None, jit_comp
         elif kind == "sample":
             _check_sampling(temperature, top_k, top_p)
             fn = lambda src, seed: sample(  # noqa: E731
-                model, src, seed, temperature, top_k, top_p, max_length)
+                model, src, seed, temperature, top_k, top_p, max_length
+            )
         else:
-            raise ValueError("`kind` must be 'greedy', 'beam', 'beam_candidates' or 'sample'. "
-                             f"Received: kind={kind!r}")
+            raise ValueError(
+                "`kind` must be 'greedy', 'beam', 'beam_candidates' or 'sample'. "
+                f"Received: kind={kind!r}"
+            )
         # zoo.load's TFLite step model calls an interpreter from NumPy: no graph.
         eager = getattr(model, "eager_decoding", False)
-        cache[key] = fn if eager else tf.function(fn, jit_compile=jit_compile, reduce_retracing=False)
+        cache[key] = (
+            fn if eager else tf.function(fn, jit_compile=jit_compile, reduce_retracing=False)
+        )
     return cache[key]
 
 
@@ -309,7 +357,7 @@ def _bucket(length, step=8):
 
 def _cut(row):
     row = list(row)
-    return row[:row.index(EOS_ID)] if EOS_ID in row else row
+    return row[: row.index(EOS_ID)] if EOS_ID in row else row
 
 
 def _batches(model, ids, batch_size, max_length):
@@ -318,12 +366,12 @@ def _batches(model, ids, batch_size, max_length):
     handful of XLA programs serve every input."""
     order = sorted(range(len(ids)), key=lambda i: len(ids[i]))
     for start in range(0, len(order), batch_size):
-        chunk = order[start:start + batch_size]
+        chunk = order[start : start + batch_size]
         width = _bucket(max(1, max(len(ids[i]) for i in chunk)))
         rows = batch_size if len(order) > batch_size else _bucket(len(chunk), 1)
         array = np.zeros((rows, width), "int32")
         for r, i in enumerate(chunk):
-            array[r, :len(ids[i])] = ids[i]
+            array[r, : len(ids[i])] = ids[i]
         limit = max_length or min(int(model.max_target_length), _bucket(2 * width + 10))
         yield chunk, array, limit
 
@@ -348,8 +396,9 @@ def decode_ids(model, ids, beam_width=1, alpha=0.6, max_length=None, batch_size=
     return results
 
 
-def generate_ids(model, ids, sampler, num_return_sequences=1, max_length=None, batch_size=64,
-                 seed=None):
+def generate_ids(
+    model, ids, sampler, num_return_sequences=1, max_length=None, batch_size=64, seed=None
+):
     """list of id lists -> for each input, `num_return_sequences` (ids, score)
     pairs, best first for beam search (ids cut at EOS, no BOS/EOS).
 
@@ -358,14 +407,19 @@ def generate_ids(model, ids, sampler, num_return_sequences=1, max_length=None, b
     and sampling, the sequence's log-probability under the model (EOS included,
     temperature and top-k/top-p filtering not applied)."""
     from zoo.seq2seq import samplers
+
     n = num_return_sequences
     if isinstance(n, bool) or not isinstance(n, (int, np.integer)) or n <= 0:
-        raise ValueError(f"`num_return_sequences` must be a positive int. Received: num_return_sequences={n!r}")
+        raise ValueError(
+            f"`num_return_sequences` must be a positive int. Received: num_return_sequences={n!r}"
+        )
     results = [None] * len(ids)
     if isinstance(sampler, samplers.Greedy):
         if n != 1:
-            raise ValueError("greedy decoding returns one sequence per input; use a beam or "
-                             f"sampling sampler. Received: num_return_sequences={n}")
+            raise ValueError(
+                "greedy decoding returns one sequence per input; use a beam or "
+                f"sampling sampler. Received: num_return_sequences={n}"
+            )
         for chunk, array, limit in _batches(model, ids, batch_size, max_length):
             out = np.asarray(compiled(model, "greedy", max_length=limit)(array))
             scores = np.asarray(sequence_log_probability(model, array, out))
@@ -373,30 +427,49 @@ def generate_ids(model, ids, sampler, num_return_sequences=1, max_length=None, b
                 results[i] = [(_cut(out[r].tolist()), float(scores[r]))]
     elif isinstance(sampler, samplers.Beam):
         if n > sampler.width:
-            raise ValueError(f"`num_return_sequences` must be at most the beam width ({sampler.width}). "
-                             f"Received: num_return_sequences={n}")
+            raise ValueError(
+                f"`num_return_sequences` must be at most the beam width ({sampler.width}). "
+                f"Received: num_return_sequences={n}"
+            )
         for chunk, array, limit in _batches(model, ids, batch_size, max_length):
-            fn = compiled(model, "beam_candidates", width=sampler.width, alpha=sampler.length_penalty,
-                          max_length=limit)
+            fn = compiled(
+                model,
+                "beam_candidates",
+                width=sampler.width,
+                alpha=sampler.length_penalty,
+                max_length=limit,
+            )
             fin_seq, fin_score, live_seq, live_score = (np.asarray(t) for t in fn(array))
             for r, i in enumerate(chunk):
                 # Finished hypotheses first (as `beam` picks its best), then live ones.
-                found = [(fin_seq[r, j], fin_score[r, j]) for j in range(sampler.width)
-                         if fin_score[r, j] > _NEG / 2]
+                found = [
+                    (fin_seq[r, j], fin_score[r, j])
+                    for j in range(sampler.width)
+                    if fin_score[r, j] > _NEG / 2
+                ]
                 found += [(live_seq[r, j], live_score[r, j]) for j in range(sampler.width)]
                 results[i] = [(_cut(s.tolist()), float(v)) for s, v in found[:n]]
     elif isinstance(sampler, samplers.Sampling):
         rng = np.random.default_rng(seed)
-        for chunk, array, limit in _batches(model, [row for row in ids for _ in range(n)],
-                                            batch_size, max_length):
-            fn = compiled(model, "sample", max_length=limit, temperature=sampler.temperature,
-                          top_k=sampler.top_k, top_p=sampler.top_p)
+        for chunk, array, limit in _batches(
+            model, [row for row in ids for _ in range(n)], batch_size, max_length
+        ):
+            fn = compiled(
+                model,
+                "sample",
+                max_length=limit,
+                temperature=sampler.temperature,
+                top_k=sampler.top_k,
+                top_p=sampler.top_p,
+            )
             out = np.asarray(fn(array, np.int32(rng.integers(0, 2**31 - 1))))
             scores = np.asarray(sequence_log_probability(model, array, out))
             for r, j in enumerate(chunk):
                 i = j // n
                 results[i] = (results[i] or []) + [(_cut(out[r].tolist()), float(scores[r]))]
     else:
-        raise ValueError("`sampler` must be a zoo.seq2seq.samplers object or name. "
-                         f"Received: sampler={sampler!r}")
+        raise ValueError(
+            "`sampler` must be a zoo.seq2seq.samplers object or name. "
+            f"Received: sampler={sampler!r}"
+        )
     return results

@@ -37,7 +37,9 @@ def _number(name, value, low, high=None, low_open=True):
         bad = value <= low if low_open else value < low
         bad = bad or (high is not None and value > high)
     if bad:
-        bounds = f"{'>' if low_open else '>='} {low}" + (f" and <= {high}" if high is not None else "")
+        bounds = f"{'>' if low_open else '>='} {low}" + (
+            f" and <= {high}" if high is not None else ""
+        )
         raise ValueError(f"`{name}` must be a number {bounds}. Received: {name}={value!r}")
     return float(value)
 
@@ -78,15 +80,17 @@ class Sampling:
 def TopK(k=10, temperature=1.0):  # noqa: N802  (reads as a class, like KerasHub's TopKSampler)
     """Sampling from the `k` most likely tokens."""
     _positive_int("k", k)
-    return _Named("TopK", f"k={k}, temperature={float(temperature)}",
-                  temperature=temperature, top_k=k)
+    return _Named(
+        "TopK", f"k={k}, temperature={float(temperature)}", temperature=temperature, top_k=k
+    )
 
 
 def TopP(p=0.9, temperature=1.0):  # noqa: N802
     """Nucleus sampling: from the smallest set of tokens whose probability reaches `p`."""
     _number("p", p, 0.0, 1.0)
-    return _Named("TopP", f"p={p}, temperature={float(temperature)}",
-                  temperature=temperature, top_p=p)
+    return _Named(
+        "TopP", f"p={p}, temperature={float(temperature)}", temperature=temperature, top_p=p
+    )
 
 
 class _Named(Sampling):
@@ -110,5 +114,7 @@ def get(sampler):
         return sampler
     if isinstance(sampler, str) and sampler in _NAMES:
         return _NAMES[sampler]()
-    raise ValueError(f"`sampler` must be one of {sorted(_NAMES)} or a zoo.seq2seq.samplers object. "
-                     f"Received: sampler={sampler!r}")
+    raise ValueError(
+        f"`sampler` must be one of {sorted(_NAMES)} or a zoo.seq2seq.samplers object. "
+        f"Received: sampler={sampler!r}"
+    )

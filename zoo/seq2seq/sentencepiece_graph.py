@@ -51,8 +51,8 @@ def charsmap_rules(blob):
     if not blob:
         return {}
     size = struct.unpack("<I", blob[:4])[0]
-    units = np.frombuffer(blob[4:4 + size], dtype="<u4").astype(np.int64)
-    normalized = blob[4 + size:]
+    units = np.frombuffer(blob[4 : 4 + size], dtype="<u4").astype(np.int64)
+    normalized = blob[4 + size :]
     n = len(units)
 
     labels = units & ((1 << 31) | 0xFF)
@@ -71,13 +71,13 @@ def charsmap_rules(blob):
         pos, key = stack.pop()
         if pos >= n:
             continue
-        for child in candidates[bounds[pos]:bounds[pos + 1]]:
+        for child in candidates[bounds[pos] : bounds[pos + 1]]:
             unit = int(units[child])
             c = unit & 0xFF
             nxt = child ^ int(offsets[child])
             if (unit >> 8) & 1:
                 start = int(units[nxt]) & ((1 << 31) - 1)
-                rules[key + bytes([c])] = normalized[start:normalized.index(b"\0", start)]
+                rules[key + bytes([c])] = normalized[start : normalized.index(b"\0", start)]
             stack.append((nxt, key + bytes([c])))
     return rules
 
@@ -92,7 +92,9 @@ def check_supported(proto):
     trainer, norm = model.trainer_spec, model.normalizer_spec
     problems = []
     if trainer.model_type not in (_UNIGRAM, _CHAR):
-        problems.append(f"model type {sentencepiece_model_pb2.TrainerSpec.ModelType.Name(trainer.model_type)}")
+        problems.append(
+            f"model type {sentencepiece_model_pb2.TrainerSpec.ModelType.Name(trainer.model_type)}"
+        )
     if trainer.byte_fallback:
         problems.append("byte fallback")
     if trainer.treat_whitespace_as_suffix:
@@ -109,8 +111,10 @@ def check_supported(proto):
     if norm.remove_extra_whitespaces and any(b"  " in v for v in rules.values()):
         problems.append("character-map rules that write two spaces")
     if problems:
-        raise NotImplementedError("the core-op SentencePiece supports unigram and char models without "
-                                  f"{', '.join(problems)}")
+        raise NotImplementedError(
+            "the core-op SentencePiece supports unigram and char models without "
+            f"{', '.join(problems)}"
+        )
     return model, rules
 
 
@@ -147,15 +151,24 @@ def build(proto):
                 # which no rule writes (it is not UTF-8).
                 self._rules = tf.lookup.StaticHashTable(
                     tf.lookup.KeyValueTensorInitializer(
-                        tf.constant(list(rules), tf.string), tf.constant(list(rules.values()), tf.string)),
-                    _NO_RULE)
-            matchable = normal if trainer.model_type == _UNIGRAM else [
-                i for i in normal if len(pieces[i]) == 1]
+                        tf.constant(list(rules), tf.string),
+                        tf.constant(list(rules.values()), tf.string),
+                    ),
+                    _NO_RULE,
+                )
+            matchable = (
+                normal
+                if trainer.model_type == _UNIGRAM
+                else [i for i in normal if len(pieces[i]) == 1]
+            )
             self.max_piece_chars = max((len(pieces[i]) for i in matchable), default=1)
             self._pieces_table = tf.lookup.StaticHashTable(
                 tf.lookup.KeyValueTensorInitializer(
                     tf.constant([pieces[i] for i in matchable], tf.string),
-                    tf.constant(matchable, tf.int64)), -1)
+                    tf.constant(matchable, tf.int64),
+                ),
+                -1,
+            )
             self._scores = tf.constant([p.score for p in model.pieces], tf.float32)
             self._pieces = tf.constant(pieces, tf.string)
             self._types = tf.constant(types, tf.int32)
@@ -177,7 +190,9 @@ def build(proto):
                 value = shown
                 for k in range(1, k_max + 1):
                     written = self._rules.lookup(_windows(chars, k))
-                    valid = (tf.range(width)[None, :] + k <= lengths[:, None]) & tf.not_equal(written, _NO_RULE)
+                    valid = (tf.range(width)[None, :] + k <= lengths[:, None]) & tf.not_equal(
+                        written, _NO_RULE
+                    )
                     matched_len = tf.where(valid, k, matched_len)
                     value = tf.where(valid, written, value)
                 starts = _greedy_starts(tf.maximum(matched_len, 1), lengths)
@@ -219,10 +234,17 @@ def build(proto):
                 scores.append(score)
             lengths_k = tf.constant(list(range(self.max_piece_chars, 0, -1)), tf.int32)
             # End-indexed: candidate (end j, k) starts at j - k.
-            end_scores = tf.stack([_shift_right(s, k, neg_inf) for s, k in
-                                   zip(scores, range(self.max_piece_chars, 0, -1))], axis=2)
-            end_ids = tf.stack([_shift_right(i, k, -1) for i, k in
-                                zip(ids, range(self.max_piece_chars, 0, -1))], axis=2)
+            end_scores = tf.stack(
+                [
+                    _shift_right(s, k, neg_inf)
+                    for s, k in zip(scores, range(self.max_piece_chars, 0, -1))
+                ],
+                axis=2,
+            )
+            end_ids = tf.stack(
+                [_shift_right(i, k, -1) for i, k in zip(ids, range(self.max_piece_chars, 0, -1))],
+                axis=2,
+            )
 
             def step(j, best, back):
                 prev_index = j - lengths_k
@@ -236,7 +258,9 @@ def build(proto):
 
             best0 = tf.zeros([batch, width + 1], tf.float32)
             back0 = tf.zeros([batch, width + 1], tf.int32)
-            _, _, back = tf.while_loop(lambda j, *_: j <= width, step, [tf.constant(1), best0, back0])
+            _, _, back = tf.while_loop(
+                lambda j, *_: j <= width, step, [tf.constant(1), best0, back0]
+            )
 
             # Backtrack from each row's end, marking the ends of the best path.
             def trace(t, pos, ends):
@@ -247,14 +271,16 @@ def build(proto):
                 return t + 1, tf.where(live, pos - k, pos), ends
 
             _, _, ends = tf.while_loop(
-                lambda t, pos, ends: tf.reduce_any(pos > 0), trace,
-                [tf.constant(0), lengths, tf.zeros([batch, width + 1], tf.bool)])
+                lambda t, pos, ends: tf.reduce_any(pos > 0),
+                trace,
+                [tf.constant(0), lengths, tf.zeros([batch, width + 1], tf.bool)],
+            )
             choice = tf.gather(back, tf.range(1, width + 1), axis=1)
             chosen = tf.gather(end_ids, choice, batch_dims=2)
             found = tf.ragged.boolean_mask(chosen, ends[:, 1:])
             # A run of <unk>s is one <unk>.
             dense = found.to_tensor(default_value=-1)
-            previous = tf.pad(dense, [[0, 0], [1, 0]], constant_values=-1)[:, :tf.shape(dense)[1]]
+            previous = tf.pad(dense, [[0, 0], [1, 0]], constant_values=-1)[:, : tf.shape(dense)[1]]
             keep = (dense >= 0) & ~(tf.equal(dense, unk_id) & tf.equal(previous, unk_id))
             return tf.ragged.boolean_mask(dense, keep)
 
@@ -295,16 +321,21 @@ def _decoded_chars(texts):
     import tensorflow as tf
 
     codes, offsets = tf.strings.unicode_decode_with_offsets(
-        texts, "UTF-8", errors="replace", replacement_char=0xFFFD)
+        texts, "UTF-8", errors="replace", replacement_char=0xFFFD
+    )
     starts, rows = offsets.flat_values, offsets.value_rowids()
     next_starts = tf.concat([starts[1:], tf.zeros([1], starts.dtype)], axis=0)
     next_rows = tf.concat([rows[1:], tf.fill([1], tf.constant(-1, rows.dtype))], axis=0)
-    ends = tf.where(tf.equal(next_rows, rows), next_starts,
-                    tf.cast(tf.gather(tf.strings.length(texts), rows), starts.dtype))
+    ends = tf.where(
+        tf.equal(next_rows, rows),
+        next_starts,
+        tf.cast(tf.gather(tf.strings.length(texts), rows), starts.dtype),
+    )
     raw = tf.strings.substr(tf.gather(texts, rows), starts, ends - starts)
     error = tf.equal(codes.flat_values, 0xFFFD) & tf.not_equal(raw, "\ufffd")
-    replacement = tf.gather(tf.constant(["\ufffd" * n for n in range(5)]),
-                            tf.minimum(tf.strings.length(raw), 4))
+    replacement = tf.gather(
+        tf.constant(["\ufffd" * n for n in range(5)]), tf.minimum(tf.strings.length(raw), 4)
+    )
     shown = tf.where(error, replacement, raw)
     lengths = tf.cast(codes.row_lengths(), tf.int32)
 
@@ -332,7 +363,7 @@ def _windows(chars, k):
         return chars
     padded = tf.pad(chars, [[0, 0], [0, k - 1]], constant_values="")
     width = tf.shape(chars)[1]
-    return tf.strings.join([padded[:, i:i + width] for i in range(k)])
+    return tf.strings.join([padded[:, i : i + width] for i in range(k)])
 
 
 def _shift_right(values, k, fill):
@@ -357,6 +388,8 @@ def _greedy_starts(match_len, lengths):
         return i + 1, tf.where(here, i + match_len[:, i], nxt), starts
 
     _, _, starts = tf.while_loop(
-        lambda i, *_: i < width, step,
-        [tf.constant(0), tf.zeros_like(lengths), tf.zeros_like(match_len, tf.bool)])
+        lambda i, *_: i < width,
+        step,
+        [tf.constant(0), tf.zeros_like(lengths), tf.zeros_like(match_len, tf.bool)],
+    )
     return starts

@@ -21,8 +21,15 @@ PAD_ID, UNK_ID, BOS_ID, EOS_ID = 0, 1, 2, 3
 MODEL_TYPES = ("unigram", "bpe", "char", "word")
 
 
-def train_sentencepiece(texts, vocab_size=8000, model_type="unigram", normalization="nmt_nfkc",
-                        add_dummy_prefix=True, character_coverage=1.0, seed_sentences=200000):
+def train_sentencepiece(
+    texts,
+    vocab_size=8000,
+    model_type="unigram",
+    normalization="nmt_nfkc",
+    add_dummy_prefix=True,
+    character_coverage=1.0,
+    seed_sentences=200000,
+):
     """Trains a SentencePiece model on an iterable of strings.
 
     Args:
@@ -42,7 +49,9 @@ def train_sentencepiece(texts, vocab_size=8000, model_type="unigram", normalizat
     import sentencepiece as spm
 
     if model_type not in MODEL_TYPES:
-        raise ValueError(f"`model_type` must be one of {MODEL_TYPES}. Received: model_type={model_type!r}")
+        raise ValueError(
+            f"`model_type` must be one of {MODEL_TYPES}. Received: model_type={model_type!r}"
+        )
     if not isinstance(vocab_size, int) or vocab_size < 8:
         raise ValueError(f"`vocab_size` must be an int >= 8. Received: vocab_size={vocab_size!r}")
     texts = [t for t in texts if t.strip()]
@@ -54,7 +63,10 @@ def train_sentencepiece(texts, vocab_size=8000, model_type="unigram", normalizat
         model_writer=buffer,
         vocab_size=vocab_size,
         model_type=model_type,
-        pad_id=PAD_ID, unk_id=UNK_ID, bos_id=BOS_ID, eos_id=EOS_ID,
+        pad_id=PAD_ID,
+        unk_id=UNK_ID,
+        bos_id=BOS_ID,
+        eos_id=EOS_ID,
         character_coverage=character_coverage,
         normalization_rule_name=normalization,
         add_dummy_prefix=add_dummy_prefix,

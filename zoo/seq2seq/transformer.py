@@ -109,14 +109,17 @@ class Seq2SeqTransformer(keras.Model):
         if hidden_dim % num_heads:
             raise ValueError(
                 f"`num_heads` must divide `hidden_dim`. Received: num_heads={num_heads}, "
-                f"hidden_dim={hidden_dim}")
+                f"hidden_dim={hidden_dim}"
+            )
         self.intermediate_dim = _check_positive("intermediate_dim", intermediate_dim)
         if not isinstance(dropout, (int, float)) or not 0 <= dropout < 1:
             raise ValueError(f"`dropout` must be in [0, 1). Received: dropout={dropout!r}")
         self.dropout = float(dropout)
         self.norm_first = bool(norm_first)
         if position not in POSITIONS:
-            raise ValueError(f"`position` must be one of {POSITIONS}. Received: position={position!r}")
+            raise ValueError(
+                f"`position` must be one of {POSITIONS}. Received: position={position!r}"
+            )
         self.position = position
         self.share_embeddings = bool(share_embeddings)
         self.max_source_length = _check_positive("max_source_length", max_source_length)
@@ -125,7 +128,8 @@ class Seq2SeqTransformer(keras.Model):
         self.activation = activation
         if not isinstance(label_smoothing, (int, float)) or not 0 <= label_smoothing < 1:
             raise ValueError(
-                f"`label_smoothing` must be in [0, 1). Received: label_smoothing={label_smoothing!r}")
+                f"`label_smoothing` must be in [0, 1). Received: label_smoothing={label_smoothing!r}"
+            )
         self.label_smoothing = float(label_smoothing)
         self.tokenizer_proto = tokenizer
         self._tokenizer = None
@@ -136,7 +140,9 @@ class Seq2SeqTransformer(keras.Model):
         if self.share_embeddings:
             self.target_embedding = self.source_embedding
         else:
-            self.target_embedding = TokenEmbedding(vocabulary_size, hidden_dim, name="target_embedding")
+            self.target_embedding = TokenEmbedding(
+                vocabulary_size, hidden_dim, name="target_embedding"
+            )
         if position == "learned":
             self.source_position = PositionEmbedding(max_source_length, name="source_position")
             self.target_position = PositionEmbedding(max_target_length, name="target_position")
@@ -153,16 +159,23 @@ class Seq2SeqTransformer(keras.Model):
 
     # ------------------------------------------------------------ structure
     def _block_kwargs(self):
-        return dict(num_heads=self.num_heads, intermediate_dim=self.intermediate_dim,
-                    dropout=self.dropout, norm_first=self.norm_first, activation=self.activation)
+        return dict(
+            num_heads=self.num_heads,
+            intermediate_dim=self.intermediate_dim,
+            dropout=self.dropout,
+            norm_first=self.norm_first,
+            activation=self.activation,
+        )
 
     def _make_blocks(self):
         self.encoder_blocks = [
             TransformerEncoderBlock(window=self.window, name=f"encoder_{i}", **self._block_kwargs())
-            for i in range(self.num_layers)]
+            for i in range(self.num_layers)
+        ]
         self.decoder_blocks = [
             TransformerDecoderBlock(name=f"decoder_{i}", **self._block_kwargs())
-            for i in range(self.num_layers)]
+            for i in range(self.num_layers)
+        ]
 
     @property
     def num_self_caches(self):
@@ -210,8 +223,13 @@ class Seq2SeqTransformer(keras.Model):
 
     def _decoder_stack(self, y, encoder_output, source_mask, target_mask, training):
         for block in self.decoder_blocks:
-            y = block(y, encoder_output, decoder_mask=target_mask, encoder_mask=source_mask,
-                      training=training)
+            y = block(
+                y,
+                encoder_output,
+                decoder_mask=target_mask,
+                encoder_mask=source_mask,
+                training=training,
+            )
         return y
 
     def _logits(self, y):
@@ -232,8 +250,10 @@ class Seq2SeqTransformer(keras.Model):
     def cross_caches(self, encoder_output, split=False):
         """Projected encoder keys/values, one `[B, 2, S, H, d]` per decoder
         layer (with `split`, one rank-4 pair `(keys, values)` per layer)."""
-        return tuple(block.compute_cross_attention_cache(encoder_output, split=split)
-                     for block in self.decoder_blocks)
+        return tuple(
+            block.compute_cross_attention_cache(encoder_output, split=split)
+            for block in self.decoder_blocks
+        )
 
     def empty_caches(self, batch_size, max_length):
         """Zeroed self-attention caches `[B, 2, max_length, H, d]`, one per layer."""
@@ -264,8 +284,13 @@ class Seq2SeqTransformer(keras.Model):
     def _decoder_stack_step(self, y, index, self_caches, cross_caches, source_mask):
         new = []
         for block, cache, cross in zip(self.decoder_blocks, self_caches, cross_caches):
-            y, cache = block(y, self_attention_cache=cache, cache_index=index,
-                             cross_attention_cache=cross, encoder_mask=source_mask)
+            y, cache = block(
+                y,
+                self_attention_cache=cache,
+                cache_index=index,
+                cross_attention_cache=cross,
+                encoder_mask=source_mask,
+            )
             new.append(cache)
         return y, tuple(new)
 
@@ -274,23 +299,40 @@ class Seq2SeqTransformer(keras.Model):
     def tokenizer(self):
         if self._tokenizer is None:
             if not self.tokenizer_proto:
-                raise ValueError("this model has no tokenizer; pass ids, or build it with `tokenizer=`")
+                raise ValueError(
+                    "this model has no tokenizer; pass ids, or build it with `tokenizer=`"
+                )
             self._tokenizer = Tokenizer(decode_proto(self.tokenizer_proto))
         return self._tokenizer
 
     def translate(self, texts, beam_width=1, alpha=0.6, max_length=None, batch_size=64):
         """Raw strings in, strings out (greedy, or beam search if `beam_width > 1`)."""
         from zoo.seq2seq import decoding
+
         single = isinstance(texts, str)
         texts = [texts] if single else list(texts)
         ids = self._source_ids(texts)
-        out_ids = decoding.decode_ids(self, ids, beam_width=beam_width, alpha=alpha,
-                                      max_length=max_length, batch_size=batch_size)
+        out_ids = decoding.decode_ids(
+            self,
+            ids,
+            beam_width=beam_width,
+            alpha=alpha,
+            max_length=max_length,
+            batch_size=batch_size,
+        )
         outputs = self.tokenizer.decode(out_ids)
         return outputs[0] if single else outputs
 
-    def generate(self, texts, sampler="greedy", num_return_sequences=1, return_scores=False,
-                 max_length=None, seed=None, batch_size=64):
+    def generate(
+        self,
+        texts,
+        sampler="greedy",
+        num_return_sequences=1,
+        return_scores=False,
+        max_length=None,
+        seed=None,
+        batch_size=64,
+    ):
         """Raw strings in, generated strings out, with any `zoo.seq2seq.samplers` sampler.
 
         Args:
@@ -310,13 +352,20 @@ class Seq2SeqTransformer(keras.Model):
             otherwise, per input, a list of `num_return_sequences` (text, score)
             pairs. A single str input returns its entry alone.
         """
-        from zoo.seq2seq import decoding
-        from zoo.seq2seq import samplers
+        from zoo.seq2seq import decoding, samplers
+
         single = isinstance(texts, str)
         texts = [texts] if single else list(texts)
         ids = self._source_ids(texts)
-        found = decoding.generate_ids(self, ids, samplers.get(sampler), num_return_sequences,
-                                      max_length=max_length, batch_size=batch_size, seed=seed)
+        found = decoding.generate_ids(
+            self,
+            ids,
+            samplers.get(sampler),
+            num_return_sequences,
+            max_length=max_length,
+            batch_size=batch_size,
+            seed=seed,
+        )
         outputs = []
         for candidates in found:
             decoded = self.tokenizer.decode([c[0] for c in candidates])
@@ -330,20 +379,29 @@ class Seq2SeqTransformer(keras.Model):
             if len(row) > self.max_source_length:
                 raise ValueError(
                     f"input {i} has {len(row)} tokens, more than max_source_length="
-                    f"{self.max_source_length}: {texts[i][:60]!r}")
+                    f"{self.max_source_length}: {texts[i][:60]!r}"
+                )
         return ids
 
     def get_config(self):
         config = super().get_config()
         config.update(
-            vocabulary_size=self.vocabulary_size, hidden_dim=self.hidden_dim,
-            num_layers=self.num_layers, num_heads=self.num_heads,
-            intermediate_dim=self.intermediate_dim, dropout=self.dropout,
-            norm_first=self.norm_first, position=self.position,
-            share_embeddings=self.share_embeddings, max_source_length=self.max_source_length,
-            max_target_length=self.max_target_length, window=self.window,
-            activation=self.activation, label_smoothing=self.label_smoothing,
-            tokenizer=self.tokenizer_proto)
+            vocabulary_size=self.vocabulary_size,
+            hidden_dim=self.hidden_dim,
+            num_layers=self.num_layers,
+            num_heads=self.num_heads,
+            intermediate_dim=self.intermediate_dim,
+            dropout=self.dropout,
+            norm_first=self.norm_first,
+            position=self.position,
+            share_embeddings=self.share_embeddings,
+            max_source_length=self.max_source_length,
+            max_target_length=self.max_target_length,
+            window=self.window,
+            activation=self.activation,
+            label_smoothing=self.label_smoothing,
+            tokenizer=self.tokenizer_proto,
+        )
         return config
 
     @classmethod
@@ -353,8 +411,9 @@ class Seq2SeqTransformer(keras.Model):
     def hparams(self):
         """The `zoo.build` kwargs without the tokenizer (for config.json)."""
         config = self.get_config()
-        return {k: v for k, v in config.items()
-                if k not in ("tokenizer", "name", "trainable", "dtype")}
+        return {
+            k: v for k, v in config.items() if k not in ("tokenizer", "name", "trainable", "dtype")
+        }
 
 
 def build_seq2seq(vocabulary_size=None, tokenizer=None, **kwargs):
@@ -362,7 +421,9 @@ def build_seq2seq(vocabulary_size=None, tokenizer=None, **kwargs):
     (base64 SentencePiece model) the vocabulary size defaults to its size."""
     if vocabulary_size is None:
         if tokenizer is None:
-            raise ValueError("pass `vocabulary_size` or `tokenizer`. Received: vocabulary_size=None")
+            raise ValueError(
+                "pass `vocabulary_size` or `tokenizer`. Received: vocabulary_size=None"
+            )
         vocabulary_size = Tokenizer(decode_proto(tokenizer)).vocabulary_size
     model = Seq2SeqTransformer(vocabulary_size, tokenizer=tokenizer, **kwargs)
     model.build()

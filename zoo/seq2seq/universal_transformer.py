@@ -19,8 +19,8 @@ import keras
 from keras import ops
 
 from layers import SinusoidalPositionEncoding, TransformerDecoderBlock, TransformerEncoderBlock
-from zoo.seq2seq.transformer import Seq2SeqTransformer, _check_positive
 from zoo.seq2seq.tokenization import Tokenizer, decode_proto
+from zoo.seq2seq.transformer import Seq2SeqTransformer, _check_positive
 
 
 @keras.saving.register_keras_serializable(package="zoo")
@@ -54,29 +54,51 @@ class UniversalTransformer(Seq2SeqTransformer):
         - [Graves, 2016](https://arxiv.org/abs/1603.08983) (ACT)
     """
 
-    def __init__(self, vocabulary_size, num_steps=4, act=False, act_threshold=0.99,
-                 ponder_weight=0.01, **kwargs):
+    def __init__(
+        self,
+        vocabulary_size,
+        num_steps=4,
+        act=False,
+        act_threshold=0.99,
+        ponder_weight=0.01,
+        **kwargs,
+    ):
         self.num_steps = _check_positive("num_steps", num_steps)
         self.act = bool(act)
         if not isinstance(act_threshold, (int, float)) or not 0 < act_threshold <= 1:
-            raise ValueError(f"`act_threshold` must be in (0, 1]. Received: act_threshold={act_threshold!r}")
+            raise ValueError(
+                f"`act_threshold` must be in (0, 1]. Received: act_threshold={act_threshold!r}"
+            )
         self.act_threshold = float(act_threshold)
         if not isinstance(ponder_weight, (int, float)) or ponder_weight < 0:
-            raise ValueError(f"`ponder_weight` must be >= 0. Received: ponder_weight={ponder_weight!r}")
+            raise ValueError(
+                f"`ponder_weight` must be >= 0. Received: ponder_weight={ponder_weight!r}"
+            )
         self.ponder_weight = float(ponder_weight)
         kwargs["num_layers"] = 1
         super().__init__(vocabulary_size, **kwargs)
-        self.timestep_signal = SinusoidalPositionEncoding().encoding(self.num_steps, self.hidden_dim)
+        self.timestep_signal = SinusoidalPositionEncoding().encoding(
+            self.num_steps, self.hidden_dim
+        )
 
     def _make_blocks(self):
-        self.encoder_block = TransformerEncoderBlock(window=self.window, name="encoder_shared",
-                                                     **self._block_kwargs())
+        self.encoder_block = TransformerEncoderBlock(
+            window=self.window, name="encoder_shared", **self._block_kwargs()
+        )
         self.decoder_block = TransformerDecoderBlock(name="decoder_shared", **self._block_kwargs())
         # Bias 1: start by halting after about one or two steps (as tensor2tensor).
-        self.encoder_halting = keras.layers.Dense(1, activation="sigmoid", name="encoder_halting",
-                                                  bias_initializer=keras.initializers.Constant(1.0))
-        self.decoder_halting = keras.layers.Dense(1, activation="sigmoid", name="decoder_halting",
-                                                  bias_initializer=keras.initializers.Constant(1.0))
+        self.encoder_halting = keras.layers.Dense(
+            1,
+            activation="sigmoid",
+            name="encoder_halting",
+            bias_initializer=keras.initializers.Constant(1.0),
+        )
+        self.decoder_halting = keras.layers.Dense(
+            1,
+            activation="sigmoid",
+            name="decoder_halting",
+            bias_initializer=keras.initializers.Constant(1.0),
+        )
         self.encoder_blocks = [self.encoder_block]
         self.decoder_blocks = [self.decoder_block]
 
@@ -86,7 +108,7 @@ class UniversalTransformer(Seq2SeqTransformer):
 
     def _embed(self, table, position_layer, ids, start_index=0):
         # Positions are added at every step (`_coordinates`), not once here.
-        return table(ids) * ops.cast(self.hidden_dim ** 0.5, self.compute_dtype)
+        return table(ids) * ops.cast(self.hidden_dim**0.5, self.compute_dtype)
 
     def _coordinates(self, x, step, position_layer, start_index):
         time = ops.cast(self.timestep_signal[step], x.dtype)
@@ -135,11 +157,17 @@ class UniversalTransformer(Seq2SeqTransformer):
 
     def _decoder_stack(self, y, encoder_output, source_mask, target_mask, training):
         def transform(t, h):
-            return self.decoder_block(h, encoder_output, decoder_mask=target_mask,
-                                      encoder_mask=source_mask, training=training)
+            return self.decoder_block(
+                h,
+                encoder_output,
+                decoder_mask=target_mask,
+                encoder_mask=source_mask,
+                training=training,
+            )
 
-        return self._recur(y, transform, self.decoder_halting, self.target_position, target_mask, 0,
-                           training)
+        return self._recur(
+            y, transform, self.decoder_halting, self.target_position, target_mask, 0, training
+        )
 
     def cross_caches(self, encoder_output, split=False):
         return (self.decoder_block.compute_cross_attention_cache(encoder_output, split=split),)
@@ -148,19 +176,29 @@ class UniversalTransformer(Seq2SeqTransformer):
         new = list(self_caches)
 
         def transform(t, h):
-            h, new[t] = self.decoder_block(h, self_attention_cache=self_caches[t], cache_index=index,
-                                           cross_attention_cache=cross_caches[0],
-                                           encoder_mask=source_mask)
+            h, new[t] = self.decoder_block(
+                h,
+                self_attention_cache=self_caches[t],
+                cache_index=index,
+                cross_attention_cache=cross_caches[0],
+                encoder_mask=source_mask,
+            )
             return h
 
-        y = self._recur(y, transform, self.decoder_halting, self.target_position, None, index, False)
+        y = self._recur(
+            y, transform, self.decoder_halting, self.target_position, None, index, False
+        )
         return y, tuple(new)
 
     def get_config(self):
         config = super().get_config()
         config.pop("num_layers", None)
-        config.update(num_steps=self.num_steps, act=self.act, act_threshold=self.act_threshold,
-                      ponder_weight=self.ponder_weight)
+        config.update(
+            num_steps=self.num_steps,
+            act=self.act,
+            act_threshold=self.act_threshold,
+            ponder_weight=self.ponder_weight,
+        )
         return config
 
 
@@ -168,7 +206,9 @@ def build_universal_transformer(vocabulary_size=None, tokenizer=None, **kwargs):
     """`zoo.build("universal_transformer", vocabulary_size=..., num_steps=4, act=False, ...)`."""
     if vocabulary_size is None:
         if tokenizer is None:
-            raise ValueError("pass `vocabulary_size` or `tokenizer`. Received: vocabulary_size=None")
+            raise ValueError(
+                "pass `vocabulary_size` or `tokenizer`. Received: vocabulary_size=None"
+            )
         vocabulary_size = Tokenizer(decode_proto(tokenizer)).vocabulary_size
     kwargs.pop("num_layers", None)
     model = UniversalTransformer(vocabulary_size, tokenizer=tokenizer, **kwargs)

@@ -40,8 +40,14 @@ def build_core(arch, num_words, num_chars, num_tags, max_chars, max_len, cfg):
 
     dropped = WordDropout(cfg["word_dropout"], name="word_dropout")(word_ids)
     words = TokenEmbedding(num_words, cfg["word_dim"], name="word_embedding")(dropped)
-    chars = char_features(char_ids, num_chars, cfg["char_dim"], cfg["char_filters"],
-                          cfg["char_kernels"], cfg["dropout"])
+    chars = char_features(
+        char_ids,
+        num_chars,
+        cfg["char_dim"],
+        cfg["char_filters"],
+        cfg["char_kernels"],
+        cfg["dropout"],
+    )
     x = keras.layers.Concatenate(name="features")([words, chars])
     x = keras.layers.Dropout(cfg["dropout"], name="features_dropout")(x)
     x = x * ops.cast(fmask, x.dtype)
@@ -51,8 +57,9 @@ def build_core(arch, num_words, num_chars, num_tags, max_chars, max_len, cfg):
         x = keras.layers.Dense(hidden, activation="relu", name="fc")(x)
         x = keras.layers.Dropout(cfg["dropout"], name="fc_dropout")(x)
     elif arch == "window":
-        x = keras.layers.Conv1D(hidden, cfg["window"], padding="same", activation="relu",
-                                name="window_conv")(x)
+        x = keras.layers.Conv1D(
+            hidden, cfg["window"], padding="same", activation="relu", name="window_conv"
+        )(x)
         x = keras.layers.Dropout(cfg["dropout"], name="window_dropout")(x)
     elif arch == "bilstm":
         for i in range(cfg["num_layers"]):
@@ -80,12 +87,17 @@ def _attention_context(x, mask, fmask, cfg, max_len):
             # its neighbours cheaply (the locality a BiLSTM has built in); attention then
             # adds the long-range context.
             h = LayerNorm(epsilon=1e-5, name=f"conv_norm_{i}")(x)
-            h = keras.layers.Conv1D(d, cfg["conv_kernel"], padding="same", activation="gelu",
-                                    name=f"conv_{i}")(h * ops.cast(fmask, h.dtype))
+            h = keras.layers.Conv1D(
+                d, cfg["conv_kernel"], padding="same", activation="gelu", name=f"conv_{i}"
+            )(h * ops.cast(fmask, h.dtype))
             x = x + keras.layers.Dropout(cfg["dropout"], name=f"conv_dropout_{i}")(h)
         x = TransformerEncoderBlock(
-            num_heads=cfg["num_heads"], intermediate_dim=2 * d, dropout=cfg["dropout"],
-            rotary=cfg["rotary"], window=cfg["attention_window"], name=f"encoder_{i}",
+            num_heads=cfg["num_heads"],
+            intermediate_dim=2 * d,
+            dropout=cfg["dropout"],
+            rotary=cfg["rotary"],
+            window=cfg["attention_window"],
+            name=f"encoder_{i}",
         )(x, mask=mask, return_attention_scores=True)
         x = x[0]  # the scores stay reachable as the block's output[1] (Tagger.attention_scores)
     x = LayerNorm(epsilon=1e-5, name="attention_out_norm")(x)

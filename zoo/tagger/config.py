@@ -22,5 +22,9 @@ DEFAULTS = {
 # The attention tagger leans on word identity more than the BiLSTM does; replacing
 # 60% of training words by <unk> makes it read characters and context, and a wider
 # model then pays (the UD LinES sweep: benchmarks/tagger.md).
-ARCH_DEFAULTS = {"attention": {"num_layers": 3, "word_dropout": 0.6, "hidden_dim": 192},
-                 "bilstm": {"num_layers": 2}, "fc": {"num_layers": 1}, "window": {"num_layers": 1}}
+ARCH_DEFAULTS = {
+    "attention": {"num_layers": 3, "word_dropout": 0.6, "hidden_dim": 192},
+    "bilstm": {"num_layers": 2},
+    "fc": {"num_layers": 1},
+    "window": {"num_layers": 1},
+}

@@ -26,7 +26,9 @@ def _check_vocab(name, items):
         )
     rest = items[2:]
     if len(set(rest)) != len(rest) or "" in rest or PAD in rest or UNK in rest:
-        raise ValueError(f"`{name}` entries must be unique, non-empty strings after {PAD!r}, {UNK!r}")
+        raise ValueError(
+            f"`{name}` entries must be unique, non-empty strings after {PAD!r}, {UNK!r}"
+        )
     return items
 
 
@@ -64,12 +66,16 @@ class TokenEncoder(keras.layers.Layer):
         self.words = _check_vocab("words", words)
         self.chars = _check_vocab("chars", chars)
         if isinstance(max_chars, bool) or not isinstance(max_chars, int) or max_chars <= 0:
-            raise ValueError(f"`max_chars` must be a positive integer. Received: max_chars={max_chars!r}")
+            raise ValueError(
+                f"`max_chars` must be a positive integer. Received: max_chars={max_chars!r}"
+            )
         self.max_chars = max_chars
         self.word_lookup = keras.layers.StringLookup(
-            vocabulary=self.words[2:], mask_token="", oov_token=UNK, name="word_lookup")
+            vocabulary=self.words[2:], mask_token="", oov_token=UNK, name="word_lookup"
+        )
         self.char_lookup = keras.layers.StringLookup(
-            vocabulary=self.chars[2:], mask_token="", oov_token=UNK, name="char_lookup")
+            vocabulary=self.chars[2:], mask_token="", oov_token=UNK, name="char_lookup"
+        )
         self.built = True
 
     def encode(self, tokens):

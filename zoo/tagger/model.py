@@ -13,6 +13,7 @@ from zoo.tagger.archs import build_core
 from zoo.tagger.config import ARCH_DEFAULTS, ARCHS, DEFAULTS
 from zoo.tagger.encoding import PAD, UNK, TokenEncoder
 
+
 def _positive_int(name, value):
     if isinstance(value, bool) or not isinstance(value, (int, np.integer)) or value <= 0:
         raise ValueError(f"`{name}` must be a positive integer. Received: {name}={value!r}")
@@ -49,8 +50,7 @@ class Tagger(keras.Model):
     4
     """
 
-    def __init__(self, words, chars, tags, arch="attention", max_chars=16, max_len=256,
-                 **hparams):
+    def __init__(self, words, chars, tags, arch="attention", max_chars=16, max_len=256, **hparams):
         name = hparams.pop("name", "tagger")
         for key in ("trainable", "dtype"):
             hparams.pop(key, None)
@@ -62,13 +62,22 @@ class Tagger(keras.Model):
             raise ValueError(f"unknown tagger hyper-parameter(s): {sorted(unknown)}")
         tags = list(tags)
         if not tags or len(set(tags)) != len(tags):
-            raise ValueError(f"`tags` must be a non-empty list of unique names. Received: tags={tags!r}")
+            raise ValueError(
+                f"`tags` must be a non-empty list of unique names. Received: tags={tags!r}"
+            )
         cfg = dict(DEFAULTS)
         cfg.update(ARCH_DEFAULTS[arch])
         cfg.update({k: v for k, v in hparams.items() if v is not None})
         cfg["char_kernels"] = [int(k) for k in cfg["char_kernels"]]
-        for key in ("word_dim", "char_dim", "char_filters", "hidden_dim", "num_layers",
-                    "num_heads", "window"):
+        for key in (
+            "word_dim",
+            "char_dim",
+            "char_filters",
+            "hidden_dim",
+            "num_layers",
+            "num_heads",
+            "window",
+        ):
             cfg[key] = _positive_int(key, cfg[key])
         for key in ("dropout", "word_dropout"):
             if not 0.0 <= float(cfg[key]) < 1.0:
@@ -81,8 +90,9 @@ class Tagger(keras.Model):
         self.words = self.encoder.words
         self.chars = self.encoder.chars
         self.tags = tags
-        self.core = build_core(arch, len(self.words), len(self.chars), len(tags),
-                               self.max_chars, self.max_len, cfg)
+        self.core = build_core(
+            arch, len(self.words), len(self.chars), len(tags), self.max_chars, self.max_len, cfg
+        )
         self.built = True
 
     def call(self, inputs, training=None):
@@ -106,10 +116,12 @@ class Tagger(keras.Model):
         token_lists = split_sentences(sentences)
         for tokens in token_lists:
             if len(tokens) > self.max_len:
-                raise ValueError(f"sentence has {len(tokens)} tokens, more than max_len={self.max_len}")
+                raise ValueError(
+                    f"sentence has {len(tokens)} tokens, more than max_len={self.max_len}"
+                )
         result = []
         for start in range(0, len(token_lists), batch_size):
-            chunk = token_lists[start:start + batch_size]
+            chunk = token_lists[start : start + batch_size]
             ids = self.predict_ids(pad_tokens(chunk)).numpy()
             for tokens, row in zip(chunk, ids):
                 result.append([(tok, self.tags[i]) for tok, i in zip(tokens, row)])
@@ -130,9 +142,15 @@ class Tagger(keras.Model):
         return [np.asarray(s)[0] for s in scores]
 
     def get_config(self):
-        config = {"name": self.name, "words": self.words, "chars": self.chars,
-                  "tags": self.tags, "arch": self.arch, "max_chars": self.max_chars,
-                  "max_len": self.max_len}
+        config = {
+            "name": self.name,
+            "words": self.words,
+            "chars": self.chars,
+            "tags": self.tags,
+            "arch": self.arch,
+            "max_chars": self.max_chars,
+            "max_len": self.max_len,
+        }
         config.update(self.hparams)
         return config
 
