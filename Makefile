@@ -8,7 +8,7 @@ export TF_CPP_MIN_LOG_LEVEL ?= 2
 export KERAS_BACKEND ?= tensorflow
 export PYTHONHASHSEED ?= 0
 
-.PHONY: venv demo test fuzz bench clean
+.PHONY: venv demo test test-fast lint fuzz bench clean
 
 venv: $(STAMP)
 
@@ -37,8 +37,18 @@ demo: $(STAMP)
 
 # Files stay whole on one worker (--dist loadfile) so module fixtures (a trained
 # run, an export) are built once.
-test: $(STAMP)
+test: lint
 	$(PY) -m pytest -q -p no:cacheprovider -n 2 --dist loadfile tests
+
+# Everything not marked slow (no training, export or process start-up): the
+# everyday loop.
+test-fast: $(STAMP)
+	$(PY) -m pytest -q -p no:cacheprovider -n 2 --dist loadfile -m "not slow" tests
+
+LINTED := layers zoo train export tests benchmarks
+lint: $(STAMP)
+	$(PY) -m ruff check $(LINTED)
+	$(PY) -m ruff format --check $(LINTED)
 
 fuzz: $(STAMP)
 	HYPOTHESIS_PROFILE=fuzz $(PY) -m pytest -q -p no:cacheprovider tests -k fuzz

@@ -7,8 +7,17 @@ tests compare against.
 import numpy as np
 
 
-def allowed_matrix(length_q, length_k, *, causal=False, window=None,
-                   include_self=True, query_mask=None, key_mask=None, offset=0):
+def allowed_matrix(
+    length_q,
+    length_k,
+    *,
+    causal=False,
+    window=None,
+    include_self=True,
+    query_mask=None,
+    key_mask=None,
+    offset=0,
+):
     """allowed[i, j] is True when query i may attend to key j."""
     allowed = np.ones((length_q, length_k), bool)
     for i in range(length_q):
@@ -40,8 +49,20 @@ def normalise_row(alpha, allowed_row, normalize):
     return out
 
 
-def single_head(a, wq, wk, wv, *, bq=None, bk=None, bv=None, score="scaled_dot",
-                w=None, normalize="softmax", allowed=None):
+def single_head(
+    a,
+    wq,
+    wk,
+    wv,
+    *,
+    bq=None,
+    bk=None,
+    bv=None,
+    score="scaled_dot",
+    w=None,
+    normalize="softmax",
+    allowed=None,
+):
     """b^i = sum_j alpha'_{i,j} v^j for one sequence a [T, D]."""
     a = a.astype(np.float64)
     q = a @ wq + (0 if bq is None else bq)

@@ -19,8 +19,17 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 os.environ.setdefault("KERAS_BACKEND", "tensorflow")
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 
-TINY = {"word_dim": 16, "char_dim": 8, "char_filters": 8, "char_kernels": [3], "hidden_dim": 16,
-        "num_heads": 2, "num_layers": 1, "dropout": 0.0, "word_dropout": 0.0}
+TINY = {
+    "word_dim": 16,
+    "char_dim": 8,
+    "char_filters": 8,
+    "char_kernels": [3],
+    "hidden_dim": 16,
+    "num_heads": 2,
+    "num_layers": 1,
+    "dropout": 0.0,
+    "word_dropout": 0.0,
+}
 STEPS = 3
 GLOBAL_BATCH = 8
 EMA_MOMENTUM = 0.5  # low, so a few steps move the average far from the initial weights
@@ -51,11 +60,19 @@ def run():
         import tensorflow as tf
 
         cpu = tf.config.list_physical_devices("CPU")[0]
-        tf.config.set_logical_device_configuration(cpu, [tf.config.LogicalDeviceConfiguration()] * 2)
+        tf.config.set_logical_device_configuration(
+            cpu, [tf.config.LogicalDeviceConfiguration()] * 2
+        )
     from train import strategy as distribute
 
-    distribute.configure(argparse.Namespace(strategy=args.strategy, checkpoint_every=2, jit_compile=False,
-                                            mixed_precision=args.mixed_precision))
+    distribute.configure(
+        argparse.Namespace(
+            strategy=args.strategy,
+            checkpoint_every=2,
+            jit_compile=False,
+            mixed_precision=args.mixed_precision,
+        )
+    )
     import keras
     import numpy as np
 
@@ -70,20 +87,38 @@ def run():
     data = embedded.generate(seed=0, train_size=GLOBAL_BATCH * STEPS, dev_size=8, test_size=8)
     words, chars, tags = build_vocab(data)
     with distribute.scope():
-        model = zoo.build("tagger", words=words, chars=chars, tags=tags, arch="attention",
-                          max_chars=MAX_CHARS, max_len=64, **TINY)
-        compile_tagger(model, 3e-3, total_steps=100, warmup_steps=0, weight_decay=1e-4,
-                       ema_momentum=EMA_MOMENTUM)
+        model = zoo.build(
+            "tagger",
+            words=words,
+            chars=chars,
+            tags=tags,
+            arch="attention",
+            max_chars=MAX_CHARS,
+            max_len=64,
+            **TINY,
+        )
+        compile_tagger(
+            model,
+            3e-3,
+            total_steps=100,
+            warmup_steps=0,
+            weight_decay=1e-4,
+            ema_momentum=EMA_MOMENTUM,
+        )
     encoded = _encode(model, data)
     index, _ = distribute.worker()
 
     class Dump(keras.callbacks.Callback):
         def on_epoch_end(self, epoch, logs=None):
-            np.savez(os.path.join(args.out, f"weights-e{epoch + 1}-w{index}.npz"),
-                     *[np.asarray(v.numpy()) for v in model.trainable_variables])
+            np.savez(
+                os.path.join(args.out, f"weights-e{epoch + 1}-w{index}.npz"),
+                *[np.asarray(v.numpy()) for v in model.trainable_variables],
+            )
             with engine.averaged_weights(model):
-                np.savez(os.path.join(args.out, f"averaged-e{epoch + 1}-w{index}.npz"),
-                         *[np.asarray(v.numpy()) for v in model.trainable_variables])
+                np.savez(
+                    os.path.join(args.out, f"averaged-e{epoch + 1}-w{index}.npz"),
+                    *[np.asarray(v.numpy()) for v in model.trainable_variables],
+                )
             print(f"epoch {epoch + 1} loss {logs['loss']:.6f}", flush=True)
 
     os.makedirs(args.out, exist_ok=True)
@@ -93,9 +128,17 @@ def run():
         from train import checkpoint
 
         initial = checkpoint.latest(ckpt)[1]["epoch"]
-    engine.fit(model, lambda e: Batches(encoded["train"], GLOBAL_BATCH, shuffle=True, seed=[0, e]),
-               validation_data=Batches(encoded["dev"], 8), epochs=args.epochs, initial_epoch=initial,
-               callbacks=[Dump()], verbose=0, checkpoint_dir=ckpt, resume=args.resume)
+    engine.fit(
+        model,
+        lambda e: Batches(encoded["train"], GLOBAL_BATCH, shuffle=True, seed=[0, e]),
+        validation_data=Batches(encoded["dev"], 8),
+        epochs=args.epochs,
+        initial_epoch=initial,
+        callbacks=[Dump()],
+        verbose=0,
+        checkpoint_dir=ckpt,
+        resume=args.resume,
+    )
     print("replicas", distribute.get().num_replicas_in_sync, flush=True)
 
 

@@ -99,9 +99,7 @@ def _feed_for_model(model, inputs):
         return dict(inputs)
     if isinstance(structure, (list, tuple)):
         return [inputs[t.name] for t in structure]
-    return inputs[structure.name] if structure.name in inputs else next(
-        iter(inputs.values())
-    )
+    return inputs[structure.name] if structure.name in inputs else next(iter(inputs.values()))
 
 
 def _input_names(model):
@@ -130,10 +128,7 @@ def export_saved_model(model, input_shapes, directory, endpoint=ENDPOINT):
             f"Received: input_shapes keys={sorted(input_shapes)}"
         )
     structure = model.input
-    signature = [
-        tf.TensorSpec(input_shapes[n][0], input_shapes[n][1], name=n)
-        for n in names
-    ]
+    signature = [tf.TensorSpec(input_shapes[n][0], input_shapes[n][1], name=n) for n in names]
 
     def forward(*tensors):
         if isinstance(structure, dict):
@@ -150,9 +145,7 @@ def export_saved_model(model, input_shapes, directory, endpoint=ENDPOINT):
     archive.write_out(directory, verbose=False)
 
 
-def convert_saved_model(
-    directory, endpoint=ENDPOINT, quantize=None, representative_data=None
-):
+def convert_saved_model(directory, endpoint=ENDPOINT, quantize=None, representative_data=None):
     """Converts a SavedModel signature to TFLite with builtin ops only.
 
     Args:
@@ -167,9 +160,7 @@ def convert_saved_model(
     Returns:
         The TFLite flatbuffer as bytes.
     """
-    converter = tf.lite.TFLiteConverter.from_saved_model(
-        directory, signature_keys=[endpoint]
-    )
+    converter = tf.lite.TFLiteConverter.from_saved_model(directory, signature_keys=[endpoint])
     # Builtins only: a Flex op must fail here, not on the phone (docs/facts.md).
     ops_set = [tf.lite.OpsSet.TFLITE_BUILTINS]
     if quantize is not None:
@@ -191,9 +182,7 @@ def convert_saved_model(
         ops_set = (
             [tf.lite.OpsSet.TFLITE_BUILTINS_INT8]
             if quantize == "int8"
-            else [
-                tf.lite.OpsSet.EXPERIMENTAL_TFLITE_BUILTINS_ACTIVATIONS_INT16_WEIGHTS_INT8
-            ]
+            else [tf.lite.OpsSet.EXPERIMENTAL_TFLITE_BUILTINS_ACTIVATIONS_INT16_WEIGHTS_INT8]
         )
     elif quantize not in (None, "dynamic"):
         raise ValueError(
@@ -204,9 +193,7 @@ def convert_saved_model(
     return converter.convert()
 
 
-def convert_model_to_tflite(
-    model, input_shapes, quantize=None, representative_data=None
-):
+def convert_model_to_tflite(model, input_shapes, quantize=None, representative_data=None):
     """ExportArchive -> SavedModel -> TFLite, in a temporary directory."""
     with tempfile.TemporaryDirectory() as directory:
         export_saved_model(model, input_shapes, directory)
@@ -367,8 +354,7 @@ def _stage(layer_name, stage):
         raise AssertionError(f"[{layer_name}] stage '{stage}' failed: {error}") from error
     except Exception as error:  # any error in a stage is a test failure
         raise AssertionError(
-            f"[{layer_name}] stage '{stage}' failed with "
-            f"{type(error).__name__}: {error}"
+            f"[{layer_name}] stage '{stage}' failed with {type(error).__name__}: {error}"
         ) from error
 
 
@@ -579,9 +565,9 @@ def run_layer_test(
             f"{len(sym_shapes)} symbolic outputs vs {len(actual_shapes)} eager"
         )
         for sym, real in zip(sym_shapes, actual_shapes):
-            assert len(sym) == len(real) and all(
-                s is None or s == r for s, r in zip(sym, real)
-            ), f"symbolic shape {sym} does not match eager shape {real}"
+            assert len(sym) == len(real) and all(s is None or s == r for s, r in zip(sym, real)), (
+                f"symbolic shape {sym} does not match eager shape {real}"
+            )
 
     with _stage(name, "config"):
         config = layer.get_config()
@@ -667,9 +653,11 @@ def run_layer_test(
 
     if input_mask is not None:
         with _stage(name, "masking"):
-            masks = input_mask if isinstance(input_mask, dict) else {
-                next(iter(case.inputs)): input_mask
-            }
+            masks = (
+                input_mask
+                if isinstance(input_mask, dict)
+                else {next(iter(case.inputs)): input_mask}
+            )
             tensors = case.eager_tensors()
             for key, mask in masks.items():
                 _set_mask(tensors[key], keras.ops.convert_to_tensor(np.asarray(mask, bool)))

@@ -38,7 +38,9 @@ def values_and_grads(layer, inputs, **kwargs):
             return jnp.sum(y.astype("float32") * w), y
 
         (_, y), grads = jax.value_and_grad(loss, argnums=(0, 1), has_aux=True)(params, inputs)
-        return np.asarray(y, "float32"), [np.asarray(g, "float32") for g in jax.tree_util.tree_leaves(grads)]
+        return np.asarray(y, "float32"), [
+            np.asarray(g, "float32") for g in jax.tree_util.tree_leaves(grads)
+        ]
     import tensorflow as tf
 
     tensors = [tf.constant(t) for t in inputs]
@@ -123,7 +125,11 @@ def check_case(name):
     make, kind, wanted = CASES[name]
     x, source, query_mask, value_mask, attention_mask = _masks()
     inputs = [x] if kind == "self" else [x, source]
-    available = {"query_mask": query_mask, "value_mask": value_mask, "attention_mask": attention_mask}
+    available = {
+        "query_mask": query_mask,
+        "value_mask": value_mask,
+        "attention_mask": attention_mask,
+    }
     kwargs = {k: available[k] for k in wanted}
     (y_ref, g_ref), (y_fused, g_fused) = run_both(make, inputs, **kwargs)
     np.testing.assert_allclose(y_fused, y_ref, atol=1e-5, err_msg=name)
@@ -202,12 +208,17 @@ def test_default_policy_keeps_tensorflow_cpu_path():
     assert count.calls == 0
 
 
+@pytest.mark.slow
 def test_fused_equals_reference_jax():
     pytest.importorskip("jax")
     env = dict(os.environ, KERAS_BACKEND="jax", JAX_PLATFORMS="cpu", PYTHONPATH=ROOT)
     proc = subprocess.run(
         [sys.executable, "-m", "tests.test_attention_fused"],
-        cwd=ROOT, env=env, capture_output=True, text=True, timeout=900,
+        cwd=ROOT,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=900,
     )
     assert proc.returncode == 0, proc.stdout + proc.stderr[-3000:]
     assert "jax: fused checks passed" in proc.stdout, proc.stdout
@@ -232,6 +243,7 @@ if __name__ == "__main__":
     main()
 
 
+@pytest.mark.slow
 def test_gpu_benchmark_child_runs_without_tensorflow():
     """benchmarks/attention_gpu.py's child at a tiny shape, under JAX with
     `import tensorflow` made impossible (the device machine has none):
@@ -239,7 +251,9 @@ def test_gpu_benchmark_child_runs_without_tensorflow():
     pytest.importorskip("jax")
     import json
 
-    config = dict(kind="long", impl="chunked", length=24, dim=16, chunk=8, dtype="float32", smoke=True)
+    config = dict(
+        kind="long", impl="chunked", length=24, dim=16, chunk=8, dtype="float32", smoke=True
+    )
     code = (
         "import sys\n"
         "class Block:\n"
@@ -251,8 +265,9 @@ def test_gpu_benchmark_child_runs_without_tensorflow():
         f"sys.exit(attention_gpu.main(['--child', {json.dumps(json.dumps(config))}]))\n"
     )
     env = dict(os.environ, KERAS_BACKEND="jax", JAX_PLATFORMS="cpu", PYTHONPATH=ROOT)
-    proc = subprocess.run([sys.executable, "-c", code], cwd=ROOT, env=env,
-                          capture_output=True, text=True, timeout=600)
+    proc = subprocess.run(
+        [sys.executable, "-c", code], cwd=ROOT, env=env, capture_output=True, text=True, timeout=600
+    )
     assert proc.returncode == 0, proc.stdout + proc.stderr[-3000:]
     row = json.loads(proc.stdout.strip().splitlines()[-1])
     assert "error" not in row, row

@@ -11,6 +11,8 @@ from layers import (
 )
 from tests.harness import run_layer_test
 
+pytestmark = pytest.mark.slow  # seconds per test: make test-fast leaves the file out
+
 RNG = np.random.default_rng(5)
 X = RNG.normal(size=(2, 6, 8)).astype("float32")
 SOURCE = RNG.normal(size=(2, 4, 6)).astype("float32")
@@ -40,7 +42,12 @@ def test_self_attention(options):
 
 @pytest.mark.parametrize(
     "options",
-    [dict(), dict(causal=True, window=3), dict(rotary=True), dict(score="additive", normalize="relu")],
+    [
+        dict(),
+        dict(causal=True, window=3),
+        dict(rotary=True),
+        dict(score="additive", normalize="relu"),
+    ],
     ids=["default", "causal-window", "rotary", "additive-relu"],
 )
 def test_multi_head_self_attention(options):

@@ -33,7 +33,7 @@ def scratch_bytes(length, chunk_size, causal=False, padded=False, normalize="sof
     x = jnp.asarray(np.random.default_rng(0).normal(size=(1, length, 64)), "float32")
     mask = np.ones((1, length), bool)
     if padded:
-        mask[:, length - 7:] = False
+        mask[:, length - 7 :] = False
     layer(x[:, :8])
     params = [v.value for v in layer.trainable_variables]
 
@@ -64,12 +64,17 @@ def measure():
     return out
 
 
+@pytest.mark.slow
 def test_chunked_backward_memory_grows_linearly():
     pytest.importorskip("jax")
     env = dict(os.environ, KERAS_BACKEND="jax", JAX_PLATFORMS="cpu", PYTHONPATH=ROOT)
     proc = subprocess.run(
         [sys.executable, "-m", "tests.test_attention_memory"],
-        cwd=ROOT, env=env, capture_output=True, text=True, timeout=900,
+        cwd=ROOT,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=900,
     )
     assert proc.returncode == 0, proc.stdout + proc.stderr[-3000:]
     figures = json.loads(proc.stdout.strip().splitlines()[-1])
@@ -107,6 +112,7 @@ print((resource.getrusage(resource.RUSAGE_SELF).ru_maxrss - base) * 1024)
 """
 
 
+@pytest.mark.slow
 def test_chunked_backward_memory_eager_tensorflow():
     """Eager TensorFlow: peak RSS growth of one chunked forward+backward at
     N = 2048 and 4096 (B1, 8 heads, d64) in fresh processes. A recording
@@ -116,8 +122,14 @@ def test_chunked_backward_memory_eager_tensorflow():
     env = dict(os.environ, KERAS_BACKEND="tensorflow", TF_CPP_MIN_LOG_LEVEL="3", PYTHONPATH=ROOT)
     growth = {}
     for n in (2048, 4096):
-        proc = subprocess.run([sys.executable, "-c", TF_CHILD, str(n)], cwd=ROOT, env=env,
-                              capture_output=True, text=True, timeout=600)
+        proc = subprocess.run(
+            [sys.executable, "-c", TF_CHILD, str(n)],
+            cwd=ROOT,
+            env=env,
+            capture_output=True,
+            text=True,
+            timeout=600,
+        )
         assert proc.returncode == 0, proc.stderr[-3000:]
         growth[n] = int(proc.stdout.strip().splitlines()[-1])
     scores_4096 = 8 * 4096 * 4096 * 4

@@ -2,9 +2,12 @@
 
 import numpy as np
 import pytest
-from hypothesis import given, strategies as st
+from hypothesis import given
+from hypothesis import strategies as st
 
 from layers import MultiHeadAttention, SelfAttention, TransformerEncoderBlock
+
+pytestmark = pytest.mark.slow  # seconds per test: make test-fast leaves the file out
 
 LENGTH = 8
 FEATURES = 6
@@ -44,7 +47,9 @@ def test_permutation_equivariant_without_positions(index, x, perm_seed):
 def test_causal_output_ignores_the_future(index, x, cut, noise_seed):
     layer = CAUSAL[index]
     changed = x.copy()
-    changed[:, cut + 1:] = np.random.default_rng(noise_seed).normal(size=changed[:, cut + 1:].shape)
+    changed[:, cut + 1 :] = np.random.default_rng(noise_seed).normal(
+        size=changed[:, cut + 1 :].shape
+    )
     np.testing.assert_allclose(
         _out(layer, changed)[:, : cut + 1], _out(layer, x)[:, : cut + 1], atol=1e-5
     )
@@ -57,7 +62,9 @@ def test_padding_never_changes_real_positions(index, x, valid, noise_seed):
     mask = np.zeros((2, LENGTH), bool)
     mask[:, :valid] = True
     changed = x.copy()
-    changed[:, valid:] = np.random.default_rng(noise_seed).normal(size=changed[:, valid:].shape) * 10
+    changed[:, valid:] = (
+        np.random.default_rng(noise_seed).normal(size=changed[:, valid:].shape) * 10
+    )
     kwargs = {"query_mask": mask} if index == 1 else {"mask": mask}
     np.testing.assert_allclose(
         _out(layer, changed, **kwargs)[:, :valid], _out(layer, x, **kwargs)[:, :valid], atol=1e-5
@@ -65,8 +72,12 @@ def test_padding_never_changes_real_positions(index, x, valid, noise_seed):
 
 
 @pytest.mark.parametrize("index", range(3))
-@given(x=sequences, window=st.sampled_from([0, 1, 2]), position=st.integers(0, LENGTH - 1),
-       noise_seed=st.integers(0, 1000))
+@given(
+    x=sequences,
+    window=st.sampled_from([0, 1, 2]),
+    position=st.integers(0, LENGTH - 1),
+    noise_seed=st.integers(0, 1000),
+)
 def test_window_never_sees_beyond(index, x, window, position, noise_seed):
     layer = WINDOW[window][index]
     far = [j for j in range(LENGTH) if abs(j - position) > window]

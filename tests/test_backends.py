@@ -6,6 +6,8 @@ import sys
 
 import pytest
 
+pytestmark = pytest.mark.slow  # seconds per test: make test-fast leaves the file out
+
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 
@@ -15,7 +17,11 @@ def test_layers_run_on_another_backend(backend):
     env = dict(os.environ, KERAS_BACKEND=backend, JAX_PLATFORMS="cpu", PYTHONPATH=ROOT)
     proc = subprocess.run(
         [sys.executable, "-m", "tests.backend_check"],
-        cwd=ROOT, env=env, capture_output=True, text=True, timeout=600,
+        cwd=ROOT,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=600,
     )
     assert proc.returncode == 0, proc.stdout + proc.stderr[-3000:]
     assert f"backend {backend}: all checks passed" in proc.stdout

@@ -24,6 +24,7 @@ FIXTURES = os.path.join(ROOT, "tests", "fixtures", "tagger")
 # ---------------------------------------------------------------------------
 # A sandbox of inputs, shared by every case (built once; never modified).
 
+
 def _write(path, data):
     os.makedirs(os.path.dirname(path), exist_ok=True)
     with open(path, "wb" if isinstance(data, bytes) else "w") as f:
@@ -49,16 +50,23 @@ def sandbox(tmp_path_factory):
     tagger = os.path.join(root, "tagger_run")
     make_tagger_run(tagger)
     # A run of another kind (its model is not needed: the kind is read first).
-    _write(os.path.join(root, "sagan_run", "config.json"),
-           json.dumps({"kind": "sagan", "model": {"latent_dim": 8}}))
-    _write(os.path.join(root, "sagan_run", "model.keras"), open(os.path.join(tagger, "model.keras"), "rb").read())
+    _write(
+        os.path.join(root, "sagan_run", "config.json"),
+        json.dumps({"kind": "sagan", "model": {"latent_dim": 8}}),
+    )
+    _write(
+        os.path.join(root, "sagan_run", "model.keras"),
+        open(os.path.join(tagger, "model.keras"), "rb").read(),
+    )
     _write(os.path.join(root, "sagan_run", ".zoo-run"), "sagan\n")
     _write(os.path.join(root, "hover_run", "config.json"), json.dumps({"kind": "hovercraft"}))
     _write(os.path.join(root, "hover_run", "model.keras"), b"")
     model_bytes = open(os.path.join(tagger, "model.keras"), "rb").read()
-    for name, data in (("truncated_run", model_bytes[: len(model_bytes) // 2]),
-                       ("flipped_run", _flip_member_byte(model_bytes)),
-                       ("text_run", b"this is not a model\n")):
+    for name, data in (
+        ("truncated_run", model_bytes[: len(model_bytes) // 2]),
+        ("flipped_run", _flip_member_byte(model_bytes)),
+        ("text_run", b"this is not a model\n"),
+    ):
         _write(os.path.join(root, name, "config.json"), json.dumps({"kind": "tagger"}))
         _write(os.path.join(root, name, "model.keras"), data)
     _write(os.path.join(root, "lambda_run", "config.json"), json.dumps({"kind": "tagger"}))
@@ -69,12 +77,26 @@ def sandbox(tmp_path_factory):
     _write(os.path.join(root, "existing.png"), b"\x89PNG keep me")
     _write(os.path.join(root, "garbage.tflite"), b"\x00" * 64)
     _write(os.path.join(root, "garbage2.tflite"), b"\x00" * 64)
-    _write(os.path.join(root, "garbage.tflite.json"), json.dumps(
-        {"kind": "tagger", "words": ["<pad>", "<unk>", "a"], "chars": ["<pad>", "<unk>", "a"], "tags": ["X"],
-         "max_chars": 4, "max_len": 8}))
-    _write(os.path.join(root, "garbage2.tflite.json"), json.dumps({"kind": "sagan", "latent_dim": 8}))
-    _write(os.path.join(root, "latin1.conllu"), open(os.path.join(FIXTURES, "small.conllu"), "rb")
-           .read().replace(b"saw", b"s\xe4w"))
+    _write(
+        os.path.join(root, "garbage.tflite.json"),
+        json.dumps(
+            {
+                "kind": "tagger",
+                "words": ["<pad>", "<unk>", "a"],
+                "chars": ["<pad>", "<unk>", "a"],
+                "tags": ["X"],
+                "max_chars": 4,
+                "max_len": 8,
+            }
+        ),
+    )
+    _write(
+        os.path.join(root, "garbage2.tflite.json"), json.dumps({"kind": "sagan", "latent_dim": 8})
+    )
+    _write(
+        os.path.join(root, "latin1.conllu"),
+        open(os.path.join(FIXTURES, "small.conllu"), "rb").read().replace(b"saw", b"s\xe4w"),
+    )
     _write(os.path.join(root, "src.txt"), "a b\nc d\n")
     _write(os.path.join(root, "tgt.txt"), "x y\n")
     _write(os.path.join(root, "latin1.txt"), b"caf\xe9\nthe\n")
@@ -93,8 +115,12 @@ def sandbox(tmp_path_factory):
     _write(os.path.join(root, "latin1side.tflite"), b"\x00" * 64)
     _write(os.path.join(root, "latin1side.tflite.json"), b'{"kind": "tagg\xe9r"}')
     os.makedirs(os.path.join(root, "dir.tflite"))
-    for name, config in (("emptycfg_run", b""), ("truncfg_run", b'{"kind": "tag'),
-                         ("latincfg_run", b'{"kind": "tagg\xe9r"}'), ("listcfg_run", b"[1, 2]")):
+    for name, config in (
+        ("emptycfg_run", b""),
+        ("truncfg_run", b'{"kind": "tag'),
+        ("latincfg_run", b'{"kind": "tagg\xe9r"}'),
+        ("listcfg_run", b"[1, 2]"),
+    ):
         _write(os.path.join(root, name, "config.json"), config)
         _write(os.path.join(root, name, "model.keras"), model_bytes)
     _write(os.path.join(root, "seq_run", "config.json"), json.dumps({"kind": "seq2seq"}))
@@ -110,8 +136,8 @@ def _flip_member_byte(data):
     with zipfile.ZipFile(io.BytesIO(data)) as z:
         info = max(z.infolist(), key=lambda i: i.compress_size)
     out = bytearray(data)
-    name_len = int.from_bytes(data[info.header_offset + 26: info.header_offset + 28], "little")
-    extra_len = int.from_bytes(data[info.header_offset + 28: info.header_offset + 30], "little")
+    name_len = int.from_bytes(data[info.header_offset + 26 : info.header_offset + 28], "little")
+    extra_len = int.from_bytes(data[info.header_offset + 28 : info.header_offset + 30], "little")
     start = info.header_offset + 30 + name_len + extra_len
     out[start + info.compress_size // 2] ^= 0xFF
     return bytes(out)
@@ -164,8 +190,17 @@ FAST = [
     (["train", "tagger", "--train-file", "{F}/malformed.conllu"], "malformed.conllu:9"),
     (["train", "tagger", "--train-file", "{F}/empty.conllu"], "empty.conllu"),
     (["train", "tagger", "--train-file", "{R}/latin1.conllu"], "latin1.conllu: not UTF-8"),
-    (["train", "tagger", "--train-file", "{F}/small.conllu", "--dev-file", "{F}/malformed.conllu"],
-     "malformed.conllu:9"),
+    (
+        [
+            "train",
+            "tagger",
+            "--train-file",
+            "{F}/small.conllu",
+            "--dev-file",
+            "{F}/malformed.conllu",
+        ],
+        "malformed.conllu:9",
+    ),
     (["train", "tagger", "--dev-file", "{F}/small.conllu"], "need --train-file"),
     (["train", "seq2seq", "--task", "palindrome"], "'palindrome'"),
     (["train", "seq2seq", "--arch", "rnn"], "'rnn'"),
@@ -183,16 +218,24 @@ FAST = [
     (["train", "sagan", "--image-dir", "{R}/images"], "{R}/images/cats/a.png"),
     (["train", "sagan", "--out", "{R}/not_a_run"], "not a run directory"),
     # export: arguments and files that are checked without TensorFlow
-    (["export", "tflite", "{R}/tagger_run", "--out", "{R}/t.tflite", "--quantize", "int3"], "'int3'"),
+    (
+        ["export", "tflite", "{R}/tagger_run", "--out", "{R}/t.tflite", "--quantize", "int3"],
+        "'int3'",
+    ),
     (["export", "savedmodel", "{R}/tagger_run", "--out", "{R}/sm", "--version", "0"], "got 0"),
     (["export", "check", "{R}/missing.tflite"], "{R}/missing.tflite"),
     (["export", "check", "{R}/garbage.tflite"], "TFL3"),
     (["export", "check", "{R}/garbage.tflite", "--target", "tpu9"], "'tpu9'"),
     # Reliability II (#23): more inputs of each kind, all refused before TensorFlow.
-    (["train", "tagger", "--train-file", "{R}/empty_dir"], "data file is a directory: {R}/empty_dir"),
+    (
+        ["train", "tagger", "--train-file", "{R}/empty_dir"],
+        "data file is a directory: {R}/empty_dir",
+    ),
     (["train", "tagger", "--train-file", "{R}/binary.conllu"], "binary.conllu: not UTF-8"),
-    (["train", "tagger", "--train-file", "{F}/small.conllu", "--test-file", "{R}/binary.conllu"],
-     "binary.conllu: not UTF-8"),
+    (
+        ["train", "tagger", "--train-file", "{F}/small.conllu", "--test-file", "{R}/binary.conllu"],
+        "binary.conllu: not UTF-8",
+    ),
     (["train", "tagger", "--out", "{R}/existing.png"], "--out exists and is not a directory"),
     (["train", "tagger", "--out", "{R}/existing.png/run"], "{R}/existing.png is not a directory"),
     (["train", "tagger", "--checkpoint-every", "-1"], "--checkpoint-every must be >= 0, got -1"),
@@ -207,8 +250,10 @@ FAST = [
     (["train", "seq2seq", "--alpha", "-1"], "--alpha must be >= 0"),
     (["train", "seq2seq", "--verbose", "7"], "'7'"),
     (["train", "seq2seq", "--train-source", "{R}/src.txt"], "must be given together"),
-    (["train", "seq2seq", "--train-source", "{R}/empty_dir", "--train-target", "{R}/src.txt"],
-     "data file is a directory: {R}/empty_dir"),
+    (
+        ["train", "seq2seq", "--train-source", "{R}/empty_dir", "--train-target", "{R}/src.txt"],
+        "data file is a directory: {R}/empty_dir",
+    ),
     (["train", "seq2seq", "--resume", "--out", "{R}/sagan_run"], "'sagan' run"),
     (["train", "seq2seq", "--out", "{R}/existing.png/run"], "{R}/existing.png is not a directory"),
     (["train", "sagan", "--beta1", "1"], "--beta1 must be in [0, 1), got 1.0"),
@@ -223,8 +268,14 @@ FAST = [
     (["export", "check", "{R}/dir.tflite"], "{R}/dir.tflite"),
     (["export", "verify", "{R}/tagger_run", "--samples", "0"], "got 0"),
     (["export", "bench", "{R}/garbage.tflite", "--runs", "0"], "got 0"),
-    (["export", "tflite", "{R}/tagger_run", "--out", "{R}/t.tflite", "--tolerance", "-1"], "must be >= 0"),
-    (["export", "tflite", "{R}/tagger_run", "--out", "{R}/t.tflite", "--min-agreement", "2"], "[0, 1]"),
+    (
+        ["export", "tflite", "{R}/tagger_run", "--out", "{R}/t.tflite", "--tolerance", "-1"],
+        "must be >= 0",
+    ),
+    (
+        ["export", "tflite", "{R}/tagger_run", "--out", "{R}/t.tflite", "--min-agreement", "2"],
+        "[0, 1]",
+    ),
 ]
 
 
@@ -232,13 +283,22 @@ def _module(argv):
     return {"train": "train", "export": "export"}[argv[0]], argv[1:]
 
 
-@pytest.mark.parametrize("argv,needle", FAST, ids=[" ".join(a[:3]) + f" #{i}" for i, (a, _) in enumerate(FAST)])
+@pytest.mark.slow
+@pytest.mark.parametrize(
+    "argv,needle", FAST, ids=[" ".join(a[:3]) + f" #{i}" for i, (a, _) in enumerate(FAST)]
+)
 def test_cli_bad_input_before_tensorflow(sandbox, argv, needle):
     module, rest = _module(argv)
     before = snapshot(sandbox)
     env = dict(os.environ, PYTHONPATH=ROOT)
-    proc = subprocess.run([sys.executable, "-m", module, *_expand(rest, sandbox)], cwd=sandbox, env=env,
-                          capture_output=True, text=True, timeout=120)
+    proc = subprocess.run(
+        [sys.executable, "-m", module, *_expand(rest, sandbox)],
+        cwd=sandbox,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
     _check_output(proc.returncode, proc.stderr, _expand([needle], sandbox)[0])
     assert snapshot(sandbox) == before
 
@@ -247,17 +307,35 @@ def test_cli_bad_input_before_tensorflow(sandbox, argv, needle):
 # CLI cases that need TensorFlow (data readers that tokenize, model files): in-process.
 
 SLOW = [
-    (["train", "seq2seq", "--train-source", "{R}/src.txt", "--train-target", "{R}/tgt.txt"],
-     "mismatched line counts: {R}/src.txt has 2 lines, {R}/tgt.txt has 1"),
-    (["train", "seq2seq", "--train-source", "{R}/latin1.txt", "--train-target", "{R}/src.txt"],
-     "{R}/latin1.txt is not UTF-8"),
-    (["train", "seq2seq", "--train-source", "{R}/empty.txt", "--train-target", "{R}/empty.txt"],
-     "{R}/empty.txt"),
-    (["train", "seq2seq", "--train-source", "{R}/blank_line.txt", "--train-target", "{R}/three.txt"],
-     "empty line 2 in {R}/blank_line.txt"),
+    (
+        ["train", "seq2seq", "--train-source", "{R}/src.txt", "--train-target", "{R}/tgt.txt"],
+        "mismatched line counts: {R}/src.txt has 2 lines, {R}/tgt.txt has 1",
+    ),
+    (
+        ["train", "seq2seq", "--train-source", "{R}/latin1.txt", "--train-target", "{R}/src.txt"],
+        "{R}/latin1.txt is not UTF-8",
+    ),
+    (
+        ["train", "seq2seq", "--train-source", "{R}/empty.txt", "--train-target", "{R}/empty.txt"],
+        "{R}/empty.txt",
+    ),
+    (
+        [
+            "train",
+            "seq2seq",
+            "--train-source",
+            "{R}/blank_line.txt",
+            "--train-target",
+            "{R}/three.txt",
+        ],
+        "empty line 2 in {R}/blank_line.txt",
+    ),
     (["train", "seq2seq", "--train-tsv", "{R}/pairs.tsv"], "line 2 of {R}/pairs.tsv"),
     (["train", "tagger", "--model-option", "bogus=1"], "'bogus=1'"),
-    (["export", "savedmodel", "{R}/truncated_run", "--out", "{R}/sm"], "{R}/truncated_run/model.keras"),
+    (
+        ["export", "savedmodel", "{R}/truncated_run", "--out", "{R}/sm"],
+        "{R}/truncated_run/model.keras",
+    ),
     (["export", "savedmodel", "{R}/flipped_run", "--out", "{R}/sm"], "checksum"),
     (["export", "tflite", "{R}/text_run", "--out", "{R}/t.tflite"], "not a zip archive"),
     (["export", "savedmodel", "{R}/lambda_run", "--out", "{R}/sm"], "Lambda"),
@@ -288,22 +366,57 @@ SLOW = [
     # Reliability II (#23)
     (["train", "seq2seq", "--train-tsv", "{R}/latin1.tsv"], "{R}/latin1.tsv is not UTF-8"),
     (["train", "seq2seq", "--train-tsv", "{R}/empty.txt"], "{R}/empty.txt"),
-    (["train", "seq2seq", "--train-source", "{R}/truncated.txt.gz", "--train-target", "{R}/truncated.txt.gz"],
-     "cannot read {R}/truncated.txt.gz"),
-    (["train", "seq2seq", "--num-heads", "3", "--hidden-dim", "16", "--train-size", "300"],
-     "--num-heads 3 must divide --hidden-dim 16"),
-    (["export", "savedmodel", "{R}/emptycfg_run", "--out", "{R}/sm"], "unreadable {R}/emptycfg_run/config.json"),
-    (["export", "savedmodel", "{R}/truncfg_run", "--out", "{R}/sm"], "unreadable {R}/truncfg_run/config.json"),
-    (["export", "savedmodel", "{R}/latincfg_run", "--out", "{R}/sm"], "unreadable {R}/latincfg_run/config.json"),
-    (["export", "savedmodel", "{R}/listcfg_run", "--out", "{R}/sm"], "has no \"kind\""),
-    (["export", "savedmodel", "{R}/tagger_run", "--out", "{R}/existing.png/sm"], "{R}/existing.png is not a directory"),
-    (["export", "tflite", "{R}/tagger_run", "--out", "{R}/existing.png/t.tflite"], "{R}/existing.png is not a directory"),
+    (
+        [
+            "train",
+            "seq2seq",
+            "--train-source",
+            "{R}/truncated.txt.gz",
+            "--train-target",
+            "{R}/truncated.txt.gz",
+        ],
+        "cannot read {R}/truncated.txt.gz",
+    ),
+    (
+        ["train", "seq2seq", "--num-heads", "3", "--hidden-dim", "16", "--train-size", "300"],
+        "--num-heads 3 must divide --hidden-dim 16",
+    ),
+    (
+        ["export", "savedmodel", "{R}/emptycfg_run", "--out", "{R}/sm"],
+        "unreadable {R}/emptycfg_run/config.json",
+    ),
+    (
+        ["export", "savedmodel", "{R}/truncfg_run", "--out", "{R}/sm"],
+        "unreadable {R}/truncfg_run/config.json",
+    ),
+    (
+        ["export", "savedmodel", "{R}/latincfg_run", "--out", "{R}/sm"],
+        "unreadable {R}/latincfg_run/config.json",
+    ),
+    (["export", "savedmodel", "{R}/listcfg_run", "--out", "{R}/sm"], 'has no "kind"'),
+    (
+        ["export", "savedmodel", "{R}/tagger_run", "--out", "{R}/existing.png/sm"],
+        "{R}/existing.png is not a directory",
+    ),
+    (
+        ["export", "tflite", "{R}/tagger_run", "--out", "{R}/existing.png/t.tflite"],
+        "{R}/existing.png is not a directory",
+    ),
     (["export", "tflite", "{R}/tagger_run", "--out", "{R}/t.txt"], "--out must end in .tflite"),
     (["export", "tflite", "{R}/tagger_run", "--out", "{R}/dir.tflite"], "--out is a directory"),
-    (["export", "tflite", "{R}/src.txt", "--out", "{R}/t.tflite"], "not a run directory or .keras model file"),
+    (
+        ["export", "tflite", "{R}/src.txt", "--out", "{R}/t.tflite"],
+        "not a run directory or .keras model file",
+    ),
     (["export", "tflite", "{R}/empty_dir", "--out", "{R}/t.tflite"], "not a run directory"),
-    (["export", "tflite", "{R}/tagger_run", "--out", "{R}/t.tflite", "--length", "4"], "--length only applies"),
-    (["export", "verify", "{R}/tagger_run", "--tflite", "{R}/missing.tflite"], "{R}/missing.tflite"),
+    (
+        ["export", "tflite", "{R}/tagger_run", "--out", "{R}/t.tflite", "--length", "4"],
+        "--length only applies",
+    ),
+    (
+        ["export", "verify", "{R}/tagger_run", "--tflite", "{R}/missing.tflite"],
+        "{R}/missing.tflite",
+    ),
     (["export", "verify", "{R}/tagger_run"], "--savedmodel and/or --tflite"),
     (["export", "bench", "{R}/empty.tflite"], "TFL3"),
     (["export", "bench", "{R}/missing.tflite"], "{R}/missing.tflite"),
@@ -317,7 +430,10 @@ SLOW = [
     (["zoo.translate", "{R}/empty_dir", "hello"], "{R}/empty_dir/model.keras"),
     (["zoo.translate", "{R}/seq_run", "hello", "--alpha", "-1"], "--alpha must be >= 0"),
     (["zoo.generate", "{R}/seq_run", "--out", "{R}/g.png"], "'seq2seq' run, not 'sagan'"),
-    (["zoo.generate", "{R}/sagan_run", "--out", "{R}/existing.png/g.png"], "{R}/existing.png is not a directory"),
+    (
+        ["zoo.generate", "{R}/sagan_run", "--out", "{R}/existing.png/g.png"],
+        "{R}/existing.png is not a directory",
+    ),
     (["zoo.generate", "{R}/sagan_run", "--out", "{R}/empty_dir"], "{R}/empty_dir"),
     (["zoo.generate", "{R}/sagan_run", "--out", "{R}/g.png", "--columns", "0"], "got 16 and 0"),
     (["zoo.generate", "{R}/empty_dir", "--out", "{R}/g.png"], "{R}/empty_dir"),
@@ -335,7 +451,10 @@ def _main(name):
     return importlib.import_module(name).main
 
 
-@pytest.mark.parametrize("argv,needle", SLOW, ids=[" ".join(a[:2]) + f" #{i}" for i, (a, _) in enumerate(SLOW)])
+@pytest.mark.slow
+@pytest.mark.parametrize(
+    "argv,needle", SLOW, ids=[" ".join(a[:2]) + f" #{i}" for i, (a, _) in enumerate(SLOW)]
+)
 def test_cli_bad_input_in_process(sandbox, argv, needle, capsys, monkeypatch):
     monkeypatch.chdir(sandbox)
     before = snapshot(sandbox)
@@ -346,18 +465,28 @@ def test_cli_bad_input_in_process(sandbox, argv, needle, capsys, monkeypatch):
     assert not os.path.exists(os.path.join(sandbox, "PWNED"))
 
 
-@pytest.mark.parametrize("argv,needle", [
-    (["zoo.tag", "{R}/lambda_run", "I saw"], "Lambda"),
-    (["export", "bench", "{R}/garbage.tflite"], "TFL3"),
-])
+@pytest.mark.slow
+@pytest.mark.parametrize(
+    "argv,needle",
+    [
+        (["zoo.tag", "{R}/lambda_run", "I saw"], "Lambda"),
+        (["export", "bench", "{R}/garbage.tflite"], "TFL3"),
+    ],
+)
 def test_cli_bad_input_real_process_after_tensorflow_import(sandbox, argv, needle):
     """The C++ runtimes' start-up lines must not reach stderr either."""
     module, rest = (argv[0], argv[1:]) if argv[0].startswith("zoo") else _module(argv)
     before = snapshot(sandbox)
     env = dict(os.environ, PYTHONPATH=ROOT)
     env.pop("TF_CPP_MIN_LOG_LEVEL", None)  # the CLIs set it themselves
-    proc = subprocess.run([sys.executable, "-m", module, *_expand(rest, sandbox)], cwd=sandbox, env=env,
-                          capture_output=True, text=True, timeout=300)
+    proc = subprocess.run(
+        [sys.executable, "-m", module, *_expand(rest, sandbox)],
+        cwd=sandbox,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
     _check_output(proc.returncode, proc.stderr, needle)
     assert snapshot(sandbox) == before
     assert not os.path.exists(os.path.join(sandbox, "PWNED"))
@@ -366,6 +495,7 @@ def test_cli_bad_input_real_process_after_tensorflow_import(sandbox, argv, needl
 # ---------------------------------------------------------------------------
 # Permissions: unreadable inputs, directories that cannot be written. Root reads and
 # writes through file modes, so these run for other users only.
+
 
 @pytest.fixture
 def locked_down(tmp_path):
@@ -383,7 +513,10 @@ def locked_down(tmp_path):
 
 
 PERMISSIONS = [
-    (["train", "tagger", "--train-file", "{P}/unreadable.conllu"], "cannot read {P}/unreadable.conllu"),
+    (
+        ["train", "tagger", "--train-file", "{P}/unreadable.conllu"],
+        "cannot read {P}/unreadable.conllu",
+    ),
     (["train", "seq2seq", "--train-tsv", "{P}/unreadable.tsv"], "cannot read {P}/unreadable.tsv"),
     (["train", "tagger", "--out", "{P}/ro/run"], "{P}/ro is not writable"),
     (["train", "sagan", "--out", "{P}/ro"], "--out is not writable: {P}/ro"),
@@ -393,15 +526,23 @@ PERMISSIONS = [
 ]
 
 
-@pytest.mark.skipif(hasattr(os, "geteuid") and os.geteuid() == 0,
-                    reason="root reads and writes regardless of file modes")
-@pytest.mark.parametrize("argv,needle", PERMISSIONS, ids=[" ".join(a[:2]) + f" #{i}" for i, (a, _) in
-                                                         enumerate(PERMISSIONS)])
+@pytest.mark.skipif(
+    hasattr(os, "geteuid") and os.geteuid() == 0,
+    reason="root reads and writes regardless of file modes",
+)
+@pytest.mark.parametrize(
+    "argv,needle",
+    PERMISSIONS,
+    ids=[" ".join(a[:2]) + f" #{i}" for i, (a, _) in enumerate(PERMISSIONS)],
+)
 def test_cli_permission_denied(sandbox, locked_down, argv, needle, capsys, monkeypatch):
     monkeypatch.chdir(sandbox)
     expand = lambda items: [a.replace("{P}", locked_down) for a in _expand(items, sandbox)]  # noqa: E731
-    listing = lambda: sorted((p, os.stat(os.path.join(d, p)).st_mtime_ns)  # noqa: E731
-                             for d, _, files in os.walk(locked_down) for p in files + [""])
+    listing = lambda: sorted(
+        (p, os.stat(os.path.join(d, p)).st_mtime_ns)  # noqa: E731
+        for d, _, files in os.walk(locked_down)
+        for p in files + [""]
+    )
     before = snapshot(sandbox), listing()
     rc = _main(argv[0])(expand(argv[1:]))
     _check_output(rc, capsys.readouterr().err, expand([needle])[0])
@@ -410,6 +551,7 @@ def test_cli_permission_denied(sandbox, locked_down, argv, needle, capsys, monke
 
 # ---------------------------------------------------------------------------
 # Unexpected errors: exit 1, a short message, the traceback only under --debug.
+
 
 @pytest.mark.parametrize("cli", ["train", "export", "zoo.tag"])
 def test_unexpected_error_exit_1_traceback_only_with_debug(sandbox, cli, capsys, monkeypatch):
@@ -448,6 +590,7 @@ def test_unexpected_error_exit_1_traceback_only_with_debug(sandbox, cli, capsys,
 # ---------------------------------------------------------------------------
 # Safe loading.
 
+
 def test_lambda_model_is_refused_under_safe_mode_and_runs_nothing(sandbox, tmp_path):
     from zoo import model_file
 
@@ -466,10 +609,15 @@ def test_lambda_model_is_refused_under_safe_mode_and_runs_nothing(sandbox, tmp_p
     assert os.path.exists(own_marker)
 
 
-@pytest.mark.parametrize("run,needle", [("truncated_run", "not a zip archive"),
-                                        ("flipped_run", "fails its checksum"),
-                                        ("text_run", "not a zip archive"),
-                                        ("hover_run", "not a zip archive")])
+@pytest.mark.parametrize(
+    "run,needle",
+    [
+        ("truncated_run", "not a zip archive"),
+        ("flipped_run", "fails its checksum"),
+        ("text_run", "not a zip archive"),
+        ("hover_run", "not a zip archive"),
+    ],
+)
 def test_damaged_model_files_raise_model_file_error(sandbox, run, needle):
     from zoo import model_file
 
@@ -487,6 +635,7 @@ def test_model_file_of_the_wrong_class(sandbox):
 
 # ---------------------------------------------------------------------------
 # Python API: ValueError/TypeError naming the argument and the value.
+
 
 def _x(b=2, t=5, d=8):
     return np.random.default_rng(0).random((b, t, d)).astype("float32")
@@ -508,40 +657,91 @@ def _api_cases():
         ("rotary odd", lambda: L.MultiHeadAttention(2, 3, rotary=True), "key_dim=3"),
         ("units", lambda: L.SelfAttention(0), "units=0"),
         ("intermediate_dim", lambda: L.TransformerEncoderBlock(2, 0), "intermediate_dim=0"),
-        ("activation", lambda: L.TransformerEncoderBlock(2, 8, activation="swishy"), "activation='swishy'"),
-        ("layer_norm_epsilon", lambda: L.TransformerEncoderBlock(2, 8, layer_norm_epsilon=-1),
-         "layer_norm_epsilon=-1"),
+        (
+            "activation",
+            lambda: L.TransformerEncoderBlock(2, 8, activation="swishy"),
+            "activation='swishy'",
+        ),
+        (
+            "layer_norm_epsilon",
+            lambda: L.TransformerEncoderBlock(2, 8, layer_norm_epsilon=-1),
+            "layer_norm_epsilon=-1",
+        ),
         ("heads divide", lambda: L.TransformerEncoderBlock(3, 8)(_x()), "num_heads=3"),
         ("query rank", lambda: mha()(_x()[0]), "query.shape=(5, 8)"),
         ("inputs rank", lambda: L.SelfAttention(4)(_x()[0]), "inputs.shape=(5, 8)"),
-        ("attention_mask rank 2", lambda: mha()(_x(), attention_mask=np.ones((5, 5), bool)),
-         "attention_mask.shape=(5, 5)"),
-        ("attention_mask keys", lambda: mha()(_x(), attention_mask=np.ones((2, 5, 4), bool)),
-         "attention_mask.shape=(2, 5, 4)"),
-        ("attention_mask batch", lambda: mha()(_x(), attention_mask=np.ones((3, 5, 5), bool)),
-         "attention_mask.shape=(3, 5, 5)"),
+        (
+            "attention_mask rank 2",
+            lambda: mha()(_x(), attention_mask=np.ones((5, 5), bool)),
+            "attention_mask.shape=(5, 5)",
+        ),
+        (
+            "attention_mask keys",
+            lambda: mha()(_x(), attention_mask=np.ones((2, 5, 4), bool)),
+            "attention_mask.shape=(2, 5, 4)",
+        ),
+        (
+            "attention_mask batch",
+            lambda: mha()(_x(), attention_mask=np.ones((3, 5, 5), bool)),
+            "attention_mask.shape=(3, 5, 5)",
+        ),
         ("query/value batch", lambda: mha()(_x(), value=_x(b=3)), "value.shape=(3, 5, 8)"),
-        ("query_mask", lambda: mha()(_x(), query_mask=np.ones((2, 4), bool)), "query_mask.shape=(2, 4)"),
-        ("value_mask", lambda: mha()(_x(), value=_x(t=6), value_mask=np.ones((2, 5), bool)),
-         "value_mask.shape=(2, 5)"),
-        ("features after build", lambda: (lambda layer: (layer(_x()), layer(_x(d=6))))(mha()),
-         "query.shape=(2, 5, 6)"),
-        ("cache heads", lambda: mha()(_x()[:, :1], cache=np.zeros((2, 2, 5, 3, 4), "float32"), cache_index=0),
-         "cache.shape=(2, 2, 5, 3, 4)"),
-        ("cache rank", lambda: mha()(_x()[:, :1], cache=np.zeros((2, 5, 2, 4), "float32"), cache_index=0),
-         "cache.shape=(2, 5, 2, 4)"),
-        ("cache batch", lambda: mha()(_x()[:, :1], cache=np.zeros((3, 2, 5, 2, 4), "float32"), cache_index=0),
-         "cache.shape=(3, 2, 5, 2, 4)"),
-        ("cache_index range", lambda: mha()(_x()[:, :1], cache=np.zeros((2, 2, 5, 2, 4), "float32"),
-                                             cache_index=5), "cache_index=5"),
+        (
+            "query_mask",
+            lambda: mha()(_x(), query_mask=np.ones((2, 4), bool)),
+            "query_mask.shape=(2, 4)",
+        ),
+        (
+            "value_mask",
+            lambda: mha()(_x(), value=_x(t=6), value_mask=np.ones((2, 5), bool)),
+            "value_mask.shape=(2, 5)",
+        ),
+        (
+            "features after build",
+            lambda: (lambda layer: (layer(_x()), layer(_x(d=6))))(mha()),
+            "query.shape=(2, 5, 6)",
+        ),
+        (
+            "cache heads",
+            lambda: mha()(_x()[:, :1], cache=np.zeros((2, 2, 5, 3, 4), "float32"), cache_index=0),
+            "cache.shape=(2, 2, 5, 3, 4)",
+        ),
+        (
+            "cache rank",
+            lambda: mha()(_x()[:, :1], cache=np.zeros((2, 5, 2, 4), "float32"), cache_index=0),
+            "cache.shape=(2, 5, 2, 4)",
+        ),
+        (
+            "cache batch",
+            lambda: mha()(_x()[:, :1], cache=np.zeros((3, 2, 5, 2, 4), "float32"), cache_index=0),
+            "cache.shape=(3, 2, 5, 2, 4)",
+        ),
+        (
+            "cache_index range",
+            lambda: mha()(_x()[:, :1], cache=np.zeros((2, 2, 5, 2, 4), "float32"), cache_index=5),
+            "cache_index=5",
+        ),
         ("cache_index alone", lambda: mha()(_x(), cache_index=0), "cache_index=0"),
-        ("self mask", lambda: L.SelfAttention(4)(_x(), mask=np.ones((2, 3), bool)), "mask.shape=(2, 3)"),
-        ("self attention_mask", lambda: L.SelfAttention(4)(_x(), attention_mask=np.ones((2, 5, 3), bool)),
-         "attention_mask.shape=(2, 5, 3)"),
-        ("encoder attention_mask", lambda: L.TransformerEncoderBlock(2, 8)(
-            _x(), attention_mask=np.ones((2, 4, 5), bool)), "attention_mask.shape=(2, 4, 5)"),
-        ("decoder encoder batch", lambda: L.TransformerDecoderBlock(2, 8)(_x(), encoder_outputs=_x(b=3)),
-         "shape=(3, 5, 8)"),
+        (
+            "self mask",
+            lambda: L.SelfAttention(4)(_x(), mask=np.ones((2, 3), bool)),
+            "mask.shape=(2, 3)",
+        ),
+        (
+            "self attention_mask",
+            lambda: L.SelfAttention(4)(_x(), attention_mask=np.ones((2, 5, 3), bool)),
+            "attention_mask.shape=(2, 5, 3)",
+        ),
+        (
+            "encoder attention_mask",
+            lambda: L.TransformerEncoderBlock(2, 8)(_x(), attention_mask=np.ones((2, 4, 5), bool)),
+            "attention_mask.shape=(2, 4, 5)",
+        ),
+        (
+            "decoder encoder batch",
+            lambda: L.TransformerDecoderBlock(2, 8)(_x(), encoder_outputs=_x(b=3)),
+            "shape=(3, 5, 8)",
+        ),
         ("position range", lambda: L.PositionEmbedding(3)(_x()), "length 5"),
         ("zoo name", lambda: zoo.build("transformer-xl"), "'transformer-xl'"),
         ("zoo arch", lambda: zoo.build("tagger", arch="lstm", **small), "arch='lstm'"),
@@ -554,16 +754,48 @@ def _api_cases():
 
 
 _API_IDS = [
-    "num_heads=0", "key_dim=2.5", "score", "normalize", "dropout", "window", "rotary odd", "units",
-    "intermediate_dim", "activation", "layer_norm_epsilon", "heads divide", "query rank", "inputs rank",
-    "attention_mask rank 2", "attention_mask keys", "attention_mask batch", "query/value batch",
-    "query_mask", "value_mask", "features after build", "cache heads", "cache rank", "cache batch",
-    "cache_index range", "cache_index alone", "self mask", "self attention_mask", "encoder attention_mask",
-    "decoder encoder batch", "position range", "zoo name", "zoo arch", "zoo hidden_dim", "zoo max_len",
-    "zoo tags", "zoo unknown kwarg", "zoo sagan size",
+    "num_heads=0",
+    "key_dim=2.5",
+    "score",
+    "normalize",
+    "dropout",
+    "window",
+    "rotary odd",
+    "units",
+    "intermediate_dim",
+    "activation",
+    "layer_norm_epsilon",
+    "heads divide",
+    "query rank",
+    "inputs rank",
+    "attention_mask rank 2",
+    "attention_mask keys",
+    "attention_mask batch",
+    "query/value batch",
+    "query_mask",
+    "value_mask",
+    "features after build",
+    "cache heads",
+    "cache rank",
+    "cache batch",
+    "cache_index range",
+    "cache_index alone",
+    "self mask",
+    "self attention_mask",
+    "encoder attention_mask",
+    "decoder encoder batch",
+    "position range",
+    "zoo name",
+    "zoo arch",
+    "zoo hidden_dim",
+    "zoo max_len",
+    "zoo tags",
+    "zoo unknown kwarg",
+    "zoo sagan size",
 ]
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("case", _API_IDS)
 def test_api_bad_argument_names_the_value(case):
     cases = {name: (fn, needle) for name, fn, needle in _api_cases()}

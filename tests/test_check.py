@@ -18,7 +18,8 @@ def _convert(fn, specs, flex=False, int8_data=None):
     concrete = tf.function(fn, input_signature=specs).get_concrete_function()
     conv = tf.lite.TFLiteConverter.from_concrete_functions([concrete])
     conv.target_spec.supported_ops = [tf.lite.OpsSet.TFLITE_BUILTINS] + (
-        [tf.lite.OpsSet.SELECT_TF_OPS] if flex else [])
+        [tf.lite.OpsSet.SELECT_TF_OPS] if flex else []
+    )
     if int8_data is not None:
         conv.optimizations = [tf.lite.Optimize.DEFAULT]
         conv.representative_dataset = lambda: ([x] for x in int8_data)
@@ -47,7 +48,9 @@ def test_clean_static_model_passes():
 
 
 def test_five_d_tensor_fails():
-    content = _convert(lambda x: tf.nn.relu(x * 2.0 + 1.0), [tf.TensorSpec([1, 2, 3, 4, 5], tf.float32)])
+    content = _convert(
+        lambda x: tf.nn.relu(x * 2.0 + 1.0), [tf.TensorSpec([1, 2, 3, 4, 5], tf.float32)]
+    )
     reasons = _reasons(content)
     assert reasons and all("5-D tensor" in r for r in reasons)
 
@@ -72,9 +75,14 @@ def test_patterns_the_gpu_accelerator_computes_wrong_fail_until_rewritten():
 
     k = np.random.default_rng(2).standard_normal((6, 9, 4)).astype("float32")
     bmm = _convert(lambda x: tf.matmul(x, tf.constant(k)), [tf.TensorSpec([1, 16, 9], tf.float32)])
-    assert any(r.startswith("BATCH_MATMUL") and "broadcasts its first operand" in r for r in _reasons(bmm))
+    assert any(
+        r.startswith("BATCH_MATMUL") and "broadcasts its first operand" in r for r in _reasons(bmm)
+    )
     p = np.random.default_rng(3).standard_normal((1, 16, 8)).astype("float32")
-    low = _convert(lambda x: tf.reshape(x, [16, 8]) * 0.5 + tf.constant(p), [tf.TensorSpec([1, 128], tf.float32)])
+    low = _convert(
+        lambda x: tf.reshape(x, [16, 8]) * 0.5 + tf.constant(p),
+        [tf.TensorSpec([1, 128], tf.float32)],
+    )
     assert any(r.startswith("ADD") and "lower rank" in r for r in _reasons(low))
     fixed = gpu_rewrite.legalize(low)
     assert _reasons(fixed) == [] and "RESHAPE" in op_counts(fixed)
@@ -91,7 +99,9 @@ def test_patterns_the_gpu_accelerator_computes_wrong_fail_until_rewritten():
 
 
 def test_flex_op_fails():
-    content = _convert(lambda x: tf.bitwise.bitwise_and(x, 3), [tf.TensorSpec([4], tf.int32)], flex=True)
+    content = _convert(
+        lambda x: tf.bitwise.bitwise_and(x, 3), [tf.TensorSpec([4], tf.int32)], flex=True
+    )
     assert any(name.startswith("Flex") for name in op_counts(content))
     reasons = _reasons(content)
     assert any(r.startswith("FlexBitwiseAnd") for r in reasons)
@@ -99,23 +109,35 @@ def test_flex_op_fails():
 
 
 def test_two_d_gather_fails():
-    content = _convert(lambda ids: tf.gather(tf.constant(TABLE), ids), [tf.TensorSpec([2, 3], tf.int32)])
+    content = _convert(
+        lambda ids: tf.gather(tf.constant(TABLE), ids), [tf.TensorSpec([2, 3], tf.int32)]
+    )
     assert any(r.startswith("GATHER") and "1-D" in r for r in _reasons(content))
 
 
+@pytest.mark.slow
 def test_rejected_ops_and_softmax_beta_fail():
-    content = _convert(lambda x: tf.argmax(tf.nn.softmax(x * 1.0, axis=-1), axis=-1, output_type=tf.int32),
-                       [tf.TensorSpec([1, 4, 6], tf.float32)])
-    assert _reasons(content) == []  # ARG_MAX runs on LiteRT's GPU accelerator (calibration case arg_max)
-    nd = _convert(lambda ids: tf.gather_nd(tf.constant(TABLE), ids), [tf.TensorSpec([1, 5, 1], tf.int32)])
+    content = _convert(
+        lambda x: tf.argmax(tf.nn.softmax(x * 1.0, axis=-1), axis=-1, output_type=tf.int32),
+        [tf.TensorSpec([1, 4, 6], tf.float32)],
+    )
+    assert (
+        _reasons(content) == []
+    )  # ARG_MAX runs on LiteRT's GPU accelerator (calibration case arg_max)
+    nd = _convert(
+        lambda ids: tf.gather_nd(tf.constant(TABLE), ids), [tf.TensorSpec([1, 5, 1], tf.int32)]
+    )
     assert any(r.startswith("GATHER_ND: not supported") for r in _reasons(nd))
     # SOFTMAX with beta 2: set in the flatbuffer itself (the converter keeps a MUL).
     from ai_edge_litert.tools import flatbuffer_utils
 
     content = _convert(_clean, [tf.TensorSpec([5], tf.int32, name="ids")])
     model = flatbuffer_utils.convert_bytearray_to_object(bytearray(content))
-    softmax = [op for op in model.subgraphs[0].operators if op.builtinOptions is not None
-               and hasattr(op.builtinOptions, "beta")]
+    softmax = [
+        op
+        for op in model.subgraphs[0].operators
+        if op.builtinOptions is not None and hasattr(op.builtinOptions, "beta")
+    ]
     assert len(softmax) == 1
     softmax[0].builtinOptions.beta = 2.0
     edited = bytes(flatbuffer_utils.convert_object_to_bytearray(model))
@@ -125,12 +147,15 @@ def test_rejected_ops_and_softmax_beta_fail():
 def test_int8_rules():
     data = [np.random.default_rng(i).standard_normal((1, 4)).astype("float32") for i in range(20)]
     w = tf.constant(W)
-    full = _convert(lambda x: tf.nn.relu(tf.matmul(x, w)), [tf.TensorSpec([1, 4], tf.float32)], int8_data=data)
+    full = _convert(
+        lambda x: tf.nn.relu(tf.matmul(x, w)), [tf.TensorSpec([1, 4], tf.float32)], int8_data=data
+    )
     assert _reasons(full, "int8") == []
     floating = _convert(lambda x: tf.nn.relu(tf.matmul(x, w)), [tf.TensorSpec([1, 4], tf.float32)])
     assert any("FULLY_CONNECTED" in r and "float" in r for r in _reasons(floating, "int8"))
 
 
+@pytest.mark.slow
 def test_keras_default_litert_export_is_flagged(tmp_path):
     """Regression: Keras's own `model.export(format="litert")` of an Embedding +
     MultiHeadAttention + LayerNormalization model is not GPU-clean, and check says so."""
@@ -154,15 +179,20 @@ def test_cli_exit_codes(tmp_path, capsys):
     good = tmp_path / "good.tflite"
     good.write_bytes(_convert(_clean, [tf.TensorSpec([5], tf.int32, name="ids")]))
     bad = tmp_path / "bad.tflite"
-    bad.write_bytes(_convert(lambda ids: tf.gather(tf.constant(TABLE), ids), [tf.TensorSpec([2, 3], tf.int32)]))
+    bad.write_bytes(
+        _convert(lambda ids: tf.gather(tf.constant(TABLE), ids), [tf.TensorSpec([2, 3], tf.int32)])
+    )
     assert main(["check", str(good), "--target", "gpu"]) == 0
     assert main(["check", str(bad), "--target", "gpu"]) == 1
     out = capsys.readouterr().out
     assert "GATHER" in out and "1-D" in out
     junk = tmp_path / "junk.tflite"
     junk.write_bytes(b"not a model")
-    for argv in (["check", str(tmp_path / "missing.tflite")], ["check", str(junk)],
-                 ["check", str(good), "--target", "npu"]):
+    for argv in (
+        ["check", str(tmp_path / "missing.tflite")],
+        ["check", str(junk)],
+        ["check", str(good), "--target", "npu"],
+    ):
         assert main(argv) == 2, argv
         err = capsys.readouterr().err.strip().splitlines()
         assert len(err) == 1, err

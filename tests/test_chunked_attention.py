@@ -5,7 +5,8 @@ import re
 import numpy as np
 import pytest
 import tensorflow as tf
-from hypothesis import given, settings, strategies as st
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from layers import MultiHeadAttention
 
@@ -33,14 +34,21 @@ def _values_and_grads(layer, x, **kwargs):
     return y.numpy(), [g.numpy() for g in grads]
 
 
+@pytest.mark.slow
 @settings(max_examples=15)
 @given(
     seed=st.integers(0, 10_000),
     length=st.integers(1, 23),
     chunk=st.integers(1, 9),
     structure=st.sampled_from(
-        [dict(), dict(causal=True), dict(window=2), dict(causal=True, window=3, include_self=False),
-         dict(normalize="relu"), dict(score="additive")]
+        [
+            dict(),
+            dict(causal=True),
+            dict(window=2),
+            dict(causal=True, window=3, include_self=False),
+            dict(normalize="relu"),
+            dict(score="additive"),
+        ]
     ),
     padded=st.booleans(),
 )
@@ -50,7 +58,7 @@ def test_chunked_equals_full_values_and_gradients(seed, length, chunk, structure
     mask = None
     if padded:
         mask = np.ones((2, length), bool)
-        mask[1, rng.integers(0, length + 1):] = False
+        mask[1, rng.integers(0, length + 1) :] = False
     full, chunked = _pair(chunk, **structure)
     _copy(full, chunked, x)
     y_full, g_full = _values_and_grads(full, x, query_mask=mask)
@@ -86,10 +94,11 @@ def test_chunked_cache_decoding_equals_full():
     reference = np.asarray(full(x))
     cache = np.zeros((1, 2, 11, 2, 4), "float32")
     for i in range(11):
-        y, cache = chunked(x[:, i:i + 1], cache=cache, cache_index=i)
-        np.testing.assert_allclose(np.asarray(y), reference[:, i:i + 1], atol=1e-5)
+        y, cache = chunked(x[:, i : i + 1], cache=cache, cache_index=i)
+        np.testing.assert_allclose(np.asarray(y), reference[:, i : i + 1], atol=1e-5)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("jit", [False, True])
 def test_chunked_in_compiled_function_with_dynamic_length(jit):
     full, chunked = _pair(5, causal=True)
@@ -114,7 +123,10 @@ def test_chunked_refuses_to_return_scores():
         MultiHeadAttention(num_heads=2, key_dim=4, chunk_size=0)
 
 
-@pytest.mark.parametrize("options", [dict(), dict(causal=True, window=2), dict(score="additive", normalize="relu")])
+@pytest.mark.slow
+@pytest.mark.parametrize(
+    "options", [dict(), dict(causal=True, window=2), dict(score="additive", normalize="relu")]
+)
 def test_self_attention_chunked_equals_full(options):
     from layers import SelfAttention
 
@@ -133,10 +145,18 @@ def test_self_attention_chunked_equals_full(options):
         np.testing.assert_allclose(a, b, atol=1e-4)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize(
     "options",
-    [dict(), dict(causal=True), dict(window=2, include_self=False), dict(rotary=True, causal=True),
-     dict(causal=True, window=3), dict(normalize="relu"), dict(normalize="relu", causal=True, window=2)],
+    [
+        dict(),
+        dict(causal=True),
+        dict(window=2, include_self=False),
+        dict(rotary=True, causal=True),
+        dict(causal=True, window=3),
+        dict(normalize="relu"),
+        dict(normalize="relu", causal=True, window=2),
+    ],
 )
 def test_flash_backward_equals_full_autodiff(options):
     """The chunked path's hand-written (flash-attention-2) backward against
@@ -176,7 +196,10 @@ def test_flash_backward_cross_attention_with_cache_offset():
             tape.watch([q_t, s_t])
             y = layer(q_t, s_t, value_mask=value_mask)
             loss = tf.reduce_sum(y * tf.cos(tf.range(8, dtype=y.dtype)))
-        results.append([y.numpy()] + [g.numpy() for g in tape.gradient(loss, [q_t, s_t] + layer.trainable_variables)])
+        results.append(
+            [y.numpy()]
+            + [g.numpy() for g in tape.gradient(loss, [q_t, s_t] + layer.trainable_variables)]
+        )
     for a, b in zip(*results):
         np.testing.assert_allclose(a, b, atol=1e-5)
     # Queries at an offset (a cache index: causal over absolute positions,
@@ -207,6 +230,7 @@ def test_flash_backward_cross_attention_with_cache_offset():
     assert np.all(outs[1][2][:, 9:] == 0.0)  # unwritten keys get no gradient
 
 
+@pytest.mark.slow
 def test_flash_path_mixed_precision():
     import keras
 
@@ -229,6 +253,7 @@ def test_flash_path_mixed_precision():
     np.testing.assert_allclose(np.asarray(y, "float32"), reference, atol=5e-2)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("bad", [0, -3, 2.5, True, "big", "AUTO", [4]])
 def test_chunk_size_refuses_bad_values(bad):
     from layers import SelfAttention, TransformerEncoderBlock
@@ -238,7 +263,9 @@ def test_chunk_size_refuses_bad_values(bad):
         lambda: SelfAttention(units=4, chunk_size=bad),
         lambda: TransformerEncoderBlock(num_heads=2, intermediate_dim=8, chunk_size=bad),
     ):
-        with pytest.raises(ValueError, match=r"chunk_size.*Received: chunk_size=" + re.escape(repr(bad))):
+        with pytest.raises(
+            ValueError, match=r"chunk_size.*Received: chunk_size=" + re.escape(repr(bad))
+        ):
             make()
 
 
@@ -256,7 +283,7 @@ def test_chunk_size_auto_decides_from_the_shapes():
 
 
 def test_chunk_size_auto_switches_paths(monkeypatch):
-    """"auto" runs the full path below the threshold and the chunked one
+    """ "auto" runs the full path below the threshold and the chunked one
     above it (threshold lowered), with the same result and gradients."""
     from layers import SelfAttention, attention_ops, flash_attention
 
@@ -293,6 +320,7 @@ def test_chunk_size_auto_switches_paths(monkeypatch):
     assert restored.chunk_size == "auto"
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("length", [12, 13])
 def test_flash_backward_without_any_mask(length):
     """No mask at all: at 12 (a multiple of the block) the blocks skip the

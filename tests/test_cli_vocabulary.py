@@ -31,10 +31,13 @@ def test_every_train_command_has_the_shared_flags(kind):
         assert "--verbose" in options
 
 
-@pytest.mark.parametrize("kind,old,new,dest,value", [
-    ("tagger", ["--ema-momentum", "0.99"], ["--ema", "0.99"], "ema_momentum", 0.99),
-    ("seq2seq", ["--xla"], ["--jit-compile"], "jit_compile", True),
-])
+@pytest.mark.parametrize(
+    "kind,old,new,dest,value",
+    [
+        ("tagger", ["--ema-momentum", "0.99"], ["--ema", "0.99"], "ema_momentum", 0.99),
+        ("seq2seq", ["--xla"], ["--jit-compile"], "jit_compile", True),
+    ],
+)
 def test_old_names_are_hidden_aliases(kind, old, new, dest, value, capsys):
     parser = _parser(kind)
     assert getattr(parser.parse_args(old), dest) == getattr(parser.parse_args(new), dest) == value
@@ -54,8 +57,12 @@ def test_a_bad_value_names_the_flag_typed(capsys):
 def test_seq2seq_derives_xla_from_jit_compile():
     from train import seq2seq
 
-    for argv, xla in (([], False), (["--jit-compile"], True), (["--xla"], True),
-                      (["--no-jit-compile"], False)):
+    for argv, xla in (
+        ([], False),
+        (["--jit-compile"], True),
+        (["--xla"], True),
+        (["--no-jit-compile"], False),
+    ):
         args = _parser("seq2seq").parse_args(argv)
         seq2seq.validate(args)
         assert args.xla is xla, argv
@@ -74,13 +81,19 @@ def test_replay_maps_recorded_old_names_to_the_canonical_flags():
 
 # ---------------------------------------------------------------- --verbose beyond train
 def _export_argv(command, tmp):
-    return {"savedmodel": ["savedmodel", tmp, "--out", tmp], "tflite": ["tflite", tmp, "--out", tmp],
-            "check": ["check", tmp], "verify": ["verify", tmp], "bench": ["bench", tmp]}[command]
+    return {
+        "savedmodel": ["savedmodel", tmp, "--out", tmp],
+        "tflite": ["tflite", tmp, "--out", tmp],
+        "check": ["check", tmp],
+        "verify": ["verify", tmp],
+        "bench": ["bench", tmp],
+    }[command]
 
 
 @pytest.mark.parametrize("command", ["savedmodel", "tflite", "check", "verify", "bench"])
 def test_every_export_command_takes_verbose(command, tmp_path, capsys):
-    from export.__main__ import build_parser, main as export_main
+    from export.__main__ import build_parser
+    from export.__main__ import main as export_main
 
     argv = _export_argv(command, str(tmp_path))
     for value, level in (("auto", 1), ("0", 0), ("1", 1), ("2", 2)):
@@ -94,8 +107,11 @@ def test_every_export_command_takes_verbose(command, tmp_path, capsys):
 @pytest.mark.parametrize("module", ["zoo.tag", "zoo.translate", "zoo.generate"])
 def test_every_zoo_command_takes_verbose(module, tmp_path, capsys):
     main = importlib.import_module(module).main
-    args = {"zoo.tag": [str(tmp_path), "I saw"], "zoo.translate": [str(tmp_path), "abc"],
-            "zoo.generate": [str(tmp_path), "--out", str(tmp_path / "g.png")]}[module]
+    args = {
+        "zoo.tag": [str(tmp_path), "I saw"],
+        "zoo.translate": [str(tmp_path), "abc"],
+        "zoo.generate": [str(tmp_path), "--out", str(tmp_path / "g.png")],
+    }[module]
     assert main([*args, "--verbose", "3"]) == 2
     # The train commands' message, word for word.
     assert capsys.readouterr().err.strip() == "error: --verbose must be auto, 0, 1 or 2, got '3'"
@@ -116,6 +132,7 @@ def _help(main):
     return out.getvalue()
 
 
+@pytest.mark.slow
 def test_verbose_0_prints_the_results_and_nothing_else(tmp_path):
     """In fresh processes (the runtimes write to fd 2 directly): `--verbose 0` leaves
     stdout to the results and stderr empty; the default also says what was written."""
@@ -131,8 +148,14 @@ def test_verbose_0_prints_the_results_and_nothing_else(tmp_path):
     env = {**os.environ, "PYTHONPATH": root}
 
     def cli(*argv, ok=(0,)):
-        proc = subprocess.run([sys.executable, "-m", *argv], capture_output=True, text=True, env=env,
-                              cwd=str(tmp_path), timeout=300)
+        proc = subprocess.run(
+            [sys.executable, "-m", *argv],
+            capture_output=True,
+            text=True,
+            env=env,
+            cwd=str(tmp_path),
+            timeout=300,
+        )
         assert proc.returncode in ok, proc.stderr[-2000:]
         return proc.stdout, proc.stderr
 

@@ -1,6 +1,5 @@
 """Tagging data readers: CoNLL-U fixtures, the embedded grammar, the real data if present."""
 
-import os
 import pathlib
 
 import pytest
@@ -34,10 +33,13 @@ def test_malformed_line_names_file_and_line():
         read_conllu(FIXTURES / "malformed.conllu")
 
 
-@pytest.mark.parametrize("row, problem", [
-    ("x\tsaw\tsee\tVERB\t_\t_\t0\troot\t_\t_", "ID"),
-    ("1\tsaw\tsee\t_\t_\t_\t0\troot\t_\t_", "UPOS"),
-])
+@pytest.mark.parametrize(
+    "row, problem",
+    [
+        ("x\tsaw\tsee\tVERB\t_\t_\t0\troot\t_\t_", "ID"),
+        ("1\tsaw\tsee\t_\t_\t_\t0\troot\t_\t_", "UPOS"),
+    ],
+)
 def test_bad_id_and_missing_upos(tmp_path, row, problem):
     path = tmp_path / "bad.conllu"
     path.write_text("# c\n1\tI\tI\tPRON\t_\t_\t2\tnsubj\t_\t_\n" + row + "\n\n")
@@ -88,9 +90,12 @@ def test_embedded_ambiguity_reaches_beyond_a_small_window():
     for s in data.train:
         for i, (word, tag) in enumerate(zip(s.tokens, s.tags)):
             if word in embedded.AMBIGUOUS_NV and i >= 3:
-                window = s.tags[i - 2:i]
-                if all(t in ("ADJ", "ADV") for t in window) and s.tokens[i - 1] in embedded.AMBIGUOUS_MOD \
-                        and s.tokens[i - 2] in embedded.AMBIGUOUS_MOD:
+                window = s.tags[i - 2 : i]
+                if (
+                    all(t in ("ADJ", "ADV") for t in window)
+                    and s.tokens[i - 1] in embedded.AMBIGUOUS_MOD
+                    and s.tokens[i - 2] in embedded.AMBIGUOUS_MOD
+                ):
                     far += 1
     assert far >= 20
 
@@ -102,5 +107,3 @@ def test_real_treebank_counts_match_its_readme():
     assert len(sentences) == 1118
     assert sum(len(s.tokens) for s in sentences) == 21637
     assert "_" not in {t for s in sentences for t in s.tags}
-
-

@@ -6,16 +6,19 @@ import numpy as np
 import pytest
 
 import zoo
-from zoo.seq2seq import decoding
-from zoo.seq2seq import samplers
+from zoo.seq2seq import decoding, samplers
 from zoo.seq2seq.tokenization import BOS_ID, EOS_ID, PAD_ID
+
+pytestmark = pytest.mark.slow  # seconds per test: make test-fast leaves the file out
 
 VOCAB = 24
 LENGTH = 10
 CONFIGS = {
     "preln-sinusoidal-shared": ("seq2seq", dict(num_layers=2)),
-    "postln-learned-separate-window": ("seq2seq", dict(num_layers=2, norm_first=False, position="learned",
-                                                       share_embeddings=False, window=2)),
+    "postln-learned-separate-window": (
+        "seq2seq",
+        dict(num_layers=2, norm_first=False, position="learned", share_embeddings=False, window=2),
+    ),
     "universal": ("universal_transformer", dict(num_steps=3)),
     "universal-act": ("universal_transformer", dict(num_steps=3, act=True, act_threshold=0.9)),
 }
@@ -27,8 +30,17 @@ _TRAINED = {}
 def _model(name, seed=0):
     kind, kwargs = CONFIGS[name]
     keras.utils.set_random_seed(seed)
-    return zoo.build(kind, vocabulary_size=VOCAB, hidden_dim=32, num_heads=4, intermediate_dim=64,
-                     dropout=0.0, max_source_length=16, max_target_length=LENGTH, **kwargs)
+    return zoo.build(
+        kind,
+        vocabulary_size=VOCAB,
+        hidden_dim=32,
+        num_heads=4,
+        intermediate_dim=64,
+        dropout=0.0,
+        max_source_length=16,
+        max_target_length=LENGTH,
+        **kwargs,
+    )
 
 
 def _trained(name):
@@ -48,10 +60,12 @@ def _trained(name):
         for i, k in enumerate(lengths):
             row = rng.integers(4, VOCAB, k)
             src[i, :k] = row
-            tgt_in[i, :k + 1] = [BOS_ID, *row[::-1]]
-            tgt_out[i, :k + 1] = [*row[::-1], EOS_ID]
+            tgt_in[i, : k + 1] = [BOS_ID, *row[::-1]]
+            tgt_out[i, : k + 1] = [*row[::-1], EOS_ID]
         compile_seq2seq(model, 3e-3, 20, 0.0, jit_compile=False)
-        model.fit({"source_ids": src, "target_ids": tgt_in}, tgt_out, batch_size=64, epochs=3, verbose=0)
+        model.fit(
+            {"source_ids": src, "target_ids": tgt_in}, tgt_out, batch_size=64, epochs=3, verbose=0
+        )
         _TRAINED[name] = model
     return _TRAINED[name]
 
@@ -69,7 +83,9 @@ def _log_softmax(x):
 
 
 def full_logits(model, src, prefix):
-    return np.asarray(model({"source_ids": src, "target_ids": np.asarray(prefix, "int32")}), "float64")
+    return np.asarray(
+        model({"source_ids": src, "target_ids": np.asarray(prefix, "int32")}), "float64"
+    )
 
 
 def reference_greedy(model, src, length):
@@ -92,6 +108,7 @@ def reference_greedy(model, src, length):
 def reference_beam(model, src_row, width, alpha, length, n_best=False):
     """Plain-Python beam search with the documented rules, full recompute. With
     `n_best`: every (ids, normalised score) it ends with, finished ones first."""
+
     def penalty(n):
         return ((5.0 + n) / 6.0) ** alpha
 
@@ -101,9 +118,12 @@ def reference_beam(model, src_row, width, alpha, length, n_best=False):
         for seq, logp in alive:
             scores = _log_softmax(full_logits(model, src_row[None], [[BOS_ID] + seq])[0, -1])
             candidates += [(logp + scores[v], seq + [v]) for v in range(VOCAB)]
-        top = sorted(candidates, key=lambda c: -c[0])[:2 * width]
-        finished += [(seq, s / penalty(i + 1)) for r, (s, seq) in enumerate(top)
-                     if seq[-1] == EOS_ID and r < width]
+        top = sorted(candidates, key=lambda c: -c[0])[: 2 * width]
+        finished += [
+            (seq, s / penalty(i + 1))
+            for r, (s, seq) in enumerate(top)
+            if seq[-1] == EOS_ID and r < width
+        ]
         finished = sorted(finished, key=lambda f: -f[1])[:width]
         alive = [(seq, s) for s, seq in top if seq[-1] != EOS_ID][:width]
         if len(finished) == width and finished[-1][1] >= alive[0][1] / penalty(i + 1):
@@ -115,14 +135,16 @@ def reference_beam(model, src_row, width, alpha, length, n_best=False):
 
 def _cut(row):
     row = list(row)
-    return row[:row.index(EOS_ID) + 1] if EOS_ID in row else row
+    return row[: row.index(EOS_ID) + 1] if EOS_ID in row else row
 
 
 @pytest.mark.parametrize("name", list(CONFIGS))
 def test_cached_step_logits_match_full_decoder(name):
     model = _model(name)
     src = _source()
-    prefix = np.concatenate([np.full((3, 1), BOS_ID), np.random.default_rng(2).integers(4, VOCAB, (3, LENGTH - 1))], 1)
+    prefix = np.concatenate(
+        [np.full((3, 1), BOS_ID), np.random.default_rng(2).integers(4, VOCAB, (3, LENGTH - 1))], 1
+    )
     want = full_logits(model, src, prefix)
     encoder_output, mask = model.encode(src)
     cross = model.cross_caches(encoder_output)
@@ -146,10 +168,13 @@ def test_cached_greedy_gives_reference_tokens(name):
 def test_xla_compiled_decoders_match_eager():
     model = _trained("universal-act")
     src = _source()
-    np.testing.assert_array_equal(np.asarray(decoding.compiled(model, "greedy")(src)),
-                                  reference_greedy(model, src, LENGTH))
+    np.testing.assert_array_equal(
+        np.asarray(decoding.compiled(model, "greedy")(src)), reference_greedy(model, src, LENGTH)
+    )
     eager, _ = decoding.beam(model, src, width=3, alpha=0.6)
-    np.testing.assert_array_equal(np.asarray(decoding.compiled(model, "beam", width=3)(src)), np.asarray(eager))
+    np.testing.assert_array_equal(
+        np.asarray(decoding.compiled(model, "beam", width=3)(src)), np.asarray(eager)
+    )
 
 
 @pytest.mark.parametrize("name,alpha", [("preln-sinusoidal-shared", 0.6)])
@@ -182,15 +207,23 @@ def test_decode_ids_batches_and_cuts_at_eos():
 
 def test_decode_ids_caps_output_length_by_source_length():
     keras.utils.set_random_seed(3)
-    model = zoo.build("seq2seq", vocabulary_size=VOCAB, hidden_dim=32, num_heads=4,
-                      intermediate_dim=64, dropout=0.0, max_source_length=16, max_target_length=64)
+    model = zoo.build(
+        "seq2seq",
+        vocabulary_size=VOCAB,
+        hidden_dim=32,
+        num_heads=4,
+        intermediate_dim=64,
+        dropout=0.0,
+        max_source_length=16,
+        max_target_length=64,
+    )
     rows = [[int(t) for t in r if t] for r in _source()]
     # Sources pad to 8 positions: at most 2 * 8 + 10 -> 32 tokens (EOS included).
     capped = decoding.decode_ids(model, rows)
     full = decoding.decode_ids(model, rows, max_length=64)
     assert all(len(c) <= 32 for c in capped)
     for c, f in zip(capped, full):
-        assert f[:len(c)] == c  # greedy tokens do not depend on the cap, only stop earlier
+        assert f[: len(c)] == c  # greedy tokens do not depend on the cap, only stop earlier
     assert any(len(f) > 32 for f in full)  # the untrained model rambles: the cap bites
 
 
@@ -214,12 +247,19 @@ def test_beam_n_best_are_the_reference_hypotheses_with_their_scores():
     model = _trained("preln-sinusoidal-shared")
     src = _source(4)
     rows = [[int(t) for t in r if t] for r in src]
-    got = decoding.generate_ids(model, rows, samplers.Beam(width=3, length_penalty=0.6),
-                                num_return_sequences=3, max_length=LENGTH)
+    got = decoding.generate_ids(
+        model,
+        rows,
+        samplers.Beam(width=3, length_penalty=0.6),
+        num_return_sequences=3,
+        max_length=LENGTH,
+    )
     best = decoding.decode_ids(model, rows, beam_width=3, alpha=0.6, max_length=LENGTH)
     for row, candidates, first in zip(src, got, best):
         want = reference_beam(model, row, 3, 0.6, LENGTH, n_best=True)[:3]
-        assert [ids for ids, _ in candidates] == [[t for t in seq if t != EOS_ID] for seq, _ in want]
+        assert [ids for ids, _ in candidates] == [
+            [t for t in seq if t != EOS_ID] for seq, _ in want
+        ]
         np.testing.assert_allclose([s for _, s in candidates], [s for _, s in want], atol=2e-4)
         assert candidates[0][0] == first
 
@@ -230,9 +270,9 @@ def test_greedy_scores_are_the_reference_log_probabilities():
     rows = [[int(t) for t in r if t] for r in src]
     got = decoding.generate_ids(model, rows, samplers.Greedy(), max_length=LENGTH)
     want = reference_greedy(model, src, LENGTH)
-    for b, ((ids, score), ) in enumerate(got):
+    for b, ((ids, score),) in enumerate(got):
         seq = _cut(want[b])
-        logp = _log_softmax(full_logits(model, src[b:b + 1], [[BOS_ID] + seq[:-1]])[0])
+        logp = _log_softmax(full_logits(model, src[b : b + 1], [[BOS_ID] + seq[:-1]])[0])
         assert ids == [t for t in seq if t != EOS_ID]
         np.testing.assert_allclose(score, sum(logp[i, t] for i, t in enumerate(seq)), atol=2e-4)
 
@@ -247,13 +287,16 @@ def _reference_filter(logits, temperature, top_k, top_p):
         if top_p is not None:  # on the top-k survivors, renormalised (as Hugging Face's warpers)
             p = np.where(keep[r], np.exp(row - row.max()), 0.0)
             p = p[order] / p.sum()
-            n = int(np.searchsorted(np.cumsum(p), top_p - 1e-9)) + 1  # smallest prefix reaching top_p
+            n = (
+                int(np.searchsorted(np.cumsum(p), top_p - 1e-9)) + 1
+            )  # smallest prefix reaching top_p
             keep[r, order[n:]] = False
     return x, keep
 
 
-@pytest.mark.parametrize("temperature,top_k,top_p", [(1.0, 3, None), (0.5, None, 0.8), (2.0, 5, 0.6),
-                                                     (1.0, None, None)])
+@pytest.mark.parametrize(
+    "temperature,top_k,top_p", [(1.0, 3, None), (0.5, None, 0.8), (2.0, 5, 0.6), (1.0, None, None)]
+)
 def test_filter_logits_keeps_the_reference_tokens(temperature, top_k, top_p):
     logits = np.random.default_rng(0).normal(size=(4, VOCAB)).astype("float32") * 3
     got = np.asarray(decoding.filter_logits(logits, temperature, top_k, top_p))
@@ -285,7 +328,8 @@ def test_sampling_is_repeatable_with_a_seed_and_top_k_1_is_greedy():
     model = _trained("preln-sinusoidal-shared")
     rows = [[int(t) for t in r if t] for r in _source()]
     draw = lambda seed: decoding.generate_ids(  # noqa: E731
-        model, rows, samplers.Sampling(temperature=5.0), num_return_sequences=4, seed=seed)
+        model, rows, samplers.Sampling(temperature=5.0), num_return_sequences=4, seed=seed
+    )
     first = draw(1)
     assert draw(1) == first and draw(2) != first
     assert all(len(c) == 4 for c in first)

@@ -23,6 +23,8 @@ from tensorflow_serving.apis import predict_pb2, prediction_service_pb2_grpc
 from tests.test_docs import DOCS, _blocks
 from tests.test_stock_serving import text_seq2seq
 
+pytestmark = pytest.mark.slow  # seconds per test: make test-fast leaves the file out
+
 TEXTS = ["a man in the snow", "deux chiens", "ｆｕｌｌｗｉｄｔｈ"]
 MODEL = "mt"  # the SavedModel's directory name, as in docs/deploy.md
 
@@ -52,7 +54,9 @@ class _Signatures:
         feed = {}
         for name, spec in specs.items():
             value = np.asarray(inputs[name])
-            dtype = (dtypes or {}).get(name) or (tf.string if value.dtype.kind in "SUO" else tf.as_dtype(value.dtype))
+            dtype = (dtypes or {}).get(name) or (
+                tf.string if value.dtype.kind in "SUO" else tf.as_dtype(value.dtype)
+            )
             if dtype != spec.dtype:
                 raise ValueError(f"{name}: dtype {dtype.name} for a {spec.dtype.name} input")
             if value.ndim != spec.shape.rank:
@@ -71,9 +75,12 @@ class _Grpc(prediction_service_pb2_grpc.PredictionServiceServicer):
         inputs = {k: tf.make_ndarray(v) for k, v in request.inputs.items()}
         dtypes = {k: tf.as_dtype(v.dtype) for k, v in request.inputs.items()}
         try:
-            outputs = self.signatures.run(request.model_spec.name,
-                                          request.model_spec.signature_name or "serving_default",
-                                          inputs, dtypes)
+            outputs = self.signatures.run(
+                request.model_spec.name,
+                request.model_spec.signature_name or "serving_default",
+                inputs,
+                dtypes,
+            )
         except ValueError as e:
             context.abort(grpc.StatusCode.INVALID_ARGUMENT, str(e))
         reply = predict_pb2.PredictResponse()
@@ -110,9 +117,17 @@ def _rest_handler(signatures, seen):
                     rows = body["instances"]
                     inputs = {k: np.asarray([row[k] for row in rows]) for k in rows[0]}
                     outputs = signatures.run(found[1], signature, inputs)
-                    reply = {"predictions": [{k: _jsonable(v[i]) if isinstance(v[i], np.ndarray)
-                                              else _jsonable(np.asarray(v[i])) for k, v in outputs.items()}
-                                             for i in range(len(rows))]}
+                    reply = {
+                        "predictions": [
+                            {
+                                k: _jsonable(v[i])
+                                if isinstance(v[i], np.ndarray)
+                                else _jsonable(np.asarray(v[i]))
+                                for k, v in outputs.items()
+                            }
+                            for i in range(len(rows))
+                        ]
+                    }
                 code, data = 200, json.dumps(reply).encode()
             except (ValueError, KeyError) as e:
                 code, data = 400, json.dumps({"error": str(e)}).encode()
@@ -142,9 +157,15 @@ def served():
     for _, lang, code in _blocks("deploy.md"):
         if lang == "python" and ("def rest_translate" in code or "def grpc_translate" in code):
             exec(compile(code, "docs/deploy.md", "exec"), namespace)
-    yield {"model": model, "version": version, "ns": namespace, "grpc": f"127.0.0.1:{grpc_port}",
-           "rest": f"http://127.0.0.1:{http.server_address[1]}/v1/models/{MODEL}:predict",
-           "service": grpc_service, "seen": seen}
+    yield {
+        "model": model,
+        "version": version,
+        "ns": namespace,
+        "grpc": f"127.0.0.1:{grpc_port}",
+        "rest": f"http://127.0.0.1:{http.server_address[1]}/v1/models/{MODEL}:predict",
+        "service": grpc_service,
+        "seen": seen,
+    }
     http.shutdown()
     server.stop(None)
 

@@ -38,11 +38,26 @@ def _env(tf_config=None):
 
 
 def _start(out, strategy, epochs=1, resume=False, tf_config=None):
-    cmd = [sys.executable, str(WORKER), "--strategy", strategy, "--out", str(out), "--epochs", str(epochs)]
+    cmd = [
+        sys.executable,
+        str(WORKER),
+        "--strategy",
+        strategy,
+        "--out",
+        str(out),
+        "--epochs",
+        str(epochs),
+    ]
     if resume:
         cmd.append("--resume")
-    return subprocess.Popen(cmd, cwd=ROOT, env=_env(tf_config), stdout=subprocess.PIPE,
-                            stderr=subprocess.STDOUT, text=True)
+    return subprocess.Popen(
+        cmd,
+        cwd=ROOT,
+        env=_env(tf_config),
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+    )
 
 
 def _finish(procs):
@@ -79,14 +94,20 @@ def runs(tmp_path_factory):
     ports = _free_ports(2)
     cluster = {"worker": [f"127.0.0.1:{p}" for p in ports]}
     procs = [_start(base / "single", "default", epochs=2)]
-    procs += [_start(base / "multi", "multi_worker",
-                     tf_config={"cluster": cluster, "task": {"type": "worker", "index": i}})
-              for i in range(2)]
+    procs += [
+        _start(
+            base / "multi",
+            "multi_worker",
+            tf_config={"cluster": cluster, "task": {"type": "worker", "index": i}},
+        )
+        for i in range(2)
+    ]
     procs.append(_start(base / "mirrored", "mirrored"))
     outputs = _finish(procs)
     return base, outputs
 
 
+@pytest.mark.slow
 def test_two_workers_equal_each_other_and_one_device(runs):
     base, outputs = runs
     assert "replicas 2" in outputs[1] and "replicas 2" in outputs[2]
@@ -97,31 +118,43 @@ def test_two_workers_equal_each_other_and_one_device(runs):
         _assert_same(w0, w1, atol=0)
         _assert_same(w0, single)
         # and training moved them (the comparison is not between initial values)
-        initial_moved = any(not np.allclose(a, b) for a, b in
-                            zip(single, _weights(base / "single" / f"{kind}-e2-w0.npz")))
+        initial_moved = any(
+            not np.allclose(a, b)
+            for a, b in zip(single, _weights(base / "single" / f"{kind}-e2-w0.npz"))
+        )
         assert initial_moved, kind
     # the average is not the raw weights
-    assert any(not np.allclose(a, b) for a, b in zip(_weights(base / "single" / "weights-e1-w0.npz"),
-                                                     _weights(base / "single" / "averaged-e1-w0.npz")))
+    assert any(
+        not np.allclose(a, b)
+        for a, b in zip(
+            _weights(base / "single" / "weights-e1-w0.npz"),
+            _weights(base / "single" / "averaged-e1-w0.npz"),
+        )
+    )
 
 
 def test_mirrored_on_two_devices_equals_one_device(runs):
     base, outputs = runs
     assert "replicas 2" in outputs[3]
     for kind in ("weights", "averaged"):
-        _assert_same(_weights(base / "mirrored" / f"{kind}-e1-w0.npz"),
-                     _weights(base / "single" / f"{kind}-e1-w0.npz"))
+        _assert_same(
+            _weights(base / "mirrored" / f"{kind}-e1-w0.npz"),
+            _weights(base / "single" / f"{kind}-e1-w0.npz"),
+        )
 
 
 def test_only_the_chief_wrote_checkpoints(runs):
     base, _ = runs
     from train import checkpoint
 
-    names = [os.path.basename(p) for p in checkpoint.list_checkpoints(base / "multi" / "checkpoints")]
+    names = [
+        os.path.basename(p) for p in checkpoint.list_checkpoints(base / "multi" / "checkpoints")
+    ]
     assert names == ["step-00000002.npz", "step-00000003.npz"]
     assert not [p for p in os.listdir(base / "multi" / "checkpoints") if p.startswith(".tmp")]
 
 
+@pytest.mark.slow
 def test_two_worker_checkpoint_resumes_in_one_process(runs, tmp_path):
     base, _ = runs
     import shutil
@@ -133,16 +166,30 @@ def test_two_worker_checkpoint_resumes_in_one_process(runs, tmp_path):
     # 1 epoch on 2 workers + 1 epoch in one process == 2 epochs in one process, the
     # moving average (optimizer state in the checkpoint) included
     for kind in ("weights", "averaged"):
-        _assert_same(_weights(resumed / f"{kind}-e2-w0.npz"), _weights(base / "single" / f"{kind}-e2-w0.npz"))
+        _assert_same(
+            _weights(resumed / f"{kind}-e2-w0.npz"), _weights(base / "single" / f"{kind}-e2-w0.npz")
+        )
 
 
-@pytest.mark.parametrize("argv, env, needle", [
-    (["tagger", "--strategy", "bogus"], None, "unknown --strategy 'bogus'"),
-    (["tagger", "--checkpoint-every", "-1"], None, "--checkpoint-every must be >= 0, got -1"),
-    (["tagger", "--strategy", "multi_worker"], None, "needs TF_CONFIG"),
-    (["tagger", "--strategy", "multi_worker"], "{bad", "TF_CONFIG is not valid cluster JSON: '{bad'"),
-    (["sagan", "--strategy", "mirrored", "--batch-size", "0"], None, "--batch-size must be >= 1, got 0"),
-])
+@pytest.mark.slow
+@pytest.mark.parametrize(
+    "argv, env, needle",
+    [
+        (["tagger", "--strategy", "bogus"], None, "unknown --strategy 'bogus'"),
+        (["tagger", "--checkpoint-every", "-1"], None, "--checkpoint-every must be >= 0, got -1"),
+        (["tagger", "--strategy", "multi_worker"], None, "needs TF_CONFIG"),
+        (
+            ["tagger", "--strategy", "multi_worker"],
+            "{bad",
+            "TF_CONFIG is not valid cluster JSON: '{bad'",
+        ),
+        (
+            ["sagan", "--strategy", "mirrored", "--batch-size", "0"],
+            None,
+            "--batch-size must be >= 1, got 0",
+        ),
+    ],
+)
 def test_bad_distribution_flags_one_line_exit_2(argv, env, needle, tmp_path, capsys, monkeypatch):
     from train import strategy
     from train.cli import main
@@ -157,4 +204,3 @@ def test_bad_distribution_flags_one_line_exit_2(argv, env, needle, tmp_path, cap
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1 and needle in err[0], err
     assert not (tmp_path / "run").exists()
-

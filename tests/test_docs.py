@@ -29,8 +29,11 @@ import pytest
 
 DOCS = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "docs")
 PYTHON = re.compile(r"^```python\n(.*?)^```", re.S | re.M)
-BLOCK = re.compile(r"(?:^<!-- docs-test: (?P<mark>[^\n]*?) -->\n(?:[ \t]*\n)*)?"
-                   r"^```(?P<lang>\w*)\n(?P<code>.*?)^```", re.S | re.M)
+BLOCK = re.compile(
+    r"(?:^<!-- docs-test: (?P<mark>[^\n]*?) -->\n(?:[ \t]*\n)*)?"
+    r"^```(?P<lang>\w*)\n(?P<code>.*?)^```",
+    re.S | re.M,
+)
 SHELL = ("sh", "bash")
 PAGES = sorted(name for name in os.listdir(DOCS) if name.endswith(".md"))
 # Pages that must show runnable Python (one per model, and the layers page).
@@ -38,17 +41,59 @@ RUNNABLE = {"tagger.md", "seq2seq.md", "sagan.md", "layers.md"}
 MAX_MARKED = {"parse only": 6, "slow": 6}
 RUN_SLOW = os.environ.get("DOCS_RUN_SLOW") == "1"
 
-SEQ2SEQ_TINY = ["--task-length", "5", "--train-size", "64", "--epochs", "1", "--hidden-dim", "16",
-                "--intermediate-dim", "32", "--dev-sample", "0", "--verbose", "0", "--max-minutes", "0"]
+SEQ2SEQ_TINY = [
+    "--task-length",
+    "5",
+    "--train-size",
+    "64",
+    "--epochs",
+    "1",
+    "--hidden-dim",
+    "16",
+    "--intermediate-dim",
+    "32",
+    "--dev-sample",
+    "0",
+    "--verbose",
+    "0",
+    "--max-minutes",
+    "0",
+]
 TINY = {
-    "tagger": ["--epochs", "1", "--model-option=word_dim=16", "--model-option=char_dim=8",
-               "--model-option=char_filters=16", "--model-option=hidden_dim=32",
-               "--model-option=num_heads=2", "--model-option=num_layers=1", "--verbose", "0"],
+    "tagger": [
+        "--epochs",
+        "1",
+        "--model-option=word_dim=16",
+        "--model-option=char_dim=8",
+        "--model-option=char_filters=16",
+        "--model-option=hidden_dim=32",
+        "--model-option=num_heads=2",
+        "--model-option=num_layers=1",
+        "--verbose",
+        "0",
+    ],
     "seq2seq": SEQ2SEQ_TINY,
     "universal_transformer": SEQ2SEQ_TINY,
-    "sagan": ["--epochs", "1", "--train-size", "64", "--test-size", "32", "--eval-samples", "32",
-              "--epoch-eval-samples", "32", "--classifier-epochs", "1", "--width", "8",
-              "--latent-dim", "16", "--verbose", "0"],
+    "sagan": [
+        "--epochs",
+        "1",
+        "--train-size",
+        "64",
+        "--test-size",
+        "32",
+        "--eval-samples",
+        "32",
+        "--epoch-eval-samples",
+        "32",
+        "--classifier-epochs",
+        "1",
+        "--width",
+        "8",
+        "--latent-dim",
+        "16",
+        "--verbose",
+        "0",
+    ],
 }
 
 
@@ -140,6 +185,7 @@ def test_every_block_is_python_or_shell_and_marked_blocks_are_few_and_say_why():
         assert len(found) <= MAX_MARKED[kind], (kind, found)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("name", PAGES)
 def test_code_blocks_run(name, tmp_path, monkeypatch):
     monkeypatch.chdir(tmp_path)

@@ -10,6 +10,7 @@ from tests.harness import run_layer_test, tflite_convert_and_run, tflite_op_deta
 RNG = np.random.default_rng(5)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("mask_zero", [False, True])
 def test_token_embedding_layer_contract(mask_zero):
     ids = RNG.integers(1, 17, size=(3, 5)).astype("int32")
@@ -63,6 +64,7 @@ def test_mixed_precision_keeps_float32_table_and_casts_rows():
     assert keras.backend.standardize_dtype(layer.embeddings.dtype) == "float32"
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("dynamic", [False, True])
 def test_tflite_is_a_single_1d_int32_gather(dynamic):
     ids_in = keras.Input((None,), dtype="int32", name="ids")

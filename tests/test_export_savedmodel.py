@@ -64,10 +64,15 @@ def _bodies(version_dir):
     with open(os.path.join(version_dir, "signature.json")) as f:
         doc = json.load(f)
     bodies = {
-        "instances": {"signature_name": "serving_default", "instances": [{"sentences": s} for s in sentences]},
+        "instances": {
+            "signature_name": "serving_default",
+            "instances": [{"sentences": s} for s in sentences],
+        },
         "inputs": {"signature_name": "serving_default", "inputs": {"sentences": sentences}},
-        "tokens": {"signature_name": "tag_tokens",
-                   "inputs": {"tokens": pad_tokens(SENTENCES).numpy().astype(str).tolist()}},
+        "tokens": {
+            "signature_name": "tag_tokens",
+            "inputs": {"tokens": pad_tokens(SENTENCES).numpy().astype(str).tolist()},
+        },
     }
     for name, sig in doc["signatures"].items():
         for key in ("example_request_instances", "example_request_inputs"):
@@ -86,6 +91,7 @@ def clean_results(tagger_export):
     return doc, dict(zip(names, results))
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("form", ["instances", "inputs"])
 def test_raw_text_signature_rest_forms_in_clean_process(tagger_export, clean_results, form):
     reference = tagger_export[3]
@@ -98,6 +104,7 @@ def test_raw_text_signature_rest_forms_in_clean_process(tagger_export, clean_res
         assert all(t in TAGS for t in tags[:length])
 
 
+@pytest.mark.slow
 def test_signature_json_examples_run_in_clean_process(clean_results):
     doc, results = clean_results
     assert set(doc["signatures"]) == {"serving_default", "tag_tokens", "predict_ids"}
@@ -112,7 +119,10 @@ def test_signature_json_examples_run_in_clean_process(clean_results):
     np.testing.assert_array_equal(np.argmax(probs, -1), out["tag_ids"])
     # Row and columnar forms of the same example give the same answer.
     for name in doc["signatures"]:
-        assert results[f"{name}/example_request_instances"] == results[f"{name}/example_request_inputs"]
+        assert (
+            results[f"{name}/example_request_instances"]
+            == results[f"{name}/example_request_inputs"]
+        )
 
 
 def test_tokens_signature_matches_keras_core(tagger_export, clean_results):
@@ -131,6 +141,7 @@ def test_tokens_signature_matches_keras_core(tagger_export, clean_results):
     assert (got[~mask] == -1).all()
 
 
+@pytest.mark.slow
 def test_signature_rejects_bad_inputs_with_clear_message(tagger_export):
     _, _, version_dir, _ = tagger_export
     script = r"""
@@ -162,11 +173,16 @@ except tf.errors.InvalidArgumentError as e:
     assert lines == ["LEN", "True", "RANK", "True", "DTYPE", "True", "RANGE", "True"], proc.stdout
 
 
+@pytest.mark.slow
 def test_saved_model_cli_lists_signatures(tagger_export):
     _, _, version_dir, _ = tagger_export
     cli = os.path.join(os.path.dirname(sys.executable), "saved_model_cli")
-    proc = subprocess.run([cli, "show", "--dir", str(version_dir), "--all"], capture_output=True,
-                          text=True, timeout=300)
+    proc = subprocess.run(
+        [cli, "show", "--dir", str(version_dir), "--all"],
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
     assert proc.returncode == 0, proc.stderr[-2000:]
     for name in ("serving_default", "tag_tokens", "predict_ids"):
         assert f"signature_def['{name}']" in proc.stdout
@@ -195,7 +211,10 @@ def test_warmup_requests_parse_with_tf_serving_protos(tagger_export):
 
 def test_warmup_without_serving_api_is_byte_identical():
     pytest.importorskip("tensorflow_serving.apis.prediction_log_pb2")
-    inputs = {"sentences": ["I saw a saw", "the dog"], "ids": np.arange(6, dtype=np.int32).reshape(2, 3)}
+    inputs = {
+        "sentences": ["I saw a saw", "the dog"],
+        "ids": np.arange(6, dtype=np.int32).reshape(2, 3),
+    }
     official = warmup.prediction_log_bytes("m", "serving_default", inputs, official=True)
     subset = warmup.prediction_log_bytes("m", "serving_default", inputs, official=False)
     assert official == subset
@@ -210,6 +229,7 @@ def test_next_version_and_immutable_versions(tagger_export, capsys):
     assert savedmodel.next_version(str(base)) == 2
 
 
+@pytest.mark.slow
 def test_failed_export_leaves_previous_version_and_no_temp(tagger_export, monkeypatch):
     run, base, version_dir, _ = tagger_export
     before = sorted(os.listdir(base))
@@ -225,12 +245,16 @@ def test_failed_export_leaves_previous_version_and_no_temp(tagger_export, monkey
     assert os.path.getmtime(os.path.join(version_dir, "saved_model.pb")) == mtime
 
 
+@pytest.mark.slow
 def test_killed_export_leaves_previous_version_intact(tagger_export, tmp_path):
     run, base, version_dir, _ = tagger_export
     before = sorted(os.listdir(base))
-    proc = subprocess.Popen([sys.executable, "-m", "export", "savedmodel", str(run), "--out", str(base)],
-                            cwd=os.path.dirname(os.path.dirname(os.path.abspath(__file__))),
-                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "export", "savedmodel", str(run), "--out", str(base)],
+        cwd=os.path.dirname(os.path.dirname(os.path.abspath(__file__))),
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+    )
     try:
         deadline = time.time() + 240
         while time.time() < deadline and proc.poll() is None:
@@ -276,6 +300,7 @@ def test_bad_input_exits_2_with_one_line(tmp_path, capsys):
     assert not (tmp_path / "o").exists()
 
 
+@pytest.mark.slow
 def test_zoo_load_tags_with_the_savedmodel_like_keras(tagger_export):
     import zoo.models  # noqa: F401  (registers every class zoo model files name)
 

@@ -22,9 +22,20 @@ def make_tagger(arch="attention", max_len=16):
     import zoo
 
     chars = ["<pad>", "<unk>"] + sorted(set("".join(WORDS[2:]) + "ISTDCB"))
-    return zoo.build("tagger", words=WORDS, chars=chars, tags=TAGS, arch=arch, max_chars=8,
-                     max_len=max_len, word_dim=16, char_dim=8, char_filters=8, hidden_dim=16,
-                     num_heads=2)
+    return zoo.build(
+        "tagger",
+        words=WORDS,
+        chars=chars,
+        tags=TAGS,
+        arch=arch,
+        max_chars=8,
+        max_len=max_len,
+        word_dim=16,
+        char_dim=8,
+        char_filters=8,
+        hidden_dim=16,
+        num_heads=2,
+    )
 
 
 def make_tagger_run(path, arch="attention", rows=60):
@@ -39,8 +50,12 @@ def make_tagger_run(path, arch="attention", rows=60):
     gold = rng.integers(0, len(TAGS), size=np.asarray(ids["word_ids"]).shape)
     gold[np.asarray(ids["word_ids"]) == 0] = -1
     model.save(os.path.join(path, "model.keras"))
-    np.savez(os.path.join(path, "calibration.npz"), word_ids=np.asarray(ids["word_ids"]),
-             char_ids=np.asarray(ids["char_ids"]), tag_ids=gold)
+    np.savez(
+        os.path.join(path, "calibration.npz"),
+        word_ids=np.asarray(ids["word_ids"]),
+        char_ids=np.asarray(ids["char_ids"]),
+        tag_ids=gold,
+    )
     with open(os.path.join(path, "config.json"), "w") as f:
         json.dump({"kind": "tagger", "model": {"arch": arch}, "train": {}}, f)
     with open(os.path.join(path, "metrics.json"), "w") as f:
@@ -60,5 +75,11 @@ def make_dense_model(seed=0):
 
 def run_clean(script, *args, timeout=300):
     """Runs `script` in a fresh interpreter that cannot see the project (-I, cwd=/)."""
-    return subprocess.run([sys.executable, "-I", "-c", script, *args], cwd="/", env=CLEAN_ENV,
-                          capture_output=True, text=True, timeout=timeout)
+    return subprocess.run(
+        [sys.executable, "-I", "-c", script, *args],
+        cwd="/",
+        env=CLEAN_ENV,
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+    )

@@ -6,7 +6,7 @@ import os
 import numpy as np
 import pytest
 
-from export import tflite, verify, bench
+from export import bench, tflite, verify
 from export.__main__ import main
 from export.check import check_model, op_counts
 from export.errors import ExportError
@@ -20,6 +20,7 @@ def _litert(path, x):
     return runner(**x)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("quantize, tol", [("none", 1e-5), ("fp16", 1e-2), ("dynamic", 0.1)])
 def test_dense_model_quantize_modes_match_keras(tmp_path, quantize, tol):
     model = make_dense_model()
@@ -42,6 +43,7 @@ def tagger_run(tmp_path_factory):
     return run
 
 
+@pytest.mark.slow
 def test_tagger_dynamic_export_sidecar_and_parity(tagger_run, tmp_path):
     import keras
 
@@ -51,11 +53,17 @@ def test_tagger_dynamic_export_sidecar_and_parity(tagger_run, tmp_path):
     assert main(["tflite", str(tagger_run), "--out", path]) == 0
     with open(path + ".json") as f:
         side = json.load(f)
-    assert side["kind"] == "tagger" and side["tags"] == TAGS and side["words"][:2] == ["<pad>", "<unk>"]
+    assert (
+        side["kind"] == "tagger"
+        and side["tags"] == TAGS
+        and side["words"][:2] == ["<pad>", "<unk>"]
+    )
     assert side["max_chars"] == 8 and side["max_len"] == 16
     assert set(side["inputs"]) == {"word_ids", "char_ids"}
     assert set(side["outputs"]) == {"probabilities", "tag_ids"}
-    assert not any(n.startswith(("Flex", "CUSTOM", "HASHTABLE")) for n in op_counts(open(path, "rb").read()))
+    assert not any(
+        n.startswith(("Flex", "CUSTOM", "HASHTABLE")) for n in op_counts(open(path, "rb").read())
+    )
     model = keras.models.load_model(os.path.join(tagger_run, "model.keras"))
     with np.load(os.path.join(tagger_run, "calibration.npz")) as d:
         x = {"word_ids": d["word_ids"][:5], "char_ids": d["char_ids"][:5]}
@@ -66,6 +74,7 @@ def test_tagger_dynamic_export_sidecar_and_parity(tagger_run, tmp_path):
     np.testing.assert_array_equal(got["tag_ids"][mask], np.argmax(want, -1)[mask])
 
 
+@pytest.mark.slow
 def test_zoo_load_tags_with_the_tflite_file_like_keras(tagger_run, tmp_path):
     import zoo.models  # noqa: F401  (registers every class zoo model files name)
 
@@ -79,6 +88,7 @@ def test_zoo_load_tags_with_the_tflite_file_like_keras(tagger_run, tmp_path):
         tagger.tag(["I saw", " "])
 
 
+@pytest.mark.slow
 def test_tagger_static_export_passes_gpu_check(tagger_run, tmp_path):
     path = str(tmp_path / "gpu.tflite")
     tflite.export_tflite(str(tagger_run), path, static_shape=True)
@@ -88,6 +98,7 @@ def test_tagger_static_export_passes_gpu_check(tagger_run, tmp_path):
     assert problems == [], "\n".join(map(str, problems))
 
 
+@pytest.mark.slow
 def test_tagger_int8_static_export_runs_in_integers_only(tagger_run, tmp_path):
     # Masks meet the scores as 0/1 floats (layers.masks.combine_masks): no
     # bool -> float cast is left to run outside the integer kernels.
@@ -95,14 +106,16 @@ def test_tagger_int8_static_export_runs_in_integers_only(tagger_run, tmp_path):
     # The fixture is untrained: near-uniform probabilities whose argmax int8
     # rounding flips at random, so the parity gate is off here (a trained
     # tagger's int8 parity is measured by `make bench`, export figure).
-    tflite.export_tflite(str(tagger_run), path, quantize="int8", static_shape=True,
-                         tolerance=1.0, min_agreement=0.0)
+    tflite.export_tflite(
+        str(tagger_run), path, quantize="int8", static_shape=True, tolerance=1.0, min_agreement=0.0
+    )
     content = open(path, "rb").read()
     problems = check_model(content, "int8")
     assert problems == [], "\n".join(map(str, problems))
     assert "CAST" not in op_counts(content)
 
 
+@pytest.mark.slow
 def test_int8_classifier_is_gated_on_argmax_agreement(tagger_run, tmp_path):
     # The untrained fixture flips many argmaxes under int8: the refusal must
     # name the agreement gate (not max abs diff), and leave no file behind.
@@ -112,6 +125,7 @@ def test_int8_classifier_is_gated_on_argmax_agreement(tagger_run, tmp_path):
     assert not path.exists()
 
 
+@pytest.mark.slow
 def test_tagger_int16x8_static_export_matches_keras(tagger_run, tmp_path):
     import keras
 
@@ -128,7 +142,7 @@ def test_tagger_int16x8_static_export_matches_keras(tagger_run, tmp_path):
     words = np.pad(words[:, :length], ((0, 0), (0, max(0, length - words.shape[1]))))
     chars = np.pad(chars[:, :length], ((0, 0), (0, max(0, length - chars.shape[1])), (0, 0)))
     for i in range(len(words)):
-        x = {"word_ids": words[i:i + 1], "char_ids": chars[i:i + 1]}
+        x = {"word_ids": words[i : i + 1], "char_ids": chars[i : i + 1]}
         want = np.asarray(model(x))
         got = _litert(path, x)["probabilities"]
         mask = x["word_ids"] > 0
@@ -136,13 +150,16 @@ def test_tagger_int16x8_static_export_matches_keras(tagger_run, tmp_path):
         assert np.max(np.abs(got - want)[mask]) < 0.05
 
 
+@pytest.mark.slow
 def test_verify_and_bench_report(tagger_run, tmp_path):
     from export.savedmodel import export_savedmodel
 
     saved = export_savedmodel(str(tagger_run), str(tmp_path / "serving" / "tagger"))
     path = str(tmp_path / "t.tflite")
     tflite.export_tflite(str(tagger_run), path, quantize="dynamic")
-    report = verify.verify(str(tagger_run), savedmodel=os.path.dirname(saved), tflite=path, samples=16)
+    report = verify.verify(
+        str(tagger_run), savedmodel=os.path.dirname(saved), tflite=path, samples=16
+    )
     assert report["savedmodel"]["path"] == saved
     assert max(report["savedmodel"]["max_abs_diff"].values()) < 1e-5
     assert report["savedmodel"]["agreement"] == 1.0
@@ -155,6 +172,7 @@ def test_verify_and_bench_report(tagger_run, tmp_path):
     assert b["size_bytes"] == os.path.getsize(path) and b["litert"][1]["p50_ms"] > 0
 
 
+@pytest.mark.slow
 def test_verify_measures_accuracy_on_held_out_rows(tagger_run, tmp_path):
     import shutil
 
@@ -172,16 +190,22 @@ def test_verify_measures_accuracy_on_held_out_rows(tagger_run, tmp_path):
     import zoo.models  # noqa: F401  (registers every class zoo model files name)
 
     model = keras.models.load_model(run / "model.keras")
-    predicted = np.argmax(np.asarray(model.core({"word_ids": rows["word_ids"],
-                                                 "char_ids": rows["char_ids"]})), -1)
+    predicted = np.argmax(
+        np.asarray(model.core({"word_ids": rows["word_ids"], "char_ids": rows["char_ids"]})), -1
+    )
     real = rows["word_ids"] > 0
-    np.savez(run / "evaluation.npz", word_ids=rows["word_ids"], char_ids=rows["char_ids"],
-             tag_ids=np.where(real, predicted, -1))
+    np.savez(
+        run / "evaluation.npz",
+        word_ids=rows["word_ids"],
+        char_ids=rows["char_ids"],
+        tag_ids=np.where(real, predicted, -1),
+    )
     report = verify.verify(str(run), tflite=path, samples=5)
     assert report["rows_from"] == "evaluation.npz"
     assert report["keras"]["metric"] == ("accuracy", 1.0)
 
 
+@pytest.mark.slow
 def test_flex_model_fails_naming_ops_and_keeps_old_file(tmp_path, capsys):
     import keras
 
@@ -202,11 +226,26 @@ def test_bad_input_exits_2(tagger_run, tmp_path, capsys):
     cases = [
         (["tflite", str(tmp_path / "missing"), "--out", str(tmp_path / "a.tflite")], "no such"),
         (["tflite", str(tagger_run), "--out", str(tmp_path), "--quantize", "none"], "directory"),
-        (["tflite", str(tagger_run), "--out", str(tmp_path / "a.tflite"), "--quantize", "int4"], "int4"),
-        (["tflite", str(model_file), "--out", str(tmp_path / "a.tflite"), "--quantize", "int8"],
-         "calibration"),
-        (["tflite", str(tagger_run), "--out", str(tmp_path / "a.tflite"), "--static-shape",
-          "--length", "99"], "max_len"),
+        (
+            ["tflite", str(tagger_run), "--out", str(tmp_path / "a.tflite"), "--quantize", "int4"],
+            "int4",
+        ),
+        (
+            ["tflite", str(model_file), "--out", str(tmp_path / "a.tflite"), "--quantize", "int8"],
+            "calibration",
+        ),
+        (
+            [
+                "tflite",
+                str(tagger_run),
+                "--out",
+                str(tmp_path / "a.tflite"),
+                "--static-shape",
+                "--length",
+                "99",
+            ],
+            "max_len",
+        ),
         (["verify", str(tagger_run)], "--savedmodel"),
         (["bench", str(tmp_path / "nope.tflite")], "no such"),
     ]

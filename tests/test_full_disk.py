@@ -10,6 +10,8 @@ import keras
 import numpy as np
 import pytest
 
+pytestmark = pytest.mark.slow  # seconds per test: make test-fast leaves the file out
+
 
 def _full_disk(*args, **kwargs):
     raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
@@ -40,8 +42,11 @@ class _FillingFile:
 
 
 def _state(directory):
-    return {name: hashlib.sha256(open(os.path.join(directory, name), "rb").read()).hexdigest()
-            for name in sorted(os.listdir(directory)) if os.path.isfile(os.path.join(directory, name))}
+    return {
+        name: hashlib.sha256(open(os.path.join(directory, name), "rb").read()).hexdigest()
+        for name in sorted(os.listdir(directory))
+        if os.path.isfile(os.path.join(directory, name))
+    }
 
 
 @pytest.fixture
@@ -60,11 +65,15 @@ def test_step_checkpoint_on_a_full_disk(tmp_path, disk_fills):
     from train import checkpoint
 
     model = _two_layer()
-    checkpoint.save(str(tmp_path), model, model.optimizer, {"step": 2, "epoch": 0, "batches_done": 2})
+    checkpoint.save(
+        str(tmp_path), model, model.optimizer, {"step": 2, "epoch": 0, "batches_done": 2}
+    )
     before = _state(tmp_path)
     disk_fills()
     with pytest.raises(OSError, match="No space left"):
-        checkpoint.save(str(tmp_path), model, model.optimizer, {"step": 4, "epoch": 0, "batches_done": 4})
+        checkpoint.save(
+            str(tmp_path), model, model.optimizer, {"step": 4, "epoch": 0, "batches_done": 4}
+        )
     assert _state(tmp_path) == before  # no step-4 file, no temporary
     assert checkpoint.latest(tmp_path)[1]["step"] == 2
 
@@ -96,8 +105,9 @@ def test_model_keras_and_best_weights_on_a_full_disk(tmp_path, monkeypatch):
     model(np.zeros((1, 4), "float32"))
     path = str(tmp_path / "model.keras")
     rundir.atomic_save_model(model, path)
-    callback = RunCheckpoint(str(tmp_path), {"epoch": 0, "best_val_acc": None, "best_epoch": None,
-                                             "train_seconds": 0.0})
+    callback = RunCheckpoint(
+        str(tmp_path), {"epoch": 0, "best_val_acc": None, "best_epoch": None, "train_seconds": 0.0}
+    )
     callback.set_model(model)
     callback.on_train_begin()
     callback.on_epoch_end(0, {"val_acc": 0.5})
@@ -111,6 +121,7 @@ def test_model_keras_and_best_weights_on_a_full_disk(tmp_path, monkeypatch):
             with open(filepath, "r+b") as f:  # what landed before the disk filled up
                 f.truncate(os.path.getsize(filepath) // 2)
             _full_disk()
+
         return write
 
     monkeypatch.setattr(keras.Model, "save", partial(save_model))
@@ -185,26 +196,36 @@ def test_checked_files_on_a_full_disk(tmp_path, monkeypatch, fails):
 
     path = str(tmp_path / "last.keras")
     for i in (1, 2):
-        checkpoint.save_checked(path, lambda tmp, i=i: pathlib.Path(tmp).write_bytes(bytes([i]) * 500),
-                                meta={"i": i})
+        checkpoint.save_checked(
+            path, lambda tmp, i=i: pathlib.Path(tmp).write_bytes(bytes([i]) * 500), meta={"i": i}
+        )
     before = _state(tmp_path)
     if fails == "file":
+
         def write(tmp):
             with _FillingFile(open(tmp, "wb")) as f:
                 f.write(bytes([3]) * 500)
     else:
+
         def write(tmp):
             pathlib.Path(tmp).write_bytes(bytes([3]) * 500)
 
         atomic = checkpoint._atomic
-        monkeypatch.setattr(checkpoint, "_atomic", lambda p, w, mode: _full_disk() if p.endswith(".sha256")
-                            else atomic(p, w, mode))
+        monkeypatch.setattr(
+            checkpoint,
+            "_atomic",
+            lambda p, w, mode: _full_disk() if p.endswith(".sha256") else atomic(p, w, mode),
+        )
     with pytest.raises(OSError, match="No space left"):
         checkpoint.save_checked(path, write, meta={"i": 3})
     after = _state(tmp_path)
     assert set(after) == set(before)  # no temporary file
-    assert after["last.keras"] == before["last.keras"] and after["last.keras.sha256"] == before["last.keras.sha256"]
+    assert (
+        after["last.keras"] == before["last.keras"]
+        and after["last.keras.sha256"] == before["last.keras.sha256"]
+    )
     assert (after["last.prev.keras"], after["last.prev.keras.sha256"]) in (
         (before["last.prev.keras"], before["last.prev.keras.sha256"]),
-        (before["last.keras"], before["last.keras.sha256"]))
+        (before["last.keras"], before["last.keras.sha256"]),
+    )
     assert checkpoint.recover(path) == ({"i": 2}, False)

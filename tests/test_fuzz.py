@@ -17,25 +17,33 @@ import tempfile
 
 import numpy as np
 import pytest
-from hypothesis import HealthCheck, assume, given, settings, strategies as st
+from hypothesis import HealthCheck, assume, given, settings
+from hypothesis import strategies as st
 
 from zoo.cli import DataError
+
+pytestmark = pytest.mark.slow  # seconds per test: make test-fast leaves the file out
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 SMALL_CONLLU = open(os.path.join(ROOT, "tests", "fixtures", "tagger", "small.conllu"), "rb").read()
 PARALLEL = "ein kleiner Test\tsmall test\nzwei Wörter\ttwo words\n".encode()
 
 PROFILE_EXAMPLES = settings.default.max_examples
-READER_SETTINGS = settings(max_examples=max(300, PROFILE_EXAMPLES), deadline=None,
-                           suppress_health_check=[HealthCheck.too_slow,
-                                                  HealthCheck.function_scoped_fixture])
-LAYER_SETTINGS = settings(max_examples=max(25, PROFILE_EXAMPLES // 2), deadline=None,
-                          suppress_health_check=[HealthCheck.too_slow,
-                                                 HealthCheck.function_scoped_fixture])
+READER_SETTINGS = settings(
+    max_examples=max(300, PROFILE_EXAMPLES),
+    deadline=None,
+    suppress_health_check=[HealthCheck.too_slow, HealthCheck.function_scoped_fixture],
+)
+LAYER_SETTINGS = settings(
+    max_examples=max(25, PROFILE_EXAMPLES // 2),
+    deadline=None,
+    suppress_health_check=[HealthCheck.too_slow, HealthCheck.function_scoped_fixture],
+)
 
 
 # ---------------------------------------------------------------------------
 # Mutations of valid files.
+
 
 @st.composite
 def mutated(draw, valid):
@@ -49,11 +57,13 @@ def mutated(draw, valid):
         elif op == "insert":
             data[pos:pos] = draw(st.binary(min_size=1, max_size=8))
         elif op == "delete" and data:
-            del data[pos:pos + draw(st.integers(1, 16))]
+            del data[pos : pos + draw(st.integers(1, 16))]
         elif op == "truncate":
             del data[pos:]
         elif op == "tab":
-            data[pos:pos] = draw(st.sampled_from([b"\t", b"\n", b"\r\n", b"\n\n", b"#", b"-", b"."]))
+            data[pos:pos] = draw(
+                st.sampled_from([b"\t", b"\n", b"\r\n", b"\n\n", b"#", b"-", b"."])
+            )
         elif op == "swap_lines":
             lines = bytes(data).split(b"\n")
             i, j = draw(st.integers(0, len(lines) - 1)), draw(st.integers(0, len(lines) - 1))
@@ -86,6 +96,7 @@ def _parses_or_data_error(read, *datas, suffix=".txt"):
 # ---------------------------------------------------------------------------
 # CoNLL-U.
 
+
 @READER_SETTINGS
 @given(data=st.one_of(st.binary(max_size=400), mutated(SMALL_CONLLU)))
 def test_fuzz_conllu_reader(data):
@@ -102,14 +113,17 @@ def test_fuzz_conllu_reader(data):
 # ---------------------------------------------------------------------------
 # Parallel text and TSV (plain and gzip).
 
+
 def _maybe_gzip(data, compress):
     return gzip.compress(data) if compress else data
 
 
 @READER_SETTINGS
-@given(source=st.one_of(st.binary(max_size=200), mutated(PARALLEL)),
-       target=st.one_of(st.binary(max_size=200), mutated(PARALLEL)),
-       compress=st.booleans())
+@given(
+    source=st.one_of(st.binary(max_size=200), mutated(PARALLEL)),
+    target=st.one_of(st.binary(max_size=200), mutated(PARALLEL)),
+    compress=st.booleans(),
+)
 def test_fuzz_parallel_reader(source, target, compress):
     from train.seq2seq.parallel import read_parallel
 
@@ -119,8 +133,10 @@ def test_fuzz_parallel_reader(source, target, compress):
 
 
 @READER_SETTINGS
-@given(data=st.one_of(st.binary(max_size=300), mutated(PARALLEL), mutated(gzip.compress(PARALLEL))),
-       compress=st.booleans())
+@given(
+    data=st.one_of(st.binary(max_size=300), mutated(PARALLEL), mutated(gzip.compress(PARALLEL))),
+    compress=st.booleans(),
+)
 def test_fuzz_tsv_reader(data, compress):
     from train.seq2seq.parallel import read_tsv
 
@@ -132,12 +148,15 @@ def test_fuzz_tsv_reader(data, compress):
 # ---------------------------------------------------------------------------
 # Image directories.
 
+
 def _png(size=32, seed=0):
     from PIL import Image
 
     rng = np.random.default_rng(seed)
     buffer = io.BytesIO()
-    Image.fromarray(rng.integers(0, 255, (size, size, 3), dtype=np.uint8)).save(buffer, format="PNG")
+    Image.fromarray(rng.integers(0, 255, (size, size, 3), dtype=np.uint8)).save(
+        buffer, format="PNG"
+    )
     return buffer.getvalue()
 
 
@@ -170,12 +189,16 @@ def test_fuzz_image_dir_headers(blob):
         assert size == 32
 
 
-@settings(max_examples=max(12, PROFILE_EXAMPLES // 5), deadline=None,
-          suppress_health_check=[HealthCheck.too_slow])
+@settings(
+    max_examples=max(12, PROFILE_EXAMPLES // 5),
+    deadline=None,
+    suppress_health_check=[HealthCheck.too_slow],
+)
 @given(blob=mutated(VALID_PNG))
 def test_fuzz_image_dir_full_load(blob):
     """Decoding too: a file whose header reads but whose pixels do not is a DataError."""
     from train.sagan import images
+
     with tempfile.TemporaryDirectory() as root:
         _image_dir(root, [VALID_PNG, _png(seed=1), _png(seed=2), _png(seed=3), blob])
         try:
@@ -189,6 +212,7 @@ def test_fuzz_image_dir_full_load(blob):
 
 # ---------------------------------------------------------------------------
 # Layers.
+
 
 @st.composite
 def attention_case(draw):
@@ -211,7 +235,19 @@ def attention_case(draw):
     seed = draw(st.integers(0, 2**31 - 1))
     key_valid = draw(st.lists(st.booleans(), min_size=batch * k_len, max_size=batch * k_len))
     dtype = draw(st.sampled_from(["float32", "float16", "float64"]))
-    return batch, q_len, k_len, self_attention, heads, key_dim, features, options, seed, key_valid, dtype
+    return (
+        batch,
+        q_len,
+        k_len,
+        self_attention,
+        heads,
+        key_dim,
+        features,
+        options,
+        seed,
+        key_valid,
+        dtype,
+    )
 
 
 @LAYER_SETTINGS
@@ -219,7 +255,19 @@ def attention_case(draw):
 def test_fuzz_multi_head_attention(case):
     from layers import MultiHeadAttention
 
-    batch, q_len, k_len, self_attention, heads, key_dim, features, options, seed, key_valid, dtype = case
+    (
+        batch,
+        q_len,
+        k_len,
+        self_attention,
+        heads,
+        key_dim,
+        features,
+        options,
+        seed,
+        key_valid,
+        dtype,
+    ) = case
     rng = np.random.default_rng(seed)
     query = rng.normal(size=(batch, q_len, features)).astype(dtype)
     value = None if self_attention else rng.normal(size=(batch, k_len, features)).astype(dtype)
@@ -255,17 +303,26 @@ def test_fuzz_multi_head_attention(case):
 
 
 @LAYER_SETTINGS
-@given(batch=st.integers(1, 3), length=st.integers(1, 7), units=st.integers(1, 5),
-       features=st.integers(1, 5), valid_seed=st.integers(0, 2**31 - 1),
-       options=st.fixed_dictionaries({
-           "score": st.sampled_from(["scaled_dot", "dot", "additive"]),
-           "normalize": st.sampled_from(["softmax", "relu"]),
-           "causal": st.booleans(),
-           "window": st.one_of(st.none(), st.integers(0, 3)),
-           "include_self": st.booleans(),
-       }),
-       mixed=st.booleans())
-def test_fuzz_self_attention_and_encoder_block(batch, length, units, features, valid_seed, options, mixed):
+@given(
+    batch=st.integers(1, 3),
+    length=st.integers(1, 7),
+    units=st.integers(1, 5),
+    features=st.integers(1, 5),
+    valid_seed=st.integers(0, 2**31 - 1),
+    options=st.fixed_dictionaries(
+        {
+            "score": st.sampled_from(["scaled_dot", "dot", "additive"]),
+            "normalize": st.sampled_from(["softmax", "relu"]),
+            "causal": st.booleans(),
+            "window": st.one_of(st.none(), st.integers(0, 3)),
+            "include_self": st.booleans(),
+        }
+    ),
+    mixed=st.booleans(),
+)
+def test_fuzz_self_attention_and_encoder_block(
+    batch, length, units, features, valid_seed, options, mixed
+):
     import keras
 
     from layers import SelfAttention, TransformerEncoderBlock
@@ -280,9 +337,15 @@ def test_fuzz_self_attention_and_encoder_block(batch, length, units, features, v
     try:
         attention = SelfAttention(units, **options)
         heads = 1 + int(features % 2 == 0)
-        block = TransformerEncoderBlock(heads, 4, dropout=0.0, score=options["score"],
-                                        normalize=options["normalize"], causal=options["causal"],
-                                        window=options["window"])
+        block = TransformerEncoderBlock(
+            heads,
+            4,
+            dropout=0.0,
+            score=options["score"],
+            normalize=options["normalize"],
+            causal=options["causal"],
+            window=options["window"],
+        )
         for layer, kwargs in ((attention, {"return_attention_scores": True}), (block, {})):
             result = layer(x, mask=mask, **kwargs)
             out = np.asarray(result[0] if isinstance(result, tuple) else result, "float32")
@@ -292,8 +355,10 @@ def test_fuzz_self_attention_and_encoder_block(batch, length, units, features, v
                 scores = np.asarray(result[1], "float32")
                 assert scores.shape == (batch, length, length)
                 assert (scores[np.broadcast_to(~mask[:, None, :], scores.shape)] == 0).all()
-            again = np.asarray(layer(noisy, mask=mask) if not kwargs else layer(noisy, mask=mask, **kwargs)[0],
-                               "float32")
+            again = np.asarray(
+                layer(noisy, mask=mask) if not kwargs else layer(noisy, mask=mask, **kwargs)[0],
+                "float32",
+            )
             tolerance = 5e-2 if mixed else 1e-4
             np.testing.assert_allclose(again[mask], out[mask], atol=tolerance, rtol=tolerance)
     finally:
@@ -301,9 +366,17 @@ def test_fuzz_self_attention_and_encoder_block(batch, length, units, features, v
 
 
 @LAYER_SETTINGS
-@given(batch=st.integers(1, 2), length=st.integers(1, 5), heads=st.integers(1, 2), key_dim=st.integers(1, 3),
-       extra=st.integers(0, 3), seed=st.integers(0, 2**31 - 1))
-def test_fuzz_cached_decoding_matches_full_causal_attention(batch, length, heads, key_dim, extra, seed):
+@given(
+    batch=st.integers(1, 2),
+    length=st.integers(1, 5),
+    heads=st.integers(1, 2),
+    key_dim=st.integers(1, 3),
+    extra=st.integers(0, 3),
+    seed=st.integers(0, 2**31 - 1),
+)
+def test_fuzz_cached_decoding_matches_full_causal_attention(
+    batch, length, heads, key_dim, extra, seed
+):
     """Any cache length >= the sequence: step-by-step decoding equals causal attention."""
     from layers import MultiHeadAttention
 
@@ -314,7 +387,7 @@ def test_fuzz_cached_decoding_matches_full_causal_attention(batch, length, heads
     cache = np.zeros((batch, 2, length + extra, heads, key_dim), "float32")
     steps = []
     for t in range(length):
-        y, cache = layer(x[:, t:t + 1], cache=cache, cache_index=t)
+        y, cache = layer(x[:, t : t + 1], cache=cache, cache_index=t)
         steps.append(np.asarray(y))
     assume(len(steps) == length)
     np.testing.assert_allclose(np.concatenate(steps, axis=1), full, atol=1e-4, rtol=1e-4)

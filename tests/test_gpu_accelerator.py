@@ -18,6 +18,8 @@ from export.verify import verify_accelerator
 from tests.test_export_support import make_tagger_run
 from tests.test_library_load import SEQ2SEQ
 
+pytestmark = pytest.mark.slow  # seconds per test: make test-fast leaves the file out
+
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 
@@ -56,9 +58,16 @@ def test_tagger_static_export_passes_on_the_gpu(gpu, tagger_files, quantize):
 
 def test_cli_reports_a_pass(gpu, tagger_files, capsys):
     _, files = tagger_files
-    assert main(["verify", files["fp16"], "--accelerator", "gpu", "--samples", "2", "--runs", "1"]) == 0
+    assert (
+        main(["verify", files["fp16"], "--accelerator", "gpu", "--samples", "2", "--runs", "1"])
+        == 0
+    )
     out = capsys.readouterr().out
-    assert "fully accelerated" in out and "argmax agreement" in out and out.strip().endswith("verdict: PASS")
+    assert (
+        "fully accelerated" in out
+        and "argmax agreement" in out
+        and out.strip().endswith("verdict: PASS")
+    )
 
 
 def test_sagan_generator_static_export_passes_on_the_gpu(gpu, tmp_path):
@@ -67,7 +76,9 @@ def test_sagan_generator_static_export_passes_on_the_gpu(gpu, tmp_path):
     from zoo.sagan.model import build_generator
 
     keras.utils.set_random_seed(0)
-    generator = build_generator(image_size=32, channels=1, num_classes=2, latent_dim=16, width=8, seed=1)
+    generator = build_generator(
+        image_size=32, channels=1, num_classes=2, latent_dim=16, width=8, seed=1
+    )
     path = str(tmp_path / "generator.tflite")
     tflite.export_tflite(generator, path, static_shape=True)
     report = verify_accelerator(path, samples=4, runs=2)
@@ -86,8 +97,25 @@ def test_seq2seq_greedy_loop_on_the_gpu_gives_cpu_tokens(gpu, tmp_path):
 
     run = str(tmp_path / "run")
     # One layer and 16 positions: the same op patterns, half the training time.
-    assert train_main(["seq2seq", "--out", run, *SEQ2SEQ, "--num-layers", "1", "--max-source-length", "16",
-                       "--max-target-length", "16", "--beam-width", "1"]) == 0
+    assert (
+        train_main(
+            [
+                "seq2seq",
+                "--out",
+                run,
+                *SEQ2SEQ,
+                "--num-layers",
+                "1",
+                "--max-source-length",
+                "16",
+                "--max-target-length",
+                "16",
+                "--beam-width",
+                "1",
+            ]
+        )
+        == 0
+    )
     # steps.tflite as export_all writes it (its CPU parity with Keras is
     # test_tflite_samplers' business); the run gives the test rows.
     steps = str(tmp_path / "steps.tflite")
@@ -108,10 +136,28 @@ def test_seq2seq_greedy_loop_on_the_gpu_gives_cpu_tokens(gpu, tmp_path):
 def test_without_a_vulkan_device_exit_3_after_the_static_check(tmp_path):
     path = tmp_path / "m.tflite"
     path.write_bytes(accelerator._PROBE)
-    env = dict(os.environ, VK_ICD_FILENAMES=str(tmp_path / "no-driver.json"), TF_CPP_MIN_LOG_LEVEL="2")
-    proc = subprocess.run([sys.executable, "-m", "export", "verify", str(path), "--accelerator", "gpu",
-                           "--verbose", "0"], cwd=ROOT, env=env, capture_output=True, text=True, timeout=300,
-                          check=False)
+    env = dict(
+        os.environ, VK_ICD_FILENAMES=str(tmp_path / "no-driver.json"), TF_CPP_MIN_LOG_LEVEL="2"
+    )
+    proc = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "export",
+            "verify",
+            str(path),
+            "--accelerator",
+            "gpu",
+            "--verbose",
+            "0",
+        ],
+        cwd=ROOT,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=300,
+        check=False,
+    )
     assert proc.returncode == 3, proc.stdout + proc.stderr
     lines = proc.stdout.strip().splitlines()
     assert "static check --target gpu: compatible" in lines[1]
@@ -122,10 +168,12 @@ def test_without_a_vulkan_device_exit_3_after_the_static_check(tmp_path):
 def test_bad_input_exits_2(tmp_path, capsys):
     run = tmp_path / "run"
     run.mkdir()
-    for argv in (["verify", str(tmp_path / "missing.tflite"), "--accelerator", "gpu"],
-                 ["verify", str(run), "--accelerator", "gpu"],
-                 ["verify", str(run), "--tflite", str(tmp_path / "x.tflite"), "--accelerator", "gpu"],
-                 ["verify", str(tmp_path / "m.tflite"), "--accelerator", "npu"]):
+    for argv in (
+        ["verify", str(tmp_path / "missing.tflite"), "--accelerator", "gpu"],
+        ["verify", str(run), "--accelerator", "gpu"],
+        ["verify", str(run), "--tflite", str(tmp_path / "x.tflite"), "--accelerator", "gpu"],
+        ["verify", str(tmp_path / "m.tflite"), "--accelerator", "npu"],
+    ):
         assert main(argv) == 2, argv
         err = capsys.readouterr().err.strip().splitlines()
         assert len(err) == 1, err
@@ -139,16 +187,21 @@ def test_a_model_that_kills_the_accelerator_process_gets_that_as_its_verdict(tmp
         path = tmp_path / f"{name}.tflite"
         path.write_bytes(accelerator._PROBE)
         paths.append(str(path))
-    monkeypatch.setattr(accelerator, "_JOB", accelerator._JOB.replace(
-        "accelerator._child_main(sys.argv[2])",
-        "import os, signal\n"
-        "real = accelerator.Compiled\n"
-        "def compiled(model, acc='gpu'):\n"
-        "    if str(model).endswith('crash.tflite'):\n"
-        "        os.kill(os.getpid(), signal.SIGSEGV)\n"
-        "    return real(model, acc)\n"
-        "accelerator.Compiled = compiled\n"
-        "accelerator._child_main(sys.argv[2])"))
+    monkeypatch.setattr(
+        accelerator,
+        "_JOB",
+        accelerator._JOB.replace(
+            "accelerator._child_main(sys.argv[2])",
+            "import os, signal\n"
+            "real = accelerator.Compiled\n"
+            "def compiled(model, acc='gpu'):\n"
+            "    if str(model).endswith('crash.tflite'):\n"
+            "        os.kill(os.getpid(), signal.SIGSEGV)\n"
+            "    return real(model, acc)\n"
+            "accelerator.Compiled = compiled\n"
+            "accelerator._child_main(sys.argv[2])",
+        ),
+    )
     feeds = {"serving_default": [{"x": [[1.0, 2.0, 3.0, 4.0]]}]}
     results = accelerator.run_many_in_child([(p, feeds, None, 0) for p in paths])
     assert "signal 11" in results[1]["crashed"]

@@ -22,6 +22,7 @@ PACKAGE = "test_harness"
 # ------------------------------------------------------------- good layers
 
 
+@pytest.mark.slow
 def test_dense_passes_every_stage():
     layer = run_layer_test(
         keras.layers.Dense,
@@ -34,6 +35,7 @@ def test_dense_passes_every_stage():
     assert layer.built and layer.kernel.shape == (4, 3)
 
 
+@pytest.mark.slow
 def test_dict_inputs_with_keras_multi_head_attention():
     value = RNG.normal(size=(2, 6, 4)).astype("float32")
     run_layer_test(
@@ -59,6 +61,7 @@ class TwoOutputs(keras.layers.Layer):
         return tuple(input_shape[:-1]) + (2,), tuple(input_shape[:-1])
 
 
+@pytest.mark.slow
 def test_tuple_outputs_are_all_compared():
     run_layer_test(TwoOutputs, {}, X, expected_output_shape=[(2, 5, 2), (2, 5)])
     with pytest.raises(AssertionError, match="stage 'eager'.*expected_output_shape"):
@@ -169,6 +172,7 @@ class EagerInputsOnly(keras.layers.Layer):
         return (input_shape[0], input_shape[1] * input_shape[2])
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize(
     "layer_cls, kwargs, stage",
     [
@@ -189,11 +193,10 @@ def test_broken_layer_fails_at_the_right_stage(layer_cls, kwargs, stage):
 
 def test_layer_that_drops_the_mask_fails_masking():
     with pytest.raises(AssertionError, match="stage 'masking'"):
-        run_layer_test(
-            DropsMask, {}, X, input_mask=MASK, supports_masking=True, run_tflite=False
-        )
+        run_layer_test(DropsMask, {}, X, input_mask=MASK, supports_masking=True, run_tflite=False)
 
 
+@pytest.mark.slow
 def test_tflite_tolerance_is_honoured():
     # EagerOnlyOffset's TFLite output is off by exactly 1.
     kwargs = {"run_training": False, "run_mixed_precision": False}

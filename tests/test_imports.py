@@ -11,8 +11,12 @@ import pytest
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 PACKAGES = ("layers", "zoo", "train", "export")
 # Which package may import which: the one-way flow README states.
-ALLOWED = {"layers": {"layers"}, "zoo": {"layers", "zoo"},
-           "train": {"layers", "zoo", "train"}, "export": {"layers", "zoo", "export"}}
+ALLOWED = {
+    "layers": {"layers"},
+    "zoo": {"layers", "zoo"},
+    "train": {"layers", "zoo", "train"},
+    "export": {"layers", "zoo", "export"},
+}
 
 
 def _modules():
@@ -94,15 +98,28 @@ def test_no_import_cycles():
 
 
 def test_imports_flow_one_way():
-    wrong = [f"{module} -> {target}" for module, targets in _graph().items()
-             for target in targets
-             if target.partition(".")[0] not in ALLOWED[module.partition(".")[0]]]
+    wrong = [
+        f"{module} -> {target}"
+        for module, targets in _graph().items()
+        for target in targets
+        if target.partition(".")[0] not in ALLOWED[module.partition(".")[0]]
+    ]
     assert wrong == []
 
 
-@pytest.mark.parametrize("modules", [
-    "zoo", "zoo.tagger.config", "train.seq2seq.config", "train.tagger",
-    "train.seq2seq", "train.sagan", "train.cli"])
+@pytest.mark.slow
+@pytest.mark.parametrize(
+    "modules",
+    [
+        "zoo",
+        "zoo.tagger.config",
+        "train.seq2seq.config",
+        "train.tagger",
+        "train.seq2seq",
+        "train.sagan",
+        "train.cli",
+    ],
+)
 def test_keras_free_imports_have_no_side_effects(modules):
     """Importing these loads neither Keras nor TensorFlow, sets no environment
     variable and leaves stderr (fd 2) writable."""
@@ -113,10 +130,14 @@ def test_keras_free_imports_have_no_side_effects(modules):
         "heavy = sorted(m for m in ('keras', 'tensorflow', 'jax') if m in sys.modules)\n"
         "changed = sorted(k for k in set(before) | set(os.environ) if before.get(k) != os.environ.get(k))\n"
         "print(heavy, changed)\n"
-        "os.write(2, b'fd2-still-open')\n")
-    env = {k: v for k, v in os.environ.items() if k not in ("KERAS_BACKEND", "TF_CPP_MIN_LOG_LEVEL")}
-    done = subprocess.run([sys.executable, "-c", code], cwd=ROOT, env=env, capture_output=True,
-                          text=True, timeout=120)
+        "os.write(2, b'fd2-still-open')\n"
+    )
+    env = {
+        k: v for k, v in os.environ.items() if k not in ("KERAS_BACKEND", "TF_CPP_MIN_LOG_LEVEL")
+    }
+    done = subprocess.run(
+        [sys.executable, "-c", code], cwd=ROOT, env=env, capture_output=True, text=True, timeout=120
+    )
     assert done.returncode == 0, done.stderr
     assert done.stdout.strip() == "[] []"
     assert "fd2-still-open" in done.stderr

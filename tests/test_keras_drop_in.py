@@ -24,7 +24,8 @@ def nmt_transformer(MultiHeadAttention):  # noqa: N803  (the class the example i
             super().__init__(**kwargs)
             self.attention = MultiHeadAttention(num_heads=num_heads, key_dim=embed_dim)
             self.dense_proj = keras.Sequential(
-                [layers.Dense(dense_dim, activation="relu"), layers.Dense(embed_dim)])
+                [layers.Dense(dense_dim, activation="relu"), layers.Dense(embed_dim)]
+            )
             self.layernorm_1 = layers.LayerNormalization()
             self.layernorm_2 = layers.LayerNormalization()
             self.supports_masking = True
@@ -35,7 +36,8 @@ def nmt_transformer(MultiHeadAttention):  # noqa: N803  (the class the example i
             else:
                 padding_mask = None
             attention_output = self.attention(
-                query=inputs, value=inputs, key=inputs, attention_mask=padding_mask)
+                query=inputs, value=inputs, key=inputs, attention_mask=padding_mask
+            )
             proj_input = self.layernorm_1(inputs + attention_output)
             proj_output = self.dense_proj(proj_input)
             return self.layernorm_2(proj_input + proj_output)
@@ -44,7 +46,9 @@ def nmt_transformer(MultiHeadAttention):  # noqa: N803  (the class the example i
         def __init__(self, sequence_length, vocab_size, embed_dim, **kwargs):
             super().__init__(**kwargs)
             self.token_embeddings = layers.Embedding(input_dim=vocab_size, output_dim=embed_dim)
-            self.position_embeddings = layers.Embedding(input_dim=sequence_length, output_dim=embed_dim)
+            self.position_embeddings = layers.Embedding(
+                input_dim=sequence_length, output_dim=embed_dim
+            )
 
         def call(self, inputs):
             length = ops.shape(inputs)[-1]
@@ -57,10 +61,15 @@ def nmt_transformer(MultiHeadAttention):  # noqa: N803  (the class the example i
     class TransformerDecoder(layers.Layer):
         def __init__(self, embed_dim, latent_dim, num_heads, **kwargs):
             super().__init__(**kwargs)
-            self.attention_1 = MultiHeadAttention(num_heads=num_heads, key_dim=embed_dim, dropout=0.1)
-            self.attention_2 = MultiHeadAttention(num_heads=num_heads, key_dim=embed_dim, dropout=0.1)
+            self.attention_1 = MultiHeadAttention(
+                num_heads=num_heads, key_dim=embed_dim, dropout=0.1
+            )
+            self.attention_2 = MultiHeadAttention(
+                num_heads=num_heads, key_dim=embed_dim, dropout=0.1
+            )
             self.dense_proj = keras.Sequential(
-                [layers.Dense(latent_dim, activation="relu"), layers.Dense(embed_dim)])
+                [layers.Dense(latent_dim, activation="relu"), layers.Dense(embed_dim)]
+            )
             self.layernorm_1 = layers.LayerNormalization()
             self.layernorm_2 = layers.LayerNormalization()
             self.layernorm_3 = layers.LayerNormalization()
@@ -73,12 +82,20 @@ def nmt_transformer(MultiHeadAttention):  # noqa: N803  (the class the example i
             else:
                 inputs_padding_mask, encoder_outputs_padding_mask = mask
             attention_output_1 = self.attention_1(
-                query=inputs, value=inputs, key=inputs, query_mask=inputs_padding_mask,
-                use_causal_mask=True)
+                query=inputs,
+                value=inputs,
+                key=inputs,
+                query_mask=inputs_padding_mask,
+                use_causal_mask=True,
+            )
             out_1 = self.layernorm_1(inputs + attention_output_1)
             attention_output_2 = self.attention_2(
-                query=out_1, value=encoder_outputs, key=encoder_outputs,
-                query_mask=inputs_padding_mask, key_mask=encoder_outputs_padding_mask)
+                query=out_1,
+                value=encoder_outputs,
+                key=encoder_outputs,
+                query_mask=inputs_padding_mask,
+                key_mask=encoder_outputs_padding_mask,
+            )
             out_2 = self.layernorm_2(out_1 + attention_output_2)
             proj_output = self.dense_proj(out_2)
             return self.layernorm_3(out_2 + proj_output)
@@ -104,6 +121,7 @@ def _batch():
     return src, tgt
 
 
+@pytest.mark.slow
 def test_keras_io_nmt_transformer_runs_with_our_layer_and_equals_keras():
     keras.utils.set_random_seed(1)
     theirs = nmt_transformer(keras.layers.MultiHeadAttention)
@@ -123,12 +141,16 @@ def test_keras_io_nmt_transformer_runs_with_our_layer_and_equals_keras():
     assert np.isfinite(loss)
 
 
-@pytest.mark.parametrize("kwargs,ours_kwargs", [
-    (dict(output_shape=12), dict(output_dim=12)),
-    (dict(output_shape=(12,)), dict(output_dim=12)),
-    (dict(sliding_window=2), dict(window=1)),
-    (dict(attention_axes=(1,), value_dim=3), dict(value_dim=3)),
-])
+@pytest.mark.slow
+@pytest.mark.parametrize(
+    "kwargs,ours_kwargs",
+    [
+        (dict(output_shape=12), dict(output_dim=12)),
+        (dict(output_shape=(12,)), dict(output_dim=12)),
+        (dict(sliding_window=2), dict(window=1)),
+        (dict(attention_axes=(1,), value_dim=3), dict(value_dim=3)),
+    ],
+)
 def test_keras_constructor_names_compute_what_keras_computes(kwargs, ours_kwargs):
     rng = np.random.default_rng(2)
     q = rng.standard_normal((2, 5, 8)).astype("float32")
@@ -161,8 +183,14 @@ def test_use_causal_mask_is_causal_on_every_path():
 
 def test_regularizers_and_constraints_apply_like_keras():
     x = np.ones((1, 3, 4), "float32")
-    args = dict(num_heads=1, key_dim=2, kernel_regularizer="l2", bias_regularizer="l1",
-                kernel_constraint="non_neg", bias_constraint=keras.constraints.MaxNorm(1.0))
+    args = dict(
+        num_heads=1,
+        key_dim=2,
+        kernel_regularizer="l2",
+        bias_regularizer="l1",
+        kernel_constraint="non_neg",
+        bias_constraint=keras.constraints.MaxNorm(1.0),
+    )
     ref = keras.layers.MultiHeadAttention(**args)
     ours = zoo_layers.MultiHeadAttention(**args)
     ref(x, x)
@@ -177,15 +205,19 @@ def test_regularizers_and_constraints_apply_like_keras():
     assert len(kernels) == 8  # four kernels, four biases
 
 
-@pytest.mark.parametrize("kwargs,name", [
-    (dict(output_shape=(3, 4)), "output_shape"),
-    (dict(output_shape=4, output_dim=5), "output_shape"),
-    (dict(attention_axes=(1, 2)), "attention_axes"),
-    (dict(sliding_window=0), "sliding_window"),
-    (dict(sliding_window=3, window=1), "sliding_window"),
-    (dict(flash_attention=True), "flash_attention"),
-    (dict(use_gate=True), "use_gate"),
-])
+@pytest.mark.slow
+@pytest.mark.parametrize(
+    "kwargs,name",
+    [
+        (dict(output_shape=(3, 4)), "output_shape"),
+        (dict(output_shape=4, output_dim=5), "output_shape"),
+        (dict(attention_axes=(1, 2)), "attention_axes"),
+        (dict(sliding_window=0), "sliding_window"),
+        (dict(sliding_window=3, window=1), "sliding_window"),
+        (dict(flash_attention=True), "flash_attention"),
+        (dict(use_gate=True), "use_gate"),
+    ],
+)
 def test_unsupported_keras_names_raise_naming_the_argument(kwargs, name):
     with pytest.raises(ValueError, match=name):
         zoo_layers.MultiHeadAttention(num_heads=2, key_dim=4, **kwargs)

@@ -14,15 +14,56 @@ import pytest
 
 from train.cli import main as train_main
 
-TAGGER = ["--epochs", "1", "--model-option=word_dim=16", "--model-option=char_dim=8",
-          "--model-option=char_filters=16", "--model-option=hidden_dim=32",
-          "--model-option=num_heads=2", "--model-option=num_layers=1"]
-SEQ2SEQ = ["--task", "copy", "--task-length", "5", "--train-size", "64", "--epochs", "1",
-           "--hidden-dim", "16", "--intermediate-dim", "32", "--dev-sample", "0",
-           "--verbose", "0", "--max-minutes", "0"]
-SAGAN = ["--epochs", "1", "--train-size", "64", "--test-size", "32", "--eval-samples", "32",
-         "--epoch-eval-samples", "32", "--classifier-epochs", "1", "--width", "8",
-         "--latent-dim", "16", "--seed", "1"]
+TAGGER = [
+    "--epochs",
+    "1",
+    "--model-option=word_dim=16",
+    "--model-option=char_dim=8",
+    "--model-option=char_filters=16",
+    "--model-option=hidden_dim=32",
+    "--model-option=num_heads=2",
+    "--model-option=num_layers=1",
+]
+SEQ2SEQ = [
+    "--task",
+    "copy",
+    "--task-length",
+    "5",
+    "--train-size",
+    "64",
+    "--epochs",
+    "1",
+    "--hidden-dim",
+    "16",
+    "--intermediate-dim",
+    "32",
+    "--dev-sample",
+    "0",
+    "--verbose",
+    "0",
+    "--max-minutes",
+    "0",
+]
+SAGAN = [
+    "--epochs",
+    "1",
+    "--train-size",
+    "64",
+    "--test-size",
+    "32",
+    "--eval-samples",
+    "32",
+    "--epoch-eval-samples",
+    "32",
+    "--classifier-epochs",
+    "1",
+    "--width",
+    "8",
+    "--latent-dim",
+    "16",
+    "--seed",
+    "1",
+]
 KINDS = {"tagger": TAGGER, "seq2seq": SEQ2SEQ, "universal_transformer": SEQ2SEQ, "sagan": SAGAN}
 
 SENTENCES = ["I saw a saw", "they can can the fish"]
@@ -88,29 +129,49 @@ def _expected(kind, run):
 
     model = model_file.load(os.path.join(run, "model.keras"))
     if kind == "tagger":
-        return {"keras": np.asarray(model.predict_ids(pad_tokens([s.split() for s in SENTENCES]))),
-                "tagged": [[list(p) for p in s] for s in model.tag(SENTENCES)]}
+        return {
+            "keras": np.asarray(model.predict_ids(pad_tokens([s.split() for s in SENTENCES]))),
+            "tagged": [[list(p) for p in s] for s in model.tag(SENTENCES)],
+        }
     if kind == "sagan":
         rng = np.random.default_rng(0)
-        feed = {"noise": rng.standard_normal((3, model.input["noise"].shape[-1])).astype("float32"),
-                "label": np.array([0, 1, 2], "int32")}
+        feed = {
+            "noise": rng.standard_normal((3, model.input["noise"].shape[-1])).astype("float32"),
+            "label": np.array([0, 1, 2], "int32"),
+        }
         # zoo.load's generator: the noise of `python -m zoo.generate --seed 5`, tanh -> [0, 1].
-        noise = np.random.default_rng(5).standard_normal((3, feed["noise"].shape[1])).astype("float32")
+        noise = (
+            np.random.default_rng(5).standard_normal((3, feed["noise"].shape[1])).astype("float32")
+        )
         task = model({"noise": noise, "label": feed["label"]}, training=False)
-        return {"keras": np.asarray(model(feed, training=False)), "task": (np.asarray(task) + 1) / 2}
-    return {"translations": model.translate(TEXTS),
-            "beam": model.generate(TEXTS, sampler="beam", num_return_sequences=2, return_scores=True)}
+        return {
+            "keras": np.asarray(model(feed, training=False)),
+            "task": (np.asarray(task) + 1) / 2,
+        }
+    return {
+        "translations": model.translate(TEXTS),
+        "beam": model.generate(TEXTS, sampler="beam", num_return_sequences=2, return_scores=True),
+    }
 
 
+@pytest.mark.slow
 def test_every_kind_loads_in_a_fresh_process_with_default_arguments(runs, tmp_path):
     env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}
     env.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
     procs = {}
     for kind, run in runs.items():
         out = str(tmp_path / kind)
-        procs[kind] = (out, subprocess.Popen([sys.executable, "-I", "-c", CHILD, kind, run, out],
-                                             cwd=str(tmp_path), env=env, stdout=subprocess.PIPE,
-                                             stderr=subprocess.PIPE, text=True))
+        procs[kind] = (
+            out,
+            subprocess.Popen(
+                [sys.executable, "-I", "-c", CHILD, kind, run, out],
+                cwd=str(tmp_path),
+                env=env,
+                stdout=subprocess.PIPE,
+                stderr=subprocess.PIPE,
+                text=True,
+            ),
+        )
     for kind, (out, proc) in procs.items():
         _, err = proc.communicate(timeout=600)
         assert proc.returncode == 0, f"{kind}: {err[-2000:]}"
@@ -122,15 +183,23 @@ def test_every_kind_loads_in_a_fresh_process_with_default_arguments(runs, tmp_pa
         else:
             # Trained models keep their compile state, optimizer and schedule included.
             assert result["compiled"] and result["optimizer"] in ("Adam", "AdamW"), result
-        assert result["task"] == [{"tagger": "TaggerTask", "sagan": "ImageGenerator"}.get(kind, "Translator"),
-                                  kind, "keras"]
+        assert result["task"] == [
+            {"tagger": "TaggerTask", "sagan": "ImageGenerator"}.get(kind, "Translator"),
+            kind,
+            "keras",
+        ]
         if kind in ("seq2seq", "universal_transformer"):
             assert result["schedule"] == "WarmupInverseSqrt"
             assert result["keras"] == result["generated"] == expected["translations"]
             beam = [[[text, score] for text, score in row] for row in expected["beam"]]
-            assert [[c[0] for c in row] for row in result["beam"]] == [[c[0] for c in row] for row in beam]
-            np.testing.assert_allclose([[c[1] for c in row] for row in result["beam"]],
-                                       [[c[1] for c in row] for row in beam], atol=1e-5)
+            assert [[c[0] for c in row] for row in result["beam"]] == [
+                [c[0] for c in row] for row in beam
+            ]
+            np.testing.assert_allclose(
+                [[c[1] for c in row] for row in result["beam"]],
+                [[c[1] for c in row] for row in beam],
+                atol=1e-5,
+            )
         else:
             with np.load(out + ".npz") as got:
                 np.testing.assert_allclose(got["keras"], expected["keras"], rtol=0, atol=1e-5)
@@ -140,6 +209,7 @@ def test_every_kind_loads_in_a_fresh_process_with_default_arguments(runs, tmp_pa
                 assert result["tagged"] == expected["tagged"]
 
 
+@pytest.mark.slow
 def test_zoo_load_runs_the_sagan_exports_like_the_run(runs, tmp_path):
     """A SavedModel and a batch-1 `.tflite` of the generator, loaded with
     `zoo.load`, give the run's images for the same class ids and seed."""
@@ -151,13 +221,18 @@ def test_zoo_load_runs_the_sagan_exports_like_the_run(runs, tmp_path):
     assert want.shape == (3, 32, 32, 3) and 0 <= want.min() and want.max() <= 1
     assert export_main(["savedmodel", run, "--out", str(tmp_path / "serving" / "g")]) == 0
     assert export_main(["tflite", run, "--out", str(tmp_path / "g.tflite"), "--static-shape"]) == 0
-    for path, fmt in ((tmp_path / "serving" / "g", "savedmodel"), (tmp_path / "g.tflite", "tflite")):
+    for path, fmt in (
+        (tmp_path / "serving" / "g", "savedmodel"),
+        (tmp_path / "g.tflite", "tflite"),
+    ):
         task = zoo.load(path)
         assert (task.kind, task.format, task.conditional) == ("sagan", fmt, True)
         np.testing.assert_allclose(task.generate([3, 0, 1], seed=2), want, rtol=0, atol=1e-4)
     task = zoo.load(tmp_path / "g.tflite")
     names = task.class_names
-    np.testing.assert_allclose(task.generate([names[3], names[0]], seed=2), want[:2], rtol=0, atol=1e-4)
+    np.testing.assert_allclose(
+        task.generate([names[3], names[0]], seed=2), want[:2], rtol=0, atol=1e-4
+    )
     with pytest.raises(ValueError, match="class_ids"):
         task.generate([4])
     with pytest.raises(ValueError, match="class_ids"):
@@ -193,6 +268,7 @@ def _parser(kind):
     return parser
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("kind", list(KINDS))
 def test_config_flags_parse_back_to_the_recorded_options(runs, kind):
     from train import replay
@@ -200,7 +276,9 @@ def test_config_flags_parse_back_to_the_recorded_options(runs, kind):
     config = replay.read_config(runs[kind], kind)
     parser = _parser(kind)
     args = vars(parser.parse_args(replay.config_argv(parser, config)))
-    recorded = {k: v for k, v in config["train"].items() if k in args and k not in ("out", "resume")}
+    recorded = {
+        k: v for k, v in config["train"].items() if k in args and k not in ("out", "resume")
+    }
     assert recorded and {k: args[k] for k in recorded} == recorded
     if kind == "tagger":  # hyper-parameters travel as --model-option
         options = dict(item.split("=", 1) for item in args["model_option"])
@@ -208,11 +286,24 @@ def test_config_flags_parse_back_to_the_recorded_options(runs, kind):
         assert args["arch"] == config["model"]["arch"]
 
 
+@pytest.mark.slow
 def test_config_replays_a_tagger_run(runs, tmp_path, capsys):
     out = str(tmp_path / "replay")
     # A later flag overrides the file.
-    assert train_main(["tagger", "--config", os.path.join(runs["tagger"], "config.json"),
-                       "--out", out, "--batch-size", "16"]) == 0
+    assert (
+        train_main(
+            [
+                "tagger",
+                "--config",
+                os.path.join(runs["tagger"], "config.json"),
+                "--out",
+                out,
+                "--batch-size",
+                "16",
+            ]
+        )
+        == 0
+    )
     with open(os.path.join(runs["tagger"], "config.json")) as f:
         original = json.load(f)
     with open(os.path.join(out, "config.json")) as f:
@@ -227,6 +318,7 @@ def test_config_replays_a_tagger_run(runs, tmp_path, capsys):
     assert "--config: file not found" in capsys.readouterr().err
 
 
+@pytest.mark.slow
 def test_console_script_dispatches_to_each_cli(runs, capsys):
     from zoo import console
 
@@ -238,6 +330,7 @@ def test_console_script_dispatches_to_each_cli(runs, capsys):
     capsys.readouterr()
     assert console.main(["nope"]) == 2 and "unknown command" in capsys.readouterr().err
     assert console.main(["train", "nope"]) == 2
-    with open(os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))),
-                           "pyproject.toml")) as f:
+    with open(
+        os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "pyproject.toml")
+    ) as f:
         assert 'attention-zoo = "zoo.console:main"' in f.read()

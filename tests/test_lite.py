@@ -13,9 +13,11 @@ import zoo
 import zoo.models  # noqa: F401
 from export.kinds import seq2seq as seq2seq_kind
 from export.tflite import export_tflite
-from tests.test_export_support import SENTENCES, make_tagger_run, run_clean
+from tests.test_export_support import make_tagger_run, run_clean
 from tests.test_stock_serving import text_seq2seq
 from zoo.seq2seq import decoding
+
+pytestmark = pytest.mark.slow  # seconds per test: make test-fast leaves the file out
 
 TEXTS = ["a man in the snow", "deux chiens jouent", "ｆｕｌｌｗｉｄｔｈ dogs", "x"]
 WORDS = ["I saw a saw", "the dog can book a cat 42", "They SAW 7 Dogs"]
@@ -73,16 +75,26 @@ def exports(tmp_path_factory):
     keras_file = str(base / "s2s.keras")
     translator.save(keras_file)
     seq2seq_kind.export_all(keras_file, str(base / "s2s"))
-    generator = zoo.build("sagan_generator", image_size=32, channels=1, num_classes=3, latent_dim=8,
-                          width=4)
+    generator = zoo.build(
+        "sagan_generator", image_size=32, channels=1, num_classes=3, latent_dim=8, width=4
+    )
     export_tflite(generator, str(base / "sagan.tflite"))
-    paths = {"tagger": str(base / "tagger.tflite"), "steps_dir": str(base / "s2s"),
-             "steps_file": str(base / "s2s" / "steps.tflite"),
-             "greedy_file": str(base / "s2s" / "greedy.tflite"), "sagan": str(base / "sagan.tflite")}
+    paths = {
+        "tagger": str(base / "tagger.tflite"),
+        "steps_dir": str(base / "s2s"),
+        "steps_file": str(base / "s2s" / "steps.tflite"),
+        "greedy_file": str(base / "s2s" / "greedy.tflite"),
+        "sagan": str(base / "sagan.tflite"),
+    }
     result = run_clean(_CHILD, json.dumps([paths, WORDS, TEXTS]))
     assert result.returncode == 0, result.stderr[-3000:]
-    return {"run": run, "translator": translator, "generator": generator, "dir": str(base),
-            "got": json.loads(result.stdout.strip().splitlines()[-1])}
+    return {
+        "run": run,
+        "translator": translator,
+        "generator": generator,
+        "dir": str(base),
+        "got": json.loads(result.stdout.strip().splitlines()[-1]),
+    }
 
 
 def test_export_folder_ships_the_sentencepiece_model(exports):
@@ -116,8 +128,9 @@ def test_generated_images_equal_keras(exports):
     generator = exports["generator"]
     labels = np.array([0, 2, 1], np.int32)
     noise = np.random.default_rng(7).standard_normal((3, 8)).astype(np.float32)
-    want = np.clip(np.asarray(generator({"noise": noise, "label": labels}, training=False)) * 0.5 + 0.5,
-                   0, 1)
+    want = np.clip(
+        np.asarray(generator({"noise": noise, "label": labels}, training=False)) * 0.5 + 0.5, 0, 1
+    )
     got = np.asarray(exports["got"]["images"], np.float32)
     assert got.shape == want.shape and want.std() > 0
     np.testing.assert_allclose(got, want, atol=1e-4)

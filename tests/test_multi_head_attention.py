@@ -74,7 +74,10 @@ def test_fully_masked_rows_same_on_every_path():
     np.testing.assert_allclose(plain, np.asarray(with_scores), atol=1e-6)
 
 
-@pytest.mark.parametrize("score,normalize", [("dot", "relu"), ("additive", "softmax"), ("scaled_dot", "softmax")])
+@pytest.mark.slow
+@pytest.mark.parametrize(
+    "score,normalize", [("dot", "relu"), ("additive", "softmax"), ("scaled_dot", "softmax")]
+)
 @pytest.mark.parametrize("options", [dict(), dict(window=1, include_self=False)])
 def test_matches_numpy_per_head(score, normalize, options):
     q = RNG.normal(size=(2, 6, 5)).astype("float32")
@@ -110,6 +113,7 @@ def test_symbolic_cross_attention_score_shape():
     assert tuple(scores.shape) == (None, 3, 5, 7)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize(
     "options", [dict(causal=True), dict(causal=True, window=2), dict(causal=True, rotary=True)]
 )
@@ -121,11 +125,9 @@ def test_cache_equals_full_recomputation(options, step):
     cache = np.zeros((2, 2, 9, 2, 4), "float32")
     pieces = []
     for start in range(0, 9, step):
-        y, cache = layer(x[:, start:start + step], cache=cache, cache_index=start)
+        y, cache = layer(x[:, start : start + step], cache=cache, cache_index=start)
         pieces.append(np.asarray(y))
-        np.testing.assert_allclose(
-            np.concatenate(pieces, 1), full[:, : start + step], atol=1e-5
-        )
+        np.testing.assert_allclose(np.concatenate(pieces, 1), full[:, : start + step], atol=1e-5)
 
 
 @pytest.mark.parametrize("options", [dict(causal=True), dict(causal=True, rotary=True)])
@@ -136,9 +138,9 @@ def test_split_cache_equals_full_recomputation(options):
     full = np.asarray(layer(x))
     cache = (np.zeros((2, 6, 2, 4), "float32"), np.zeros((2, 6, 2, 4), "float32"))
     for i in range(6):
-        y, cache = layer(x[:, i:i + 1], cache=cache, cache_index=i)
+        y, cache = layer(x[:, i : i + 1], cache=cache, cache_index=i)
         assert isinstance(cache, tuple) and len(cache) == 2
-        np.testing.assert_allclose(np.asarray(y), full[:, i:i + 1], atol=1e-5)
+        np.testing.assert_allclose(np.asarray(y), full[:, i : i + 1], atol=1e-5)
     # The written keys are the layer's own key projection of x.
     want_keys = np.einsum("btf,fhd->bthd", x, np.asarray(layer.key_dense.kernel))
     want_keys = want_keys + np.asarray(layer.key_dense.bias)
@@ -200,12 +202,17 @@ def test_bad_shapes_name_the_input():
         layer(np.zeros((2, 8), "float32"))
     with pytest.raises(ValueError, match=r"key\.shape=\(2, 4, 8\), value\.shape=\(2, 5, 8\)"):
         MultiHeadAttention(num_heads=2, key_dim=4)(
-            np.zeros((2, 3, 8), "float32"), np.zeros((2, 5, 8), "float32"), np.zeros((2, 4, 8), "float32")
+            np.zeros((2, 3, 8), "float32"),
+            np.zeros((2, 5, 8), "float32"),
+            np.zeros((2, 4, 8), "float32"),
         )
     with pytest.raises(ValueError, match=r"value_dim=8"):
-        MultiHeadAttention(num_heads=2, key_dim=4, value_dim=8).compute_cache(np.zeros((1, 3, 8), "float32"))
+        MultiHeadAttention(num_heads=2, key_dim=4, value_dim=8).compute_cache(
+            np.zeros((1, 3, 8), "float32")
+        )
 
 
+@pytest.mark.slow
 def test_self_attention_runs_heads_first_and_equals_the_token_major_path(monkeypatch):
     import tensorflow as tf
 

@@ -16,6 +16,7 @@ def _randomize(layer):
     layer.set_weights([RNG.normal(size=w.shape).astype("float32") for w in layer.get_weights()])
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("kwargs", [{}, {"axis": [1, 2], "center": False}])
 def test_layer_norm_layer_contract(kwargs):
     x = RNG.normal(size=(2, 5, 6)).astype("float32") * 3 + 1
@@ -31,6 +32,7 @@ def test_layer_norm_layer_contract(kwargs):
     )
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize(
     "shape, kwargs",
     [
@@ -51,7 +53,9 @@ def test_equals_keras_layer_normalization_with_copied_weights(shape, kwargs):
     _randomize(ours)
     reference = keras.layers.LayerNormalization(**{"epsilon": 1e-5, **kwargs})
     reference(x)
-    assert [(w.name, w.shape) for w in ours.weights] == [(w.name, w.shape) for w in reference.weights]
+    assert [(w.name, w.shape) for w in ours.weights] == [
+        (w.name, w.shape) for w in reference.weights
+    ]
     reference.set_weights(ours.get_weights())
     np.testing.assert_allclose(np.asarray(ours(x)), np.asarray(reference(x)), atol=2e-5)
 
@@ -83,11 +87,11 @@ def _float_islands(model_bytes):
     return [
         d["op"]
         for d in tflite_op_details(model_bytes)
-        if d["op"] not in ("QUANTIZE", "DEQUANTIZE")
-        and "FLOAT32" in d["inputs"] + d["outputs"]
+        if d["op"] not in ("QUANTIZE", "DEQUANTIZE") and "FLOAT32" in d["inputs"] + d["outputs"]
     ]
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize(
     "quantize, activation_type, tolerance",
     [("int8", "INT8", 0.15), ("int16x8", "INT16", 0.03)],
@@ -122,12 +126,14 @@ class NegLayerNorm(keras.layers.Layer):
         return x * inv + ops.negative(mean) * inv
 
 
+@pytest.mark.slow
 def test_float_island_check_catches_neg():
     model, samples = _quantize_model(NegLayerNorm())
     result = tflite_convert_and_run(model, samples[0], quantize="int8", representative_data=samples)
     assert "NEG" in _float_islands(result.model_bytes)
 
 
+@pytest.mark.slow
 def test_gpu_friendly_broadcasts():
     # Each binary op has one operand of the output's shape: no [1,T,1] x [D] MUL.
     x = keras.Input((5, 8), batch_size=1, name="x")

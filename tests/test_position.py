@@ -53,6 +53,7 @@ def rope_reference(x, positions, base=10000.0, scale=1.0):
 # ------------------------------------------------------------- shared harness
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("start_index", [0, 3])
 def test_sinusoidal_layer_contract(start_index):
     x = RNG.normal(size=(2, 5, 6)).astype("float32")
@@ -67,6 +68,7 @@ def test_sinusoidal_layer_contract(start_index):
     )
 
 
+@pytest.mark.slow
 def test_position_embedding_layer_contract():
     x = RNG.normal(size=(2, 5, 6)).astype("float32")
     run_layer_test(
@@ -80,6 +82,7 @@ def test_position_embedding_layer_contract():
     )
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("position", ["learned", "sinusoidal"])
 def test_token_and_position_layer_contract(position):
     ids = RNG.integers(1, 30, size=(2, 5)).astype("int32")
@@ -98,6 +101,7 @@ def test_token_and_position_layer_contract(position):
     )
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("shape", [(2, 5, 8), (2, 5, 3, 4)])
 def test_rotary_layer_contract(shape):
     x = RNG.normal(size=shape).astype("float32")
@@ -144,9 +148,7 @@ def test_sinusoidal_start_index_equals_rows_of_full_encoding():
     for k in (1, 5, 9):
         part = np.asarray(layer(np.zeros((1, 3, 6), "float32"), start_index=k))
         np.testing.assert_allclose(part, full[:, k : k + 3], atol=1e-6)
-        as_tensor = np.asarray(
-            layer(np.zeros((1, 3, 6), "float32"), start_index=tf.constant(k))
-        )
+        as_tensor = np.asarray(layer(np.zeros((1, 3, 6), "float32"), start_index=tf.constant(k)))
         np.testing.assert_allclose(as_tensor, full[:, k : k + 3], atol=1e-6)
 
 
@@ -174,9 +176,12 @@ def test_position_embedding_tensor_start_index_in_graph():
     def f(inputs, start):
         return layer(inputs, start_index=start)
 
-    np.testing.assert_array_equal(np.asarray(f(x, tf.constant(5))), np.broadcast_to(table[5:8], x.shape))
+    np.testing.assert_array_equal(
+        np.asarray(f(x, tf.constant(5))), np.broadcast_to(table[5:8], x.shape)
+    )
 
 
+@pytest.mark.slow
 def test_position_embedding_tensor_start_index_converts_to_tflite():
     layer = PositionEmbedding(sequence_length=10)
     x = RNG.normal(size=(2, 3, 4)).astype("float32")
@@ -261,6 +266,7 @@ def test_token_and_position_mask_zero_propagates():
     assert TokenAndPositionEmbedding(20, 8, 6).compute_mask(ids) is None
 
 
+@pytest.mark.slow
 def test_token_and_position_tflite_uses_1d_gather_without_select():
     model_in = keras.Input((None,), dtype="int32", name="ids")
     model = keras.Model(model_in, TokenAndPositionEmbedding(20, 8, 6)(model_in))
@@ -272,6 +278,7 @@ def test_token_and_position_tflite_uses_1d_gather_without_select():
         assert not {"SELECT", "SELECT_V2", "GATHER_ND"} & set(result.ops), result.ops
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize(
     "kwargs, name",
     [
@@ -303,6 +310,7 @@ def test_token_and_position_wrong_rank():
 # --------------------------------------------------------------------- RoPE
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("shape", [(2, 6, 8), (2, 6, 3, 4)])
 @pytest.mark.parametrize("start, scale", [(0, 1.0), (7, 1.0), (7, 4.0)])
 def test_rope_matches_complex_rotation(shape, start, scale):
@@ -320,7 +328,11 @@ def test_rope_matches_complex_rotation(shape, start, scale):
     base=st.sampled_from([10.0, 10000.0]),
 )
 def test_fuzz_rope_matches_complex_rotation(length, half, start, base):
-    x = np.random.default_rng(length * 100 + half).normal(size=(1, length, 2 * half)).astype("float32")
+    x = (
+        np.random.default_rng(length * 100 + half)
+        .normal(size=(1, length, 2 * half))
+        .astype("float32")
+    )
     out = np.asarray(RotaryEmbedding(max_wavelength=base)(x, start_index=start))
     want = rope_reference(x[0], np.arange(length) + start, base=base)
     np.testing.assert_allclose(out[0], want, atol=2e-4)
@@ -332,7 +344,9 @@ def test_rope_dot_product_depends_only_on_relative_position():
     k = RNG.normal(size=(1, 1, 16)).astype("float32")
 
     def score(m, n):
-        return float(np.sum(np.asarray(rope(q, start_index=m)) * np.asarray(rope(k, start_index=n))))
+        return float(
+            np.sum(np.asarray(rope(q, start_index=m)) * np.asarray(rope(k, start_index=n)))
+        )
 
     for m, n in [(0, 3), (5, 1), (2, 2)]:
         base = score(m, n)
@@ -361,6 +375,7 @@ def test_rope_start_index_equals_slice_of_full_rotation():
         np.testing.assert_allclose(tensor, full[:, k : k + 3], atol=1e-6)
 
 
+@pytest.mark.slow
 def test_rope_tensor_start_index_converts_to_tflite_rank_4():
     x = RNG.normal(size=(1, 1, 2, 4)).astype("float32")
     inputs = keras.Input((1, 2, 4), batch_size=1, name="x")
@@ -380,13 +395,18 @@ def test_rope_tensor_start_index_converts_to_tflite_rank_4():
 
 @pytest.mark.parametrize(
     "shape, match",
-    [((2, 5, 7), r"even.*\(2, 5, 7\)"), ((2, 5), r"rank 3 or 4.*\(2, 5\)"), ((1, 2, 3, 4, 6), r"rank 3 or 4")],
+    [
+        ((2, 5, 7), r"even.*\(2, 5, 7\)"),
+        ((2, 5), r"rank 3 or 4.*\(2, 5\)"),
+        ((1, 2, 3, 4, 6), r"rank 3 or 4"),
+    ],
 )
 def test_rope_bad_shapes(shape, match):
     with pytest.raises(ValueError, match=match):
         RotaryEmbedding()(np.zeros(shape, "float32"))
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize(
     "cls, kwargs, match",
     [
@@ -402,7 +422,9 @@ def test_bad_constructor_arguments(cls, kwargs, match):
         cls(**kwargs)
 
 
-@pytest.mark.parametrize("make", [SinusoidalPositionEncoding, RotaryEmbedding, lambda: PositionEmbedding(4)])
+@pytest.mark.parametrize(
+    "make", [SinusoidalPositionEncoding, RotaryEmbedding, lambda: PositionEmbedding(4)]
+)
 def test_negative_start_index(make):
     with pytest.raises(ValueError, match="start_index=-1"):
         make()(np.zeros((1, 2, 4), "float32"), start_index=-1)
@@ -414,7 +436,9 @@ def test_position_wrong_rank(make):
         make()(np.zeros((2, 4), "float32"))
 
 
-@pytest.mark.parametrize("module_name", ["layers.position", "layers.embedding", "layers.normalization"])
+@pytest.mark.parametrize(
+    "module_name", ["layers.position", "layers.embedding", "layers.normalization"]
+)
 def test_docstring_examples_run(module_name):
     import doctest
     import importlib

@@ -19,6 +19,8 @@ from tests.test_checkpoint import ROOT, TINY, _write_conllu
 from train import checkpoint
 from train.rundir import read_json
 
+pytestmark = pytest.mark.slow  # seconds per test: make test-fast leaves the file out
+
 EPOCHS = 2
 
 
@@ -30,20 +32,67 @@ def _env():
 
 def _tagger(out, files, *extra):
     options = [f"--model-option={k}={json.dumps(v)}" for k, v in TINY.items()]
-    return [sys.executable, "-m", "train", "tagger", "--out", str(out), "--epochs", str(EPOCHS),
-            "--batch-size", "8", "--checkpoint-every", "2", "--seed", "3", *files, *options, *extra]
+    return [
+        sys.executable,
+        "-m",
+        "train",
+        "tagger",
+        "--out",
+        str(out),
+        "--epochs",
+        str(EPOCHS),
+        "--batch-size",
+        "8",
+        "--checkpoint-every",
+        "2",
+        "--seed",
+        "3",
+        *files,
+        *options,
+        *extra,
+    ]
 
 
 def _seq2seq(out, files, *extra):
-    return [sys.executable, "-m", "train", "seq2seq", "--out", str(out), "--task", "reverse",
-            "--train-size", "96", "--epochs", str(EPOCHS), "--batch-size", "8", "--hidden-dim", "16",
-            "--num-layers", "1", "--num-heads", "2", "--intermediate-dim", "32", "--dev-sample", "0",
-            "--verbose", "0", "--checkpoint-every", "2", "--seed", "3", *extra]
+    return [
+        sys.executable,
+        "-m",
+        "train",
+        "seq2seq",
+        "--out",
+        str(out),
+        "--task",
+        "reverse",
+        "--train-size",
+        "96",
+        "--epochs",
+        str(EPOCHS),
+        "--batch-size",
+        "8",
+        "--hidden-dim",
+        "16",
+        "--num-layers",
+        "1",
+        "--num-heads",
+        "2",
+        "--intermediate-dim",
+        "32",
+        "--dev-sample",
+        "0",
+        "--verbose",
+        "0",
+        "--checkpoint-every",
+        "2",
+        "--seed",
+        "3",
+        *extra,
+    ]
 
 
 @pytest.fixture(scope="module")
 def data_files(tmp_path_factory):
     from train.tagger import embedded
+
     root = tmp_path_factory.mktemp("preemption")
     data = embedded.generate(seed=1, train_size=240, dev_size=40, test_size=60)
     files = []
@@ -53,14 +102,28 @@ def data_files(tmp_path_factory):
     return root, files
 
 
-def test_sigterm_mid_epoch_writes_a_checkpoint_and_resume_ends_like_an_uninterrupted_run(data_files):
+def test_sigterm_mid_epoch_writes_a_checkpoint_and_resume_ends_like_an_uninterrupted_run(
+    data_files,
+):
     """Real processes: the uninterrupted run and the signalled one run side by side."""
     root, files = data_files
-    full = subprocess.Popen(_tagger(root / "full", files), cwd=ROOT, env=_env(), stdout=subprocess.DEVNULL,
-                            stderr=subprocess.PIPE, text=True)
+    full = subprocess.Popen(
+        _tagger(root / "full", files),
+        cwd=ROOT,
+        env=_env(),
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
     out = root / "stopped"
-    proc = subprocess.Popen(_tagger(out, files), cwd=ROOT, env=_env(), stdout=subprocess.DEVNULL,
-                            stderr=subprocess.PIPE, text=True)
+    proc = subprocess.Popen(
+        _tagger(out, files),
+        cwd=ROOT,
+        env=_env(),
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
     ckpt = out / "checkpoints"
     deadline = time.monotonic() + 240
     try:
@@ -75,10 +138,19 @@ def test_sigterm_mid_epoch_writes_a_checkpoint_and_resume_ends_like_an_uninterru
         assert "Traceback" not in err
         path, record = _check_stop_line(err.strip().splitlines()[-1], "SIGTERM", ckpt)
         assert not (out / "metrics.json").exists()
-        resumed = subprocess.run(_tagger(out, files, "--resume"), cwd=ROOT, env=_env(), capture_output=True,
-                                 text=True, timeout=240)
+        resumed = subprocess.run(
+            _tagger(out, files, "--resume"),
+            cwd=ROOT,
+            env=_env(),
+            capture_output=True,
+            text=True,
+            timeout=240,
+        )
         assert resumed.returncode == 0, resumed.stderr[-3000:]
-        assert f"restored {os.path.basename(path)}: epoch 2, batch {record['batches_done']}" in resumed.stderr
+        assert (
+            f"restored {os.path.basename(path)}: epoch 2, batch {record['batches_done']}"
+            in resumed.stderr
+        )
         assert full.wait(timeout=240) == 0, full.stderr.read()[-3000:]
     finally:
         for p in (full, proc):
@@ -89,8 +161,11 @@ def test_sigterm_mid_epoch_writes_a_checkpoint_and_resume_ends_like_an_uninterru
 
 
 def _check_stop_line(line, name, ckpt, epoch=2):
-    match = re.fullmatch(rf"stopped by {name}: wrote (\S+step-(\d+)\.npz) at epoch {epoch}, batch (\d+); "
-                         r"continue with --resume", line)
+    match = re.fullmatch(
+        rf"stopped by {name}: wrote (\S+step-(\d+)\.npz) at epoch {epoch}, batch (\d+); "
+        r"continue with --resume",
+        line,
+    )
     assert match, line
     path, record = checkpoint.latest(ckpt)
     assert path == match.group(1) and record["step"] == int(match.group(2))
@@ -143,7 +218,9 @@ def test_sigint_in_the_first_epoch_seq2seq_in_process(tmp_path, monkeypatch, cap
     stopped = tmp_path / "stopped"
     assert run(stopped) == 130
     err = capsys.readouterr().err
-    path, record = _check_stop_line(err.strip().splitlines()[-1], "SIGINT", stopped / "checkpoints", epoch=1)
+    path, record = _check_stop_line(
+        err.strip().splitlines()[-1], "SIGINT", stopped / "checkpoints", epoch=1
+    )
     assert record["batches_done"] == 5 and not (stopped / "checkpoints" / "last.keras").exists()
     monkeypatch.setattr(engine.Engine, "train_batch", train_batch)
     assert run(stopped, "--resume") == 0
@@ -163,9 +240,15 @@ def test_sigterm_to_one_of_two_workers_stops_both_and_resumes_in_one_process(tmp
     ports = _free_ports(2)
     cluster = {"worker": [f"127.0.0.1:{p}" for p in ports]}
     single = _start(tmp_path / "single", "default", epochs=epochs)
-    workers = [_start(tmp_path / "multi", "multi_worker", epochs=epochs,
-                      tf_config={"cluster": cluster, "task": {"type": "worker", "index": i}})
-               for i in range(2)]
+    workers = [
+        _start(
+            tmp_path / "multi",
+            "multi_worker",
+            epochs=epochs,
+            tf_config={"cluster": cluster, "task": {"type": "worker", "index": i}},
+        )
+        for i in range(2)
+    ]
     ckpt = tmp_path / "multi" / "checkpoints"
     try:
         deadline = time.monotonic() + TIMEOUT
@@ -183,19 +266,28 @@ def test_sigterm_to_one_of_two_workers_stops_both_and_resumes_in_one_process(tmp
     assert [p.returncode for p in workers] == [143, 143], [o[-3000:] for o in outputs]
     path, record = checkpoint.latest(ckpt)
     assert record["epoch"] < epochs - 1, "the run ended before the signal"
-    where = (f"at epoch {record['epoch'] + 1}, batch {record['batches_done']}" if not record["epoch_complete"]
-             else f"at the end of epoch {record['epoch'] + 1}")
+    where = (
+        f"at epoch {record['epoch'] + 1}, batch {record['batches_done']}"
+        if not record["epoch_complete"]
+        else f"at the end of epoch {record['epoch'] + 1}"
+    )
     lines = [o.strip().splitlines()[-1] for o in outputs]
     how = ["SIGTERM on another worker", "SIGTERM on another worker"]
     how[signalled] = "SIGTERM"
     assert lines[0] == f"stopped by {how[0]}: wrote {path} {where}; continue with --resume", lines
-    assert lines[1] == f"stopped by {how[1]}: the chief wrote the checkpoint {where}; continue with --resume", lines
+    assert (
+        lines[1]
+        == f"stopped by {how[1]}: the chief wrote the checkpoint {where}; continue with --resume"
+    ), lines
     (out,) = _finish([_start(tmp_path / "multi", "default", epochs=epochs, resume=True)])
     assert "replicas 1" in out and f"restored {os.path.basename(path)}" in out
     _finish([single])
     for kind in ("weights", "averaged"):
-        _assert_same(_weights(tmp_path / "multi" / f"{kind}-e{epochs}-w0.npz"),
-                     _weights(tmp_path / "single" / f"{kind}-e{epochs}-w0.npz"), atol=1e-4)
+        _assert_same(
+            _weights(tmp_path / "multi" / f"{kind}-e{epochs}-w0.npz"),
+            _weights(tmp_path / "single" / f"{kind}-e{epochs}-w0.npz"),
+            atol=1e-4,
+        )
 
 
 def _sagan_workers(out, extra_per_worker):
@@ -209,10 +301,29 @@ def _sagan_workers(out, extra_per_worker):
     for i, extra in enumerate(extra_per_worker):
         env = _env()
         env["TF_CONFIG"] = json.dumps({"cluster": cluster, "task": {"type": "worker", "index": i}})
-        workers.append(subprocess.Popen(
-            [sys.executable, "-m", "train", "sagan", "--strategy", "multi_worker", "--out", str(out),
-             "--verbose", "0", *SAGAN_TINY, *extra],
-            cwd=ROOT, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True))
+        workers.append(
+            subprocess.Popen(
+                [
+                    sys.executable,
+                    "-m",
+                    "train",
+                    "sagan",
+                    "--strategy",
+                    "multi_worker",
+                    "--out",
+                    str(out),
+                    "--verbose",
+                    "0",
+                    *SAGAN_TINY,
+                    *extra,
+                ],
+                cwd=ROOT,
+                env=env,
+                stdout=subprocess.DEVNULL,
+                stderr=subprocess.PIPE,
+                text=True,
+            )
+        )
     return workers
 
 
@@ -250,14 +361,28 @@ def test_sigterm_to_one_of_two_sagan_workers_stops_both_at_one_step(tmp_path):
     saved = read_json(state)
     assert saved["epoch"] < epochs - 1, "the run ended before the signal"
     lines = [e.strip().splitlines()[-1] for e in errors]
-    where = (f"at epoch {saved['epoch'] + 1}, batch {saved['batches_done']}" if saved.get("batches_done")
-             else f"at the end of epoch {saved['epoch']}")
+    where = (
+        f"at epoch {saved['epoch'] + 1}, batch {saved['batches_done']}"
+        if saved.get("batches_done")
+        else f"at the end of epoch {saved['epoch']}"
+    )
     npz = out / "checkpoints" / "state.npz"
-    assert lines[0] == f"stopped by SIGTERM on another worker: wrote {npz} {where}; continue with --resume", lines
-    assert lines[1] == f"stopped by SIGTERM: the chief wrote the checkpoint {where}; continue with --resume", lines
-    resumed = subprocess.run([sys.executable, "-m", "train", "sagan", "--out", str(out), "--resume",
-                              "--verbose", "0"], cwd=ROOT, env=_env(), capture_output=True, text=True,
-                             timeout=TIMEOUT)
+    assert (
+        lines[0]
+        == f"stopped by SIGTERM on another worker: wrote {npz} {where}; continue with --resume"
+    ), lines
+    assert (
+        lines[1]
+        == f"stopped by SIGTERM: the chief wrote the checkpoint {where}; continue with --resume"
+    ), lines
+    resumed = subprocess.run(
+        [sys.executable, "-m", "train", "sagan", "--out", str(out), "--resume", "--verbose", "0"],
+        cwd=ROOT,
+        env=_env(),
+        capture_output=True,
+        text=True,
+        timeout=TIMEOUT,
+    )
     assert resumed.returncode == 0, resumed.stderr[-3000:]
     final = read_json(state)
     assert final["epoch"] == epochs and final["d_steps"] == epochs * 4
@@ -273,7 +398,9 @@ def test_two_sagan_workers_end_at_one_step_when_the_chief_runs_out_of_time(tmp_p
 
     epochs = 400  # never reached: the time limit ends the run
     out = tmp_path / "run"
-    workers = _sagan_workers(out, [["--epochs", str(epochs), "--max-minutes", m] for m in ("0.5", "0.25")])
+    workers = _sagan_workers(
+        out, [["--epochs", str(epochs), "--max-minutes", m] for m in ("0.5", "0.25")]
+    )
     errors = _wait_all(workers, TIMEOUT)
     assert [p.returncode for p in workers] == [0, 0], [e[-3000:] for e in errors]
     metrics = read_json(out / "metrics.json")

@@ -6,6 +6,8 @@ import tensorflow as tf
 
 from layers.projection import flat_matmul, heads_first_projection
 
+pytestmark = pytest.mark.slow  # seconds per test: make test-fast leaves the file out
+
 RNG = np.random.default_rng(5)
 
 

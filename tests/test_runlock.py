@@ -10,8 +10,10 @@ import sys
 import pytest
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-HOLD = ("import sys, time; sys.path.insert(0, {root!r}); from zoo import run_lock; "
-        "run_lock.acquire({path!r}); print('held', flush=True); time.sleep(120)")
+HOLD = (
+    "import sys, time; sys.path.insert(0, {root!r}); from zoo import run_lock; "
+    "run_lock.acquire({path!r}); print('held', flush=True); time.sleep(120)"
+)
 
 
 @pytest.fixture
@@ -19,8 +21,11 @@ def holder(tmp_path):
     """A live process holding tmp_path/run's lock (zoo.run_lock)."""
     run = tmp_path / "run"
     run.mkdir()
-    proc = subprocess.Popen([sys.executable, "-c", HOLD.format(root=ROOT, path=str(run))],
-                            stdout=subprocess.PIPE, text=True)
+    proc = subprocess.Popen(
+        [sys.executable, "-c", HOLD.format(root=ROOT, path=str(run))],
+        stdout=subprocess.PIPE,
+        text=True,
+    )
     assert proc.stdout.readline().strip() == "held"
     yield run, proc
     if proc.poll() is None:
@@ -30,8 +35,9 @@ def holder(tmp_path):
 
 def _cli(*argv):
     env = dict(os.environ, PYTHONPATH=ROOT)
-    return subprocess.run([sys.executable, *argv], cwd=ROOT, env=env, capture_output=True, text=True,
-                          timeout=120)
+    return subprocess.run(
+        [sys.executable, *argv], cwd=ROOT, env=env, capture_output=True, text=True, timeout=120
+    )
 
 
 def _one_line(proc, needle):
@@ -41,6 +47,7 @@ def _one_line(proc, needle):
     assert needle in lines[0], lines[0]
 
 
+@pytest.mark.slow
 def test_a_second_training_run_refuses_naming_the_holders_pid(holder):
     run, proc = holder
     before = sorted(os.listdir(run))
@@ -53,13 +60,23 @@ def test_a_second_training_run_refuses_naming_the_holders_pid(holder):
     assert (run / ".zoo-lock").read_text().strip() == str(proc.pid)
     # ... and is taken over: this run gets past the lock to its data check, then releases it.
     missing = run.parent / "missing.conllu"
-    _one_line(_cli("-m", "train", "tagger", "--out", str(run), "--train-file", str(missing)), str(missing))
-    result = _cli("-m", "train", "tagger", "--out", str(run), "--train-file",
-                  os.path.join(ROOT, "tests", "fixtures", "tagger", "empty.conllu"))
+    _one_line(
+        _cli("-m", "train", "tagger", "--out", str(run), "--train-file", str(missing)), str(missing)
+    )
+    result = _cli(
+        "-m",
+        "train",
+        "tagger",
+        "--out",
+        str(run),
+        "--train-file",
+        os.path.join(ROOT, "tests", "fixtures", "tagger", "empty.conllu"),
+    )
     _one_line(result, "empty.conllu")
     assert os.listdir(run) == []  # the stale lock was taken over, then released with the command
 
 
+@pytest.mark.slow
 def test_an_export_into_a_locked_directory_refuses(holder, tmp_path, capsys):
     from export.__main__ import main
     from tests.test_export_support import make_tagger_run
@@ -67,8 +84,10 @@ def test_an_export_into_a_locked_directory_refuses(holder, tmp_path, capsys):
     run, proc = holder
     source = tmp_path / "tagger_run"
     make_tagger_run(str(source))
-    for argv in (["savedmodel", str(source), "--out", str(run)],
-                 ["tflite", str(source), "--out", str(run / "t.tflite")]):
+    for argv in (
+        ["savedmodel", str(source), "--out", str(run)],
+        ["tflite", str(source), "--out", str(run / "t.tflite")],
+    ):
         assert main(argv) == 2
         err = capsys.readouterr().err.strip().splitlines()
         assert len(err) == 1 and f"in use by process {proc.pid}" in err[0], err
@@ -85,14 +104,18 @@ def test_train_holds_its_run_directory_and_releases_it(tmp_path):
         assert runlock.holder(str(out)) == os.getpid()
         assert (out / ".zoo-lock").read_text().strip() == str(os.getpid())
         # Another process sees the lock (flock, not the file's mere presence).
-        probe = _cli("-c", f"import sys; sys.path.insert(0, {ROOT!r}); from export import runlock; "
-                           f"print(runlock.holder({str(out)!r}))")
+        probe = _cli(
+            "-c",
+            f"import sys; sys.path.insert(0, {ROOT!r}); from export import runlock; "
+            f"print(runlock.holder({str(out)!r}))",
+        )
         assert probe.stdout.strip() == str(os.getpid()), probe.stderr
     finally:
         runlock.release_all()
     assert not (out / ".zoo-lock").exists() and runlock.holder(str(out)) is None
 
 
+@pytest.mark.slow
 def test_train_and_export_use_the_one_lock_module():
     """zoo/run_lock.py is the one lock module: export's names are its own, and train's
     and export's fast paths import it without Keras or TensorFlow."""
@@ -101,35 +124,53 @@ def test_train_and_export_use_the_one_lock_module():
 
     for name in ("LOCK_NAME", "LockedError", "holder", "acquire", "release", "release_all"):
         assert getattr(export_lock, name) is getattr(shared, name), name
-    probe = _cli("-c", f"import sys; sys.path.insert(0, {ROOT!r}); import train.cli, train.rundir; "
-                       f"from export import runlock as e; import zoo.run_lock as z; "
-                       f"print(train.rundir.runlock is z, e.acquire is z.acquire, "
-                       f"sorted({{'keras', 'tensorflow'}} & set(sys.modules)))")
+    probe = _cli(
+        "-c",
+        f"import sys; sys.path.insert(0, {ROOT!r}); import train.cli, train.rundir; "
+        f"from export import runlock as e; import zoo.run_lock as z; "
+        f"print(train.rundir.runlock is z, e.acquire is z.acquire, "
+        f"sorted({{'keras', 'tensorflow'}} & set(sys.modules)))",
+    )
     assert probe.stdout.split() == ["True", "True", "[]"], probe.stderr
-    probe = _cli("-c", f"import sys; sys.path.insert(0, {ROOT!r}); from train import rundir; "
-                       f"from export import atomic, runlock; print(sorted({{'keras', 'tensorflow'}} "
-                       f"& set(sys.modules)))")
+    probe = _cli(
+        "-c",
+        f"import sys; sys.path.insert(0, {ROOT!r}); from train import rundir; "
+        f"from export import atomic, runlock; print(sorted({{'keras', 'tensorflow'}} "
+        f"& set(sys.modules)))",
+    )
     assert probe.stdout.strip() == "[]", probe.stderr
 
 
+@pytest.mark.slow
 def test_one_writable_ancestor_check_keeps_each_cli_s_message(tmp_path, monkeypatch):
     """train, export and the zoo CLIs share zoo.run_lock.check_writable_ancestor; their
     messages are unchanged (os.access patched: root writes anywhere)."""
     from export import atomic
-    from zoo.cli import UsageError as ExportUsage
     from train import rundir
-    from zoo.cli import UsageError as TrainUsage
     from zoo import cli as cli_input
+    from zoo.cli import UsageError as ExportUsage
+    from zoo.cli import UsageError as TrainUsage
+
     (tmp_path / "file").write_text("x")
     target = str(tmp_path / "file" / "out")
-    for check, error in ((rundir.check_creatable, TrainUsage), (atomic.check_target, ExportUsage),
-                         (cli_input.check_out_file, cli_input.UsageError)):
-        with pytest.raises(error, match=f"^--out {target}: {tmp_path / 'file'} is not a directory$"):
+    for check, error in (
+        (rundir.check_creatable, TrainUsage),
+        (atomic.check_target, ExportUsage),
+        (cli_input.check_out_file, cli_input.UsageError),
+    ):
+        with pytest.raises(
+            error, match=f"^--out {target}: {tmp_path / 'file'} is not a directory$"
+        ):
             check(target)
     monkeypatch.setattr(os, "access", lambda path, mode: False)
     target = str(tmp_path / "new" / "out")
-    with pytest.raises(TrainUsage, match=f"^--out {target}: cannot create it, {tmp_path} is not writable$"):
+    with pytest.raises(
+        TrainUsage, match=f"^--out {target}: cannot create it, {tmp_path} is not writable$"
+    ):
         rundir.check_creatable(target)
-    for check, error in ((atomic.check_target, ExportUsage), (cli_input.check_out_file, cli_input.UsageError)):
+    for check, error in (
+        (atomic.check_target, ExportUsage),
+        (cli_input.check_out_file, cli_input.UsageError),
+    ):
         with pytest.raises(error, match=f"^--out {target}: {tmp_path} is not writable$"):
             check(target)

@@ -18,6 +18,7 @@ ENV = {**os.environ, "KERAS_BACKEND": "tensorflow", "TF_CPP_MIN_LOG_LEVEL": "2"}
 
 
 # ---------------------------------------------------------------- builders
+@pytest.mark.slow
 @pytest.mark.parametrize("num_classes", [None, 3])
 def test_builders_shapes_and_attention_placement(num_classes):
     g = zoo.build("sagan_generator", image_size=64, num_classes=num_classes, width=4, latent_dim=8)
@@ -32,18 +33,25 @@ def test_builders_shapes_and_attention_placement(num_classes):
     # Default: the second-largest feature map (32 for 64x64 images), in G and D.
     assert g.get_layer("self_attention").input.shape[1] == 32
     assert d.get_layer("self_attention").input.shape[1] == 32
-    g16 = zoo.build("sagan_generator", image_size=64, width=4, latent_dim=8, attention_resolution=16)
+    g16 = zoo.build(
+        "sagan_generator", image_size=64, width=4, latent_dim=8, attention_resolution=16
+    )
     assert g16.get_layer("self_attention").input.shape[1] == 16
-    none = zoo.build("sagan_generator", image_size=32, width=4, latent_dim=8, attention_resolution=None)
+    none = zoo.build(
+        "sagan_generator", image_size=32, width=4, latent_dim=8, attention_resolution=None
+    )
     assert not any(layer.name == "self_attention" for layer in none.layers)
 
 
-@pytest.mark.parametrize("kwargs, message", [
-    ({"image_size": 48}, "image_size=48"),
-    ({"image_size": 16}, "image_size=16"),
-    ({"attention_resolution": 32}, "attention_resolution=32"),
-    ({"num_classes": 1}, "num_classes=1"),
-])
+@pytest.mark.parametrize(
+    "kwargs, message",
+    [
+        ({"image_size": 48}, "image_size=48"),
+        ({"image_size": 16}, "image_size=16"),
+        ({"attention_resolution": 32}, "attention_resolution=32"),
+        ({"num_classes": 1}, "num_classes=1"),
+    ],
+)
 def test_builder_bad_arguments(kwargs, message):
     for name in ("sagan_generator", "sagan_discriminator"):
         with pytest.raises(ValueError, match=message):
@@ -78,8 +86,17 @@ def test_mode_seeking_loss_is_the_pairwise_formula():
     rng = np.random.default_rng(3)
     fake = rng.uniform(-1, 1, size=(7, 4, 4, 3)).astype("float32")  # odd: row 6 is unpaired
     noise = rng.normal(size=(7, 8)).astype("float32")
-    want = sum(1.0 / (np.mean(np.abs(fake[i] - fake[i + 1])) / np.mean(np.abs(noise[i] - noise[i + 1]))
-                      + 1e-5) for i in (0, 2, 4)) / 3.5
+    want = (
+        sum(
+            1.0
+            / (
+                np.mean(np.abs(fake[i] - fake[i + 1])) / np.mean(np.abs(noise[i] - noise[i + 1]))
+                + 1e-5
+            )
+            for i in (0, 2, 4)
+        )
+        / 3.5
+    )
     got = SaganTrainer.mode_seeking_loss(tf.constant(fake), tf.constant(noise), tf.constant(7.0))
     assert abs(float(got) - want) < 1e-4 * want
 
@@ -107,8 +124,9 @@ def test_upsampling_gradient_is_the_2x2_block_sum(jit_compile):
 
     y, grad = forward_backward(tf.constant(x))
     np.testing.assert_array_equal(y.numpy(), x.repeat(2, axis=1).repeat(2, axis=2))
-    np.testing.assert_allclose(grad.numpy(), weights.reshape(2, 3, 2, 4, 2, 5).sum(axis=(2, 4)),
-                               rtol=1e-6, atol=1e-6)
+    np.testing.assert_allclose(
+        grad.numpy(), weights.reshape(2, 3, 2, 4, 2, 5).sum(axis=(2, 4)), rtol=1e-6, atol=1e-6
+    )
 
 
 def test_fid_against_itself_is_zero_and_against_noise_large():
@@ -139,9 +157,28 @@ def test_fid_matches_closed_form_in_two_dimensions():
 
 
 # ---------------------------------------------------------------- tiny run
-TINY = ["--epochs", "2", "--train-size", "256", "--test-size", "128", "--eval-samples", "128",
-        "--epoch-eval-samples", "128", "--classifier-epochs", "2", "--width", "8",
-        "--latent-dim", "16", "--seed", "1", "--lr-decay-from", "0.5"]
+TINY = [
+    "--epochs",
+    "2",
+    "--train-size",
+    "256",
+    "--test-size",
+    "128",
+    "--eval-samples",
+    "128",
+    "--epoch-eval-samples",
+    "128",
+    "--classifier-epochs",
+    "2",
+    "--width",
+    "8",
+    "--latent-dim",
+    "16",
+    "--seed",
+    "1",
+    "--lr-decay-from",
+    "0.5",
+]
 
 
 @pytest.fixture(scope="module")
@@ -153,6 +190,7 @@ def tiny_run(tmp_path_factory):
     return out
 
 
+@pytest.mark.slow
 def test_tiny_run_losses_finite_fid_falls_and_contract(tiny_run):
     metrics = json.load(open(os.path.join(tiny_run, "metrics.json")))
     for key in ("fid", "kid", "fid_floor", "class_accuracy"):
@@ -168,8 +206,17 @@ def test_tiny_run_losses_finite_fid_falls_and_contract(tiny_run):
     assert np.isfinite(metrics["initial_fid_quick"])
     config = json.load(open(os.path.join(tiny_run, "config.json")))
     assert config["kind"] == "sagan" and config["model"]["num_classes"] == 4
-    for name in ("model.keras", "discriminator.keras", "classifier.keras", "calibration.npz",
-                 "samples.png", "attention.png", "progress.png", "samples/epoch_002.png", "vocab/classes.txt"):
+    for name in (
+        "model.keras",
+        "discriminator.keras",
+        "classifier.keras",
+        "calibration.npz",
+        "samples.png",
+        "attention.png",
+        "progress.png",
+        "samples/epoch_002.png",
+        "vocab/classes.txt",
+    ):
         assert os.path.exists(os.path.join(tiny_run, name)), name
     assert os.listdir(os.path.join(tiny_run, "logs"))
 
@@ -181,8 +228,10 @@ def _label_and_noise_shares(run_dir, classes=4, noises=8):
     g = keras.models.load_model(os.path.join(run_dir, "model.keras"), compile=False)
     latent = g.inputs[0].shape[-1] if g.inputs[0].name == "noise" else g.inputs[1].shape[-1]
     noise = np.random.default_rng(5).normal(size=(noises, latent)).astype("float32")
-    feed = {"noise": np.tile(noise, (classes, 1)),
-            "label": np.repeat(np.arange(classes), noises).astype("int32")}
+    feed = {
+        "noise": np.tile(noise, (classes, 1)),
+        "label": np.repeat(np.arange(classes), noises).astype("int32"),
+    }
     images = np.asarray(g(feed, training=False)).reshape(classes, noises, -1)
     between = images.mean(axis=1).var(axis=0).mean()  # how far the class means are apart
     within = images.var(axis=1).mean()  # how much the noise moves an image of one class
@@ -190,6 +239,7 @@ def _label_and_noise_shares(run_dir, classes=4, noises=8):
     return between / total, within / total
 
 
+@pytest.mark.slow
 def test_tiny_run_generator_follows_the_label_and_the_noise(tiny_run):
     """The old default's samples were the same picture in every class row (the label had
     no visible effect); then, without mode seeking, one picture per class (no effect of
@@ -199,6 +249,7 @@ def test_tiny_run_generator_follows_the_label_and_the_noise(tiny_run):
     assert noise_share > 0.1, noise_share
 
 
+@pytest.mark.slow
 def test_learning_rates_fall_linearly_over_the_second_half_of_the_budget(tiny_run):
     """--lr-decay-from 0.5 (TINY): constant rates for the first half of the steps, then
     linear to 0. The checkpoint holds the rates of the last step, D step 15 of 16
@@ -226,6 +277,7 @@ def _png(path):
     return np.asarray(Image.open(path), dtype=np.int16)
 
 
+@pytest.mark.slow
 def test_model_keras_is_the_epoch_with_the_lowest_quick_fid(tiny_run, tmp_path):
     """--keep best (default): model.keras is the sampler of the epoch whose quick FID was
     lowest; its sample grid is that epoch's samples/epoch_NNN.png."""
@@ -236,15 +288,26 @@ def test_model_keras_is_the_epoch_with_the_lowest_quick_fid(tiny_run, tmp_path):
     config = json.load(open(os.path.join(tiny_run, "config.json")))
     kept = int(np.argmin(metrics["fid_quick_history"])) + 1
     assert metrics["keep"] == "best" and metrics["kept_epoch"] == kept
-    save_sample_grid(_grid_of(os.path.join(tiny_run, "model.keras"), config), GRID_COLUMNS,
-                     str(tmp_path / "grid.png"))
+    save_sample_grid(
+        _grid_of(os.path.join(tiny_run, "model.keras"), config),
+        GRID_COLUMNS,
+        str(tmp_path / "grid.png"),
+    )
     ours = _png(tmp_path / "grid.png")
-    assert np.abs(ours - _png(os.path.join(tiny_run, "samples", f"epoch_{kept:03d}.png"))).max() <= 1
+    assert (
+        np.abs(ours - _png(os.path.join(tiny_run, "samples", f"epoch_{kept:03d}.png"))).max() <= 1
+    )
     for other in range(1, len(metrics["fid_quick_history"]) + 1):
         if other != kept:  # a different epoch's grid differs (the comparison can fail)
-            assert np.abs(ours - _png(os.path.join(tiny_run, "samples", f"epoch_{other:03d}.png"))).max() > 1
+            assert (
+                np.abs(
+                    ours - _png(os.path.join(tiny_run, "samples", f"epoch_{other:03d}.png"))
+                ).max()
+                > 1
+            )
 
 
+@pytest.mark.slow
 def test_resume_continues_from_the_checkpoint(tiny_run, tmp_path):
     import shutil
 
@@ -255,21 +318,23 @@ def test_resume_continues_from_the_checkpoint(tiny_run, tmp_path):
     assert main(["sagan", "--out", copy, "--resume", "--epochs", "3"]) == 0
     state = json.load(open(os.path.join(copy, "checkpoints", "state.json")))
     assert state["epoch"] == 3 and len(state["history"]) == 3 and state["d_steps"] == 24
-    assert state["history"][:2] == json.load(
-        open(os.path.join(tiny_run, "checkpoints", "state.json")))["history"]
+    assert (
+        state["history"][:2]
+        == json.load(open(os.path.join(tiny_run, "checkpoints", "state.json")))["history"]
+    )
     # The kept generator travels in the checkpoint: the best of all three epochs is kept.
     metrics = json.load(open(os.path.join(copy, "metrics.json")))
     assert metrics["kept_epoch"] == int(np.argmin(metrics["fid_quick_history"])) + 1
 
 
+@pytest.mark.slow
 def test_generator_export_gpu_clean_and_equal_to_keras(tiny_run, tmp_path):
+    import keras
     import tensorflow as tf
 
     from export.check import check_file
     from export.savedmodel import export_savedmodel
     from export.tflite import export_tflite
-
-    import keras
 
     generator = keras.models.load_model(os.path.join(tiny_run, "model.keras"))
     rng = np.random.default_rng(3)
@@ -283,13 +348,16 @@ def test_generator_export_gpu_clean_and_equal_to_keras(tiny_run, tmp_path):
         export_tflite(tiny_run, path, quantize=quantize, static_shape=True)
         assert check_file(path, "gpu") == [], quantize
         runner = Interpreter(model_path=path).get_signature_runner("serving_default")
-        got = np.concatenate([runner(noise=noise[i:i + 1], label=labels[i:i + 1])["image"]
-                              for i in range(3)])
+        got = np.concatenate(
+            [runner(noise=noise[i : i + 1], label=labels[i : i + 1])["image"] for i in range(3)]
+        )
         assert got.shape == (3, 32, 32, 3)
         np.testing.assert_allclose(got, want, atol=atol)
     version = export_savedmodel(tiny_run, str(tmp_path / "serving" / "sagan"))
     loaded = tf.saved_model.load(version)
-    out = loaded.signatures["generate"](noise=tf.constant(noise), label=tf.constant(labels))["image"]
+    out = loaded.signatures["generate"](noise=tf.constant(noise), label=tf.constant(labels))[
+        "image"
+    ]
     assert out.dtype == tf.uint8
     assert np.max(np.abs(out.numpy().astype(int) - np.round(want * 255).astype(int))) <= 1
     with open(os.path.join(tiny_run, "config.json")) as f:
@@ -299,6 +367,7 @@ def test_generator_export_gpu_clean_and_equal_to_keras(tiny_run, tmp_path):
             loaded.signatures["generate"](noise=tf.constant(noise[:1]), label=tf.constant([bad]))
 
 
+@pytest.mark.slow
 def test_zoo_generate_cli(tiny_run, tmp_path):
     from zoo.generate import main
 
@@ -312,8 +381,14 @@ def test_zoo_generate_cli(tiny_run, tmp_path):
 
 # ---------------------------------------------------------------- bad inputs
 def _cli(*args):
-    return subprocess.run([sys.executable, "-m", "train", "sagan", *args], cwd=ROOT, env=ENV,
-                          capture_output=True, text=True, timeout=120)
+    return subprocess.run(
+        [sys.executable, "-m", "train", "sagan", *args],
+        cwd=ROOT,
+        env=ENV,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
 
 
 def _write_images(folder, sizes):
@@ -324,6 +399,7 @@ def _write_images(folder, sizes):
         Image.fromarray(np.zeros((size, size, 3), np.uint8)).save(os.path.join(folder, f"{i}.png"))
 
 
+@pytest.mark.slow
 def test_bad_inputs_one_line_exit_2_nothing_overwritten(tmp_path):
     existing = tmp_path / "existing"
     existing.mkdir()
@@ -363,6 +439,7 @@ def test_bad_inputs_one_line_exit_2_nothing_overwritten(tmp_path):
 
 
 # ---------------------------------------------------------------- zoo layers
+@pytest.mark.slow
 def test_zoo_blocks_pass_the_layer_contract():
     from tests.harness import run_layer_test
     from zoo.sagan.model import ClassEmbedding, DiscriminatorBlock, GeneratorBlock, ProjectionHead
@@ -371,20 +448,41 @@ def test_zoo_blocks_pass_the_layer_contract():
     x = rng.normal(size=(2, 4, 4, 8)).astype("float32")
     labels = np.array([1, 0], "int32")
     batch_only = {"inputs": (0,), "labels": (0,)}
-    run_layer_test(GeneratorBlock, {"filters": 6, "num_classes": 3, "seed": 1},
-                   {"inputs": x, "labels": labels}, expected_output_shape=(2, 8, 8, 6),
-                   dynamic_axes=batch_only, tflite_static_and_dynamic=False)
-    run_layer_test(DiscriminatorBlock, {"filters": 6, "seed": 1}, x,
-                   expected_output_shape=(2, 2, 2, 6), dynamic_axes={"inputs": (0,)},
-                   tflite_static_and_dynamic=False)
-    run_layer_test(ProjectionHead, {"num_classes": 3, "seed": 1}, {"inputs": x, "labels": labels},
-                   expected_output_shape=(2, 1), dynamic_axes=batch_only,
-                   tflite_static_and_dynamic=False)
-    run_layer_test(ClassEmbedding, {"num_classes": 3, "dim": 5}, {"labels": labels},
-                   expected_output_shape=(2, 5), dynamic_axes={"labels": (0,)},
-                   tflite_static_and_dynamic=False)
+    run_layer_test(
+        GeneratorBlock,
+        {"filters": 6, "num_classes": 3, "seed": 1},
+        {"inputs": x, "labels": labels},
+        expected_output_shape=(2, 8, 8, 6),
+        dynamic_axes=batch_only,
+        tflite_static_and_dynamic=False,
+    )
+    run_layer_test(
+        DiscriminatorBlock,
+        {"filters": 6, "seed": 1},
+        x,
+        expected_output_shape=(2, 2, 2, 6),
+        dynamic_axes={"inputs": (0,)},
+        tflite_static_and_dynamic=False,
+    )
+    run_layer_test(
+        ProjectionHead,
+        {"num_classes": 3, "seed": 1},
+        {"inputs": x, "labels": labels},
+        expected_output_shape=(2, 1),
+        dynamic_axes=batch_only,
+        tflite_static_and_dynamic=False,
+    )
+    run_layer_test(
+        ClassEmbedding,
+        {"num_classes": 3, "dim": 5},
+        {"labels": labels},
+        expected_output_shape=(2, 5),
+        dynamic_axes={"labels": (0,)},
+        tflite_static_and_dynamic=False,
+    )
 
 
+@pytest.mark.slow
 def test_image_dir_reader_labels_by_sub_folder(tmp_path):
     from train.sagan.images import load_image_dir
 
@@ -403,29 +501,64 @@ def _stub_training(monkeypatch, metrics):
 
     def fake_fit(out, config, data, g, d, ema, *rest, **kwargs):
         has_attention = any(layer.name == "self_attention" for layer in g.layers)
-        sagan_run.rundir.atomic_write_json(os.path.join(out, "metrics.json"), metrics(config, has_attention))
+        sagan_run.rundir.atomic_write_json(
+            os.path.join(out, "metrics.json"), metrics(config, has_attention)
+        )
         return 0
 
     monkeypatch.setattr(sagan_run, "_fit_and_finish", fake_fit)
     monkeypatch.setattr(sagan_run, "get_classifier", lambda *a, **k: (None, {}))
 
 
+@pytest.mark.slow
 def test_compare_trains_one_run_with_and_one_without_attention(tmp_path, monkeypatch, capsys):
     """The orchestration of --compare (training itself is replaced by a stub)."""
     from train.cli import main
 
-    _stub_training(monkeypatch, lambda config, has_attention: {
-        "fid": 1.0 if has_attention else 2.0, "fid_floor": 0.1, "has_attention": has_attention})
+    _stub_training(
+        monkeypatch,
+        lambda config, has_attention: {
+            "fid": 1.0 if has_attention else 2.0,
+            "fid_floor": 0.1,
+            "has_attention": has_attention,
+        },
+    )
     out = str(tmp_path / "cmp")
-    assert main(["sagan", "--compare", "--seeds", "1", "--out", out, "--train-size", "64",
-                 "--test-size", "16", "--width", "4", "--latent-dim", "8"]) == 0
-    runs = {name: json.load(open(os.path.join(out, name, "config.json")))["model"]["attention_resolution"]
-            for name in ("attention", "no_attention")}
+    assert (
+        main(
+            [
+                "sagan",
+                "--compare",
+                "--seeds",
+                "1",
+                "--out",
+                out,
+                "--train-size",
+                "64",
+                "--test-size",
+                "16",
+                "--width",
+                "4",
+                "--latent-dim",
+                "8",
+            ]
+        )
+        == 0
+    )
+    runs = {
+        name: json.load(open(os.path.join(out, name, "config.json")))["model"][
+            "attention_resolution"
+        ]
+        for name in ("attention", "no_attention")
+    }
     assert runs == {"attention": 16, "no_attention": None}
-    assert json.load(open(os.path.join(out, "no_attention", "metrics.json")))["has_attention"] is False
+    assert (
+        json.load(open(os.path.join(out, "no_attention", "metrics.json")))["has_attention"] is False
+    )
     assert "FID with attention: 1.0   without: 2.0" in capsys.readouterr().out
 
 
+@pytest.mark.slow
 def test_compare_over_seeds_reports_mean_and_spread(tmp_path, monkeypatch):
     """--compare --seeds 3: six runs (model seeds 5, 6, 7 on one data set), and per arm
     the mean and sample standard deviation of FID, class accuracy and consistency."""
@@ -437,13 +570,38 @@ def test_compare_over_seeds_reports_mean_and_spread(tmp_path, monkeypatch):
         seed = config["train"]["seed"]
         assert config["train"]["data_seed"] == 5 and config["model"]["seed"] == seed
         fids[(has_attention, seed)] = seed * (1.0 if has_attention else 2.0)
-        return {"fid": fids[(has_attention, seed)], "fid_floor": 0.1, "class_accuracy": 0.1 * seed,
-                "consistent": 0.5, "kid": 1.0, "real_consistent": 0.9}
+        return {
+            "fid": fids[(has_attention, seed)],
+            "fid_floor": 0.1,
+            "class_accuracy": 0.1 * seed,
+            "consistent": 0.5,
+            "kid": 1.0,
+            "real_consistent": 0.9,
+        }
 
     _stub_training(monkeypatch, metrics)
     out = str(tmp_path / "cmp")
-    assert main(["sagan", "--compare", "--seed", "5", "--out", out, "--train-size", "64",
-                 "--test-size", "16", "--width", "4", "--latent-dim", "8"]) == 0
+    assert (
+        main(
+            [
+                "sagan",
+                "--compare",
+                "--seed",
+                "5",
+                "--out",
+                out,
+                "--train-size",
+                "64",
+                "--test-size",
+                "16",
+                "--width",
+                "4",
+                "--latent-dim",
+                "8",
+            ]
+        )
+        == 0
+    )
     assert sorted(fids) == [(a, s) for a in (False, True) for s in (5, 6, 7)]
     summary = {e["name"]: e for e in json.load(open(os.path.join(out, "compare.json")))["summary"]}
     for arm, factor in (("attention", 1.0), ("no_attention", 2.0)):
@@ -457,6 +615,7 @@ def test_compare_over_seeds_reports_mean_and_spread(tmp_path, monkeypatch):
     assert "| attention | 3 | 6 ± 1 |" in text and "| no_attention | 3 | 12 ± 2 |" in text
 
 
+@pytest.mark.slow
 def test_digits_converter_writes_an_image_dir_of_sklearn_digits(tmp_path, capsys):
     """python -m train.sagan.digits: the digits that ship with scikit-learn as a --image-dir
     folder (10 classes, 32x32); each image, block-averaged back to 8x8, is its digit."""
@@ -495,7 +654,9 @@ def test_projection_class_scores_are_the_per_class_projection_terms():
     x = np.random.default_rng(4).normal(size=(5, 4, 4, 6)).astype("float32")
     head.build(x.shape, (5,))
     head.embed.kernel.assign(np.random.default_rng(5).normal(size=(3, 6)).astype("float32"))
-    per_label = np.concatenate([np.asarray(head(x, np.full(5, k, "int32"))) for k in range(3)], axis=1)
+    per_label = np.concatenate(
+        [np.asarray(head(x, np.full(5, k, "int32"))) for k in range(3)], axis=1
+    )
     scores = np.asarray(head.class_scores(x))
     assert scores.shape == (5, 3)
     np.testing.assert_allclose(per_label - per_label[:, :1], scores - scores[:, :1], atol=1e-4)

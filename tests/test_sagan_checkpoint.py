@@ -10,6 +10,8 @@ import pytest
 
 from tests.test_sagan_distributed import TINY, _assert_equals_single
 
+pytestmark = pytest.mark.slow  # seconds per test: make test-fast leaves the file out
+
 # TINY: 4 D steps per epoch. Every 3 D steps: step checkpoints inside epoch 1 (after
 # batch 3) and epoch 2 (after batch 2); the quick FID makes epoch 1's initial FID and
 # every epoch's FID part of what must match.
@@ -66,9 +68,19 @@ def uninterrupted(tmp_path_factory):
 def test_step_checkpoints_resume_mid_epoch_and_end_where_the_uninterrupted_run_ends(uninterrupted):
     tmp_path = uninterrupted
     single, killed, kept = tmp_path / "single", tmp_path / "killed", tmp_path / "kept"
-    assert sorted(os.listdir(kept)) == ["state-3.json", "state-3.npz", "state-6.json", "state-6.npz"]
+    assert sorted(os.listdir(kept)) == [
+        "state-3.json",
+        "state-3.npz",
+        "state-6.json",
+        "state-6.npz",
+    ]
     state = _json(kept / "state-3.json")
-    assert (state["epoch"], state["batches_done"], state["d_steps"], state["history"]) == (0, 3, 3, [])
+    assert (state["epoch"], state["batches_done"], state["d_steps"], state["history"]) == (
+        0,
+        3,
+        3,
+        [],
+    )
     assert len(state["partial_logs"]["d_loss"]) == 3 and len(state["partial_logs"]["g_loss"]) == 1
 
     # The run as a kill right after the step checkpoint of epoch 1 left it (its later
@@ -81,12 +93,22 @@ def test_step_checkpoints_resume_mid_epoch_and_end_where_the_uninterrupted_run_e
     with pytest.raises(_Killed):
         _main(resume, kill_after_d_steps=6)
     state = _json(killed / "checkpoints" / "state.json")
-    assert (state["epoch"], state["batches_done"], state["d_steps"], len(state["history"])) == (1, 2, 6, 1)
+    assert (state["epoch"], state["batches_done"], state["d_steps"], len(state["history"])) == (
+        1,
+        2,
+        6,
+        1,
+    )
     assert state == _json(kept / "state-6.json") | {"train_seconds": state["train_seconds"]}
 
     assert _main(resume) == 0
-    _assert_equals_single(tmp_path, killed / "checkpoints" / "state.npz", "single/checkpoints/state.npz")
-    want, got = _json(single / "checkpoints" / "state.json"), _json(killed / "checkpoints" / "state.json")
+    _assert_equals_single(
+        tmp_path, killed / "checkpoints" / "state.npz", "single/checkpoints/state.npz"
+    )
+    want, got = (
+        _json(single / "checkpoints" / "state.json"),
+        _json(killed / "checkpoints" / "state.json"),
+    )
     assert got["d_steps"] == want["d_steps"] == 8 and "batches_done" not in got
     assert got["history"] == want["history"] and got["initial_fid"] == want["initial_fid"]
     assert [h["steps"] for h in got["history"]] == [4, 4]
@@ -96,6 +118,7 @@ def test_step_checkpoints_resume_mid_epoch_and_end_where_the_uninterrupted_run_e
 
 # ---------------------------------------------------------------------------
 # SaganTrainer.save/restore: keyed by variable path, config hash, checksum, fallback.
+
 
 def _trainer(**kwargs):
     from tests.test_sagan_distributed import _tiny_trainer
@@ -141,7 +164,8 @@ def test_sagan_state_keeps_the_previous_one_and_falls_back_to_it(tmp_path, capsy
     restored = _trainer()
     assert restored.restore(str(tmp_path))["epoch"] == 1
     assert capsys.readouterr().err.strip() == (
-        f"checkpoint {tmp_path / 'state.npz'} is missing; falling back to state.prev.npz")
+        f"checkpoint {tmp_path / 'state.npz'} is missing; falling back to state.prev.npz"
+    )
     (tmp_path / "state.prev.npz").write_bytes(b"not a zip")  # and nothing good is left
     from zoo.cli import UsageError
 
@@ -155,8 +179,11 @@ def test_sagan_restore_refuses_other_variables_naming_the_first(tmp_path):
     _trainer(attention=16).save(str(tmp_path), {"epoch": 1})
     other = _trainer()  # no attention block: G and D lack its variables
     before = _values(other)
-    with pytest.raises(UsageError, match=r"does not fit this model: g variable '[^']*attention[^']*' is in the "
-                                         r"checkpoint but not in this model"):
+    with pytest.raises(
+        UsageError,
+        match=r"does not fit this model: g variable '[^']*attention[^']*' is in the "
+        r"checkpoint but not in this model",
+    ):
         other.restore(str(tmp_path))
     import numpy as np
 
@@ -169,8 +196,11 @@ def test_sagan_positional_state_still_restores(tmp_path, capsys):
 
     trainer = _trainer()
     _step(trainer, 0)
-    arrays = {f"{name}/{i}": np.asarray(v.numpy())
-              for name, variables in trainer._groups().items() for i, v in enumerate(variables)}
+    arrays = {
+        f"{name}/{i}": np.asarray(v.numpy())
+        for name, variables in trainer._groups().items()
+        for i, v in enumerate(variables)
+    }
     arrays["__state__"] = np.array(json.dumps({"epoch": 4}))
     np.savez(tmp_path / "state.npz", **arrays)
     restored = _trainer()
@@ -180,7 +210,8 @@ def test_sagan_positional_state_still_restores(tmp_path, capsys):
 
 
 def test_sigterm_mid_epoch_saves_the_step_and_resume_ends_where_the_uninterrupted_run_ends(
-        uninterrupted, capsys):
+    uninterrupted, capsys
+):
     """SIGTERM (sent by the process to itself, through the CLI's handler) right after
     D step 5, the first batch of epoch 2: the step is saved, exit 143 with one line,
     and --resume continues with batch 2 to the uninterrupted run's final state."""
@@ -205,15 +236,27 @@ def test_sigterm_mid_epoch_saves_the_step_and_resume_ends_where_the_uninterrupte
     finally:
         SaganTrainer.train_batch = train_batch
     last = capsys.readouterr().err.strip().splitlines()[-1]
-    assert last == (f"stopped by SIGTERM: wrote {stopped / 'checkpoints' / 'state.npz'} at epoch 2, batch 1; "
-                    f"continue with --resume")
+    assert last == (
+        f"stopped by SIGTERM: wrote {stopped / 'checkpoints' / 'state.npz'} at epoch 2, batch 1; "
+        f"continue with --resume"
+    )
     state = _json(stopped / "checkpoints" / "state.json")
-    assert (state["epoch"], state["batches_done"], state["d_steps"], len(state["history"])) == (1, 1, 5, 1)
+    assert (state["epoch"], state["batches_done"], state["d_steps"], len(state["history"])) == (
+        1,
+        1,
+        5,
+        1,
+    )
     assert not (stopped / "metrics.json").exists()
     assert _main(["sagan", "--out", str(stopped), "--resume", "--checkpoint-every", "3"]) == 0
     assert "resuming" in capsys.readouterr().err
-    _assert_equals_single(base, stopped / "checkpoints" / "state.npz", "single/checkpoints/state.npz")
-    want, got = _json(base / "single" / "checkpoints" / "state.json"), _json(stopped / "checkpoints" / "state.json")
+    _assert_equals_single(
+        base, stopped / "checkpoints" / "state.npz", "single/checkpoints/state.npz"
+    )
+    want, got = (
+        _json(base / "single" / "checkpoints" / "state.json"),
+        _json(stopped / "checkpoints" / "state.json"),
+    )
     assert got["d_steps"] == want["d_steps"] == 8 and got["history"] == want["history"]
 
 
@@ -221,6 +264,7 @@ def test_sigterm_mid_epoch_saves_the_step_and_resume_ends_where_the_uninterrupte
 # --resume with damaged files: state.npz (fallback to state.prev.npz, which alone
 # counts as a checkpoint), both state files (refused), the cached classifier
 # (trained again).
+
 
 def _truncate(path):
     data = path.read_bytes()
@@ -240,14 +284,18 @@ def test_resume_falls_back_to_state_prev_and_retrains_a_damaged_classifier(unint
     (ckpt / "state.json").unlink()
     data = (run / "classifier.keras").read_bytes()
     middle = len(data) // 2
-    (run / "classifier.keras").write_bytes(data[:middle] + bytes([data[middle] ^ 0xFF]) + data[middle + 1:])
+    (run / "classifier.keras").write_bytes(
+        data[:middle] + bytes([data[middle] ^ 0xFF]) + data[middle + 1 :]
+    )
     capsys.readouterr()
     assert _main(["sagan", "--out", str(run), "--resume", "--checkpoint-every", "3"]) == 0
     err = capsys.readouterr().err.splitlines()
     assert [line for line in err if "falling back" in line] == [
-        f"checkpoint {ckpt / 'state.npz'} cannot be read (File is not a zip file); falling back to state.prev.npz"]
+        f"checkpoint {ckpt / 'state.npz'} cannot be read (File is not a zip file); falling back to state.prev.npz"
+    ]
     assert [line for line in err if "again" in line] == [
-        f"{run / 'classifier.keras'} fails its SHA-256 checksum (damaged); training the evaluation classifier again"]
+        f"{run / 'classifier.keras'} fails its SHA-256 checksum (damaged); training the evaluation classifier again"
+    ]
     assert "resuming" in "\n".join(err) and "at epoch 1, batch 2 of 2" in "\n".join(err)
     _assert_equals_single(base, ckpt / "state.npz", "single/checkpoints/state.npz")
     want, got = _json(base / "single" / "checkpoints" / "state.json"), _json(ckpt / "state.json")
@@ -256,7 +304,9 @@ def test_resume_falls_back_to_state_prev_and_retrains_a_damaged_classifier(unint
     assert got["history"] == want["history"] and got["initial_fid"] == want["initial_fid"]
     from train import checkpoint
 
-    assert checkpoint.check_file(str(run / "classifier.keras"))[0] is not None  # written again, checked
+    assert (
+        checkpoint.check_file(str(run / "classifier.keras"))[0] is not None
+    )  # written again, checked
 
 
 def test_resume_with_no_good_state_is_refused_in_one_line(uninterrupted, capsys):
@@ -270,6 +320,8 @@ def test_resume_with_no_good_state_is_refused_in_one_line(uninterrupted, capsys)
     capsys.readouterr()
     assert _main(["sagan", "--out", str(run), "--resume"]) == 2
     err = [line for line in capsys.readouterr().err.splitlines() if line.strip()]
-    assert err == [f"error: checkpoint {ckpt / 'state.npz'} cannot be read (File is not a zip file); "
-                   f"no earlier checkpoint to fall back to"], err
+    assert err == [
+        f"error: checkpoint {ckpt / 'state.npz'} cannot be read (File is not a zip file); "
+        f"no earlier checkpoint to fall back to"
+    ], err
     assert {p.name: p.read_bytes() for p in ckpt.iterdir()} == before

@@ -28,9 +28,28 @@ import pytest
 ROOT = pathlib.Path(__file__).resolve().parents[1]
 TIMEOUT = 300
 # 32x32 shapes, width 8, latent 16; 4 D steps (global batch 8) and 2 G steps per epoch.
-TINY = ["--train-size", "32", "--test-size", "16", "--batch-size", "8", "--n-dis", "2",
-        "--width", "8", "--latent-dim", "16", "--eval-samples", "16", "--epoch-eval-samples", "0",
-        "--classifier-epochs", "1", "--seed", "3"]
+TINY = [
+    "--train-size",
+    "32",
+    "--test-size",
+    "16",
+    "--batch-size",
+    "8",
+    "--n-dis",
+    "2",
+    "--width",
+    "8",
+    "--latent-dim",
+    "16",
+    "--eval-samples",
+    "16",
+    "--epoch-eval-samples",
+    "0",
+    "--classifier-epochs",
+    "1",
+    "--seed",
+    "3",
+]
 GROUPS = ("g", "d", "ema", "g_opt", "d_opt")
 
 
@@ -50,9 +69,13 @@ def _cbn_check(strategy, path):
     out = {"x": x, "labels": labels, "weights": weights}
     for synchronized in (True, False):
         with strategy.scope():
-            layer = ConditionalBatchNormalization(3, momentum=0.9, synchronized=synchronized,
-                                                  gamma_initializer="random_normal",
-                                                  beta_initializer="random_normal")
+            layer = ConditionalBatchNormalization(
+                3,
+                momentum=0.9,
+                synchronized=synchronized,
+                gamma_initializer="random_normal",
+                beta_initializer="random_normal",
+            )
             layer.build(x.shape, labels.shape)
 
         def replica(x_, labels_, weights_, layer=layer):
@@ -65,8 +88,12 @@ def _cbn_check(strategy, path):
         step = tf.function(lambda *parts, replica=replica: strategy.run(replica, args=parts))
         y, grad = step(*_split(strategy, (x, labels, weights)))
         tag = "sync" if synchronized else "local"
-        out[f"{tag}_y"] = np.concatenate([t.numpy() for t in strategy.experimental_local_results(y)])
-        out[f"{tag}_grad"] = np.concatenate([t.numpy() for t in strategy.experimental_local_results(grad)])
+        out[f"{tag}_y"] = np.concatenate(
+            [t.numpy() for t in strategy.experimental_local_results(y)]
+        )
+        out[f"{tag}_grad"] = np.concatenate(
+            [t.numpy() for t in strategy.experimental_local_results(grad)]
+        )
         out[f"{tag}_gamma"], out[f"{tag}_beta"] = layer.gamma.numpy(), layer.beta.numpy()
         out[f"{tag}_moving_mean"] = layer.moving_mean.numpy()
         out[f"{tag}_moving_variance"] = layer.moving_variance.numpy()
@@ -119,7 +146,8 @@ def worker_main(argv):
 
     cpu = tf.config.list_physical_devices("CPU")[0]
     tf.config.set_logical_device_configuration(
-        cpu, [tf.config.LogicalDeviceConfiguration()] * args.logical_cpus)
+        cpu, [tf.config.LogicalDeviceConfiguration()] * args.logical_cpus
+    )
     import train.sagan.training as sagan_run
     from train import strategy as dist
     from train.cli import main
@@ -139,8 +167,21 @@ def worker_main(argv):
     if args.resume_copy:
         dist.reset()
         shutil.copytree(out, args.resume_copy)
-        assert main(["sagan", "--out", args.resume_copy, "--resume", "--epochs", "2",
-                     "--strategy", "default"]) == 0
+        assert (
+            main(
+                [
+                    "sagan",
+                    "--out",
+                    args.resume_copy,
+                    "--resume",
+                    "--epochs",
+                    "2",
+                    "--strategy",
+                    "default",
+                ]
+            )
+            == 0
+        )
         print("resumed replicas", trainers[-1].replicas, flush=True)
 
 
@@ -194,7 +235,9 @@ def _max_diffs(a, b, paths, groups=GROUPS):
 def _moved(a, b):
     import numpy as np
 
-    return max(float(np.max(np.abs(a[k].astype("float64") - b[k]))) for k in a if k.startswith("g/"))
+    return max(
+        float(np.max(np.abs(a[k].astype("float64") - b[k]))) for k in a if k.startswith("g/")
+    )
 
 
 def _bn_reference(x, labels, gamma, beta, weights, eps=1e-5):
@@ -208,7 +251,11 @@ def _bn_reference(x, labels, gamma, beta, weights, eps=1e-5):
     xhat = (x - mean) * inv
     g, b = gamma[labels][:, None, None], beta[labels][:, None, None]
     dxhat = weights * g
-    grad = inv / n * (n * dxhat - dxhat.sum(axis=(0, 1, 2)) - xhat * (dxhat * xhat).sum(axis=(0, 1, 2)))
+    grad = (
+        inv
+        / n
+        * (n * dxhat - dxhat.sum(axis=(0, 1, 2)) - xhat * (dxhat * xhat).sum(axis=(0, 1, 2)))
+    )
     return xhat * g + b, grad, mean, var
 
 
@@ -216,18 +263,34 @@ def _bn_reference(x, labels, gamma, beta, weights, eps=1e-5):
 def runs(tmp_path_factory):
     """The mirrored process (epoch 1 on 2 replicas, then epoch 2 on 1 device) and, at the
     same time in this process, the one-device run of 2 epochs (state kept per epoch)."""
-    from train import strategy as dist
     import train.sagan.fit as sagan_fit
+    from train import strategy as dist
     from train.cli import main
     from train.sagan.fit import SaganTrainer
 
     base = tmp_path_factory.mktemp("sagan_dist")
     env = dict(os.environ, KERAS_BACKEND="tensorflow", TF_CPP_MIN_LOG_LEVEL="2", PYTHONHASHSEED="0")
     env.pop("TF_CONFIG", None)
-    cmd = [sys.executable, str(pathlib.Path(__file__).resolve()), "--logical-cpus", "2",
-           "--cbn-check", str(base / "cbn.npz"), "--resume-copy", str(base / "mirrored_resumed"),
-           "--", "sagan", "--strategy", "mirrored", "--jit-compile", "--out", str(base / "mirrored"),
-           "--epochs", "1", *TINY]
+    cmd = [
+        sys.executable,
+        str(pathlib.Path(__file__).resolve()),
+        "--logical-cpus",
+        "2",
+        "--cbn-check",
+        str(base / "cbn.npz"),
+        "--resume-copy",
+        str(base / "mirrored_resumed"),
+        "--",
+        "sagan",
+        "--strategy",
+        "mirrored",
+        "--jit-compile",
+        "--out",
+        str(base / "mirrored"),
+        "--epochs",
+        "1",
+        *TINY,
+    ]
     log = open(base / "mirrored.log", "w")  # a file, not a pipe: the child never blocks on output
     proc = subprocess.Popen(cmd, cwd=ROOT, env=env, stdout=log, stderr=subprocess.STDOUT)
     try:
@@ -235,14 +298,28 @@ def runs(tmp_path_factory):
 
         def keep_each_epoch(self, directory, state):
             save(self, directory, state)
-            shutil.copy(os.path.join(directory, "state.npz"),
-                        base / f"single-e{state['epoch']}.npz")
+            shutil.copy(
+                os.path.join(directory, "state.npz"), base / f"single-e{state['epoch']}.npz"
+            )
 
         SaganTrainer.save = keep_each_epoch
         make_adam = _adam_epsilon_one()
         try:
-            assert main(["sagan", "--strategy", "default", "--out", str(base / "single"),
-                         "--epochs", "2", *TINY]) == 0
+            assert (
+                main(
+                    [
+                        "sagan",
+                        "--strategy",
+                        "default",
+                        "--out",
+                        str(base / "single"),
+                        "--epochs",
+                        "2",
+                        *TINY,
+                    ]
+                )
+                == 0
+            )
         finally:
             SaganTrainer.save = save
             sagan_fit._adam = make_adam
@@ -280,34 +357,45 @@ def _assert_equals_single(base, state_path, single_name):
     return single
 
 
+@pytest.mark.slow
 def test_mirrored_two_replicas_equal_one_device(runs):
     base, output = runs
     assert "replicas 2" in output
-    single = _assert_equals_single(base, base / "mirrored" / "checkpoints" / "state.npz", "single-e1.npz")
+    single = _assert_equals_single(
+        base, base / "mirrored" / "checkpoints" / "state.npz", "single-e1.npz"
+    )
     # ... and training moved the weights (not a comparison of initial values)
     assert _moved(single, _state(base / "single-e2.npz")) > 1e-3
     metrics = json.loads((base / "mirrored" / "metrics.json").read_text())
-    assert metrics["distribution"]["replicas"] == 2 and metrics["distribution"]["strategy"] == "mirrored"
+    assert (
+        metrics["distribution"]["replicas"] == 2
+        and metrics["distribution"]["strategy"] == "mirrored"
+    )
     # --jit-compile on 2 replicas: the steps ran without XLA (sagan_fit.py says why), and
     # the run says so instead of failing on XLA's one-device limit.
     assert metrics["distribution"]["jit_compile"] is False
     assert "XLA: off for sagan on 2 replicas" in output
 
 
+@pytest.mark.slow
 def test_replicas_hold_identical_copies(runs):
     _, output = runs
     spread = float(output.split(" spread ")[1].split()[0])
     assert spread <= 1e-6, spread
 
 
+@pytest.mark.slow
 def test_mirrored_checkpoint_resumes_on_one_device(runs):
     base, output = runs
     assert "resumed replicas 1" in output
-    _assert_equals_single(base, base / "mirrored_resumed" / "checkpoints" / "state.npz", "single-e2.npz")
+    _assert_equals_single(
+        base, base / "mirrored_resumed" / "checkpoints" / "state.npz", "single-e2.npz"
+    )
     state = json.loads((base / "mirrored_resumed" / "checkpoints" / "state.json").read_text())
     assert state["epoch"] == 2 and state["d_steps"] == 8
 
 
+@pytest.mark.slow
 def test_synchronized_conditional_batch_norm_is_the_global_batch_norm(runs):
     import numpy as np
 
@@ -315,17 +403,25 @@ def test_synchronized_conditional_batch_norm_is_the_global_batch_norm(runs):
     with np.load(base / "cbn.npz") as f:
         c = {k: f[k] for k in f.files}
     x, labels, weights = c["x"], c["labels"], c["weights"]
-    want_y, want_grad, mean, var = _bn_reference(x, labels, c["sync_gamma"], c["sync_beta"], weights)
+    want_y, want_grad, mean, var = _bn_reference(
+        x, labels, c["sync_gamma"], c["sync_beta"], weights
+    )
     np.testing.assert_allclose(c["sync_y"], want_y, atol=1e-4)
     np.testing.assert_allclose(c["sync_grad"], want_grad, atol=1e-4)
     np.testing.assert_allclose(c["sync_moving_mean"], 0.1 * mean, atol=1e-5)
     np.testing.assert_allclose(c["sync_moving_variance"], 0.9 + 0.1 * var, atol=1e-5)
     # Without synchronisation each replica normalises its own half; the moving statistics
     # are the MEAN over replicas.
-    halves = [_bn_reference(x[i:i + 4], labels[i:i + 4], c["local_gamma"], c["local_beta"], weights[i:i + 4])
-              for i in (0, 4)]
+    halves = [
+        _bn_reference(
+            x[i : i + 4], labels[i : i + 4], c["local_gamma"], c["local_beta"], weights[i : i + 4]
+        )
+        for i in (0, 4)
+    ]
     np.testing.assert_allclose(c["local_y"], np.concatenate([h[0] for h in halves]), atol=1e-4)
-    np.testing.assert_allclose(c["local_moving_mean"], 0.1 * (halves[0][2] + halves[1][2]) / 2, atol=1e-5)
+    np.testing.assert_allclose(
+        c["local_moving_mean"], 0.1 * (halves[0][2] + halves[1][2]) / 2, atol=1e-5
+    )
     assert np.max(np.abs(c["local_y"] - c["sync_y"])) > 1e-2
 
 
@@ -333,7 +429,13 @@ def _tiny_trainer(seed=0, attention=None, with_ema=False, **trainer_kwargs):
     import zoo
     from train.sagan.fit import SaganTrainer
 
-    kwargs = {"image_size": 32, "num_classes": 4, "width": 4, "attention_resolution": attention, "seed": 1}
+    kwargs = {
+        "image_size": 32,
+        "num_classes": 4,
+        "width": 4,
+        "attention_resolution": attention,
+        "seed": 1,
+    }
     g = zoo.build("sagan_generator", latent_dim=8, **kwargs)
     d = zoo.build("sagan_discriminator", **kwargs)
     ema = None
@@ -344,6 +446,7 @@ def _tiny_trainer(seed=0, attention=None, with_ema=False, **trainer_kwargs):
     return SaganTrainer(g, d, num_classes=4, latent_dim=8, seed=seed, ema=ema, **trainer_kwargs)
 
 
+@pytest.mark.slow
 def test_float16_scales_the_loss_and_its_checkpoint_restores_in_float32(tmp_path):
     import keras
     import numpy as np
@@ -363,17 +466,22 @@ def test_float16_scales_the_loss_and_its_checkpoint_restores_in_float32(tmp_path
     # others update D.
     assert int(trainer.d_opt.iterations.numpy()) >= 1
     assert float(trainer.d_opt.dynamic_scale.numpy()) <= trainer.d_opt.initial_scale
-    assert any(np.max(np.abs(a - v.numpy())) > 0 for a, v in zip(before, trainer.d.trainable_variables))
+    assert any(
+        np.max(np.abs(a - v.numpy())) > 0 for a, v in zip(before, trainer.d.trainable_variables)
+    )
     trainer.save(str(tmp_path), {"epoch": 1})
     keras.config.set_dtype_policy("float32")
     restored = _tiny_trainer()
     assert not isinstance(restored.d_opt, keras.optimizers.LossScaleOptimizer)
     restored.restore(str(tmp_path))
-    for a, b in zip(trainer.g.variables + trainer.d_opt.inner_optimizer.variables,
-                    restored.g.variables + restored.d_opt.variables):
+    for a, b in zip(
+        trainer.g.variables + trainer.d_opt.inner_optimizer.variables,
+        restored.g.variables + restored.d_opt.variables,
+    ):
         np.testing.assert_array_equal(np.asarray(a.numpy()), np.asarray(b.numpy()))
 
 
+@pytest.mark.slow
 def test_jit_compiled_steps_equal_the_uncompiled_steps(tmp_path):
     """Six steps (3 D + G pairs, attention at 16x16, EMA) with both steps under XLA end
     where the same steps without XLA end. Adam's epsilon is raised to 1 here: with
@@ -389,7 +497,9 @@ def test_jit_compiled_steps_equal_the_uncompiled_steps(tmp_path):
     states = {}
     for jit in (False, True):
         keras.utils.set_random_seed(0)
-        trainer = _tiny_trainer(attention=16, with_ema=True, n_dis=2, lr_d=0.01, lr_g=0.01, jit_compile=jit)
+        trainer = _tiny_trainer(
+            attention=16, with_ema=True, n_dis=2, lr_d=0.01, lr_g=0.01, jit_compile=jit
+        )
         assert trainer.jit_compile is jit
         trainer.d_opt.epsilon = trainer.g_opt.epsilon = 1.0
         trainer.save(str(tmp_path / "initial"), {})
@@ -406,17 +516,28 @@ def test_jit_compiled_steps_equal_the_uncompiled_steps(tmp_path):
     assert _moved(_state(tmp_path / "initial" / "state.npz"), states[False]) > 1e-3
 
 
+@pytest.mark.slow
 def test_jit_compile_flag_reaches_the_sagan_trainer():
     import train.sagan.training as sagan_run
     from train import strategy as dist
 
     trainer = _tiny_trainer()
     model_cfg = {"num_classes": 4, "latent_dim": 8}
-    train_cfg = {"lr_g": 1e-4, "lr_d": 4e-4, "beta1": 0.0, "beta2": 0.9, "n_dis": 1, "ema": 0, "seed": 0}
+    train_cfg = {
+        "lr_g": 1e-4,
+        "lr_d": 4e-4,
+        "beta1": 0.0,
+        "beta2": 0.9,
+        "n_dis": 1,
+        "ema": 0,
+        "seed": 0,
+    }
     try:
         for flag in (True, False, None):
-            dist.configure(argparse.Namespace(strategy="default", mixed_precision=False, jit_compile=flag),
-                           command="sagan")
+            dist.configure(
+                argparse.Namespace(strategy="default", mixed_precision=False, jit_compile=flag),
+                command="sagan",
+            )
             want = dist.device_kind() in ("gpu", "tpu") if flag is None else flag
             made = sagan_run._trainer(trainer.g, trainer.d, None, model_cfg, train_cfg)
             assert made.jit_compile is want, flag
@@ -424,12 +545,15 @@ def test_jit_compile_flag_reaches_the_sagan_trainer():
         dist.reset()
 
 
+@pytest.mark.slow
 def test_configure_accepts_every_strategy_for_sagan():
     from train import strategy as dist
 
     try:
         for name in ("mirrored", "default", "auto"):
-            state = dist.configure(argparse.Namespace(strategy=name, mixed_precision=False), command="sagan")
+            state = dist.configure(
+                argparse.Namespace(strategy=name, mixed_precision=False), command="sagan"
+            )
             assert state["name"] == name
     finally:
         dist.reset()

@@ -16,8 +16,9 @@ def _weights(layer):
     wq, wk, wv = (get(d)[0] for d in (layer.query_dense, layer.key_dense, layer.value_dense))
     biases = {}
     if layer.use_bias:
-        biases = dict(bq=get(layer.query_dense)[1], bk=get(layer.key_dense)[1],
-                      bv=get(layer.value_dense)[1])
+        biases = dict(
+            bq=get(layer.query_dense)[1], bk=get(layer.key_dense)[1], bv=get(layer.value_dense)[1]
+        )
     w = np.asarray(layer.score_vector) if layer.score == "additive" else None
     return wq, wk, wv, w, biases
 
@@ -32,12 +33,14 @@ def test_matches_numpy_formulas(score, normalize):
     out, alpha = layer(x, return_attention_scores=True)
     wq, wk, wv, w, biases = _weights(layer)
     for b in range(2):
-        ref_out, ref_alpha = single_head(x[b], wq, wk, wv, score=score, w=w,
-                                         normalize=normalize, **biases)
+        ref_out, ref_alpha = single_head(
+            x[b], wq, wk, wv, score=score, w=w, normalize=normalize, **biases
+        )
         np.testing.assert_allclose(np.asarray(alpha[b]), ref_alpha, atol=1e-5)
         np.testing.assert_allclose(np.asarray(out[b]), ref_out, atol=1e-5)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize(
     "options",
     [

@@ -18,10 +18,29 @@ from train.cli import main as train_main
 from zoo.seq2seq import decoding
 from zoo.seq2seq.tokenization import EOS_ID, encode_proto, train_sentencepiece
 
+pytestmark = pytest.mark.slow  # seconds per test: make test-fast leaves the file out
+
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-TINY = ["--task-length", "5", "--train-size", "3000", "--epochs", "8", "--warmup-steps", "30",
-        "--hidden-dim", "64", "--intermediate-dim", "128", "--dev-sample", "0", "--verbose", "0",
-        "--max-minutes", "0"]
+TINY = [
+    "--task-length",
+    "5",
+    "--train-size",
+    "3000",
+    "--epochs",
+    "8",
+    "--warmup-steps",
+    "30",
+    "--hidden-dim",
+    "64",
+    "--intermediate-dim",
+    "128",
+    "--dev-sample",
+    "0",
+    "--verbose",
+    "0",
+    "--max-minutes",
+    "0",
+]
 
 
 @pytest.fixture(scope="module")
@@ -43,8 +62,14 @@ def test_tiny_run_learns_copy_and_writes_the_contract(copy_run):
     with open(os.path.join(copy_run, "config.json")) as f:
         config = json.load(f)
     assert config["kind"] == "seq2seq" and config["model"]["hidden_dim"] == 64
-    for name in ("model.keras", "vocab/spm.model", "vocab/pieces.txt", "calibration.npz",
-                 "checkpoints/last.keras", "logs"):
+    for name in (
+        "model.keras",
+        "vocab/spm.model",
+        "vocab/pieces.txt",
+        "calibration.npz",
+        "checkpoints/last.keras",
+        "logs",
+    ):
         assert os.path.exists(os.path.join(copy_run, name)), name
     with np.load(os.path.join(copy_run, "calibration.npz")) as calib:
         assert calib["source_ids"].shape[1] == config["model"]["max_source_length"]
@@ -59,29 +84,49 @@ def test_loaded_model_translates_raw_strings(copy_run):
 
 def test_zoo_load_generates_with_every_sampler(copy_run):
     from zoo.seq2seq import samplers
+
     translator = zoo.load(copy_run)
     texts = ["abcde", "jjab"]
     assert (translator.kind, translator.format) == ("seq2seq", "keras")
     assert translator.generate(texts) == texts == translator.translate(texts)
-    best = translator.generate(texts, sampler=samplers.Beam(width=3, length_penalty=1.0),
-                               num_return_sequences=3, return_scores=True)
+    best = translator.generate(
+        texts,
+        sampler=samplers.Beam(width=3, length_penalty=1.0),
+        num_return_sequences=3,
+        return_scores=True,
+    )
     assert [row[0][0] for row in best] == translator.model.translate(texts, beam_width=3, alpha=1.0)
     for row in best:
         assert len(row) == 3 and len({t for t, _ in row}) == 3
     # Nucleus sampling at a low temperature: the trained copy is all but certain.
-    drawn = translator.generate("abcde", sampler=samplers.TopP(0.9, temperature=0.5),
-                                num_return_sequences=2, seed=0, return_scores=True)
+    drawn = translator.generate(
+        "abcde",
+        sampler=samplers.TopP(0.9, temperature=0.5),
+        num_return_sequences=2,
+        seed=0,
+        return_scores=True,
+    )
     assert [t for t, _ in drawn] == ["abcde", "abcde"] and all(s <= 0 for _, s in drawn)
     assert translator.generate(texts, sampler="top_k", seed=3) == translator.generate(
-        texts, sampler="top_k", seed=3)
+        texts, sampler="top_k", seed=3
+    )
 
 
 def test_save_load_keeps_numbers_config_and_tokenizer(tmp_path):
     proto = train_sentencepiece(["two dogs run", "un chien court", "a dog"] * 20, vocab_size=40)
-    for kind, extra in (("seq2seq", {"share_embeddings": False, "position": "learned"}),
-                        ("universal_transformer", {"num_steps": 2, "act": True})):
-        model = zoo.build(kind, tokenizer=encode_proto(proto), hidden_dim=16, num_heads=2,
-                          intermediate_dim=32, max_target_length=8, **extra)
+    for kind, extra in (
+        ("seq2seq", {"share_embeddings": False, "position": "learned"}),
+        ("universal_transformer", {"num_steps": 2, "act": True}),
+    ):
+        model = zoo.build(
+            kind,
+            tokenizer=encode_proto(proto),
+            hidden_dim=16,
+            num_heads=2,
+            intermediate_dim=32,
+            max_target_length=8,
+            **extra,
+        )
         x = {"source_ids": np.array([[5, 6, 7, 0]]), "target_ids": np.array([[2, 8, 9]])}
         path = str(tmp_path / f"{kind}.keras")
         model.save(path)
@@ -119,8 +164,14 @@ def test_savedmodel_translate_from_a_fresh_process(copy_run, tmp_path):
     model = keras.models.load_model(os.path.join(copy_run, "model.keras"), compile=False)
     want = model.translate(texts)
     env = dict(os.environ, TF_CPP_MIN_LOG_LEVEL="3")
-    result = subprocess.run([sys.executable, "-c", _CLEAN_CLIENT, version, json.dumps(texts)],
-                            capture_output=True, text=True, env=env, cwd=str(tmp_path), timeout=300)
+    result = subprocess.run(
+        [sys.executable, "-c", _CLEAN_CLIENT, version, json.dumps(texts)],
+        capture_output=True,
+        text=True,
+        env=env,
+        cwd=str(tmp_path),
+        timeout=300,
+    )
     assert result.returncode == 0, result.stderr[-2000:]
     assert json.loads(result.stdout.strip().splitlines()[-1]) == want
     translator = zoo.load(os.path.dirname(version))  # the TF Serving base: highest version
@@ -132,9 +183,11 @@ def test_savedmodel_translate_from_a_fresh_process(copy_run, tmp_path):
 
     ids_fn = tf.saved_model.load(version).signatures["translate_ids"]
     limit = model.max_source_length
-    cases = [(np.full((1, 3), model.vocabulary_size, "int32"), "source_ids must be <"),
-             (np.full((1, 3), -4, "int32"), "source_ids must be >= 0"),
-             (np.ones((1, limit + 1), "int32"), "more positions than max_source_length")]
+    cases = [
+        (np.full((1, 3), model.vocabulary_size, "int32"), "source_ids must be <"),
+        (np.full((1, 3), -4, "int32"), "source_ids must be >= 0"),
+        (np.ones((1, limit + 1), "int32"), "more positions than max_source_length"),
+    ]
     for ids, message in cases:
         with pytest.raises(tf.errors.InvalidArgumentError, match=message):
             ids_fn(source_ids=tf.constant(ids))
@@ -159,9 +212,9 @@ def test_litert_step_decoding_equals_keras_greedy(copy_run, tmp_path):
     for text in ["abcde", "ba", "jjjjj"]:
         ids = np.zeros((1, s), "int32")
         row = model.tokenizer.encode([text])[0]
-        ids[0, :len(row)] = row
+        ids[0, : len(row)] = row
         want = np.asarray(decoding.greedy(model, ids))[0].tolist()
-        want = want[:want.index(EOS_ID) + 1]
+        want = want[: want.index(EOS_ID) + 1]
         assert kind.litert_greedy(result["steps"], ids, model.max_target_length) == want
         assert model.tokenizer.decode([want]) == [text]
     # zoo.load runs either file on raw text (the sidecar carries the SentencePiece model).
@@ -209,19 +262,49 @@ def test_bad_inputs_one_line_exit_2(tmp_path, capsys):
     tgt2 = _write(tmp_path / "tgt2.txt", ["un chien", "un chat"])
     empty = _write(tmp_path / "empty.txt", ["un chien", "", "une vache"])
     out = str(tmp_path / "run")
-    _bad(capsys, ["--train-source", src, "--train-target", tgt2, "--out", out], "mismatched line counts", "3", "2")
-    _bad(capsys, ["--train-source", src, "--train-target", empty, "--out", out], "empty line 2", "empty.txt")
+    _bad(
+        capsys,
+        ["--train-source", src, "--train-target", tgt2, "--out", out],
+        "mismatched line counts",
+        "3",
+        "2",
+    )
+    _bad(
+        capsys,
+        ["--train-source", src, "--train-target", empty, "--out", out],
+        "empty line 2",
+        "empty.txt",
+    )
     _bad(capsys, ["--dataset", "tfds:no_such_dataset_zz", "--out", out], "no_such_dataset_zz")
     _bad(capsys, ["--task", "juggle", "--out", out], "juggle")
     _bad(capsys, ["--train-source", src, "--out", out], "--train-target")
-    _bad(capsys, ["--train-source", str(tmp_path / "missing.en"), "--train-target", tgt3, "--out", out],
-         "not found", "missing.en")
+    _bad(
+        capsys,
+        ["--train-source", str(tmp_path / "missing.en"), "--train-target", tgt3, "--out", out],
+        "not found",
+        "missing.en",
+    )
     tsv = _write(tmp_path / "bad.tsv", ["a dog\tun chien", "a cat un chat"])
     _bad(capsys, ["--train-tsv", tsv, "--out", out], "line 2", "tab")
     long_src = _write(tmp_path / "long.en", ["word " * 40] + ["a dog"] * 300)
     long_tgt = _write(tmp_path / "long.fr", ["mot"] + ["un chien"] * 300)
-    _bad(capsys, ["--train-source", long_src, "--train-target", long_tgt, "--max-source-length", "16",
-                  "--vocab-size", "40", "--out", out], "over the limit 16", "pair 1")
+    _bad(
+        capsys,
+        [
+            "--train-source",
+            long_src,
+            "--train-target",
+            long_tgt,
+            "--max-source-length",
+            "16",
+            "--vocab-size",
+            "40",
+            "--out",
+            out,
+        ],
+        "over the limit 16",
+        "pair 1",
+    )
     assert not os.path.exists(out)
     os.makedirs(out)
     _write(os.path.join(out, "notes.txt"), ["mine"])
@@ -239,10 +322,37 @@ def test_summarisation_run_with_local_window_reports_rouge(tmp_path):
     train = _write(tmp_path / "train.tsv", pairs[:240])
     test = _write(tmp_path / "test.tsv", pairs[240:])
     out = str(tmp_path / "summ")
-    code = train_main(["seq2seq", "--train-tsv", train, "--test-tsv", test, "--window", "4",
-                       "--vocab-size", "40", "--hidden-dim", "32", "--intermediate-dim", "64",
-                       "--num-layers", "1", "--epochs", "1", "--max-minutes", "0",
-                       "--dev-sample", "0", "--verbose", "0", "--beam-width", "1", "--out", out])
+    code = train_main(
+        [
+            "seq2seq",
+            "--train-tsv",
+            train,
+            "--test-tsv",
+            test,
+            "--window",
+            "4",
+            "--vocab-size",
+            "40",
+            "--hidden-dim",
+            "32",
+            "--intermediate-dim",
+            "64",
+            "--num-layers",
+            "1",
+            "--epochs",
+            "1",
+            "--max-minutes",
+            "0",
+            "--dev-sample",
+            "0",
+            "--verbose",
+            "0",
+            "--beam-width",
+            "1",
+            "--out",
+            out,
+        ]
+    )
     assert code == 0
     metrics = _metrics(out)
     for key in ("test_bleu", "test_rouge1", "test_rouge2", "test_rougeL"):
@@ -257,12 +367,28 @@ def test_summarisation_run_with_local_window_reports_rouge(tmp_path):
 def test_bad_input_exit_code_from_a_real_process(tmp_path):
     src = _write(tmp_path / "a.en", ["x", "y"])
     tgt = _write(tmp_path / "a.fr", ["x"])
-    result = subprocess.run([sys.executable, "-m", "train", "seq2seq", "--train-source", src,
-                             "--train-target", tgt, "--out", str(tmp_path / "r")],
-                            capture_output=True, text=True, cwd=ROOT, timeout=300)
+    result = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "train",
+            "seq2seq",
+            "--train-source",
+            src,
+            "--train-target",
+            tgt,
+            "--out",
+            str(tmp_path / "r"),
+        ],
+        capture_output=True,
+        text=True,
+        cwd=ROOT,
+        timeout=300,
+    )
     assert result.returncode == 2
     assert result.stderr.strip().splitlines() == [
-        f"error: mismatched line counts: {src} has 2 lines, {tgt} has 1"]
+        f"error: mismatched line counts: {src} has 2 lines, {tgt} has 1"
+    ]
 
 
 def test_xla_training_steps_equal_the_plain_steps():
@@ -280,10 +406,19 @@ def test_xla_training_steps_equal_the_plain_steps():
     runs = {}
     for jit in (False, True):
         keras.utils.set_random_seed(0)
-        model = zoo.build("seq2seq", vocabulary_size=50, hidden_dim=32, num_layers=2, num_heads=4,
-                          intermediate_dim=64, dropout=0.0)
+        model = zoo.build(
+            "seq2seq",
+            vocabulary_size=50,
+            hidden_dim=32,
+            num_layers=2,
+            num_heads=4,
+            intermediate_dim=64,
+            dropout=0.0,
+        )
         compile_seq2seq(model, 1e-3, 10, 0.1, jit_compile=jit)
-        runner = engine.Engine(model, loss_terms=engine.masked_mean_terms(model.loss, 0), jit_compile=jit)
+        runner = engine.Engine(
+            model, loss_terms=engine.masked_mean_terms(model.loss, 0), jit_compile=jit
+        )
         assert runner.jit_compile is jit
         initial = [v.numpy() for v in model.trainable_variables]
         losses = [runner.train_batch(batch)[0] for _ in range(5)]

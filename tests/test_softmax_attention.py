@@ -53,6 +53,7 @@ def _assert_close(ours, ref, names_ours, names_ref, atol=1e-5):
         assert diff <= atol * scale, (a, diff)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize(
     "mask",
     [None, "padding", "causal"],
@@ -70,11 +71,14 @@ def test_gradients_equal_keras(mask):
     np.testing.assert_allclose(y, y_ref, atol=1e-5)
     # The key bias has no gradient in exact arithmetic (softmax ignores a
     # shift of a whole row); both layers give rounding noise there.
-    names = ["x"] + [f"{n}/{w}" for n in NAMES for w in ("kernel", "bias") if n != "key" or w != "bias"]
+    names = ["x"] + [
+        f"{n}/{w}" for n in NAMES for w in ("kernel", "bias") if n != "key" or w != "bias"
+    ]
     assert set(names) <= set(g) and set(names) <= set(g_ref)
     _assert_close(g, g_ref, names, names)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize(
     "options",
     [dict(window=2), dict(causal=True, include_self=False), dict(query_mask=True)],
@@ -112,7 +116,9 @@ def test_mixed_precision_gradients_keep_dtypes_and_stay_finite():
         layer = MultiHeadAttention(num_heads=2, key_dim=8)
         x = RNG.normal(size=(2, 6, 16)).astype("float16")
         layer(x)
-        y, g = _grads(lambda t: layer(t, value_mask=np.array([[1] * 6, [1, 1, 0, 0, 0, 0]], bool)), layer, x)
+        y, g = _grads(
+            lambda t: layer(t, value_mask=np.array([[1] * 6, [1, 1, 0, 0, 0, 0]], bool)), layer, x
+        )
     finally:
         keras.mixed_precision.set_global_policy("float32")
     assert g["x"].dtype == tf.float16
@@ -121,6 +127,7 @@ def test_mixed_precision_gradients_keep_dtypes_and_stay_finite():
     assert float(np.max(np.abs(np.asarray(g["query/kernel"])))) > 0.0
 
 
+@pytest.mark.slow
 def test_xla_functions_keep_autodiff_and_agree():
     import layers.attention_ops as attention_ops
 

@@ -1,6 +1,5 @@
 """Spectral normalisation: NumPy power iteration, gradient through sigma, layer contract."""
 
-import keras
 import numpy as np
 import pytest
 import tensorflow as tf
@@ -21,17 +20,25 @@ def _numpy_power_iteration(w, u, steps):
     return u, float((v @ w @ u.T).item())
 
 
+@pytest.mark.slow
 def test_sn_conv_layer_contract():
     x = RNG.normal(size=(2, 6, 6, 3)).astype("float32")
-    run_layer_test(SNConv2D, {"filters": 4, "kernel_size": 3, "seed": 1}, x,
-                   expected_output_shape=(2, 6, 6, 4))
+    run_layer_test(
+        SNConv2D, {"filters": 4, "kernel_size": 3, "seed": 1}, x, expected_output_shape=(2, 6, 6, 4)
+    )
 
 
+@pytest.mark.slow
 def test_sn_dense_layer_contract():
     x = RNG.normal(size=(2, 5, 4)).astype("float32")
-    run_layer_test(SNDense, {"units": 3, "seed": 1}, x, expected_output_shape=(2, 5, 3),
-                   input_mask=np.array([[1, 1, 1, 0, 0], [1, 1, 0, 0, 0]], bool),
-                   supports_masking=True)
+    run_layer_test(
+        SNDense,
+        {"units": 3, "seed": 1},
+        x,
+        expected_output_shape=(2, 5, 3),
+        input_mask=np.array([[1, 1, 1, 0, 0], [1, 1, 0, 0, 0]], bool),
+        supports_masking=True,
+    )
 
 
 def test_u_and_sigma_follow_numpy_power_iteration():
@@ -101,11 +108,15 @@ def test_gradient_flows_through_sigma():
     assert np.max(np.abs(no_sigma_grad - numeric)) > 1e-2
 
 
-@pytest.mark.parametrize("kwargs, message", [
-    ({"filters": 0, "kernel_size": 3}, "filters=0"),
-    ({"filters": 2, "kernel_size": 3, "padding": "causal"}, "padding='causal'"),
-    ({"filters": 2, "kernel_size": 3, "power_iterations": 0}, "power_iterations=0"),
-])
+@pytest.mark.slow
+@pytest.mark.parametrize(
+    "kwargs, message",
+    [
+        ({"filters": 0, "kernel_size": 3}, "filters=0"),
+        ({"filters": 2, "kernel_size": 3, "padding": "causal"}, "padding='causal'"),
+        ({"filters": 2, "kernel_size": 3, "power_iterations": 0}, "power_iterations=0"),
+    ],
+)
 def test_bad_arguments(kwargs, message):
     with pytest.raises(ValueError, match=message):
         SNConv2D(**kwargs)

@@ -25,16 +25,40 @@ from tests.test_export_support import SENTENCES, make_tagger_run, run_clean
 from zoo.seq2seq import sentencepiece_graph
 from zoo.seq2seq.tokenization import encode_proto, train_sentencepiece
 
-MULTI30K = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "..", "shared",
-                        "data", "multi30k-en-fr")
+pytestmark = pytest.mark.slow  # seconds per test: make test-fast leaves the file out
+
+MULTI30K = os.path.join(
+    os.path.dirname(os.path.dirname(os.path.abspath(__file__))),
+    "..",
+    "shared",
+    "data",
+    "multi30k-en-fr",
+)
 
 # Strings that exercise the normalizer: whitespace runs and kinds, full-width
 # and compatibility characters (NFKC), combining sequences (multi-character
 # rules), literal U+2581, characters no piece covers (<unk> runs), empties.
-HARD = ["", "   ", "  two  dogs  ", "ｆｕｌｌｗｉｄｔｈ　ｓｐａｃｅ", "e\u0301te\u0301 cafe\u0301",
-        "tab\there\nnewline", "\u2581x\u2581", "x \u2581", "日本語のテキスト", "\ufdfa ok",
-        "a\u00a8b", "\u200bzero width", "über Straße ½ ﬁn", "  \u00a0 lead", "A MAN, 42 dogs!",
-        "ǅemal Ⅻ ㎏ ﬀ", "\u3000\u3000", "x\u0308\u0301y", "«guillemets» — ‘quotes’"]
+HARD = [
+    "",
+    "   ",
+    "  two  dogs  ",
+    "ｆｕｌｌｗｉｄｔｈ　ｓｐａｃｅ",
+    "e\u0301te\u0301 cafe\u0301",
+    "tab\there\nnewline",
+    "\u2581x\u2581",
+    "x \u2581",
+    "日本語のテキスト",
+    "\ufdfa ok",
+    "a\u00a8b",
+    "\u200bzero width",
+    "über Straße ½ ﬁn",
+    "  \u00a0 lead",
+    "A MAN, 42 dogs!",
+    "ǅemal Ⅻ ㎏ ﬀ",
+    "\u3000\u3000",
+    "x\u0308\u0301y",
+    "«guillemets» — ‘quotes’",
+]
 
 
 def _read(name):
@@ -46,7 +70,9 @@ def _graph_ids(graph, texts, batch=512):
     fn = tf.function(lambda t: graph.tokenize(t).to_tensor(default_value=-1))
     out = []
     for i in range(0, len(texts), batch):
-        out += [[int(x) for x in row if x >= 0] for row in fn(tf.constant(texts[i:i + batch])).numpy()]
+        out += [
+            [int(x) for x in row if x >= 0] for row in fn(tf.constant(texts[i : i + batch])).numpy()
+        ]
     return out
 
 
@@ -57,13 +83,20 @@ def _check_against_sentencepiece(proto, texts):
     got = _graph_ids(graph, texts)
     wrong = [(texts[i], got[i], want[i]) for i in range(len(texts)) if got[i] != want[i]]
     assert not wrong, f"{len(wrong)} of {len(texts)} differ, e.g. {wrong[:3]}"
-    normalized = [s.decode() for s in graph.normalize(tf.constant(texts[-len(HARD):])).numpy()]
-    assert normalized == [sp.normalize(t) for t in texts[-len(HARD):]]
-    decoded = [s.decode() for s in graph.detokenize(tf.ragged.constant(want, dtype=tf.int32)).numpy()]
+    normalized = [s.decode() for s in graph.normalize(tf.constant(texts[-len(HARD) :])).numpy()]
+    assert normalized == [sp.normalize(t) for t in texts[-len(HARD) :]]
+    decoded = [
+        s.decode() for s in graph.detokenize(tf.ragged.constant(want, dtype=tf.int32)).numpy()
+    ]
     assert decoded == sp.decode(want)
     # Control pieces (<pad>, <s>, </s>) and <unk> anywhere in a row.
-    mixed = [[2, 0] + row[:1] + [1, 3] + row[1:] + [1, 0] for row in want[:50]] + [[1] + want[0], [3, 3]]
-    decoded = [s.decode() for s in graph.detokenize(tf.ragged.constant(mixed, dtype=tf.int32)).numpy()]
+    mixed = [[2, 0] + row[:1] + [1, 3] + row[1:] + [1, 0] for row in want[:50]] + [
+        [1] + want[0],
+        [3, 3],
+    ]
+    decoded = [
+        s.decode() for s in graph.detokenize(tf.ragged.constant(mixed, dtype=tf.int32)).numpy()
+    ]
     assert decoded == sp.decode(mixed)
     return want
 
@@ -73,8 +106,11 @@ def test_unigram_nfkc_ids_equal_sentencepiece_on_multi30k():
         pytest.skip("no ../shared/data/multi30k-en-fr")
     train = _read("train.en.gz")[:6000] + _read("train.fr.gz")[:6000]
     proto = train_sentencepiece(train, vocab_size=2000)
-    tests = [t for name in ("test_2016_flickr.en.gz", "test_2016_flickr.fr.gz", "val.en.gz", "val.fr.gz")
-             for t in _read(name)]
+    tests = [
+        t
+        for name in ("test_2016_flickr.en.gz", "test_2016_flickr.fr.gz", "val.en.gz", "val.fr.gz")
+        for t in _read(name)
+    ]
     want = _check_against_sentencepiece(proto, tests + HARD)
     # The test sets need the normalizer and hit unknown characters: not a vacuous check.
     sp = spm.SentencePieceProcessor(model_proto=proto)
@@ -89,11 +125,16 @@ def test_char_and_small_unigram_models_of_the_embedded_tasks_equal_sentencepiece
     for task in ("copy", "reverse", "sort", "addition", "date"):
         split = algorithmic.splits(task, train_size=200, min_length=1, max_length=8, seed=0)
         texts += [s for pair in split["train"] + split["test"] for s in pair]
-    char = train_sentencepiece(texts, vocab_size=64, model_type="char", normalization="identity",
-                               add_dummy_prefix=False)
+    char = train_sentencepiece(
+        texts, vocab_size=64, model_type="char", normalization="identity", add_dummy_prefix=False
+    )
     _check_against_sentencepiece(char, texts[:400] + [" a  b ", "zz\t?"] + HARD)
-    words = ["a man in a blue shirt is standing on a ladder", "une femme lit un livre dans le parc",
-             "two dogs are playing in the snow", "des enfants jouent au football"] * 20
+    words = [
+        "a man in a blue shirt is standing on a ladder",
+        "une femme lit un livre dans le parc",
+        "two dogs are playing in the snow",
+        "des enfants jouent au football",
+    ] * 20
     _check_against_sentencepiece(train_sentencepiece(words, vocab_size=60), words[:4] + HARD)
 
 
@@ -103,9 +144,13 @@ def test_ties_break_as_sentencepiece_breaks_them():
     from sentencepiece import sentencepiece_model_pb2
 
     model = sentencepiece_model_pb2.ModelProto()
-    model.ParseFromString(train_sentencepiece(
-        ["a man in a blue shirt is standing on a ladder", "two dogs are playing in the snow"] * 20,
-        vocab_size=60))
+    model.ParseFromString(
+        train_sentencepiece(
+            ["a man in a blue shirt is standing on a ladder", "two dogs are playing in the snow"]
+            * 20,
+            vocab_size=60,
+        )
+    )
     for piece in model.pieces:
         if piece.type == 1:
             piece.score = -float(len(piece.piece))
@@ -113,24 +158,44 @@ def test_ties_break_as_sentencepiece_breaks_them():
     _check_against_sentencepiece(model.SerializeToString(), texts + HARD)
 
 
-MALFORMED = [b"\xff\xfeabc", b"caf\xc3", b"a\xe2\x96b", b"\xc3\xa9\x80x", b"\xef\xbf\xbd ok",
-             b"\xf0\x9f\x98 x", b"\xed\xa0\x80z", b"\xc0\xafq", b"  \xff  "]
+MALFORMED = [
+    b"\xff\xfeabc",
+    b"caf\xc3",
+    b"a\xe2\x96b",
+    b"\xc3\xa9\x80x",
+    b"\xef\xbf\xbd ok",
+    b"\xf0\x9f\x98 x",
+    b"\xed\xa0\x80z",
+    b"\xc0\xafq",
+    b"  \xff  ",
+]
 
 
 def test_malformed_utf8_reads_as_sentencepiece_reads_it():
     """One U+FFFD per malformed byte, written past the character map (a literal
     U+FFFD goes through it: nmt_nfkc deletes it)."""
-    for proto in (train_sentencepiece(["two dogs", "caf\u00e9 \u00fcber \ufffd"] * 20, vocab_size=30),
-                  train_sentencepiece(["abc+12", "ba+3"] * 10, vocab_size=64, model_type="char",
-                                      normalization="identity", add_dummy_prefix=False)):
+    for proto in (
+        train_sentencepiece(["two dogs", "caf\u00e9 \u00fcber \ufffd"] * 20, vocab_size=30),
+        train_sentencepiece(
+            ["abc+12", "ba+3"] * 10,
+            vocab_size=64,
+            model_type="char",
+            normalization="identity",
+            add_dummy_prefix=False,
+        ),
+    ):
         sp = spm.SentencePieceProcessor(model_proto=proto)
         graph = sentencepiece_graph.build(proto)
         assert graph.tokenize(tf.constant(MALFORMED)).to_list() == [sp.encode(b) for b in MALFORMED]
-        assert graph.normalize(tf.constant(MALFORMED)).numpy().tolist() == [sp.normalize(b) for b in MALFORMED]
+        assert graph.normalize(tf.constant(MALFORMED)).numpy().tolist() == [
+            sp.normalize(b) for b in MALFORMED
+        ]
 
 
 def test_unsupported_models_are_named():
-    bpe = train_sentencepiece(["two dogs run", "un chien court"] * 20, vocab_size=30, model_type="bpe")
+    bpe = train_sentencepiece(
+        ["two dogs run", "un chien court"] * 20, vocab_size=30, model_type="bpe"
+    )
     with pytest.raises(NotImplementedError, match="BPE"):
         sentencepiece_graph.build(bpe)
 
@@ -176,9 +241,14 @@ print(json.dumps(out))
 
 
 def _text_tokenizer():
-    corpus = ["a man in a blue shirt is standing on a ladder", "une femme lit un livre dans le parc",
-              "two dogs are playing in the snow", "des enfants jouent au football",
-              "über die Straße", "ｆｕｌｌｗｉｄｔｈ"] * 20
+    corpus = [
+        "a man in a blue shirt is standing on a ladder",
+        "une femme lit un livre dans le parc",
+        "two dogs are playing in the snow",
+        "des enfants jouent au football",
+        "über die Straße",
+        "ｆｕｌｌｗｉｄｔｈ",
+    ] * 20
     return train_sentencepiece(corpus, vocab_size=70)
 
 
@@ -190,8 +260,16 @@ def text_seq2seq():
     import keras
 
     keras.utils.set_random_seed(3)
-    model = zoo.build("seq2seq", tokenizer=encode_proto(_text_tokenizer()), hidden_dim=16, num_heads=2,
-                      num_layers=1, intermediate_dim=32, max_source_length=16, max_target_length=12)
+    model = zoo.build(
+        "seq2seq",
+        tokenizer=encode_proto(_text_tokenizer()),
+        hidden_dim=16,
+        num_heads=2,
+        num_layers=1,
+        intermediate_dim=32,
+        max_source_length=16,
+        max_target_length=12,
+    )
     base = tempfile.mkdtemp(prefix="zoo-text-seq2seq-")
     atexit.register(shutil.rmtree, base, ignore_errors=True)
     return model, export_savedmodel(model, os.path.join(base, "serving", "mt")), base
@@ -206,11 +284,19 @@ def test_every_kind_serves_without_tensorflow_text(tmp_path):
     proto = encode_proto(_text_tokenizer())
     shared, shared_version, _ = text_seq2seq()
     models = {
-        "universal_transformer": zoo.build("universal_transformer", tokenizer=proto, hidden_dim=16,
-                                           num_heads=2, intermediate_dim=32, num_steps=2,
-                                           max_source_length=24, max_target_length=8),
-        "sagan": zoo.build("sagan_generator", image_size=32, channels=1, num_classes=3, latent_dim=8,
-                           width=4),
+        "universal_transformer": zoo.build(
+            "universal_transformer",
+            tokenizer=proto,
+            hidden_dim=16,
+            num_heads=2,
+            intermediate_dim=32,
+            num_steps=2,
+            max_source_length=24,
+            max_target_length=8,
+        ),
+        "sagan": zoo.build(
+            "sagan_generator", image_size=32, channels=1, num_classes=3, latent_dim=8, width=4
+        ),
     }
     dirs = {"tagger": export_savedmodel(tagger_run, str(tmp_path / "serving" / "tagger"))}
     for kind, model in models.items():
@@ -219,16 +305,19 @@ def test_every_kind_serves_without_tensorflow_text(tmp_path):
     for kind in ("seq2seq", "universal_transformer"):
         assert os.path.isfile(os.path.join(dirs[kind], "assets.extra", "spm.model"))
     texts = ["a man in the snow", "ｆｕｌｌｗｉｄｔｈ  dogs", "e\u0301te\u0301 \u65e5\u672c", ""]
-    feed = {"noise": np.random.default_rng(0).standard_normal((3, 8)).astype("float32").tolist(),
-            "label": [0, 1, 2]}
+    feed = {
+        "noise": np.random.default_rng(0).standard_normal((3, 8)).astype("float32").tolist(),
+        "label": [0, 1, 2],
+    }
     sentences = [" ".join(s) for s in SENTENCES]
     result = run_clean(_CHILD, json.dumps([dirs, texts, sentences, feed]))
     assert result.returncode == 0, result.stderr[-3000:]
     got = json.loads(result.stdout.strip().splitlines()[-1])
 
     tagged = zoo.load(tagger_run).tag(sentences)
-    assert [[tag for _, tag in row] for row in tagged] == [row[:len(tags)] for row, tags in
-                                                            zip(got["tagger"], tagged)]
+    assert [[tag for _, tag in row] for row in tagged] == [
+        row[: len(tags)] for row, tags in zip(got["tagger"], tagged)
+    ]
     for kind in ("seq2seq", "universal_transformer"):
         model = models[kind]
         want = model.translate(texts)
@@ -238,7 +327,19 @@ def test_every_kind_serves_without_tensorflow_text(tmp_path):
         want_ids = decoding.decode_ids(model, model._source_ids(texts))
         assert [decoding._cut(row) for row in got[kind + "/translate/ids"]] == want_ids, kind
     model = models["sagan"]
-    want = np.clip(np.asarray(model({"noise": np.asarray(feed["noise"], np.float32),
-                                     "label": np.asarray(feed["label"], np.int32)}, training=False))
-                   * 0.5 + 0.5, 0, 1)
+    want = np.clip(
+        np.asarray(
+            model(
+                {
+                    "noise": np.asarray(feed["noise"], np.float32),
+                    "label": np.asarray(feed["label"], np.int32),
+                },
+                training=False,
+            )
+        )
+        * 0.5
+        + 0.5,
+        0,
+        1,
+    )
     np.testing.assert_allclose(np.asarray(got["sagan"]), want, atol=1e-5)

@@ -8,8 +8,8 @@ import pytest
 import tensorflow as tf
 
 import zoo.models  # noqa: F401  (registers every class zoo model files name)
-from zoo.tagger.model import Tagger, pad_tokens
 from zoo.tagger.layers import Presence, WordDropout
+from zoo.tagger.model import Tagger, pad_tokens
 
 WORDS = ["<pad>", "<unk>", "i", "saw", "a", "the", "00"]
 CHARS = ["<pad>", "<unk>", "I", "s", "a", "w", "t", "h", "e", "1", "é"]
@@ -19,8 +19,9 @@ SMALL = dict(word_dim=8, char_dim=4, char_filters=6, hidden_dim=16, num_heads=2)
 
 def build(arch, **kwargs):
     keras.utils.set_random_seed(1)
-    return zoo.build("tagger", words=WORDS, chars=CHARS, tags=TAGS, arch=arch, max_chars=5,
-                     **{**SMALL, **kwargs})
+    return zoo.build(
+        "tagger", words=WORDS, chars=CHARS, tags=TAGS, arch=arch, max_chars=5, **{**SMALL, **kwargs}
+    )
 
 
 def reference_encode(tokens, words, chars, max_chars):
@@ -44,9 +45,13 @@ def test_registry():
         zoo.build("nope")
 
 
+@pytest.mark.slow
 def test_encode_tf_matches_the_documented_rules():
     model = build("fc")
-    rows = [["I", "SAW", "a", "Saws", "12", "thé", "zebra", "ééééééé"], ["The", "saw", "", "", "", "", "", ""]]
+    rows = [
+        ["I", "SAW", "a", "Saws", "12", "thé", "zebra", "ééééééé"],
+        ["The", "saw", "", "", "", "", "", ""],
+    ]
     ids = model.encode_tf(tf.constant(rows))
     for row, w, c in zip(rows, ids["word_ids"].numpy(), ids["char_ids"].numpy()):
         ref_w, ref_c = reference_encode(row, WORDS, CHARS, 5)
@@ -57,6 +62,7 @@ def test_encode_tf_matches_the_documented_rules():
     assert ids["word_ids"].dtype == tf.int32 and ids["char_ids"].dtype == tf.int32
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("arch", ["attention", "fc", "window", "bilstm"])
 def test_archs_share_the_contract_and_ignore_padding(arch):
     model = build(arch)
@@ -81,6 +87,7 @@ def test_fc_cannot_tell_the_two_saws_apart():
     np.testing.assert_allclose(probs[1], probs[3], atol=1e-6)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("arch", ["attention", "bilstm"])
 def test_save_load_round_trip(tmp_path, arch):
     model = build(arch)
@@ -95,6 +102,7 @@ def test_save_load_round_trip(tmp_path, arch):
     assert loaded.tag(["I saw a saw", "the zebra"]) == model.tag(["I saw a saw", "the zebra"])
 
 
+@pytest.mark.slow
 def test_attention_scores_are_distributions_over_real_words():
     model = build("attention", num_layers=2)
     scores = model.attention_scores(["I", "saw", "a", "saw"])
@@ -105,6 +113,7 @@ def test_attention_scores_are_distributions_over_real_words():
     assert build("bilstm").attention_scores(["I", "saw"]) == []
 
 
+@pytest.mark.slow
 def test_word_dropout():
     ids = np.array([[5, 6, 7, 8, 0, 0]] * 2000, "int32")
     layer = WordDropout(0.3, seed=0)
@@ -115,6 +124,7 @@ def test_word_dropout():
     assert abs(dropped - 0.3) < 0.02
 
 
+@pytest.mark.slow
 def test_presence_layer_standard_checks_and_values():
     from tests.harness import run_layer_test
 
@@ -126,14 +136,18 @@ def test_presence_layer_standard_checks_and_values():
             Presence(bad)
 
 
-@pytest.mark.parametrize("kwargs, name", [
-    ({"arch": "cnn"}, "arch"),
-    ({"hidden_dim": 0}, "hidden_dim"),
-    ({"dropout": 1.5}, "dropout"),
-    ({"words": ["a", "b"]}, "words"),
-    ({"tags": []}, "tags"),
-    ({"bogus": 1}, "bogus"),
-])
+@pytest.mark.slow
+@pytest.mark.parametrize(
+    "kwargs, name",
+    [
+        ({"arch": "cnn"}, "arch"),
+        ({"hidden_dim": 0}, "hidden_dim"),
+        ({"dropout": 1.5}, "dropout"),
+        ({"words": ["a", "b"]}, "words"),
+        ({"tags": []}, "tags"),
+        ({"bogus": 1}, "bogus"),
+    ],
+)
 def test_bad_arguments_name_the_argument(kwargs, name):
     args = dict(words=WORDS, chars=CHARS, tags=TAGS, arch="fc")
     args.update(kwargs)
@@ -141,6 +155,7 @@ def test_bad_arguments_name_the_argument(kwargs, name):
         zoo.build("tagger", **args)
 
 
+@pytest.mark.slow
 def test_tag_rejects_sentences_longer_than_max_len():
     model = zoo.build("tagger", words=WORDS, chars=CHARS, tags=TAGS, arch="fc", max_len=3, **SMALL)
     with pytest.raises(ValueError, match="max_len=3"):

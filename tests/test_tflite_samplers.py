@@ -14,6 +14,9 @@ from export.savedmodel import export_savedmodel
 from tests.test_library_load import SEQ2SEQ
 from train.cli import main as train_main
 from zoo.seq2seq import samplers
+
+pytestmark = pytest.mark.slow  # seconds per test: make test-fast leaves the file out
+
 TEXTS = ["abcde", "jjab", "ba"]
 
 
@@ -55,14 +58,24 @@ def test_steps_tflite_decodes_what_keras_decodes(exported):
         dict(sampler="greedy"),
         dict(sampler="greedy", return_scores=True),
         dict(sampler="beam", return_scores=True),
-        dict(sampler=samplers.Beam(width=3, length_penalty=1.0), num_return_sequences=3, return_scores=True),
-        dict(sampler=samplers.Beam(width=2, length_penalty=0.0), num_return_sequences=2, return_scores=True,
-             max_length=4),
+        dict(
+            sampler=samplers.Beam(width=3, length_penalty=1.0),
+            num_return_sequences=3,
+            return_scores=True,
+        ),
+        dict(
+            sampler=samplers.Beam(width=2, length_penalty=0.0),
+            num_return_sequences=2,
+            return_scores=True,
+            max_length=4,
+        ),
     ]
     for case in cases:
         _check(lite.generate(TEXTS, **case), keras_task.generate(TEXTS, **case), case)
     # The untrained model's n-best lists are real alternatives, not copies of one string.
-    best = lite.generate(TEXTS, sampler=samplers.Beam(width=3), num_return_sequences=3, return_scores=True)
+    best = lite.generate(
+        TEXTS, sampler=samplers.Beam(width=3), num_return_sequences=3, return_scores=True
+    )
     assert all(len({t for t, _ in row}) == 3 for row in best)
     assert all(np.all(np.diff(_scores([row])) <= 1e-6) for row in best)  # best first
     assert lite.generate(TEXTS[0], sampler="beam") == keras_task.generate(TEXTS[0], sampler="beam")
@@ -85,11 +98,16 @@ def test_steps_tflite_samples_what_keras_samples_with_the_same_seed(exported):
     model = model_file.load(f"{run}/model.keras", Seq2SeqTransformer)
     ids = model.tokenizer.encode(TEXTS)
     compared = 0
-    for sampler, seed in ((samplers.TopK(5), 7), (samplers.Sampling(temperature=1.5, top_p=0.9), 11),
-                          (samplers.Sampling(), 3)):
+    for sampler, seed in (
+        (samplers.TopK(5), 7),
+        (samplers.Sampling(temperature=1.5, top_p=0.9), 11),
+        (samplers.Sampling(), 3),
+    ):
         want = decoding.generate_ids(model, ids, sampler, num_return_sequences=4, seed=seed)
         got = decoding.generate_ids(lite._steps, ids, sampler, num_return_sequences=4, seed=seed)
-        assert [[t for t, _ in row] for row in got] == [[t for t, _ in row] for row in want], sampler
+        assert [[t for t, _ in row] for row in got] == [[t for t, _ in row] for row in want], (
+            sampler
+        )
         for row_got, row_want in zip(got, want):
             for (tokens, score), (_, expected) in zip(row_got, row_want):
                 if 0 not in tokens:
@@ -100,8 +118,10 @@ def test_steps_tflite_samples_what_keras_samples_with_the_same_seed(exported):
     assert compared >= 6
     # Keras's own loop gives the same draws with and without XLA.
     model.eager_decoding = True  # `decoding.compiled`: the plain loop, no tf.function
-    eager, xla = (decoding.generate_ids(m, ids, samplers.TopK(5), num_return_sequences=4, seed=7)
-                  for m in (model, zoo.load(run).model))
+    eager, xla = (
+        decoding.generate_ids(m, ids, samplers.TopK(5), num_return_sequences=4, seed=7)
+        for m in (model, zoo.load(run).model)
+    )
     assert [[t for t, _ in row] for row in eager] == [[t for t, _ in row] for row in xla]
 
 
@@ -120,17 +140,31 @@ def test_savedmodel_step_signatures_decode_and_sample_what_keras_does(exported):
     cases = [
         dict(sampler="greedy"),
         dict(sampler="beam", return_scores=True),
-        dict(sampler=samplers.Beam(width=3, length_penalty=1.0), num_return_sequences=3, return_scores=True),
-        dict(sampler=samplers.Beam(width=2, length_penalty=0.0), num_return_sequences=2, return_scores=True,
-             max_length=4),
+        dict(
+            sampler=samplers.Beam(width=3, length_penalty=1.0),
+            num_return_sequences=3,
+            return_scores=True,
+        ),
+        dict(
+            sampler=samplers.Beam(width=2, length_penalty=0.0),
+            num_return_sequences=2,
+            return_scores=True,
+            max_length=4,
+        ),
         dict(sampler=samplers.TopK(5), num_return_sequences=4, seed=7, return_scores=True),
-        dict(sampler=samplers.Sampling(temperature=1.5, top_p=0.9), num_return_sequences=2, seed=11,
-             return_scores=True),
+        dict(
+            sampler=samplers.Sampling(temperature=1.5, top_p=0.9),
+            num_return_sequences=2,
+            seed=11,
+            return_scores=True,
+        ),
     ]
     for case in cases:
         got, want = saved.generate(TEXTS, **case), keras_task.generate(TEXTS, **case)
         _check(got, want, case)
-    best = saved.generate(TEXTS, sampler=samplers.Beam(width=3), num_return_sequences=3, return_scores=True)
+    best = saved.generate(
+        TEXTS, sampler=samplers.Beam(width=3), num_return_sequences=3, return_scores=True
+    )
     assert all(len({t for t, _ in row}) == 3 for row in best)
     # The signatures are steps.tflite's: same names, dtypes and shapes.
     from zoo.litert import interpreter
@@ -139,17 +173,28 @@ def test_savedmodel_step_signatures_decode_and_sample_what_keras_does(exported):
     loaded = tf.saved_model.load(files["savedmodel"])
     for name in ("encode", "decode_step"):
         runner, fn = lite.get_signature_runner(name), loaded.signatures[name]
-        want_in = {k: (tuple(v["shape"]), v["dtype"]) for k, v in runner.get_input_details().items()}
-        want_out = {k: (tuple(v["shape"]), v["dtype"]) for k, v in runner.get_output_details().items()}
-        got_in, got_out = ({k: (tuple(v.shape), v.dtype.as_numpy_dtype) for k, v in specs.items()}
-                           for specs in (fn.structured_input_signature[1], fn.structured_outputs))
+        want_in = {
+            k: (tuple(v["shape"]), v["dtype"]) for k, v in runner.get_input_details().items()
+        }
+        want_out = {
+            k: (tuple(v["shape"]), v["dtype"]) for k, v in runner.get_output_details().items()
+        }
+        got_in, got_out = (
+            {k: (tuple(v.shape), v.dtype.as_numpy_dtype) for k, v in specs.items()}
+            for specs in (fn.structured_input_signature[1], fn.structured_outputs)
+        )
         assert (got_in, got_out) == (want_in, want_out), name
     assert {"translate", "translate_ids", "serving_default"} <= set(loaded.signatures)
     # signature.json lists them; decode_step's example (KV caches) is too big for a REST body.
     with open(os.path.join(files["savedmodel"], "signature.json")) as f:
         doc = json.load(f)["signatures"]
-    assert list(doc["decode_step"]["inputs"]) == ["token", "position", "cross_cache", "encoder_mask",
-                                                  "self_cache"]
+    assert list(doc["decode_step"]["inputs"]) == [
+        "token",
+        "position",
+        "cross_cache",
+        "encoder_mask",
+        "self_cache",
+    ]
     assert doc["decode_step"]["example_request_inputs"] is None
     assert doc["encode"]["example_request_instances"]["instances"][0]["source_ids"]
 
@@ -157,8 +202,12 @@ def test_savedmodel_step_signatures_decode_and_sample_what_keras_does(exported):
 def test_a_seeded_draw_repeats_and_the_seed_matters(exported):
     _, files = exported
     lite = zoo.load(files["steps"])
-    draw = [lite.generate(TEXTS, sampler=samplers.TopK(8, temperature=2.0), num_return_sequences=3, seed=s)
-            for s in (5, 5, 6)]
+    draw = [
+        lite.generate(
+            TEXTS, sampler=samplers.TopK(8, temperature=2.0), num_return_sequences=3, seed=s
+        )
+        for s in (5, 5, 6)
+    ]
     assert draw[0] == draw[1]
     assert draw[0] != draw[2]
 
@@ -173,18 +222,29 @@ def test_greedy_only_formats_name_the_sampler_and_the_format(exported, tmp_path,
     full = lite._steps.max_target_length
     want = zoo.load(run).generate(TEXTS, max_length=full)
     assert one_file.generate(TEXTS) == lite.generate(TEXTS, max_length=full) == want
-    with pytest.raises(ValueError, match=r"greedy.tflite decodes greedily inside one WHILE.*"
-                                         r"sampler='beam'.*format='tflite'"):
+    with pytest.raises(
+        ValueError,
+        match=r"greedy.tflite decodes greedily inside one WHILE.*"
+        r"sampler='beam'.*format='tflite'",
+    ):
         one_file.generate(TEXTS, sampler="beam")
     # A SavedModel exported before the encode / decode_step signatures were added.
     endpoints = kind.Seq2SeqKind.serving_endpoints
-    monkeypatch.setattr(kind.Seq2SeqKind, "serving_endpoints", lambda self, source: [
-        e for e in endpoints(self, source) if e.name not in ("encode", "decode_step")])
+    monkeypatch.setattr(
+        kind.Seq2SeqKind,
+        "serving_endpoints",
+        lambda self, source: [
+            e for e in endpoints(self, source) if e.name not in ("encode", "decode_step")
+        ],
+    )
     saved = zoo.load(export_savedmodel(run, str(tmp_path / "serving" / "s2s")))
     assert "decode_step" not in saved.model.signatures
     assert saved.generate(TEXTS) == want
-    with pytest.raises(ValueError, match=r"no encode / decode_step signatures.*"
-                                         r"sampler=TopK\(k=10, temperature=1.0\).*format='savedmodel'"):
+    with pytest.raises(
+        ValueError,
+        match=r"no encode / decode_step signatures.*"
+        r"sampler=TopK\(k=10, temperature=1.0\).*format='savedmodel'",
+    ):
         saved.generate(TEXTS, sampler=samplers.TopK())
     with pytest.raises(ValueError, match="max_length"):
         lite.generate(TEXTS, sampler="beam", max_length=lite._steps.max_target_length + 1)

@@ -6,7 +6,15 @@ import pytest
 import tensorflow as tf
 
 from zoo.seq2seq.tokenization import (
-    BOS_ID, EOS_ID, PAD_ID, UNK_ID, Tokenizer, decode_proto, encode_proto, train_sentencepiece)
+    BOS_ID,
+    EOS_ID,
+    PAD_ID,
+    UNK_ID,
+    Tokenizer,
+    decode_proto,
+    encode_proto,
+    train_sentencepiece,
+)
 
 TEXTS = [
     "a man in a blue shirt is standing on a ladder",
@@ -23,9 +31,15 @@ def tokenizer():
     return Tokenizer(train_sentencepiece(TEXTS, vocab_size=120))
 
 
+@pytest.mark.slow
 def test_special_ids_fixed(tokenizer):
     pieces = tokenizer.pieces()
-    assert [pieces[PAD_ID], pieces[UNK_ID], pieces[BOS_ID], pieces[EOS_ID]] == ["<pad>", "<unk>", "<s>", "</s>"]
+    assert [pieces[PAD_ID], pieces[UNK_ID], pieces[BOS_ID], pieces[EOS_ID]] == [
+        "<pad>",
+        "<unk>",
+        "<s>",
+        "</s>",
+    ]
     assert 20 < tokenizer.vocabulary_size <= 120
 
 
@@ -44,26 +58,38 @@ def test_decode_cuts_at_eos_and_skips_padding(tokenizer):
     assert tokenizer.decode([row]) == ["two dogs"]
 
 
+@pytest.mark.slow
 def test_in_graph_matches_python(tokenizer):
     text = ["a man in the park", "des enfants jouent au football dans la neige", "x"]
     dense, counts = tokenizer.encode_tf(tf.constant(text), 12)
     expected = tokenizer.encode(text)
     assert counts.numpy().tolist() == [len(r) for r in expected]
     for row, want in zip(dense.numpy(), expected):
-        assert row[:min(12, len(want))].tolist() == want[:12]
-        assert (row[len(want):] == PAD_ID).all()
-    out = np.array([[*tokenizer.encode(["two dogs"])[0], EOS_ID, 9, 9], [EOS_ID, 5, 5, 5, 5, 5]][0:1])
+        assert row[: min(12, len(want))].tolist() == want[:12]
+        assert (row[len(want) :] == PAD_ID).all()
+    out = np.array(
+        [[*tokenizer.encode(["two dogs"])[0], EOS_ID, 9, 9], [EOS_ID, 5, 5, 5, 5, 5]][0:1]
+    )
     assert [s.decode() for s in tokenizer.decode_tf(out).numpy()] == tokenizer.decode(out.tolist())
 
 
+@pytest.mark.slow
 def test_proto_travels_as_text(tokenizer):
     again = Tokenizer(decode_proto(encode_proto(tokenizer.proto)))
     assert again.encode(["two dogs"]) == tokenizer.encode(["two dogs"])
 
 
+@pytest.mark.slow
 def test_char_model_for_tasks():
-    tok = Tokenizer(train_sentencepiece(["abc+12", "ba+3"] * 10, vocab_size=64, model_type="char",
-                                       normalization="identity", add_dummy_prefix=False))
+    tok = Tokenizer(
+        train_sentencepiece(
+            ["abc+12", "ba+3"] * 10,
+            vocab_size=64,
+            model_type="char",
+            normalization="identity",
+            add_dummy_prefix=False,
+        )
+    )
     ids = tok.encode(["cab+21"])[0]
     assert len(ids) == 6 and tok.decode([ids]) == ["cab+21"]
 

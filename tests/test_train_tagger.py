@@ -1,7 +1,6 @@
 """Training the tagger: a tiny run that learns, resume, the run-directory contract, the CLIs."""
 
 import argparse
-import json
 import os
 import pathlib
 import subprocess
@@ -12,20 +11,40 @@ import numpy as np
 import pytest
 
 import zoo.models  # noqa: F401  (registers every class zoo model files name)
-from train.tagger import embedded
 from train.rundir import read_json
+from train.tagger import embedded
 from train.tagger.training import resume_run, train_one
+
+pytestmark = pytest.mark.slow  # seconds per test: make test-fast leaves the file out
 
 ROOT = pathlib.Path(__file__).resolve().parents[1]
 FIXTURES = ROOT / "tests" / "fixtures" / "tagger"
-TINY = {"word_dim": 16, "char_dim": 8, "char_filters": 16, "hidden_dim": 32, "num_heads": 2,
-        "num_layers": 1}
+TINY = {
+    "word_dim": 16,
+    "char_dim": 8,
+    "char_filters": 16,
+    "hidden_dim": 32,
+    "num_heads": 2,
+    "num_layers": 1,
+}
 
 
 def make_args(**overrides):
-    args = dict(epochs=4, batch_size=16, seed=0, learning_rate=None, max_minutes=0.0, ema_momentum=None,
-                model_options=dict(TINY), train_file=None, dev_file=None, test_file=None,
-                dataset=None, out=None, resume=False)
+    args = dict(
+        epochs=4,
+        batch_size=16,
+        seed=0,
+        learning_rate=None,
+        max_minutes=0.0,
+        ema_momentum=None,
+        model_options=dict(TINY),
+        train_file=None,
+        dev_file=None,
+        test_file=None,
+        dataset=None,
+        out=None,
+        resume=False,
+    )
     args.update(overrides)
     return argparse.Namespace(**args)
 
@@ -74,16 +93,16 @@ def test_resume_continues_epochs_and_optimizer_state(tmp_path, tiny_data):
 
 def test_timing_probe_leaves_weights_and_optimizer_untouched(tiny_data, monkeypatch):
     from train import engine
-    from train.tagger.data import Batches, Encoded
+    from train.tagger.data import Batches, Encoded, build_vocab
     from train.tagger.fit import compile_tagger
     from train.tagger.training import _epochs_within_budget
 
-    from train.tagger.data import build_vocab
-
     words, chars, tags = build_vocab(tiny_data)
     model = zoo.build("tagger", words=words, chars=chars, tags=tags, max_chars=16, **TINY)
-    encoded = {name: Encoded(model.encoder, getattr(tiny_data, name), model.tags)
-               for name in ("train", "dev")}
+    encoded = {
+        name: Encoded(model.encoder, getattr(tiny_data, name), model.tags)
+        for name in ("train", "dev")
+    }
     compile_tagger(model, 1e-3, total_steps=100, warmup_steps=10, weight_decay=1e-4)
     batches = Batches(encoded["train"], 16)
     seconds = engine.seconds_per_step(model, [batches[i] for i in range(4)])
@@ -102,8 +121,13 @@ def test_timing_probe_leaves_weights_and_optimizer_untouched(tiny_data, monkeypa
     # batches the probe times: an epoch is 1 ms per padded token slot of all its batches,
     # plus dev evaluation at a third of a training token's cost; a budget (after the 30 s
     # allowance and the 0.9 margin) of 3.01 epochs plans 3, of 6.99 plans 6.
-    monkeypatch.setattr(engine, "seconds_per_step", lambda model, probe, warmup: 1e-3 * float(
-        np.mean([b[0]["word_ids"].size for b in probe[warmup:]])))
+    monkeypatch.setattr(
+        engine,
+        "seconds_per_step",
+        lambda model, probe, warmup: (
+            1e-3 * float(np.mean([b[0]["word_ids"].size for b in probe[warmup:]]))
+        ),
+    )
     epoch_batches = Batches(encoded["train"], 16, shuffle=True, seed=[0, 10_000])
     slots = sum(epoch_batches[i][0]["word_ids"].size for i in range(len(epoch_batches)))
     # sizes differ, so timing any subset without the scaling would misplan the budgets
@@ -114,7 +138,12 @@ def test_timing_probe_leaves_weights_and_optimizer_untouched(tiny_data, monkeypa
     epoch = 1e-3 * slots * (1.0 + dev_tokens / (3.0 * train_tokens))
     minutes = (30.0 + 3.01 * epoch / 0.9) / 60.0
     assert _epochs_within_budget(model, encoded, dict(cfg, max_minutes=minutes)) == 3
-    assert _epochs_within_budget(model, encoded, dict(cfg, max_minutes=(30.0 + 6.99 * epoch / 0.9) / 60.0)) == 6
+    assert (
+        _epochs_within_budget(
+            model, encoded, dict(cfg, max_minutes=(30.0 + 6.99 * epoch / 0.9) / 60.0)
+        )
+        == 6
+    )
 
 
 def test_default_epochs_shrink_to_fit_the_time_budget(tmp_path, tiny_data):
@@ -166,7 +195,8 @@ def test_cli_writes_the_run_directory_contract(cli_run):
     held = np.load(out / "evaluation.npz")
     assert set(held.files) == {"word_ids", "char_ids", "tag_ids"}
     probs = keras.models.load_model(out / "model.keras").core(
-        {"word_ids": held["word_ids"], "char_ids": held["char_ids"]})
+        {"word_ids": held["word_ids"], "char_ids": held["char_ids"]}
+    )
     real = held["tag_ids"] >= 0
     assert int(real.sum()) == metrics["test_tokens"]
     accuracy = float((np.argmax(probs, -1)[real] == held["tag_ids"][real]).mean())
@@ -214,17 +244,23 @@ def _assert_one_line_error(result, *needles):
         assert needle in lines[0], lines[0]
 
 
-@pytest.mark.parametrize("args, needles", [
-    (["--arch", "cnn"], ["unknown arch", "'cnn'"]),
-    (["--epochs", "-1"], ["--epochs", "-1"]),
-    (["--batch-size", "0"], ["--batch-size", "0"]),
-    (["--train-file", "/nonexistent/train.conllu"], ["not found", "/nonexistent/train.conllu"]),
-    (["--train-file", str(FIXTURES / "malformed.conllu")], ["malformed.conllu:9"]),
-    (["--train-file", str(FIXTURES / "empty.conllu")], ["empty data set", "empty.conllu"]),
-    (["--dataset", "tfds:no_such_dataset_xyz"], ["unknown tfds data set", "no_such_dataset_xyz"]),
-    (["--dataset", "en_ewt"], ["tfds:NAME", "en_ewt"]),
-    (["--bogus-flag"], ["--bogus-flag"]),
-])
+@pytest.mark.parametrize(
+    "args, needles",
+    [
+        (["--arch", "cnn"], ["unknown arch", "'cnn'"]),
+        (["--epochs", "-1"], ["--epochs", "-1"]),
+        (["--batch-size", "0"], ["--batch-size", "0"]),
+        (["--train-file", "/nonexistent/train.conllu"], ["not found", "/nonexistent/train.conllu"]),
+        (["--train-file", str(FIXTURES / "malformed.conllu")], ["malformed.conllu:9"]),
+        (["--train-file", str(FIXTURES / "empty.conllu")], ["empty data set", "empty.conllu"]),
+        (
+            ["--dataset", "tfds:no_such_dataset_xyz"],
+            ["unknown tfds data set", "no_such_dataset_xyz"],
+        ),
+        (["--dataset", "en_ewt"], ["tfds:NAME", "en_ewt"]),
+        (["--bogus-flag"], ["--bogus-flag"]),
+    ],
+)
 def test_cli_bad_input_is_one_line_exit_2_and_writes_nothing(tmp_path, args, needles):
     out = tmp_path / "out"
     result = run_cli("tagger", "--out", str(out), *args)
@@ -236,7 +272,9 @@ def test_cli_never_writes_into_a_foreign_or_finished_directory(tmp_path, cli_run
     foreign = tmp_path / "mine"
     foreign.mkdir()
     (foreign / "notes.txt").write_text("keep me")
-    _assert_one_line_error(run_cli("tagger", "--out", str(foreign)), "not a run directory", str(foreign))
+    _assert_one_line_error(
+        run_cli("tagger", "--out", str(foreign)), "not a run directory", str(foreign)
+    )
     assert os.listdir(foreign) == ["notes.txt"] and (foreign / "notes.txt").read_text() == "keep me"
     out, _ = cli_run
     before = {p: p.stat().st_mtime_ns for p in out.rglob("*")}

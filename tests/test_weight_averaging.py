@@ -3,8 +3,11 @@ the raw weights (train.engine.averaged_weights), checked against a NumPy average
 
 import keras
 import numpy as np
+import pytest
 
 from train import engine
+
+pytestmark = pytest.mark.slow  # seconds per test: make test-fast leaves the file out
 
 
 class _Record(keras.callbacks.Callback):
@@ -20,14 +23,18 @@ def _model(use_ema):
     keras.utils.set_random_seed(0)
     model = keras.Sequential([keras.Input((3,)), keras.layers.Dense(2)])
     averaging = dict(use_ema=True, ema_momentum=0.8) if use_ema else {}
-    model.compile(optimizer=keras.optimizers.SGD(0.1, **averaging), loss=keras.losses.MeanSquaredError())
+    model.compile(
+        optimizer=keras.optimizers.SGD(0.1, **averaging), loss=keras.losses.MeanSquaredError()
+    )
     return model
 
 
 def test_averaged_weights_are_the_moving_average_and_raw_weights_come_back():
     rng = np.random.default_rng(0)
-    batches = [(rng.normal(size=(4, 3)).astype("float32"), rng.normal(size=(4, 2)).astype("float32"))
-               for _ in range(6)]
+    batches = [
+        (rng.normal(size=(4, 3)).astype("float32"), rng.normal(size=(4, 2)).astype("float32"))
+        for _ in range(6)
+    ]
     model, record = _model(True), _Record()
     engine.fit(model, batches, epochs=1, callbacks=[record], verbose=0)
     # Keras's EMA: the first step copies the weights, then avg = m * avg + (1 - m) * w.
@@ -46,7 +53,9 @@ def test_averaged_weights_are_the_moving_average_and_raw_weights_come_back():
 
 def test_without_ema_the_context_changes_nothing():
     model = _model(False)
-    engine.fit(model, [(np.ones((2, 3), "float32"), np.zeros((2, 2), "float32"))], epochs=1, verbose=0)
+    engine.fit(
+        model, [(np.ones((2, 3), "float32"), np.zeros((2, 2), "float32"))], epochs=1, verbose=0
+    )
     before = [v.numpy() for v in model.trainable_variables]
     with engine.averaged_weights(model):
         inside = [v.numpy() for v in model.trainable_variables]
