@@ -52,7 +52,7 @@ class SelfAttention2D(keras.layers.Layer):
     >>> import numpy as np
     >>> x = np.random.default_rng(0).normal(size=(2, 8, 8, 16)).astype("float32")
     >>> y, scores = SelfAttention2D()(x, return_attention_scores=True)
-    >>> y.shape, scores.shape
+    >>> tuple(y.shape), tuple(scores.shape)
     ((2, 8, 8, 16), (2, 64, 16))
     >>> bool(np.allclose(y, x))  # gamma starts at 0
     True

@@ -123,7 +123,7 @@ class SNConv2D(_SpectralKernelMixin, keras.layers.Layer):
 
     >>> import numpy as np
     >>> layer = SNConv2D(4, 3)
-    >>> layer(np.ones((1, 8, 8, 3), "float32")).shape
+    >>> tuple(layer(np.ones((1, 8, 8, 3), "float32")).shape)
     (1, 8, 8, 4)
 
     References:
@@ -238,7 +238,7 @@ class SNDense(_SpectralKernelMixin, keras.layers.Layer):
     Example:
 
     >>> import numpy as np
-    >>> SNDense(3)(np.ones((2, 5), "float32")).shape
+    >>> tuple(SNDense(3)(np.ones((2, 5), "float32")).shape)
     (2, 3)
 
     References:

@@ -110,16 +110,3 @@ def test_self_attention_returning_scores():
         call_kwargs={"return_attention_scores": True},
         expected_output_shape=[(2, 6, 4), (2, 6, 6)],
     )
-
-
-@pytest.mark.parametrize(
-    "module_name",
-    ["layers.self_attention", "layers.multi_head_attention", "layers.transformer"],
-)
-def test_docstring_examples_run(module_name):
-    import doctest
-    import importlib
-
-    result = doctest.testmod(importlib.import_module(module_name), optionflags=doctest.ELLIPSIS)
-    assert result.attempted > 0
-    assert result.failed == 0

@@ -39,7 +39,7 @@ def make_tagger(arch="attention", max_len=16):
 
 
 def make_tagger_run(path, arch="attention", rows=60):
-    """A run directory per COMMON.md holding an untrained tiny tagger."""
+    """A run directory (as training writes it) holding an untrained tiny tagger."""
     from zoo.tagger.model import pad_tokens
 
     os.makedirs(path, exist_ok=True)

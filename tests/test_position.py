@@ -434,15 +434,3 @@ def test_negative_start_index(make):
 def test_position_wrong_rank(make):
     with pytest.raises(ValueError, match=r"rank 3.*\(2, 4\)"):
         make()(np.zeros((2, 4), "float32"))
-
-
-@pytest.mark.parametrize(
-    "module_name", ["layers.position", "layers.embedding", "layers.normalization"]
-)
-def test_docstring_examples_run(module_name):
-    import doctest
-    import importlib
-
-    module = importlib.import_module(module_name)
-    result = doctest.testmod(module, optionflags=doctest.ELLIPSIS)
-    assert result.attempted > 0 and result.failed == 0, result

@@ -1,6 +1,6 @@
 """Run directories: creation rules and atomic writes.
 
-A run directory holds what one training run wrote (see COMMON.md's contract). The CLIs
+A run directory holds what one training run wrote (README, "Models and command lines"). The CLIs
 refuse to write into a directory that holds something else, and never overwrite a
 finished run unless asked to continue it (--resume).
 """
