@@ -749,7 +749,7 @@ def test_recover_repairs_state_json_and_follows_the_best_weights_copy(tmp_path, 
     """RunCheckpoint's files: state.json damaged is written again from last.keras's
     record; best.weights.h5 damaged falls back to the previous best, and the state's
     best epoch and accuracy follow the weights in place."""
-    from train.tagger.fit import BEST, STATE, RunCheckpoint, read_state, recover
+    from train.callbacks import BEST, STATE, RunCheckpoint, read_state, recover
 
     model = _tiny_classifier()
     model(np.zeros((1, 4), "float32"))

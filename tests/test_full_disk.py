@@ -99,7 +99,7 @@ def test_sagan_state_on_a_full_disk(tmp_path, disk_fills):
 def test_model_keras_and_best_weights_on_a_full_disk(tmp_path, monkeypatch):
     from tests.test_checkpoint import _tiny_classifier
     from train import rundir
-    from train.tagger.fit import BEST, RunCheckpoint
+    from train.callbacks import BEST, RunCheckpoint
 
     model = _tiny_classifier()
     model(np.zeros((1, 4), "float32"))

@@ -18,12 +18,19 @@ import keras
 import numpy as np
 
 import zoo.models  # noqa: F401  (registers every class zoo model files name)
-from train import checkpoint, engine, rundir
+from train import engine, rundir
 from train import strategy as distribute
+from train.callbacks import (
+    BEST,
+    LAST,
+    RunCheckpoint,
+    TimeLimit,
+    read_state,
+    resumable_config,
+)
 from train.progress import markdown_table
 from train.seq2seq.data import Batches, Encoded, load_data, train_tokenizer
 from train.seq2seq.fit import DevScore, compile_seq2seq
-from train.tagger.fit import BEST, LAST, RunCheckpoint, TimeLimit, read_state, recover
 from zoo.cli import UsageError
 from zoo.seq2seq import decoding
 from zoo.seq2seq.tokenization import PAD_ID, Tokenizer, encode_proto
@@ -137,19 +144,10 @@ def _rebuild(out, config, train_cfg):
 
 def resume_run(args):
     out = args.out
+    config = resumable_config(out, ("seq2seq", "universal_transformer"), "seq2seq")
     config_path = os.path.join(out, "config.json")
     ckpt_dir = os.path.join(out, "checkpoints")
     last = os.path.join(ckpt_dir, LAST)
-    if os.path.isdir(ckpt_dir) and os.path.exists(config_path):
-        recover(ckpt_dir)  # a damaged last.keras or best weights: their previous copies
-    step_checkpoint = checkpoint.latest(ckpt_dir)[1] if os.path.isdir(ckpt_dir) else None
-    if not os.path.exists(config_path) or not (os.path.exists(last) or step_checkpoint):
-        raise UsageError(
-            f"--resume: no checkpoint to resume in {out} (missing config.json or checkpoints/{LAST})"
-        )
-    config = rundir.read_json(config_path)
-    if config.get("kind") not in ("seq2seq", "universal_transformer"):
-        raise UsageError(f"--resume: {out} is not a seq2seq run (kind={config.get('kind')!r})")
     train_cfg = config["train"]
     if args.epochs is not None:
         train_cfg["epochs"] = args.epochs
