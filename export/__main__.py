@@ -16,12 +16,7 @@ import argparse
 import os
 import sys
 
-from zoo.cli import quiet_stderr
-
-
-class _Parser(argparse.ArgumentParser):
-    def error(self, message):
-        self.exit(2, f"{self.prog}: error: {message}\n")
+from zoo.cli import OneLineParser, quiet_stderr
 
 
 def _positive_int(text):
@@ -62,9 +57,9 @@ def build_parser():
     from export.check import TARGETS
     from export.tflite import QUANTIZE
 
-    p = _Parser(prog="python -m export", description="Export zoo models with proof.")
+    p = OneLineParser(prog="python -m export", description="Export zoo models with proof.")
     p.add_argument("--debug", action="store_true", help="show tracebacks")
-    sub = p.add_subparsers(dest="command", required=True, parser_class=_Parser)
+    sub = p.add_subparsers(dest="command", required=True, parser_class=OneLineParser)
 
     s = sub.add_parser("savedmodel", help="TF Serving SavedModel: BASE/NAME/<version>/")
     s.add_argument("source", metavar="RUN_DIR_OR_MODEL")
@@ -232,12 +227,16 @@ def _import_runtimes_quietly():
 def main(argv=None):
     os.environ.setdefault("KERAS_BACKEND", "tensorflow")
     os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
-    try:
-        args = build_parser().parse_args(argv)
-    except SystemExit as e:  # argparse: usage errors (2) and --help (0)
-        return e.code
     from export.errors import ExportError
     from zoo.cli import UsageError
+
+    try:
+        args = build_parser().parse_args(argv)
+    except SystemExit as e:  # --help
+        return e.code
+    except UsageError as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 2
 
     try:
         if args.command != "check":  # check reads the flatbuffer itself

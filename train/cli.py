@@ -10,14 +10,13 @@ with --debug), 143 / 130 stopped by SIGTERM / SIGINT (a training loop first fini
 step and writes a checkpoint: train.preemption).
 """
 
-import argparse
 import importlib
 import importlib.util
 import os
 import sys
 import traceback
 
-from zoo.cli import EXIT_FAILURE, EXIT_USAGE, UsageError
+from zoo.cli import EXIT_FAILURE, EXIT_USAGE, OneLineParser, UsageError
 
 COMMANDS = {
     "tagger": ("train.tagger", "part-of-speech tagger (attention / fc / window / bilstm)"),
@@ -31,13 +30,6 @@ COMMANDS = {
     ),
     "sagan": ("train.sagan", "Self-Attention GAN"),
 }
-
-
-class OneLineParser(argparse.ArgumentParser):
-    """argparse that reports a bad flag in one line (no usage block) with exit code 2."""
-
-    def error(self, message):
-        raise UsageError(message)
 
 
 def available_commands():

@@ -15,11 +15,10 @@ TAG_FEATURES = ("upos", "pos")
 _NOT_A_WORD = ("_", "")
 
 
-def parse_dataset_flag(value):
+def parse_dataset_flag(value, example="universal_dependencies/en_ewt"):
+    """NAME from `--dataset tfds:NAME`; the refusal shows `example`."""
     if not value.startswith("tfds:") or not value[len("tfds:") :].strip():
-        raise UsageError(
-            f"--dataset must look like tfds:NAME (e.g. tfds:universal_dependencies/en_ewt): {value!r}"
-        )
+        raise UsageError(f"--dataset must look like tfds:NAME (e.g. tfds:{example}): {value!r}")
     return value[len("tfds:") :].strip()
 
 

@@ -6,6 +6,7 @@ on stderr naming the problem and the value, exit 2. Anything else is a bug or an
 environment problem: exit 1 with a short message, the traceback only with --debug.
 """
 
+import argparse
 import contextlib
 import json
 import os
@@ -19,6 +20,14 @@ EXIT_USAGE = 2
 class UsageError(ValueError):
     """Bad input from the user: the message names the problem and the offending value;
     every CLI prints it as one line on stderr and exits 2 (EXIT_USAGE)."""
+
+
+class OneLineParser(argparse.ArgumentParser):
+    """argparse that reports a bad flag as a `UsageError` (one line, exit 2: no usage
+    block); --help still prints and exits 0."""
+
+    def error(self, message):
+        raise UsageError(message)
 
 
 class DataError(UsageError):

@@ -9,7 +9,6 @@ Bad input: one line on stderr, exit 2; nothing existing is overwritten
 without --force.
 """
 
-import argparse
 import json
 import os
 import sys
@@ -17,8 +16,8 @@ import sys
 import numpy as np
 
 from zoo import litert
-from zoo.cli import UsageError as _Usage
 from zoo.cli import (
+    OneLineParser,
     add_verbose_argument,
     check_out_file,
     cli_boundary,
@@ -28,11 +27,7 @@ from zoo.cli import (
     run_kind,
     verbosity,
 )
-
-
-class _Parser(argparse.ArgumentParser):
-    def error(self, message):
-        raise _Usage(message)
+from zoo.cli import UsageError as _Usage
 
 
 class KerasGenerator:
@@ -155,7 +150,7 @@ def _class_id(value, generator):
 def main(argv=None):
     os.environ.setdefault("KERAS_BACKEND", "tensorflow")
     os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
-    parser = _Parser(prog="python -m zoo.generate", description=__doc__.splitlines()[0])
+    parser = OneLineParser(prog="python -m zoo.generate", description=__doc__.splitlines()[0])
     parser.add_argument("path", help="SAGAN run directory or exported .tflite file")
     parser.add_argument("--out", required=True, help="PNG file to write")
     parser.add_argument("--class", dest="class_", help="class id or name (conditional generators)")

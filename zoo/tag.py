@@ -7,13 +7,12 @@ Prints one line per sentence: word/TAG pairs. Bad input: one line on stderr, exi
 `--verbose 0`: the tagged lines and errors only (no runtime log lines).
 """
 
-import argparse
 import os
 import sys
 
 from zoo import litert
-from zoo.cli import UsageError as _Usage
 from zoo.cli import (
+    OneLineParser,
     add_verbose_argument,
     check_utf8,
     cli_boundary,
@@ -23,11 +22,7 @@ from zoo.cli import (
     run_kind,
     verbosity,
 )
-
-
-class _Parser(argparse.ArgumentParser):
-    def error(self, message):
-        raise _Usage(message)
+from zoo.cli import UsageError as _Usage
 
 
 def load_keras_tagger(run_dir):
@@ -99,7 +94,7 @@ def main(argv=None):
 
     _os.environ.setdefault("KERAS_BACKEND", "tensorflow")
     _os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
-    parser = _Parser(prog="python -m zoo.tag", description=__doc__.splitlines()[0])
+    parser = OneLineParser(prog="python -m zoo.tag", description=__doc__.splitlines()[0])
     parser.add_argument("path", help="run directory (model.keras) or exported .tflite file")
     parser.add_argument("sentences", nargs="+", help="sentences (split on whitespace)")
     add_verbose_argument(parser)

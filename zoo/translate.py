@@ -7,11 +7,11 @@ by line. `--beam-width N` uses beam search (length penalty `--alpha`).
 Exit codes: 0 ok, 2 bad input (one line on stderr), 1 unexpected error.
 """
 
-import argparse
 import os
 import sys
 
 from zoo.cli import (
+    OneLineParser,
     UsageError,
     add_verbose_argument,
     check_utf8,
@@ -21,11 +21,6 @@ from zoo.cli import (
     run_kind,
     verbosity,
 )
-
-
-class _Parser(argparse.ArgumentParser):
-    def error(self, message):
-        self.exit(2, f"error: {message}\n")
 
 
 def _stdin_lines():
@@ -43,7 +38,7 @@ def _stdin_lines():
 def main(argv=None):
     os.environ.setdefault("KERAS_BACKEND", "tensorflow")
     os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
-    parser = _Parser(prog="python -m zoo.translate", description=__doc__.splitlines()[0])
+    parser = OneLineParser(prog="python -m zoo.translate", description=__doc__.splitlines()[0])
     parser.add_argument("run_dir", help="run directory (or a .keras file) of a seq2seq run")
     parser.add_argument("text", nargs="*", help="input text (default: lines of stdin)")
     parser.add_argument("--beam-width", type=int, default=1)
@@ -52,8 +47,11 @@ def main(argv=None):
     parser.add_argument("--debug", action="store_true")
     try:
         args = parser.parse_args(argv)
-    except SystemExit as e:  # argparse: bad flags (2) and --help (0)
+    except SystemExit as e:  # --help
         return e.code
+    except UsageError as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 2
 
     def body():
         quiet = verbosity(args.verbose) == 0

@@ -61,7 +61,7 @@ def write_digits(out_dir, size=32):
 
 
 def main(argv=None):
-    from train.cli import OneLineParser
+    from zoo.cli import OneLineParser
 
     parser = OneLineParser(
         prog="python -m train.sagan.digits",

@@ -2,6 +2,7 @@
 
 import numpy as np
 
+from train import tfds
 from train.seq2seq import algorithmic, parallel
 from zoo.cli import DataError, UsageError
 from zoo.seq2seq.tokenization import BOS_ID, EOS_ID, Tokenizer, train_sentencepiece
@@ -19,7 +20,7 @@ def load_data(args):
     ]
     tsvs = [args.train_tsv, args.dev_tsv, args.test_tsv]
     if args.dataset:
-        name = parallel.parse_dataset_flag(args.dataset)
+        name = tfds.parse_dataset_flag(args.dataset, example="ted_hrlr_translate/pt_to_en")
         splits, source = parallel.load_tfds(name)
         return _complete(splits, source, args.seed)
     if any(files) or any(tsvs):

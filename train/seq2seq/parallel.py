@@ -107,14 +107,6 @@ def hold_out(pairs, fraction, minimum, maximum, seed):
     )
 
 
-def parse_dataset_flag(value):
-    if not value.startswith("tfds:") or not value[len("tfds:") :].strip():
-        raise UsageError(
-            f"--dataset must look like tfds:NAME (e.g. tfds:ted_hrlr_translate/pt_to_en): {value!r}"
-        )
-    return value[len("tfds:") :].strip()
-
-
 def load_tfds(name, data_dir=None):
     """A tfds translation or summarisation set (downloads; needs the network).
 
