@@ -9,11 +9,12 @@ first step: the run's config.json, once its checkpoints are known to be there.
 """
 
 import os
+import sys
 import time
 
 import keras
 
-from train import checkpoint, rundir
+from train import checkpoint, engine, rundir
 from train.engine import averaged_weights
 from train.rundir import atomic_write_json, read_json
 from zoo.cli import UsageError
@@ -158,3 +159,51 @@ class TimeLimit(keras.callbacks.Callback):
         if self.seconds and self.already_used + time.perf_counter() - self.started > self.seconds:
             self.model.stop_training = True
             self.stopped_early = True
+
+
+def fit_resumable(
+    model,
+    train_batches,
+    dev_batches,
+    out,
+    train_cfg,
+    state,
+    verbose,
+    announce=None,
+    first=(),
+    **fit_kwargs,
+):
+    """`engine.fit` from `state`'s epoch to train_cfg["epochs"] with the run's checkpoint,
+    time limit and TensorBoard callbacks (after the `first` ones), then the best-on-dev
+    weights restored. Returns the final state and whether the time limit ended the run."""
+    ckpt_dir = os.path.join(out, "checkpoints")
+    run_checkpoint = RunCheckpoint(ckpt_dir, state)
+    limit = TimeLimit(train_cfg["max_minutes"] * 60.0, state["train_seconds"])
+    callbacks = [
+        *first,
+        run_checkpoint,
+        limit,
+        keras.callbacks.TensorBoard(os.path.join(out, "logs"), write_graph=False, profile_batch=0),
+    ]
+    epochs = train_cfg["epochs"]
+    if state["epoch"] < epochs:
+        engine.fit(
+            model,
+            train_batches,
+            validation_data=dev_batches,
+            epochs=epochs,
+            initial_epoch=state["epoch"],
+            epochs_done=state["epoch"],
+            callbacks=callbacks,
+            verbose=verbose,
+            checkpoint_dir=ckpt_dir,
+            announce=announce,
+            **fit_kwargs,
+        )
+    elif announce:
+        print(announce, file=sys.stderr)
+    state = run_checkpoint.state if run_checkpoint.started else state
+    best = os.path.join(ckpt_dir, BEST)
+    if os.path.exists(best):
+        model.load_weights(best)
+    return state, limit.stopped_early

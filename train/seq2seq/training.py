@@ -20,14 +20,7 @@ import numpy as np
 import zoo.models  # noqa: F401  (registers every class zoo model files name)
 from train import engine, rundir
 from train import strategy as distribute
-from train.callbacks import (
-    BEST,
-    LAST,
-    RunCheckpoint,
-    TimeLimit,
-    read_state,
-    resumable_config,
-)
+from train.callbacks import LAST, fit_resumable, read_state, resumable_config
 from train.progress import markdown_table
 from train.seq2seq.data import Batches, Encoded, load_data, train_tokenizer
 from train.seq2seq.fit import DevScore, compile_seq2seq
@@ -188,17 +181,7 @@ def _dev_scorer(model, data, encoded, train_cfg, out):
 
 
 def _fit_and_finish(model, data, encoded, out, train_cfg, state, verbose, announce=None):
-    ckpt_dir = os.path.join(out, "checkpoints")
-    checkpoint = RunCheckpoint(ckpt_dir, state)
-    limit = TimeLimit(train_cfg["max_minutes"] * 60.0, state["train_seconds"])
-    callbacks = [
-        checkpoint,
-        limit,
-        keras.callbacks.TensorBoard(os.path.join(out, "logs"), write_graph=False, profile_batch=0),
-    ]
     dev_score = _dev_scorer(model, data, encoded, train_cfg, out)
-    if dev_score is not None:
-        callbacks.insert(0, dev_score)
 
     def train_batches(epoch):  # the batch order of an epoch depends on (seed, epoch) only
         return Batches(
@@ -208,30 +191,20 @@ def _fit_and_finish(model, data, encoded, out, train_cfg, state, verbose, announ
             seed=train_cfg["seed"] * 1000 + epoch,
         )
 
-    dev_batches = Batches(encoded["dev"], 128)
-    epochs = train_cfg["epochs"]
-    if state["epoch"] < epochs:
-        engine.fit(
-            model,
-            train_batches,
-            validation_data=dev_batches,
-            epochs=epochs,
-            steps_per_epoch=train_cfg.get("steps_per_epoch"),
-            initial_epoch=state["epoch"],
-            epochs_done=state["epoch"],
-            callbacks=callbacks,
-            verbose=verbose,
-            checkpoint_dir=ckpt_dir,
-            loss_terms=engine.masked_mean_terms(model.loss, PAD_ID),
-            jit_compile=True if train_cfg.get("xla") else None,
-            announce=announce,
-        )
-    elif announce:
-        print(announce, file=sys.stderr)
-    state = checkpoint.state if checkpoint.started else state
-    best = os.path.join(ckpt_dir, BEST)
-    if os.path.exists(best):
-        model.load_weights(best)
+    state, stopped_early = fit_resumable(
+        model,
+        train_batches,
+        Batches(encoded["dev"], 128),
+        out,
+        train_cfg,
+        state,
+        verbose,
+        announce,
+        first=() if dev_score is None else (dev_score,),
+        steps_per_epoch=train_cfg.get("steps_per_epoch"),
+        loss_terms=engine.masked_mean_terms(model.loss, PAD_ID),
+        jit_compile=True if train_cfg.get("xla") else None,
+    )
     metrics = evaluate(model, data, encoded, train_cfg)
     metrics.update(
         arch=train_cfg["arch"],
@@ -240,7 +213,7 @@ def _fit_and_finish(model, data, encoded, out, train_cfg, state, verbose, announ
         best_epoch=state["best_epoch"],
         dev_acc=state["best_val_acc"],
         train_seconds=round(state["train_seconds"], 1),
-        stopped_by_time_limit=bool(limit.stopped_early),
+        stopped_by_time_limit=bool(stopped_early),
         train_pairs=len(data.train),
         train_target_tokens_per_second=_train_speed(encoded["train"], train_cfg, state),
     )

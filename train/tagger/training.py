@@ -9,7 +9,7 @@ import numpy as np
 import zoo.models  # noqa: F401  (registers every class zoo model files name)
 from train import engine, rundir
 from train import strategy as distribute
-from train.callbacks import BEST, LAST, RunCheckpoint, TimeLimit, read_state, resumable_config
+from train.callbacks import LAST, fit_resumable, read_state, resumable_config
 from train.progress import markdown_table
 from train.tagger.data import Batches, Encoded, build_vocab, load_data, word_tag_stats
 from train.tagger.fit import compile_tagger
@@ -218,42 +218,15 @@ def _encode(model, data):
 
 
 def _fit_and_finish(model, data, encoded, out, train_cfg, state, verbose, announce=None):
-    ckpt_dir = os.path.join(out, "checkpoints")
-    checkpoint = RunCheckpoint(ckpt_dir, state)
-    limit = TimeLimit(train_cfg["max_minutes"] * 60.0, state["train_seconds"])
-    callbacks = [
-        checkpoint,
-        limit,
-        keras.callbacks.TensorBoard(os.path.join(out, "logs"), write_graph=False, profile_batch=0),
-    ]
-
     def train_batches(epoch):  # the batch order of an epoch depends on (seed, epoch) only
         return Batches(
             encoded["train"], train_cfg["batch_size"], shuffle=True, seed=[train_cfg["seed"], epoch]
         )
 
-    dev_batches = Batches(encoded["dev"], 64)
-    epochs = train_cfg["epochs"]
-    if state["epoch"] < epochs:
-        engine.fit(
-            model,
-            train_batches,
-            validation_data=dev_batches,
-            epochs=epochs,
-            initial_epoch=state["epoch"],
-            epochs_done=state["epoch"],
-            callbacks=callbacks,
-            verbose=verbose,
-            checkpoint_dir=ckpt_dir,
-            announce=announce,
-        )
-    elif announce:
-        print(announce, file=sys.stderr)
-    state = checkpoint.state if checkpoint.started else state
-    best = os.path.join(ckpt_dir, BEST)
-    if os.path.exists(best):
-        model.load_weights(best)
-    metrics = _evaluate(model, data, encoded, state, train_cfg, limit.stopped_early)
+    state, stopped_early = fit_resumable(
+        model, train_batches, Batches(encoded["dev"], 64), out, train_cfg, state, verbose, announce
+    )
+    metrics = _evaluate(model, data, encoded, state, train_cfg, stopped_early)
     rundir.atomic_save_model(model, os.path.join(out, "model.keras"))
     rundir.atomic_write_json(os.path.join(out, "metrics.json"), metrics)
     _write_rows(out, "calibration.npz", encoded["train"], train_cfg["seed"], rows=200)
