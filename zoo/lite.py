@@ -2,9 +2,10 @@
 
 `zoo.lite.load(path)` runs what `python -m export tflite` and
 `python -m export.kinds.seq2seq` write with `ai-edge-litert`, NumPy and
-`sentencepiece` only: it imports neither TensorFlow nor Keras (nor any other
-module of this project but `zoo`'s Keras-free package root), so it runs where
-they are not installed, e.g. `pip install ai-edge-litert numpy sentencepiece`
+`sentencepiece` only: it imports neither TensorFlow nor Keras (nor any module
+of this project but the Keras-free `zoo`, `zoo.cli`, `zoo.litert` and
+`zoo.tasks`), so it runs where they are not installed, e.g.
+`pip install ai-edge-litert numpy sentencepiece`
 on a small server or a Raspberry Pi. It reads the sidecar JSON files the
 exports write (`FILE.tflite.json`; `seq2seq.tflite.json` beside `steps.tflite`
 and `greedy.tflite`) and, for translation, the SentencePiece model (`spm.model`
@@ -27,10 +28,11 @@ sidecar). The result:
   Without `max_length` a text of n tokens stops after `2 * ceil8(n) + 10`
   tokens (rounded up to 8, at most the export's length), as the Keras model's
   `translate` does. A lone `greedy.tflite` decodes greedily only.
-- `LiteGenerator.generate(class_ids=None, seed=None, num_images=None)`: float32
-  images `[N, S, S, C]` in [0, 1] from the noise
-  `numpy.random.default_rng(seed).standard_normal((N, latent_dim))`, as
-  `zoo.load(...).generate` draws it.
+- `generate(class_ids=None, seed=None, num_images=None)`: float32 images
+  `[N, S, S, C]` in [0, 1] from the noise
+  `numpy.random.default_rng(seed).standard_normal((N, latent_dim))`: the
+  `zoo.tasks.ImageGenerator` that `zoo.load` gives for the same file (it needs
+  only NumPy and LiteRT).
 """
 
 import base64
@@ -57,7 +59,10 @@ def load(path):
     if kind in ("seq2seq", "universal_transformer"):
         return LiteTranslator(model_path, meta)
     if kind == "sagan":
-        return LiteGenerator(model_path, meta)
+        # zoo.load's TFLite generator: NumPy and LiteRT only already.
+        from zoo.tasks import tflite_image_generator
+
+        return tflite_image_generator(meta, _interpreter(model_path))
     raise ValueError(
         f"{model_path}: sidecar kind {kind!r} is not one of 'tagger', 'seq2seq', 'sagan'"
     )
@@ -381,87 +386,3 @@ class LiteTranslator:
 
     def __repr__(self):
         return f"<LiteTranslator {os.path.basename(self.path)!r} kind={self.kind!r}>"
-
-
-# ---------------------------------------------------------------- generator
-class LiteGenerator:
-    """Image generation with a SAGAN generator `.tflite` (see the module docstring)."""
-
-    kind = "sagan"
-
-    def __init__(self, path, meta):
-        self.path = path
-        self.latent_dim = int(meta["latent_dim"])
-        self.num_classes = meta.get("num_classes")
-        self.class_names = list(meta.get("class_names") or [])
-        interpreter = _interpreter(path)
-        self._runner = interpreter.get_signature_runner(
-            meta.get("signature") or next(iter(interpreter.get_signature_list()))
-        )
-        details = self._runner.get_input_details()
-        self.conditional = "label" in details
-        self._batch_one = int(details["noise"]["shape_signature"][0]) == 1
-
-    def _labels(self, class_ids):
-        if isinstance(class_ids, (int, str, np.integer)):
-            class_ids = [class_ids]
-        ids = []
-        for value in class_ids:
-            if isinstance(value, str):
-                if value not in self.class_names:
-                    raise ValueError(f"unknown class {value!r}; known: {self.class_names}")
-                value = self.class_names.index(value)
-            if (
-                isinstance(value, bool)
-                or not isinstance(value, (int, np.integer))
-                or value < 0
-                or (self.num_classes and value >= self.num_classes)
-            ):
-                raise ValueError(
-                    f"`class_ids` must hold ints in [0, {self.num_classes}) or class names. "
-                    f"Received: {value!r}"
-                )
-            ids.append(int(value))
-        if not ids:
-            raise ValueError("`class_ids` is empty")
-        return np.asarray(ids, np.int32)
-
-    def generate(self, class_ids=None, seed=None, num_images=None):
-        if self.conditional:
-            if class_ids is None or num_images is not None:
-                raise ValueError(
-                    "a class-conditional generator takes `class_ids` (not `num_images`)"
-                )
-            labels = self._labels(class_ids)
-        else:
-            if class_ids is not None:
-                raise ValueError(
-                    "this generator is unconditional: pass `num_images`, not `class_ids`"
-                )
-            if (
-                isinstance(num_images, bool)
-                or not isinstance(num_images, (int, np.integer))
-                or num_images < 1
-            ):
-                raise ValueError(
-                    f"`num_images` must be a positive int. Received: num_images={num_images!r}"
-                )
-            labels = np.zeros(int(num_images), np.int32)
-        noise = (
-            np.random.default_rng(seed)
-            .standard_normal((len(labels), self.latent_dim))
-            .astype(np.float32)
-        )
-
-        def run(n, y):
-            feed = {"noise": n, "label": y} if self.conditional else {"noise": n}
-            return self._runner(**feed)["image"]
-
-        if self._batch_one:
-            return np.concatenate(
-                [run(noise[i : i + 1], labels[i : i + 1]) for i in range(len(labels))]
-            )
-        return np.asarray(run(noise, labels), np.float32)
-
-    def __repr__(self):
-        return f"<LiteGenerator {os.path.basename(self.path)!r} num_classes={self.num_classes}>"

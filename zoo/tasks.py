@@ -237,31 +237,7 @@ def _from_tflite(path):
             tagger = TFLiteTagger(path)
             return TaggerTask(tagger, tags=list(tagger.tags), fmt="tflite")
         if kind == "sagan":
-            meta = read_sidecar(path, "sagan")
-            runner = tflite_interpreter(path).get_signature_runner(
-                meta.get("signature", "serving_default")
-            )
-            conditional = bool(meta.get("num_classes"))
-            batch_one = runner.get_input_details()["noise"]["shape_signature"][0] == 1
-
-            def run(noise, labels):
-                def once(n, y):
-                    feed = {"noise": n, "label": y} if conditional else {"noise": n}
-                    return runner(**feed)["image"]
-
-                if batch_one:
-                    return np.concatenate(
-                        [once(noise[i : i + 1], labels[i : i + 1]) for i in range(len(noise))]
-                    )
-                return once(noise, labels)
-
-            return ImageGenerator(
-                run,
-                int(meta["latent_dim"]),
-                meta.get("num_classes"),
-                meta.get("class_names") or [],
-                fmt="tflite",
-            )
+            return tflite_image_generator(read_sidecar(path, "sagan"), tflite_interpreter(path))
         if kind in ("seq2seq", "universal_transformer"):
             return _tflite_translator(path, meta, tflite_interpreter(path), kind)
     except UsageError as e:
@@ -269,6 +245,34 @@ def _from_tflite(path):
     raise ValueError(
         f"{path}: missing or unknown sidecar {path}.json (kind {kind!r}; "
         "expected 'tagger', 'seq2seq' or 'sagan')"
+    )
+
+
+def tflite_image_generator(meta, interpreter):
+    """An `ImageGenerator` over a SAGAN generator `.tflite` (its LiteRT `interpreter`
+    and sidecar `meta`); NumPy and LiteRT only, so `zoo.lite` serves it too. A static
+    batch-1 file runs one image at a time."""
+    runner = interpreter.get_signature_runner(meta.get("signature", "serving_default"))
+    conditional = bool(meta.get("num_classes"))
+    batch_one = runner.get_input_details()["noise"]["shape_signature"][0] == 1
+
+    def run(noise, labels):
+        def once(n, y):
+            feed = {"noise": n, "label": y} if conditional else {"noise": n}
+            return runner(**feed)["image"]
+
+        if batch_one:
+            return np.concatenate(
+                [once(noise[i : i + 1], labels[i : i + 1]) for i in range(len(noise))]
+            )
+        return once(noise, labels)
+
+    return ImageGenerator(
+        run,
+        int(meta["latent_dim"]),
+        meta.get("num_classes"),
+        meta.get("class_names") or [],
+        fmt="tflite",
     )
 
 
