@@ -11,7 +11,7 @@ gpu:  every op on the allowlist below with its per-op constraints; tensors of
       BATCH_MATMUL whose first operand's batch is broadcast, and an
       elementwise op whose runtime operand has a lower rank than its output.
       The rules are calibrated against the real accelerator (LiteRT's
-      CompiledModel with HardwareAccelerator.GPU: tests/test_check_calibration.py
+      CompiledModel with HardwareAccelerator.GPU: tests/export/test_check_calibration.py
       runs one small model per rule on it and the verdicts must agree). What it
       showed: -1 dimensions alone are accepted (the model resizes), and so are
       ARG_MAX, GATHER of int32 params, STRIDED_SLICE of any rank <= 4 and MUL

@@ -17,7 +17,8 @@ import zipfile
 import numpy as np
 import pytest
 
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+from tests.support.paths import ROOT
+
 FIXTURES = os.path.join(ROOT, "tests", "fixtures", "tagger")
 
 
@@ -44,7 +45,7 @@ def _lambda_model(path, marker):
 
 @pytest.fixture(scope="module")
 def sandbox(tmp_path_factory):
-    from tests.test_export_support import make_tagger_run
+    from tests.support.runs import make_tagger_run
 
     root = str(tmp_path_factory.mktemp("bad_inputs"))
     tagger = os.path.join(root, "tagger_run")

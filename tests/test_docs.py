@@ -27,7 +27,9 @@ import shlex
 
 import pytest
 
-DOCS = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "docs")
+from tests.support.paths import ROOT
+
+DOCS = os.path.join(ROOT, "docs")
 PYTHON = re.compile(r"^```python\n(.*?)^```", re.S | re.M)
 BLOCK = re.compile(
     r"(?:^<!-- docs-test: (?P<mark>[^\n]*?) -->\n(?:[ \t]*\n)*)?"

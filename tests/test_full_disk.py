@@ -61,7 +61,7 @@ def disk_fills(monkeypatch):
 
 
 def test_step_checkpoint_on_a_full_disk(tmp_path, disk_fills):
-    from tests.test_checkpoint import _two_layer
+    from tests.train.test_checkpoint import _two_layer
     from train import checkpoint
 
     model = _two_layer()
@@ -79,7 +79,7 @@ def test_step_checkpoint_on_a_full_disk(tmp_path, disk_fills):
 
 
 def test_sagan_state_on_a_full_disk(tmp_path, disk_fills):
-    from tests.test_sagan_checkpoint import _trainer
+    from tests.train.test_sagan_checkpoint import _trainer
 
     trainer = _trainer()
     trainer.save(str(tmp_path), {"epoch": 1})
@@ -97,7 +97,7 @@ def test_sagan_state_on_a_full_disk(tmp_path, disk_fills):
 
 
 def test_model_keras_and_best_weights_on_a_full_disk(tmp_path, monkeypatch):
-    from tests.test_checkpoint import _tiny_classifier
+    from tests.train.test_checkpoint import _tiny_classifier
     from train import rundir
     from train.callbacks import BEST, RunCheckpoint
 
@@ -137,7 +137,7 @@ def test_model_keras_and_best_weights_on_a_full_disk(tmp_path, monkeypatch):
 
 @pytest.fixture(scope="module")
 def dense(tmp_path_factory):
-    from tests.test_export_support import make_dense_model
+    from tests.support.runs import make_dense_model
 
     return make_dense_model(), tmp_path_factory.mktemp("full_disk_export")
 

@@ -20,11 +20,11 @@ import pytest
 from hypothesis import HealthCheck, assume, given, settings
 from hypothesis import strategies as st
 
+from tests.support.paths import ROOT
 from zoo.cli import DataError
 
 pytestmark = pytest.mark.slow  # seconds per test: make test-fast leaves the file out
 
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 SMALL_CONLLU = open(os.path.join(ROOT, "tests", "fixtures", "tagger", "small.conllu"), "rb").read()
 PARALLEL = "ein kleiner Test\tsmall test\nzwei Wörter\ttwo words\n".encode()
 

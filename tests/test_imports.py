@@ -8,7 +8,8 @@ import sys
 
 import pytest
 
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+from tests.support.paths import ROOT
+
 PACKAGES = ("layers", "zoo", "train", "export")
 # Which package may import which: the one-way flow README states.
 ALLOWED = {

@@ -9,7 +9,8 @@ import sys
 
 import pytest
 
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+from tests.support.paths import ROOT
+
 HOLD = (
     "import sys, time; sys.path.insert(0, {root!r}); from zoo import run_lock; "
     "run_lock.acquire({path!r}); print('held', flush=True); time.sleep(120)"
@@ -79,7 +80,7 @@ def test_a_second_training_run_refuses_naming_the_holders_pid(holder):
 @pytest.mark.slow
 def test_an_export_into_a_locked_directory_refuses(holder, tmp_path, capsys):
     from export.__main__ import main
-    from tests.test_export_support import make_tagger_run
+    from tests.support.runs import make_tagger_run
 
     run, proc = holder
     source = tmp_path / "tagger_run"

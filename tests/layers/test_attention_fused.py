@@ -1,0 +1,274 @@
+"""The fused path (`keras.ops.dot_product_attention`) equals the reference
+path, outputs and gradients, under TensorFlow (in process) and JAX (a
+subprocess with KERAS_BACKEND=jax; `python -m tests.layers.test_attention_fused`).
+
+`attention_ops.FUSED` forces the path either way: the default picks the
+fused kernel only on JAX with a GPU/TPU, which these CPU tests do not have.
+Each comparison also counts the calls of `keras.ops.dot_product_attention`,
+so a fused run that silently took the other path fails.
+"""
+
+import os
+import subprocess
+import sys
+
+import keras
+import numpy as np
+import pytest
+from keras import ops
+
+from layers import MultiHeadAttention, SelfAttention, TransformerEncoderBlock, attention_ops
+from tests.support.paths import ROOT
+
+B, T, S, D = 2, 9, 7, 8
+
+
+def values_and_grads(layer, inputs, **kwargs):
+    """Output and d(sum(y * w))/d(weights, inputs) on the current backend."""
+    inputs = [np.asarray(t, "float32") for t in inputs]
+    if keras.backend.backend() == "jax":
+        import jax
+        import jax.numpy as jnp
+
+        params = [v.value for v in layer.trainable_variables]
+
+        def loss(params, inputs):
+            y, _ = layer.stateless_call(params, [], *inputs, **kwargs)
+            w = jnp.sin(jnp.arange(y.size, dtype="float32")).reshape(y.shape)
+            return jnp.sum(y.astype("float32") * w), y
+
+        (_, y), grads = jax.value_and_grad(loss, argnums=(0, 1), has_aux=True)(params, inputs)
+        return np.asarray(y, "float32"), [
+            np.asarray(g, "float32") for g in jax.tree_util.tree_leaves(grads)
+        ]
+    import tensorflow as tf
+
+    tensors = [tf.constant(t) for t in inputs]
+    with tf.GradientTape() as tape:
+        tape.watch(tensors)
+        y = layer(*tensors, **kwargs)
+        w = tf.reshape(tf.sin(tf.range(tf.size(y), dtype="float32")), tf.shape(y))
+        loss = tf.reduce_sum(tf.cast(y, "float32") * w)
+    grads = tape.gradient(loss, layer.trainable_variables + tensors)
+    return np.asarray(y, "float32"), [np.asarray(g, "float32") for g in grads]
+
+
+class _CountFused:
+    """Counts `keras.ops.dot_product_attention` calls while active."""
+
+    def __enter__(self):
+        self.calls = 0
+        self._original = ops.dot_product_attention
+
+        def counted(*args, **kwargs):
+            self.calls += 1
+            return self._original(*args, **kwargs)
+
+        ops.dot_product_attention = counted
+        return self
+
+    def __exit__(self, *exc):
+        ops.dot_product_attention = self._original
+
+
+def run_both(make_layer, inputs, **kwargs):
+    """The layer's output and gradients on the reference path and on the
+    fused path (same weights); asserts the fused kernel ran only on the
+    second."""
+    results = []
+    weights = None
+    for fused in (False, True):
+        attention_ops.FUSED = fused
+        try:
+            layer = make_layer()
+            with _CountFused() as count:
+                layer(*inputs, **kwargs)  # builds
+                if weights is None:
+                    weights = layer.get_weights()
+                layer.set_weights(weights)
+                results.append(values_and_grads(layer, inputs, **kwargs))
+            assert (count.calls > 0) == fused, (fused, count.calls)
+        finally:
+            attention_ops.FUSED = None
+    return results
+
+
+def _masks(seed=0):
+    rng = np.random.default_rng(seed)
+    x = rng.normal(size=(B, T, D)).astype("float32")
+    source = rng.normal(size=(B, S, D)).astype("float32")
+    query_mask = np.ones((B, T), bool)
+    query_mask[1, 6:] = False
+    value_mask = np.ones((B, S), bool)
+    value_mask[0, 4:] = False
+    attention_mask = rng.random((B, T, S)) > 0.3
+    attention_mask[0, 2] = False  # a query row with nothing to attend to
+    return x, source, query_mask, value_mask, attention_mask
+
+
+def _mha(**options):
+    return lambda: MultiHeadAttention(num_heads=2, key_dim=4, **options)
+
+
+CASES = {
+    "plain": (_mha(), "self", {}),
+    "causal": (_mha(causal=True), "self", {}),  # the kernel's own causal mask
+    "causal_padded": (_mha(causal=True), "self", {"query_mask": True}),
+    "window_no_self": (_mha(window=2, include_self=False), "self", {"query_mask": True}),
+    "rotary_causal": (_mha(rotary=True, causal=True), "self", {}),
+    "cross_masked": (_mha(), "cross", {"value_mask": True, "attention_mask": True}),
+    "dot_score": (_mha(score="dot"), "self", {}),
+}
+
+
+def check_case(name):
+    make, kind, wanted = CASES[name]
+    x, source, query_mask, value_mask, attention_mask = _masks()
+    inputs = [x] if kind == "self" else [x, source]
+    available = {
+        "query_mask": query_mask,
+        "value_mask": value_mask,
+        "attention_mask": attention_mask,
+    }
+    kwargs = {k: available[k] for k in wanted}
+    (y_ref, g_ref), (y_fused, g_fused) = run_both(make, inputs, **kwargs)
+    np.testing.assert_allclose(y_fused, y_ref, atol=1e-5, err_msg=name)
+    assert len(g_fused) == len(g_ref)
+    for a, b in zip(g_fused, g_ref):
+        np.testing.assert_allclose(a, b, atol=1e-5, err_msg=name)
+    if "query_mask" in wanted:
+        assert np.all(y_fused[1, 6:] == 0.0), name
+
+
+def check_self_attention():
+    x, _, mask, _, _ = _masks(1)
+    for options in (dict(), dict(window=1, causal=True)):
+        (y_ref, g_ref), (y_fused, g_fused) = run_both(
+            lambda: SelfAttention(units=4, **options), [x], mask=mask
+        )
+        np.testing.assert_allclose(y_fused, y_ref, atol=1e-5)
+        for a, b in zip(g_fused, g_ref):
+            np.testing.assert_allclose(a, b, atol=1e-5)
+        assert np.all(y_fused[1, 6:] == 0.0)
+
+
+def check_encoder_block():
+    x, _, mask, _, _ = _masks(2)
+    (y_ref, g_ref), (y_fused, g_fused) = run_both(
+        lambda: TransformerEncoderBlock(num_heads=2, intermediate_dim=16, dropout=0.0, causal=True),
+        [x],
+        mask=mask,
+    )
+    np.testing.assert_allclose(y_fused, y_ref, atol=1e-5)
+    for a, b in zip(g_fused, g_ref):
+        np.testing.assert_allclose(a, b, atol=1e-5)
+
+
+def check_options_that_keep_their_path():
+    """Returned scores, additive scores, ReLU weights and active dropout
+    never take the fused kernel, even when it is forced on."""
+    x = _masks()[0]
+    attention_ops.FUSED = True
+    try:
+        with _CountFused() as count:
+            MultiHeadAttention(num_heads=2, key_dim=4)(x, return_attention_scores=True)
+            MultiHeadAttention(num_heads=2, key_dim=4, score="additive")(x)
+            MultiHeadAttention(num_heads=2, key_dim=4, normalize="relu")(x)
+            MultiHeadAttention(num_heads=2, key_dim=4, dropout=0.5)(x, training=True)
+        assert count.calls == 0
+        with _CountFused() as count:
+            MultiHeadAttention(num_heads=2, key_dim=4, dropout=0.5)(x, training=False)
+        assert count.calls == 1
+    finally:
+        attention_ops.FUSED = None
+
+
+@pytest.mark.parametrize("name", sorted(CASES))
+def test_fused_equals_reference_tensorflow(name):
+    check_case(name)
+
+
+def test_fused_self_attention_and_encoder_block_tensorflow():
+    check_self_attention()
+    check_encoder_block()
+
+
+def test_options_that_keep_their_path():
+    check_options_that_keep_their_path()
+
+
+def test_default_policy_keeps_tensorflow_cpu_path():
+    # TF-CPU ratios in benchmarks/results.md come from the hand-written
+    # backward; the default must not switch them to the fused kernel.
+    assert keras.backend.backend() == "tensorflow"
+    assert not attention_ops.fused_enabled()
+    x = _masks()[0]
+    with _CountFused() as count:
+        MultiHeadAttention(num_heads=2, key_dim=4, causal=True)(x)
+    assert count.calls == 0
+
+
+@pytest.mark.slow
+def test_fused_equals_reference_jax():
+    pytest.importorskip("jax")
+    env = dict(os.environ, KERAS_BACKEND="jax", JAX_PLATFORMS="cpu", PYTHONPATH=ROOT)
+    proc = subprocess.run(
+        [sys.executable, "-m", "tests.layers.test_attention_fused"],
+        cwd=ROOT,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=900,
+    )
+    assert proc.returncode == 0, proc.stdout + proc.stderr[-3000:]
+    assert "jax: fused checks passed" in proc.stdout, proc.stdout
+
+
+def main():
+    assert keras.backend.backend() == "jax"
+    import jax
+
+    # On JAX's CPU backend the default keeps the einsum path (measured faster).
+    assert attention_ops.fused_enabled() == (jax.default_backend() != "cpu")
+    for name in sorted(CASES):
+        check_case(name)
+        print("PASS", name, flush=True)
+    check_self_attention()
+    check_encoder_block()
+    check_options_that_keep_their_path()
+    print("jax: fused checks passed")
+
+
+if __name__ == "__main__":
+    main()
+
+
+@pytest.mark.slow
+def test_gpu_benchmark_child_runs_without_tensorflow():
+    """benchmarks/attention_gpu.py's child at a tiny shape, under JAX with
+    `import tensorflow` made impossible (the device machine has none):
+    the agreement check passes and the row is timed."""
+    pytest.importorskip("jax")
+    import json
+
+    config = dict(
+        kind="long", impl="chunked", length=24, dim=16, chunk=8, dtype="float32", smoke=True
+    )
+    code = (
+        "import sys\n"
+        "class Block:\n"
+        "    def find_spec(self, name, path=None, target=None):\n"
+        "        if name.split('.')[0] == 'tensorflow':\n"
+        "            raise ImportError('tensorflow is blocked here')\n"
+        "sys.meta_path.insert(0, Block())\n"
+        "from benchmarks import attention_gpu\n"
+        f"sys.exit(attention_gpu.main(['--child', {json.dumps(json.dumps(config))}]))\n"
+    )
+    env = dict(os.environ, KERAS_BACKEND="jax", JAX_PLATFORMS="cpu", PYTHONPATH=ROOT)
+    proc = subprocess.run(
+        [sys.executable, "-c", code], cwd=ROOT, env=env, capture_output=True, text=True, timeout=600
+    )
+    assert proc.returncode == 0, proc.stdout + proc.stderr[-3000:]
+    row = json.loads(proc.stdout.strip().splitlines()[-1])
+    assert "error" not in row, row
+    assert row["max_rel_error"] <= row["tolerance"] and row["fwdbwd_ms"] > 0, row

@@ -1,0 +1,171 @@
+"""One flag per concept across the train commands (`--jit-compile`, `--ema`,
+`--verbose`, `--seed`, `--out`, `--config`), with the earlier names kept as hidden
+aliases that set the same option; `--verbose` on the export and zoo.* commands too."""
+
+import importlib
+
+import pytest
+
+from tests.support.paths import ROOT
+from train import cli, replay, strategy
+from train.cli import main as train_main
+
+
+def _parser(kind):
+    parser = cli.OneLineParser(prog=kind)
+    importlib.import_module(cli.COMMANDS[kind][0]).add_arguments(parser)
+    strategy.add_arguments(parser)
+    return parser
+
+
+def _options(parser):
+    return {o for a in parser._actions for o in a.option_strings}
+
+
+@pytest.mark.parametrize("kind", ["tagger", "seq2seq", "universal_transformer", "sagan"])
+def test_every_train_command_has_the_shared_flags(kind):
+    options = _options(_parser(kind))
+    assert {"--jit-compile", "--no-jit-compile", "--seed", "--out", "--resume"} <= options
+    if kind in ("tagger", "sagan"):  # the two with weight averaging
+        assert "--ema" in options
+    if kind != "sagan":  # sagan is being reworked separately; it has no --verbose yet
+        assert "--verbose" in options
+
+
+@pytest.mark.parametrize(
+    "kind,old,new,dest,value",
+    [
+        ("tagger", ["--ema-momentum", "0.99"], ["--ema", "0.99"], "ema_momentum", 0.99),
+        ("seq2seq", ["--xla"], ["--jit-compile"], "jit_compile", True),
+    ],
+)
+def test_old_names_are_hidden_aliases(kind, old, new, dest, value, capsys):
+    parser = _parser(kind)
+    assert getattr(parser.parse_args(old), dest) == getattr(parser.parse_args(new), dest) == value
+    parser.print_help()
+    shown = capsys.readouterr().out
+    assert new[0] in shown and old[0] + " " not in shown and old[0] + "\n" not in shown
+
+
+def test_a_bad_value_names_the_flag_typed(capsys):
+    for flag in ("--ema", "--ema-momentum"):
+        assert train_main(["tagger", flag, "1.5"]) == 2
+        assert capsys.readouterr().err.strip() == f"error: {flag} must be in [0, 1), got 1.5"
+    assert train_main(["tagger", "--verbose", "3"]) == 2
+    assert "--verbose must be auto, 0, 1 or 2" in capsys.readouterr().err
+
+
+def test_seq2seq_derives_xla_from_jit_compile():
+    from train import seq2seq
+
+    for argv, xla in (
+        ([], False),
+        (["--jit-compile"], True),
+        (["--xla"], True),
+        (["--no-jit-compile"], False),
+    ):
+        args = _parser("seq2seq").parse_args(argv)
+        seq2seq.validate(args)
+        assert args.xla is xla, argv
+
+
+def test_replay_maps_recorded_old_names_to_the_canonical_flags():
+    parser = _parser("seq2seq")
+    config = {"kind": "seq2seq", "train": {"xla": True, "jit_compile": None, "task": "sort"}}
+    argv = replay.config_argv(parser, config)
+    assert "--jit-compile" in argv and "--xla" not in argv
+    assert parser.parse_args(argv).jit_compile is True
+    tagger = _parser("tagger")
+    argv = replay.config_argv(tagger, {"kind": "tagger", "train": {"ema_momentum": 0.9}})
+    assert argv == ["--ema", "0.9"]
+
+
+# ---------------------------------------------------------------- --verbose beyond train
+def _export_argv(command, tmp):
+    return {
+        "savedmodel": ["savedmodel", tmp, "--out", tmp],
+        "tflite": ["tflite", tmp, "--out", tmp],
+        "check": ["check", tmp],
+        "verify": ["verify", tmp],
+        "bench": ["bench", tmp],
+    }[command]
+
+
+@pytest.mark.parametrize("command", ["savedmodel", "tflite", "check", "verify", "bench"])
+def test_every_export_command_takes_verbose(command, tmp_path, capsys):
+    from export.__main__ import build_parser
+    from export.__main__ import main as export_main
+
+    argv = _export_argv(command, str(tmp_path))
+    for value, level in (("auto", 1), ("0", 0), ("1", 1), ("2", 2)):
+        assert build_parser().parse_args([*argv, "--verbose", value]).verbose == level
+    assert build_parser().parse_args(argv).verbose == 1
+    assert export_main([*argv, "--verbose", "3"]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "argument --verbose: must be auto, 0, 1 or 2, got '3'" in err[0], err
+
+
+@pytest.mark.parametrize("module", ["zoo.tag", "zoo.translate", "zoo.generate"])
+def test_every_zoo_command_takes_verbose(module, tmp_path, capsys):
+    main = importlib.import_module(module).main
+    args = {
+        "zoo.tag": [str(tmp_path), "I saw"],
+        "zoo.translate": [str(tmp_path), "abc"],
+        "zoo.generate": [str(tmp_path), "--out", str(tmp_path / "g.png")],
+    }[module]
+    assert main([*args, "--verbose", "3"]) == 2
+    # The train commands' message, word for word.
+    assert capsys.readouterr().err.strip() == "error: --verbose must be auto, 0, 1 or 2, got '3'"
+    assert "--verbose" in _help(main)
+
+
+def _help(main):
+    import contextlib
+    import io
+
+    out = io.StringIO()
+    with contextlib.redirect_stdout(out):
+        try:
+            code = main(["--help"])
+        except SystemExit as e:  # zoo.tag and zoo.generate parse inside their error boundary
+            code = e.code
+    assert code == 0
+    return out.getvalue()
+
+
+@pytest.mark.slow
+def test_verbose_0_prints_the_results_and_nothing_else(tmp_path):
+    """In fresh processes (the runtimes write to fd 2 directly): `--verbose 0` leaves
+    stdout to the results and stderr empty; the default also says what was written."""
+    import os
+    import subprocess
+    import sys
+
+    from tests.support.runs import make_tagger_run
+
+    run = str(tmp_path / "run")
+    make_tagger_run(run)
+    root = ROOT
+    env = {**os.environ, "PYTHONPATH": root}
+
+    def cli(*argv, ok=(0,)):
+        proc = subprocess.run(
+            [sys.executable, "-m", *argv],
+            capture_output=True,
+            text=True,
+            env=env,
+            cwd=str(tmp_path),
+            timeout=300,
+        )
+        assert proc.returncode in ok, proc.stderr[-2000:]
+        return proc.stdout, proc.stderr
+
+    out, err = cli("zoo.tag", run, "I saw a saw", "--verbose", "0")
+    assert (len(out.splitlines()), len(out.split()), err) == (1, 4, "")
+    tfl = str(tmp_path / "t.tflite")
+    assert cli("export", "tflite", run, "--out", tfl, "--verbose", "0") == ("", "")
+    assert os.path.isfile(tfl)
+    out, err = cli("export", "check", tfl, "--verbose", "0", ok=(0, 1))  # 1: not for the GPU
+    assert "compatible with --target gpu" in out.splitlines()[-1] and err == ""
+    out, _ = cli("export", "tflite", run, "--out", str(tmp_path / "u.tflite"))
+    assert out.startswith("wrote ")

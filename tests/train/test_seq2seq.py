@@ -1,0 +1,432 @@
+"""Seq2seq end to end: a tiny CLI run that learns the copy task, save/load, the
+translate CLI, SavedModel `translate` in a fresh process, LiteRT step decoding
+against Keras greedy decoding, resume, and bad inputs (one line, exit 2)."""
+
+import gzip
+import json
+import os
+import shutil
+import subprocess
+import sys
+
+import keras
+import numpy as np
+import pytest
+
+import zoo.models  # noqa: F401  (registers every class zoo model files name)
+from tests.support.paths import ROOT
+from train.cli import main as train_main
+from zoo.seq2seq import decoding
+from zoo.seq2seq.tokenization import EOS_ID, encode_proto, train_sentencepiece
+
+pytestmark = pytest.mark.slow  # seconds per test: make test-fast leaves the file out
+
+TINY = [
+    "--task-length",
+    "5",
+    "--train-size",
+    "3000",
+    "--epochs",
+    "8",
+    "--warmup-steps",
+    "30",
+    "--hidden-dim",
+    "64",
+    "--intermediate-dim",
+    "128",
+    "--dev-sample",
+    "0",
+    "--verbose",
+    "0",
+    "--max-minutes",
+    "0",
+]
+
+
+@pytest.fixture(scope="module")
+def copy_run(tmp_path_factory):
+    out = str(tmp_path_factory.mktemp("s2s") / "copy")
+    assert train_main(["seq2seq", "--task", "copy", "--out", out, *TINY]) == 0
+    return out
+
+
+def _metrics(run):
+    with open(os.path.join(run, "metrics.json")) as f:
+        return json.load(f)
+
+
+def test_tiny_run_learns_copy_and_writes_the_contract(copy_run):
+    metrics = _metrics(copy_run)
+    assert metrics["test_exact_match"] >= 0.95, metrics["test_exact_match"]
+    assert metrics["decode_tokens_per_second"] > 0
+    with open(os.path.join(copy_run, "config.json")) as f:
+        config = json.load(f)
+    assert config["kind"] == "seq2seq" and config["model"]["hidden_dim"] == 64
+    for name in (
+        "model.keras",
+        "vocab/spm.model",
+        "vocab/pieces.txt",
+        "calibration.npz",
+        "checkpoints/last.keras",
+        "logs",
+    ):
+        assert os.path.exists(os.path.join(copy_run, name)), name
+    with np.load(os.path.join(copy_run, "calibration.npz")) as calib:
+        assert calib["source_ids"].shape[1] == config["model"]["max_source_length"]
+
+
+def test_loaded_model_translates_raw_strings(copy_run):
+    model = keras.models.load_model(os.path.join(copy_run, "model.keras"), compile=False)
+    texts = ["abcde", "jjab", "hgfed"]
+    assert model.translate(texts) == texts
+    assert model.translate(texts, beam_width=3) == texts
+
+
+def test_zoo_load_generates_with_every_sampler(copy_run):
+    from zoo.seq2seq import samplers
+
+    translator = zoo.load(copy_run)
+    texts = ["abcde", "jjab"]
+    assert (translator.kind, translator.format) == ("seq2seq", "keras")
+    assert translator.generate(texts) == texts == translator.translate(texts)
+    best = translator.generate(
+        texts,
+        sampler=samplers.Beam(width=3, length_penalty=1.0),
+        num_return_sequences=3,
+        return_scores=True,
+    )
+    assert [row[0][0] for row in best] == translator.model.translate(texts, beam_width=3, alpha=1.0)
+    for row in best:
+        assert len(row) == 3 and len({t for t, _ in row}) == 3
+    # Nucleus sampling at a low temperature: the trained copy is all but certain.
+    drawn = translator.generate(
+        "abcde",
+        sampler=samplers.TopP(0.9, temperature=0.5),
+        num_return_sequences=2,
+        seed=0,
+        return_scores=True,
+    )
+    assert [t for t, _ in drawn] == ["abcde", "abcde"] and all(s <= 0 for _, s in drawn)
+    assert translator.generate(texts, sampler="top_k", seed=3) == translator.generate(
+        texts, sampler="top_k", seed=3
+    )
+
+
+def test_save_load_keeps_numbers_config_and_tokenizer(tmp_path):
+    proto = train_sentencepiece(["two dogs run", "un chien court", "a dog"] * 20, vocab_size=40)
+    for kind, extra in (
+        ("seq2seq", {"share_embeddings": False, "position": "learned"}),
+        ("universal_transformer", {"num_steps": 2, "act": True}),
+    ):
+        model = zoo.build(
+            kind,
+            tokenizer=encode_proto(proto),
+            hidden_dim=16,
+            num_heads=2,
+            intermediate_dim=32,
+            max_target_length=8,
+            **extra,
+        )
+        x = {"source_ids": np.array([[5, 6, 7, 0]]), "target_ids": np.array([[2, 8, 9]])}
+        path = str(tmp_path / f"{kind}.keras")
+        model.save(path)
+        loaded = keras.models.load_model(path)
+        assert type(loaded) is type(model) and loaded.get_config() == model.get_config()
+        np.testing.assert_array_equal(np.asarray(loaded(x)), np.asarray(model(x)))
+        assert loaded.translate(["two dogs"]) == model.translate(["two dogs"])
+
+
+def test_translate_cli(copy_run, capsys):
+    from zoo.translate import main
+
+    assert main([copy_run, "abcde", "ddcba"]) == 0
+    assert capsys.readouterr().out.split() == ["abcde", "ddcba"]
+    assert main([copy_run, "a" * 200]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "max_source_length" in err[0]
+
+
+_CLEAN_CLIENT = r"""
+import json, sys
+import tensorflow as tf
+loaded = tf.saved_model.load(sys.argv[1])
+out = loaded.signatures["translate"](text=tf.constant(json.loads(sys.argv[2])))
+assert not [m for m in sys.modules if m.split(".")[0] in ("layers", "zoo", "train", "export")]
+print(json.dumps([s.decode() for s in out["translation"].numpy()]))
+"""
+
+
+def test_savedmodel_translate_from_a_fresh_process(copy_run, tmp_path):
+    from export.savedmodel import export_savedmodel
+
+    version = export_savedmodel(copy_run, str(tmp_path / "serving" / "copy"))
+    texts = ["abcde", "eeeb", "jihgf"]
+    model = keras.models.load_model(os.path.join(copy_run, "model.keras"), compile=False)
+    want = model.translate(texts)
+    env = dict(os.environ, TF_CPP_MIN_LOG_LEVEL="3")
+    result = subprocess.run(
+        [sys.executable, "-c", _CLEAN_CLIENT, version, json.dumps(texts)],
+        capture_output=True,
+        text=True,
+        env=env,
+        cwd=str(tmp_path),
+        timeout=300,
+    )
+    assert result.returncode == 0, result.stderr[-2000:]
+    assert json.loads(result.stdout.strip().splitlines()[-1]) == want
+    translator = zoo.load(os.path.dirname(version))  # the TF Serving base: highest version
+    assert (translator.kind, translator.format) == ("seq2seq", "savedmodel")
+    assert translator.generate(texts) == want and translator.translate(texts[0]) == want[0]
+    # encode / decode_step signatures: every sampler (tests/zoo/test_tflite_samplers.py)
+    assert translator.generate(texts, sampler="beam") == model.generate(texts, sampler="beam")
+    import tensorflow as tf
+
+    ids_fn = tf.saved_model.load(version).signatures["translate_ids"]
+    limit = model.max_source_length
+    cases = [
+        (np.full((1, 3), model.vocabulary_size, "int32"), "source_ids must be <"),
+        (np.full((1, 3), -4, "int32"), "source_ids must be >= 0"),
+        (np.ones((1, limit + 1), "int32"), "more positions than max_source_length"),
+    ]
+    for ids, message in cases:
+        with pytest.raises(tf.errors.InvalidArgumentError, match=message):
+            ids_fn(source_ids=tf.constant(ids))
+
+
+def test_litert_step_decoding_equals_keras_greedy(copy_run, tmp_path):
+    from export.kinds import seq2seq as kind
+
+    model = keras.models.load_model(os.path.join(copy_run, "model.keras"), compile=False)
+    result = kind.export_all(copy_run, str(tmp_path / "tflite"))
+    from export.check import check_model, op_name, read_model
+
+    with open(result["steps"], "rb") as f:
+        steps = f.read()
+    graph = read_model(steps)
+    ops = {op_name(graph, op) for sg in graph.subgraphs for op in (sg.operators or [])}
+    assert not [o for o in ops if o.startswith(("Flex", "CUSTOM"))] and "WHILE" not in ops
+    # The app-driven step model is the GPU export mode: no rank-5 caches.
+    assert [str(p) for p in check_model(steps, "gpu")] == []
+    assert result["steps_gpu_compatible"]
+    s = model.max_source_length
+    for text in ["abcde", "ba", "jjjjj"]:
+        ids = np.zeros((1, s), "int32")
+        row = model.tokenizer.encode([text])[0]
+        ids[0, : len(row)] = row
+        want = np.asarray(decoding.greedy(model, ids))[0].tolist()
+        want = want[: want.index(EOS_ID) + 1]
+        assert kind.litert_greedy(result["steps"], ids, model.max_target_length) == want
+        assert model.tokenizer.decode([want]) == [text]
+    # zoo.load runs either file on raw text (the sidecar carries the SentencePiece model).
+    texts = ["abcde", "ba", "jjjjj"]
+    for path in (result["steps"], result["greedy"]):
+        translator = zoo.load(path)
+        assert (translator.kind, translator.format) == ("seq2seq", "tflite")
+        assert translator.generate(texts) == model.translate(texts) == texts
+
+
+def test_resume_continues_from_the_checkpoint(copy_run, tmp_path, capsys):
+    run = str(tmp_path / "resumed")
+    shutil.copytree(copy_run, run)
+    code = train_main(["seq2seq", "--out", run, "--resume", "--epochs", "9", "--verbose", "0"])
+    err = capsys.readouterr().err
+    assert code == 0, err[-2000:]
+    assert _metrics(run)["epochs"] == 9
+    assert "resuming" in err
+
+
+def _write(path, lines, gz=False):
+    data = "".join(f"{line}\n" for line in lines)
+    if gz:
+        with gzip.open(path, "wt", encoding="utf-8") as f:
+            f.write(data)
+    else:
+        with open(path, "w", encoding="utf-8") as f:
+            f.write(data)
+    return str(path)
+
+
+def _bad(capsys, argv, *needles):
+    code = train_main(["seq2seq", *argv])
+    err = capsys.readouterr().err.strip().splitlines()
+    assert code == 2, err
+    assert len(err) == 1, err
+    for needle in needles:
+        assert needle in err[0], err[0]
+    return err[0]
+
+
+def test_bad_inputs_one_line_exit_2(tmp_path, capsys):
+    src = _write(tmp_path / "src.gz", ["a dog", "a cat", "a cow"], gz=True)
+    tgt3 = _write(tmp_path / "tgt.txt", ["un chien", "un chat", "une vache"])
+    tgt2 = _write(tmp_path / "tgt2.txt", ["un chien", "un chat"])
+    empty = _write(tmp_path / "empty.txt", ["un chien", "", "une vache"])
+    out = str(tmp_path / "run")
+    _bad(
+        capsys,
+        ["--train-source", src, "--train-target", tgt2, "--out", out],
+        "mismatched line counts",
+        "3",
+        "2",
+    )
+    _bad(
+        capsys,
+        ["--train-source", src, "--train-target", empty, "--out", out],
+        "empty line 2",
+        "empty.txt",
+    )
+    _bad(capsys, ["--dataset", "tfds:no_such_dataset_zz", "--out", out], "no_such_dataset_zz")
+    _bad(capsys, ["--task", "juggle", "--out", out], "juggle")
+    _bad(capsys, ["--train-source", src, "--out", out], "--train-target")
+    _bad(
+        capsys,
+        ["--train-source", str(tmp_path / "missing.en"), "--train-target", tgt3, "--out", out],
+        "not found",
+        "missing.en",
+    )
+    tsv = _write(tmp_path / "bad.tsv", ["a dog\tun chien", "a cat un chat"])
+    _bad(capsys, ["--train-tsv", tsv, "--out", out], "line 2", "tab")
+    long_src = _write(tmp_path / "long.en", ["word " * 40] + ["a dog"] * 300)
+    long_tgt = _write(tmp_path / "long.fr", ["mot"] + ["un chien"] * 300)
+    _bad(
+        capsys,
+        [
+            "--train-source",
+            long_src,
+            "--train-target",
+            long_tgt,
+            "--max-source-length",
+            "16",
+            "--vocab-size",
+            "40",
+            "--out",
+            out,
+        ],
+        "over the limit 16",
+        "pair 1",
+    )
+    assert not os.path.exists(out)
+    os.makedirs(out)
+    _write(os.path.join(out, "notes.txt"), ["mine"])
+    _bad(capsys, ["--task", "copy", "--out", out], "not a run directory")
+    assert os.listdir(out) == ["notes.txt"]
+
+
+def test_summarisation_run_with_local_window_reports_rouge(tmp_path):
+    # Document/summary pairs through the same CLI: the summary is the document's
+    # first three words; the encoder attends within a local window.
+    rng = np.random.default_rng(0)
+    words = "the a dog cat sat ran on under mat rug big small red blue".split()
+    docs = [" ".join(rng.choice(words, size=12)) for _ in range(300)]
+    pairs = [f"{d}\t{' '.join(d.split()[:3])}" for d in docs]
+    train = _write(tmp_path / "train.tsv", pairs[:240])
+    test = _write(tmp_path / "test.tsv", pairs[240:])
+    out = str(tmp_path / "summ")
+    code = train_main(
+        [
+            "seq2seq",
+            "--train-tsv",
+            train,
+            "--test-tsv",
+            test,
+            "--window",
+            "4",
+            "--vocab-size",
+            "40",
+            "--hidden-dim",
+            "32",
+            "--intermediate-dim",
+            "64",
+            "--num-layers",
+            "1",
+            "--epochs",
+            "1",
+            "--max-minutes",
+            "0",
+            "--dev-sample",
+            "0",
+            "--verbose",
+            "0",
+            "--beam-width",
+            "1",
+            "--out",
+            out,
+        ]
+    )
+    assert code == 0
+    metrics = _metrics(out)
+    for key in ("test_bleu", "test_rouge1", "test_rouge2", "test_rougeL"):
+        assert 0.0 <= metrics[key] <= 100.0, (key, metrics[key])
+    with open(os.path.join(out, "config.json")) as f:
+        assert json.load(f)["model"]["window"] == 4
+    model = keras.models.load_model(os.path.join(out, "model.keras"), compile=False)
+    encoder_attention = model.encoder_blocks[0].self_attention
+    assert encoder_attention.window == 4
+
+
+def test_bad_input_exit_code_from_a_real_process(tmp_path):
+    src = _write(tmp_path / "a.en", ["x", "y"])
+    tgt = _write(tmp_path / "a.fr", ["x"])
+    result = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "train",
+            "seq2seq",
+            "--train-source",
+            src,
+            "--train-target",
+            tgt,
+            "--out",
+            str(tmp_path / "r"),
+        ],
+        capture_output=True,
+        text=True,
+        cwd=ROOT,
+        timeout=300,
+    )
+    assert result.returncode == 2
+    assert result.stderr.strip().splitlines() == [
+        f"error: mismatched line counts: {src} has 2 lines, {tgt} has 1"
+    ]
+
+
+def test_xla_training_steps_equal_the_plain_steps():
+    """`--jit-compile` / `--xla` compiles the same training step: without dropout (whose
+    random masks XLA draws differently) five steps under XLA end where five steps
+    without it do, and the loss of every step agrees."""
+    from train import engine
+    from train.seq2seq.fit import compile_seq2seq
+
+    rng = np.random.default_rng(0)
+    sources = rng.integers(3, 50, size=(16, 12)).astype("int32")
+    targets = rng.integers(3, 50, size=(16, 10)).astype("int32")
+    targets[:4, 7:] = 0  # padded rows, excluded from the loss
+    batch = ({"source_ids": sources, "target_ids": targets}, targets)
+    runs = {}
+    for jit in (False, True):
+        keras.utils.set_random_seed(0)
+        model = zoo.build(
+            "seq2seq",
+            vocabulary_size=50,
+            hidden_dim=32,
+            num_layers=2,
+            num_heads=4,
+            intermediate_dim=64,
+            dropout=0.0,
+        )
+        compile_seq2seq(model, 1e-3, 10, 0.1, jit_compile=jit)
+        runner = engine.Engine(
+            model, loss_terms=engine.masked_mean_terms(model.loss, 0), jit_compile=jit
+        )
+        assert runner.jit_compile is jit
+        initial = [v.numpy() for v in model.trainable_variables]
+        losses = [runner.train_batch(batch)[0] for _ in range(5)]
+        runs[jit] = losses, [v.numpy() for v in model.trainable_variables]
+    np.testing.assert_allclose(runs[True][0], runs[False][0], rtol=0, atol=1e-5)
+    moved = max(float(np.max(np.abs(a - b))) for a, b in zip(initial, runs[False][1]))
+    assert moved > 1e-3
+    # Adam divides each gradient by its own size, so rounding differences of ~1e-7
+    # grow to ~lr * steps on tiny gradients: compare with that scale, far below `moved`.
+    diff = max(float(np.max(np.abs(a - b))) for a, b in zip(runs[True][1], runs[False][1]))
+    assert diff < 2e-4, diff

@@ -1,0 +1,284 @@
+"""Training the tagger: a tiny run that learns, resume, the run-directory contract, the CLIs."""
+
+import argparse
+import os
+import pathlib
+import subprocess
+import sys
+
+import keras
+import numpy as np
+import pytest
+
+import zoo.models  # noqa: F401  (registers every class zoo model files name)
+from tests.support import paths
+from train.rundir import read_json
+from train.tagger import embedded
+from train.tagger.training import resume_run, train_one
+
+pytestmark = pytest.mark.slow  # seconds per test: make test-fast leaves the file out
+
+ROOT = pathlib.Path(paths.ROOT)
+FIXTURES = ROOT / "tests" / "fixtures" / "tagger"
+TINY = {
+    "word_dim": 16,
+    "char_dim": 8,
+    "char_filters": 16,
+    "hidden_dim": 32,
+    "num_heads": 2,
+    "num_layers": 1,
+}
+
+
+def make_args(**overrides):
+    args = dict(
+        epochs=4,
+        batch_size=16,
+        seed=0,
+        learning_rate=None,
+        max_minutes=0.0,
+        ema_momentum=None,
+        model_options=dict(TINY),
+        train_file=None,
+        dev_file=None,
+        test_file=None,
+        dataset=None,
+        out=None,
+        resume=False,
+    )
+    args.update(overrides)
+    return argparse.Namespace(**args)
+
+
+@pytest.fixture(scope="module")
+def tiny_data():
+    return embedded.generate(seed=0, train_size=500, dev_size=80, test_size=150)
+
+
+def test_attention_learns_context_that_fc_cannot(tmp_path, tiny_data, capsys):
+    results = {}
+    for arch in ("fc", "attention"):
+        out = tmp_path / arch
+        train_one(make_args(epochs=5, learning_rate=3e-3), tiny_data, arch, str(out))
+        results[arch] = read_json(out / "metrics.json")
+        history = read_json(out / "checkpoints" / "state.json")["history"]
+        assert history[-1]["loss"] < 0.7 * history[0]["loss"], history
+    fc, att = results["fc"], results["attention"]
+    assert att["test_accuracy"] > fc["test_accuracy"]
+    assert att["test_ambiguous_accuracy"] > fc["test_ambiguous_accuracy"] + 0.05
+    assert "test acc" in capsys.readouterr().out  # the summary table
+
+
+def test_resume_continues_epochs_and_optimizer_state(tmp_path, tiny_data):
+    out = tmp_path / "run"
+    train_one(make_args(epochs=1), tiny_data, "fc", str(out))
+    first = keras.models.load_model(out / "checkpoints" / "last.keras")
+    steps = int(first.optimizer.iterations.numpy())
+    assert steps > 0
+    # resume_run re-reads the data from config.json; give it the same small data there.
+    config = read_json(out / "config.json")
+    assert config["kind"] == "tagger" and config["train"]["epochs"] == 1
+    import train.tagger.training as run_module
+
+    original = run_module.load_data
+    run_module.load_data = lambda *a, **k: tiny_data
+    try:
+        resume_run(make_args(epochs=2, out=str(out), resume=True))
+    finally:
+        run_module.load_data = original
+    state = read_json(out / "checkpoints" / "state.json")
+    assert state["epoch"] == 2 and [h["epoch"] for h in state["history"]] == [1, 2]
+    resumed = keras.models.load_model(out / "checkpoints" / "last.keras")
+    assert int(resumed.optimizer.iterations.numpy()) == 2 * steps
+
+
+def test_timing_probe_leaves_weights_and_optimizer_untouched(tiny_data, monkeypatch):
+    from train import engine
+    from train.tagger.data import Batches, Encoded, build_vocab
+    from train.tagger.fit import compile_tagger
+    from train.tagger.training import _epochs_within_budget
+
+    words, chars, tags = build_vocab(tiny_data)
+    model = zoo.build("tagger", words=words, chars=chars, tags=tags, max_chars=16, **TINY)
+    encoded = {
+        name: Encoded(model.encoder, getattr(tiny_data, name), model.tags)
+        for name in ("train", "dev")
+    }
+    compile_tagger(model, 1e-3, total_steps=100, warmup_steps=10, weight_decay=1e-4)
+    batches = Batches(encoded["train"], 16)
+    seconds = engine.seconds_per_step(model, [batches[i] for i in range(4)])
+    before = [v.numpy().copy() for v in model.variables]
+    assert seconds > 0
+    engine.seconds_per_step(model, [batches[i] for i in range(4)])
+    for a, v in zip(before, model.variables):
+        np.testing.assert_array_equal(a, v.numpy())
+    assert int(model.optimizer.iterations.numpy()) == 0
+    cfg = {"batch_size": 16, "seed": 0, "epochs": 40}
+    # With real timings: a huge budget plans all 40 epochs, one below the 30 s trace
+    # allowance the floor of 1.
+    assert _epochs_within_budget(model, encoded, dict(cfg, max_minutes=1e4)) == 40
+    assert _epochs_within_budget(model, encoded, dict(cfg, max_minutes=0.1)) == 1
+    # With a step time proportional to the padded batch size the plan is exact, whichever
+    # batches the probe times: an epoch is 1 ms per padded token slot of all its batches,
+    # plus dev evaluation at a third of a training token's cost; a budget (after the 30 s
+    # allowance and the 0.9 margin) of 3.01 epochs plans 3, of 6.99 plans 6.
+    monkeypatch.setattr(
+        engine,
+        "seconds_per_step",
+        lambda model, probe, warmup: (
+            1e-3 * float(np.mean([b[0]["word_ids"].size for b in probe[warmup:]]))
+        ),
+    )
+    epoch_batches = Batches(encoded["train"], 16, shuffle=True, seed=[0, 10_000])
+    slots = sum(epoch_batches[i][0]["word_ids"].size for i in range(len(epoch_batches)))
+    # sizes differ, so timing any subset without the scaling would misplan the budgets
+    # below, which sit within 0.3% of a whole number of epochs
+    assert len({epoch_batches.padded_size(i) for i in range(len(epoch_batches))}) > 1
+    train_tokens = float(encoded["train"].lengths.sum())
+    dev_tokens = float(encoded["dev"].lengths.sum())
+    epoch = 1e-3 * slots * (1.0 + dev_tokens / (3.0 * train_tokens))
+    minutes = (30.0 + 3.01 * epoch / 0.9) / 60.0
+    assert _epochs_within_budget(model, encoded, dict(cfg, max_minutes=minutes)) == 3
+    assert (
+        _epochs_within_budget(
+            model, encoded, dict(cfg, max_minutes=(30.0 + 6.99 * epoch / 0.9) / 60.0)
+        )
+        == 6
+    )
+
+
+def test_default_epochs_shrink_to_fit_the_time_budget(tmp_path, tiny_data):
+    out = tmp_path / "budget"
+    train_one(make_args(epochs=None, max_minutes=0.01), tiny_data, "fc", str(out))
+    config = read_json(out / "config.json")
+    assert config["train"]["planned_epochs"] == 5  # the embedded data's default
+    assert config["train"]["epochs"] == 1
+    assert read_json(out / "metrics.json")["epochs"] == 1
+
+
+def run_cli(*args, module="train", timeout=300):
+    env = dict(os.environ, KERAS_BACKEND="tensorflow", TF_CPP_MIN_LOG_LEVEL="2")
+    cmd = [sys.executable, "-m", module, *args]
+    return subprocess.run(cmd, cwd=ROOT, env=env, capture_output=True, text=True, timeout=timeout)
+
+
+@pytest.fixture(scope="module")
+def cli_run(tmp_path_factory):
+    out = tmp_path_factory.mktemp("cli") / "run"
+    options = [f"--model-option={k}={v}" for k, v in TINY.items()]
+    result = run_cli("tagger", "--epochs", "1", "--out", str(out), *options)
+    assert result.returncode == 0, result.stderr[-2000:]
+    return out, result
+
+
+def test_cli_writes_the_run_directory_contract(cli_run):
+    out, result = cli_run
+    assert "test acc" in result.stdout
+    config = read_json(out / "config.json")
+    assert config["kind"] == "tagger" and config["model"]["arch"] == "attention"
+    metrics = read_json(out / "metrics.json")
+    assert 0.0 <= metrics["test_accuracy"] <= 1.0
+    assert metrics["test_tokens"] > 0 and metrics["test_unseen_tokens"] > 0
+    words = (out / "vocab" / "words.txt").read_text().splitlines()
+    tags = (out / "vocab" / "tags.txt").read_text().splitlines()
+    assert words[:2] == ["<pad>", "<unk>"]
+    calib = np.load(out / "calibration.npz")
+    assert set(calib.files) == {"word_ids", "char_ids", "tag_ids"}
+    gold = calib["tag_ids"]
+    assert gold.shape == calib["word_ids"].shape
+    assert np.array_equal(gold >= 0, calib["word_ids"] > 0)  # -1 exactly on padding
+    assert gold.max() < len(tags)
+    assert calib["word_ids"].shape[0] == 200 and calib["word_ids"].dtype == np.int32
+    assert calib["char_ids"].shape[:2] == calib["word_ids"].shape
+    assert (out / "attention.png").stat().st_size > 1000
+    # The held-out rows are the whole (small) test split: the model's accuracy on
+    # them is the run's test accuracy.
+    held = np.load(out / "evaluation.npz")
+    assert set(held.files) == {"word_ids", "char_ids", "tag_ids"}
+    probs = keras.models.load_model(out / "model.keras").core(
+        {"word_ids": held["word_ids"], "char_ids": held["char_ids"]}
+    )
+    real = held["tag_ids"] >= 0
+    assert int(real.sum()) == metrics["test_tokens"]
+    accuracy = float((np.argmax(probs, -1)[real] == held["tag_ids"][real]).mean())
+    assert abs(accuracy - metrics["test_accuracy"]) < 1e-6
+    assert (out / "checkpoints" / "last.keras").exists()
+    assert any((out / "logs").rglob("events.out.tfevents.*"))
+    model = keras.models.load_model(out / "model.keras")
+    assert list(model.tags) == tags and list(model.words) == words
+    pairs = model.tag("I saw a saw")[0]
+    assert [w for w, _ in pairs] == ["I", "saw", "a", "saw"]
+
+
+def test_tag_command_prints_word_tag_pairs(cli_run):
+    out, _ = cli_run
+    result = run_cli(str(out), "I saw a saw", "They watch the watch .", module="zoo.tag")
+    assert result.returncode == 0, result.stderr
+    lines = result.stdout.strip().splitlines()
+    assert len(lines) == 2
+    assert [p.rsplit("/", 1)[0] for p in lines[0].split()] == ["I", "saw", "a", "saw"]
+    tags = read_json(out / "config.json") and (out / "vocab" / "tags.txt").read_text().split()
+    assert all(p.rsplit("/", 1)[1] in tags for p in lines[1].split())
+
+
+def test_tag_command_runs_an_exported_tflite_model(cli_run, tmp_path):
+    if not (ROOT / "export" / "__main__.py").exists():
+        pytest.skip("export package not present")
+    out, _ = cli_run
+    tflite = tmp_path / "tagger.tflite"
+    exported = run_cli("tflite", str(out), "--out", str(tflite), module="export")
+    assert exported.returncode == 0, exported.stderr[-2000:]
+    sentences = ["I saw a saw", "the old saw"]
+    lite_tags = run_cli(str(tflite), *sentences, module="zoo.tag")
+    assert lite_tags.returncode == 0, lite_tags.stderr
+    model = keras.models.load_model(out / "model.keras")
+    expected = [" ".join(f"{w}/{t}" for w, t in pairs) for pairs in model.tag(sentences)]
+    assert lite_tags.stdout.strip().splitlines() == expected
+
+
+def _assert_one_line_error(result, *needles):
+    assert result.returncode == 2, (result.returncode, result.stderr[-2000:])
+    lines = result.stderr.strip().splitlines()
+    assert len(lines) == 1, result.stderr
+    assert "Traceback" not in result.stderr
+    for needle in needles:
+        assert needle in lines[0], lines[0]
+
+
+@pytest.mark.parametrize(
+    "args, needles",
+    [
+        (["--arch", "cnn"], ["unknown arch", "'cnn'"]),
+        (["--epochs", "-1"], ["--epochs", "-1"]),
+        (["--batch-size", "0"], ["--batch-size", "0"]),
+        (["--train-file", "/nonexistent/train.conllu"], ["not found", "/nonexistent/train.conllu"]),
+        (["--train-file", str(FIXTURES / "malformed.conllu")], ["malformed.conllu:9"]),
+        (["--train-file", str(FIXTURES / "empty.conllu")], ["empty data set", "empty.conllu"]),
+        (
+            ["--dataset", "tfds:no_such_dataset_xyz"],
+            ["unknown tfds data set", "no_such_dataset_xyz"],
+        ),
+        (["--dataset", "en_ewt"], ["tfds:NAME", "en_ewt"]),
+        (["--bogus-flag"], ["--bogus-flag"]),
+    ],
+)
+def test_cli_bad_input_is_one_line_exit_2_and_writes_nothing(tmp_path, args, needles):
+    out = tmp_path / "out"
+    result = run_cli("tagger", "--out", str(out), *args)
+    _assert_one_line_error(result, *needles)
+    assert not out.exists()
+
+
+def test_cli_never_writes_into_a_foreign_or_finished_directory(tmp_path, cli_run):
+    foreign = tmp_path / "mine"
+    foreign.mkdir()
+    (foreign / "notes.txt").write_text("keep me")
+    _assert_one_line_error(
+        run_cli("tagger", "--out", str(foreign)), "not a run directory", str(foreign)
+    )
+    assert os.listdir(foreign) == ["notes.txt"] and (foreign / "notes.txt").read_text() == "keep me"
+    out, _ = cli_run
+    before = {p: p.stat().st_mtime_ns for p in out.rglob("*")}
+    _assert_one_line_error(run_cli("tagger", "--out", str(out)), "already holds a run", "--resume")
+    assert {p: p.stat().st_mtime_ns for p in out.rglob("*")} == before
+    _assert_one_line_error(run_cli("nonsense"), "unknown model", "'nonsense'")

@@ -1,0 +1,254 @@
+"""`zoo.load("steps.tflite").generate(...)` runs every sampler on the exported
+`encode` / `decode_step` signatures, and gives what the Keras model gives from the
+run directory: the same tokens (greedy, beam n-best, seeded top-k / top-p draws)
+and the same scores up to float rounding; so does a SavedModel through its
+`encode` / `decode_step` signatures (the same functions). The greedy-only formats
+(one-file `greedy.tflite`, a SavedModel without those signatures) refuse the other
+samplers naming sampler and format."""
+
+import numpy as np
+import pytest
+
+import zoo
+from export.savedmodel import export_savedmodel
+from tests.zoo.test_library_load import SEQ2SEQ
+from train.cli import main as train_main
+from zoo.seq2seq import samplers
+
+pytestmark = pytest.mark.slow  # seconds per test: make test-fast leaves the file out
+
+TEXTS = ["abcde", "jjab", "ba"]
+
+
+@pytest.fixture(scope="module")
+def exported(tmp_path_factory):
+    from export.kinds import seq2seq as kind
+
+    base = tmp_path_factory.mktemp("tflite-samplers")
+    run = str(base / "run")
+    assert train_main(["seq2seq", "--out", run, *SEQ2SEQ]) == 0
+    files = kind.export_all(run, str(base / "tflite"))
+    files["savedmodel"] = export_savedmodel(run, str(base / "serving" / "s2s"))
+    return run, files
+
+
+def _texts(rows):
+    return [[text for text, _ in row] for row in rows]
+
+
+def _scores(rows):
+    return np.array([[score for _, score in row] for row in rows])
+
+
+def _check(got, want, case):
+    if not case.get("return_scores"):
+        assert got == want, case
+        return
+    assert _texts(got) == _texts(want), case
+    np.testing.assert_allclose(_scores(got), _scores(want), rtol=0, atol=1e-4, err_msg=str(case))
+
+
+def test_steps_tflite_decodes_what_keras_decodes(exported):
+    """Greedy and beam search (n-best, length penalty, max_length): the run's
+    Keras model, decoding under XLA as `zoo.load(run)` does."""
+    run, files = exported
+    keras_task, lite = zoo.load(run), zoo.load(files["steps"])
+    assert (keras_task.format, lite.format, lite.kind) == ("keras", "tflite", "seq2seq")
+    cases = [
+        dict(sampler="greedy"),
+        dict(sampler="greedy", return_scores=True),
+        dict(sampler="beam", return_scores=True),
+        dict(
+            sampler=samplers.Beam(width=3, length_penalty=1.0),
+            num_return_sequences=3,
+            return_scores=True,
+        ),
+        dict(
+            sampler=samplers.Beam(width=2, length_penalty=0.0),
+            num_return_sequences=2,
+            return_scores=True,
+            max_length=4,
+        ),
+    ]
+    for case in cases:
+        _check(lite.generate(TEXTS, **case), keras_task.generate(TEXTS, **case), case)
+    # The untrained model's n-best lists are real alternatives, not copies of one string.
+    best = lite.generate(
+        TEXTS, sampler=samplers.Beam(width=3), num_return_sequences=3, return_scores=True
+    )
+    assert all(len({t for t, _ in row}) == 3 for row in best)
+    assert all(np.all(np.diff(_scores([row])) <= 1e-6) for row in best)  # best first
+    assert lite.generate(TEXTS[0], sampler="beam") == keras_task.generate(TEXTS[0], sampler="beam")
+
+
+def test_steps_tflite_samples_what_keras_samples_with_the_same_seed(exported):
+    """Seeded top-k / top-p / temperature draws equal the run's (Keras under XLA:
+    the noise is an integer hash, the same bits in both).
+
+    Scores are compared on draws without a PAD token: the untrained model draws
+    PAD (id 0), and Keras scores a draw with its full decoder, which masks PAD
+    keys, while decoding (Keras's cached steps and the exported ones) attends to
+    them."""
+    from zoo import model_file
+    from zoo.seq2seq import decoding
+    from zoo.seq2seq.transformer import Seq2SeqTransformer
+
+    run, files = exported
+    lite = zoo.load(files["steps"])
+    model = model_file.load(f"{run}/model.keras", Seq2SeqTransformer)
+    ids = model.tokenizer.encode(TEXTS)
+    compared = 0
+    for sampler, seed in (
+        (samplers.TopK(5), 7),
+        (samplers.Sampling(temperature=1.5, top_p=0.9), 11),
+        (samplers.Sampling(), 3),
+    ):
+        want = decoding.generate_ids(model, ids, sampler, num_return_sequences=4, seed=seed)
+        got = decoding.generate_ids(lite._steps, ids, sampler, num_return_sequences=4, seed=seed)
+        assert [[t for t, _ in row] for row in got] == [[t for t, _ in row] for row in want], (
+            sampler
+        )
+        for row_got, row_want in zip(got, want):
+            for (tokens, score), (_, expected) in zip(row_got, row_want):
+                if 0 not in tokens:
+                    compared += 1
+                    assert abs(score - expected) < 1e-4, (sampler, tokens, score, expected)
+        case = dict(sampler=sampler, num_return_sequences=4, seed=seed)
+        assert _texts(lite.generate(TEXTS, **case)) == _texts(zoo.load(run).generate(TEXTS, **case))
+    assert compared >= 6
+    # Keras's own loop gives the same draws with and without XLA.
+    model.eager_decoding = True  # `decoding.compiled`: the plain loop, no tf.function
+    eager, xla = (
+        decoding.generate_ids(m, ids, samplers.TopK(5), num_return_sequences=4, seed=7)
+        for m in (model, zoo.load(run).model)
+    )
+    assert [[t for t, _ in row] for row in eager] == [[t for t, _ in row] for row in xla]
+
+
+def test_savedmodel_step_signatures_decode_and_sample_what_keras_does(exported):
+    """A SavedModel's `encode` / `decode_step` signatures, driven by the same
+    adapter as steps.tflite's: beam n-best tokens and scores, and seeded top-k
+    draws, equal the run's Keras model; it keeps its translate signatures."""
+    import json
+    import os
+
+    import tensorflow as tf
+
+    run, files = exported
+    keras_task, saved = zoo.load(run), zoo.load(files["savedmodel"])
+    assert (saved.format, saved.kind) == ("savedmodel", "seq2seq")
+    cases = [
+        dict(sampler="greedy"),
+        dict(sampler="beam", return_scores=True),
+        dict(
+            sampler=samplers.Beam(width=3, length_penalty=1.0),
+            num_return_sequences=3,
+            return_scores=True,
+        ),
+        dict(
+            sampler=samplers.Beam(width=2, length_penalty=0.0),
+            num_return_sequences=2,
+            return_scores=True,
+            max_length=4,
+        ),
+        dict(sampler=samplers.TopK(5), num_return_sequences=4, seed=7, return_scores=True),
+        dict(
+            sampler=samplers.Sampling(temperature=1.5, top_p=0.9),
+            num_return_sequences=2,
+            seed=11,
+            return_scores=True,
+        ),
+    ]
+    for case in cases:
+        got, want = saved.generate(TEXTS, **case), keras_task.generate(TEXTS, **case)
+        _check(got, want, case)
+    best = saved.generate(
+        TEXTS, sampler=samplers.Beam(width=3), num_return_sequences=3, return_scores=True
+    )
+    assert all(len({t for t, _ in row}) == 3 for row in best)
+    # The signatures are steps.tflite's: same names, dtypes and shapes.
+    from zoo.litert import interpreter
+
+    lite = interpreter(files["steps"])
+    loaded = tf.saved_model.load(files["savedmodel"])
+    for name in ("encode", "decode_step"):
+        runner, fn = lite.get_signature_runner(name), loaded.signatures[name]
+        want_in = {
+            k: (tuple(v["shape"]), v["dtype"]) for k, v in runner.get_input_details().items()
+        }
+        want_out = {
+            k: (tuple(v["shape"]), v["dtype"]) for k, v in runner.get_output_details().items()
+        }
+        got_in, got_out = (
+            {k: (tuple(v.shape), v.dtype.as_numpy_dtype) for k, v in specs.items()}
+            for specs in (fn.structured_input_signature[1], fn.structured_outputs)
+        )
+        assert (got_in, got_out) == (want_in, want_out), name
+    assert {"translate", "translate_ids", "serving_default"} <= set(loaded.signatures)
+    # signature.json lists them; decode_step's example (KV caches) is too big for a REST body.
+    with open(os.path.join(files["savedmodel"], "signature.json")) as f:
+        doc = json.load(f)["signatures"]
+    assert list(doc["decode_step"]["inputs"]) == [
+        "token",
+        "position",
+        "cross_cache",
+        "encoder_mask",
+        "self_cache",
+    ]
+    assert doc["decode_step"]["example_request_inputs"] is None
+    assert doc["encode"]["example_request_instances"]["instances"][0]["source_ids"]
+
+
+def test_a_seeded_draw_repeats_and_the_seed_matters(exported):
+    _, files = exported
+    lite = zoo.load(files["steps"])
+    draw = [
+        lite.generate(
+            TEXTS, sampler=samplers.TopK(8, temperature=2.0), num_return_sequences=3, seed=s
+        )
+        for s in (5, 5, 6)
+    ]
+    assert draw[0] == draw[1]
+    assert draw[0] != draw[2]
+
+
+def test_greedy_only_formats_name_the_sampler_and_the_format(exported, tmp_path, monkeypatch):
+    from export.kinds import seq2seq as kind
+
+    run, files = exported
+    lite = zoo.load(files["steps"])
+    one_file = zoo.load(files["greedy"])
+    # Their graphs decode up to max_target_length (the others scale the limit to the input).
+    full = lite._steps.max_target_length
+    want = zoo.load(run).generate(TEXTS, max_length=full)
+    assert one_file.generate(TEXTS) == lite.generate(TEXTS, max_length=full) == want
+    with pytest.raises(
+        ValueError,
+        match=r"greedy.tflite decodes greedily inside one WHILE.*"
+        r"sampler='beam'.*format='tflite'",
+    ):
+        one_file.generate(TEXTS, sampler="beam")
+    # A SavedModel exported before the encode / decode_step signatures were added.
+    endpoints = kind.Seq2SeqKind.serving_endpoints
+    monkeypatch.setattr(
+        kind.Seq2SeqKind,
+        "serving_endpoints",
+        lambda self, source: [
+            e for e in endpoints(self, source) if e.name not in ("encode", "decode_step")
+        ],
+    )
+    saved = zoo.load(export_savedmodel(run, str(tmp_path / "serving" / "s2s")))
+    assert "decode_step" not in saved.model.signatures
+    assert saved.generate(TEXTS) == want
+    with pytest.raises(
+        ValueError,
+        match=r"no encode / decode_step signatures.*"
+        r"sampler=TopK\(k=10, temperature=1.0\).*format='savedmodel'",
+    ):
+        saved.generate(TEXTS, sampler=samplers.TopK())
+    with pytest.raises(ValueError, match="max_length"):
+        lite.generate(TEXTS, sampler="beam", max_length=lite._steps.max_target_length + 1)
+    with pytest.raises(ValueError, match="num_return_sequences"):
+        lite.generate(TEXTS, sampler=samplers.Beam(width=2), num_return_sequences=3)
+    with pytest.raises(ValueError, match="more than the model's"):
+        lite.generate(["abcdefghij" * 20])
