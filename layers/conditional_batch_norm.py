@@ -3,7 +3,7 @@
 import keras
 from keras import ops
 
-from layers.validation import check_int
+from layers.validation import check_bool, check_int, check_positive_float, check_rate
 
 
 @keras.saving.register_keras_serializable(package="layers")
@@ -77,25 +77,11 @@ class ConditionalBatchNormalization(keras.layers.Layer):
     ):
         super().__init__(**kwargs)
         self.num_classes = check_int("num_classes", num_classes)
-        if (
-            isinstance(momentum, bool)
-            or not isinstance(momentum, (int, float))
-            or not 0.0 <= momentum < 1.0
-        ):
-            raise ValueError(
-                f"`momentum` must be a float in [0, 1). Received: momentum={momentum!r}"
-            )
-        if isinstance(epsilon, bool) or not isinstance(epsilon, (int, float)) or not epsilon > 0:
-            raise ValueError(f"`epsilon` must be a positive float. Received: epsilon={epsilon!r}")
-        self.momentum = float(momentum)
-        self.epsilon = float(epsilon)
+        self.momentum = check_rate("momentum", momentum)
+        self.epsilon = check_positive_float("epsilon", epsilon)
         self.gamma_initializer = keras.initializers.get(gamma_initializer)
         self.beta_initializer = keras.initializers.get(beta_initializer)
-        if not isinstance(synchronized, bool):
-            raise ValueError(
-                f"`synchronized` must be True or False. Received: synchronized={synchronized!r}"
-            )
-        self.synchronized = synchronized
+        self.synchronized = check_bool("synchronized", synchronized)
 
     def build(self, inputs_shape, labels_shape=None):
         channels = inputs_shape[-1]

@@ -15,19 +15,7 @@ where every product is a plain batched matmul, and float32.
 
 from keras import ops
 
-from layers.masks import position_mask
-
-# Added to masked scores before exponentiation: finite (no inf - inf = NaN)
-# and far below any real score in float32.
-_MASK_PENALTY = -1e9
-
-
-def pad_axis1(x, multiple, value=0):
-    """Pads axis 1 of `x` up to a multiple of `multiple` (lengths may be dynamic)."""
-    length = ops.shape(x)[1]
-    extra = (multiple - length % multiple) % multiple
-    pads = [[0, 0], [0, extra]] + [[0, 0]] * (len(x.shape) - 2)
-    return ops.pad(x, pads, constant_values=value)
+from layers.masks import MASK_PENALTY, block_keep_mask, pad_axis1, padded_block_masks
 
 
 def _head_major(x):
@@ -81,23 +69,11 @@ def flash_attention(
     heads, key_dim, value_dim = query.shape[2], query.shape[3], value.shape[3]
     offset = ops.cast(query_offset, "int32")
     valid_k = ops.cast(length_k if key_valid_length is None else key_valid_length, "int32")
-    qmask = (
-        ops.ones((batch, length_q), "bool") if query_mask is None else ops.cast(query_mask, "bool")
+    qmask, kmask, attention_mask = padded_block_masks(
+        batch, length_q, length_k, c, query_mask, key_mask, attention_mask
     )
-    kmask = ops.ones((batch, length_k), "bool") if key_mask is None else ops.cast(key_mask, "bool")
-    qmask, kmask = pad_axis1(qmask, c, False), pad_axis1(kmask, c, False)
-    if attention_mask is not None:
-        attention_mask = ops.broadcast_to(
-            ops.cast(attention_mask, "bool"), (batch, length_q, length_k)
-        )
-        attention_mask = pad_axis1(attention_mask, c, False)
-        extra = ops.shape(kmask)[1] - length_k
-        attention_mask = ops.pad(
-            attention_mask, [[0, 0], [0, 0], [0, extra]], constant_values=False
-        )
     num_q = ops.shape(qmask)[1] // c
     num_k = ops.shape(kmask)[1] // c
-    positions = ops.arange(c, dtype="int32")
     zero = ops.zeros((), "int32")
 
     def key_range(qi):
@@ -146,24 +122,20 @@ def flash_attention(
         `None` when nothing is masked."""
         if unmasked:
             return None
-        q_start, k_start = qi * c, ki * c
-        qmb = ops.slice(qmask, [zero, q_start], [batch, c])
-        kmb = ops.slice(kmask, [zero, k_start], [batch, c])
-        keep = ops.logical_and(ops.expand_dims(qmb, 2), ops.expand_dims(kmb, 1))
-        structure = position_mask(
-            ops.expand_dims(positions + q_start + offset, 1),
-            ops.expand_dims(positions + k_start, 0),
+        return block_keep_mask(
+            qi * c,
+            ki * c,
+            batch=batch,
+            block_size=c,
+            query_mask=qmask,
+            key_mask=kmask,
+            attention_mask=attention_mask,
             causal=causal,
             window=window,
             include_self=include_self,
+            query_offset=offset,
             key_valid_length=valid_k,
         )
-        keep = ops.logical_and(keep, ops.expand_dims(structure, 0))
-        if attention_mask is not None:
-            keep = ops.logical_and(
-                keep, ops.slice(attention_mask, [zero, q_start, k_start], [batch, c, c])
-            )
-        return ops.cast(ops.expand_dims(keep, 1), "float32")
 
     def block(x, i, width):
         """Block `i` of a head-major `[B, H, T, width]` tensor."""
@@ -195,7 +167,7 @@ def flash_attention(
                     seen = float(c) if keep is None else ops.sum(keep, axis=-1, keepdims=True)
                     return m, l + seen, acc + ops.matmul(p, block(v, ki, value_dim))
                 if keep is not None:
-                    s = s + (1.0 - keep) * _MASK_PENALTY
+                    s = s + (1.0 - keep) * MASK_PENALTY
                 m_new = ops.maximum(m, ops.max(s, axis=-1, keepdims=True))
                 p = ops.exp(s - m_new)
                 if keep is not None:
@@ -252,7 +224,7 @@ def flash_attention(
                         p = s * active
                     else:
                         if keep is not None:
-                            s = s + (1.0 - keep) * _MASK_PENALTY
+                            s = s + (1.0 - keep) * MASK_PENALTY
                         p = ops.exp(s - block(lse, qi, 1))
                         if keep is not None:
                             p = p * keep

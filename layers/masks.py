@@ -116,3 +116,105 @@ def combine_masks(
     if structural is not None:
         mask = _and(mask, ops.expand_dims(structural, 0))
     return mask
+
+
+# Block-wise paths (`layers.chunked_attention`, `layers.flash_attention`): masks
+# are built per (query block, key block) pair, never as one [Tq, Tk] tensor.
+
+# Added to masked scores before an online softmax: finite (no inf - inf = NaN)
+# and far below any real score in float32 (in float16 it would be -inf).
+MASK_PENALTY = -1e9
+
+
+def pad_axis1(x, multiple, value=0):
+    """Pads axis 1 of `x` up to a multiple of `multiple` (lengths may be dynamic)."""
+    length = ops.shape(x)[1]
+    extra = (multiple - length % multiple) % multiple
+    pads = [[0, 0], [0, extra]] + [[0, 0]] * (len(x.shape) - 2)
+    return ops.pad(x, pads, constant_values=value)
+
+
+def padded_block_masks(batch, length_q, length_k, block_size, query_mask, key_mask, attention_mask):
+    """The padding masks of a block-wise path, as `block_keep_mask` takes them.
+
+    Args:
+        batch, length_q, length_k: the (possibly dynamic) batch size and lengths.
+        block_size: int, the block size of queries and keys.
+        query_mask, key_mask: `None` (nothing padded) or `[B, Tq]` / `[B, Tk]`.
+        attention_mask: `None` or `[B|1, Tq|1, Tk]` explicit mask.
+
+    Returns:
+        `(query_mask, key_mask, attention_mask)`: boolean `[B, Tq']`, `[B, Tk']`
+        and `None` or `[B, Tq', Tk']`, padded with `False` to multiples of
+        `block_size` (`Tq'`, `Tk'`).
+    """
+    c = block_size
+    qmask = (
+        ops.ones((batch, length_q), "bool") if query_mask is None else ops.cast(query_mask, "bool")
+    )
+    kmask = ops.ones((batch, length_k), "bool") if key_mask is None else ops.cast(key_mask, "bool")
+    qmask, kmask = pad_axis1(qmask, c, False), pad_axis1(kmask, c, False)
+    if attention_mask is not None:
+        attention_mask = ops.broadcast_to(
+            ops.cast(attention_mask, "bool"), (batch, length_q, length_k)
+        )
+        attention_mask = pad_axis1(attention_mask, c, False)
+        extra = ops.shape(kmask)[1] - length_k
+        attention_mask = ops.pad(
+            attention_mask, [[0, 0], [0, 0], [0, extra]], constant_values=False
+        )
+    return qmask, kmask, attention_mask
+
+
+def block_keep_mask(
+    q_start,
+    k_start,
+    *,
+    batch,
+    block_size,
+    query_mask,
+    key_mask,
+    attention_mask=None,
+    causal=False,
+    window=None,
+    include_self=True,
+    query_offset=0,
+    key_valid_length=None,
+):
+    """float32 `[B, 1, c, c]`: 1 where a query of the block starting at `q_start`
+    may attend to a key of the block starting at `k_start`.
+
+    Args:
+        q_start, k_start: int32 scalars, the first (padded) row of each block.
+        batch: the batch size; block_size: int `c`.
+        query_mask, key_mask, attention_mask: from `padded_block_masks`.
+        causal, window, include_self, query_offset, key_valid_length: the
+            structural mask, as in `structural_mask`.
+    """
+    c = block_size
+    zero = ops.zeros((), "int32")
+    positions = ops.arange(c, dtype="int32")
+    qmb = ops.slice(query_mask, [zero, q_start], [batch, c])
+    kmb = ops.slice(key_mask, [zero, k_start], [batch, c])
+    keep = ops.logical_and(ops.expand_dims(qmb, 2), ops.expand_dims(kmb, 1))  # [B, c, c]
+    structure = position_mask(
+        ops.expand_dims(positions + q_start + ops.cast(query_offset, "int32"), 1),
+        ops.expand_dims(positions + k_start, 0),
+        causal=causal,
+        window=window,
+        include_self=include_self,
+        key_valid_length=key_valid_length,
+    )
+    keep = ops.logical_and(keep, ops.expand_dims(structure, 0))
+    if attention_mask is not None:
+        keep = ops.logical_and(
+            keep, ops.slice(attention_mask, [zero, q_start, k_start], [batch, c, c])
+        )
+    return ops.cast(ops.expand_dims(keep, 1), "float32")
+
+
+def merge_key_masks(key_mask, value_mask):
+    """One `[B, Tk]` mask from a key mask and a value mask (either may be `None`)."""
+    if key_mask is not None and value_mask is not None:
+        return ops.cast(key_mask, "float32") * ops.cast(value_mask, "float32")
+    return value_mask if key_mask is None else key_mask

@@ -1,86 +1,28 @@
 """Multi-head attention with pluggable scoring, masks and a static KV cache."""
 
 import math
-import numbers
 
 import keras
-import numpy as np
 from keras import ops
 from keras.layers import EinsumDense
 
-from layers import attention_ops
-from layers.masks import combine_masks, structural_mask
+from layers import attention_ops, kv_cache
+from layers.chunked_attention import chunked_attention_context, resolve_chunk_size
+from layers.masks import combine_masks, merge_key_masks, structural_mask
 from layers.projection import flat_matmul, heads_first_projection
+from layers.rotary_embedding import RotaryEmbedding
 from layers.softmax_attention import softmax_attention
 from layers.validation import (
     check_choice,
+    check_chunk_size,
     check_int,
+    check_keras_attention_names,
+    check_python_bool,
     check_rank,
     check_rate,
     check_shape,
     known_shape,
 )
-
-
-def _merge_key_masks(key_mask, value_mask):
-    if key_mask is not None and value_mask is not None:
-        return ops.cast(key_mask, "float32") * ops.cast(value_mask, "float32")
-    return value_mask if key_mask is None else key_mask
-
-
-def _check_use_causal_mask(use_causal_mask):
-    if not isinstance(use_causal_mask, (bool, np.bool_)):
-        raise ValueError(
-            "`use_causal_mask` must be a Python bool. "
-            f"Received: use_causal_mask={use_causal_mask!r}"
-        )
-    return bool(use_causal_mask)
-
-
-def _keras_names(
-    output_dim, window, output_shape, attention_axes, sliding_window, flash_attention, use_gate
-):
-    """Maps `keras.layers.MultiHeadAttention`'s constructor names onto ours;
-    returns `(output_dim, window)`."""
-    if output_shape is not None:
-        shape = (output_shape,) if isinstance(output_shape, numbers.Integral) else output_shape
-        if not isinstance(shape, (tuple, list)) or len(shape) != 1:
-            raise ValueError(
-                "`output_shape` must be an int or a 1-tuple (outputs of rank 3). "
-                f"Received: output_shape={output_shape!r}"
-            )
-        if output_dim is not None and output_dim != shape[0]:
-            raise ValueError(
-                "Pass `output_dim` or `output_shape`, not both. "
-                f"Received: output_dim={output_dim}, output_shape={output_shape!r}"
-            )
-        output_dim = shape[0]
-    axes = (attention_axes,) if isinstance(attention_axes, numbers.Integral) else attention_axes
-    if axes is not None and tuple(axes) not in ((1,), (-2,)):
-        raise ValueError(
-            "`attention_axes` may only name the sequence axis of [batch, length, "
-            "features] inputs (1 or -2); for 2-D feature maps see SelfAttention2D. "
-            f"Received: attention_axes={attention_axes!r}"
-        )
-    if sliding_window is not None:
-        sliding_window = check_int("sliding_window", sliding_window)
-        if window is not None and window != sliding_window - 1:
-            raise ValueError(
-                "Pass `window` or `sliding_window` (= window + 1), not both. "
-                f"Received: window={window}, sliding_window={sliding_window}"
-            )
-        window = sliding_window - 1
-    if flash_attention not in (None, False):
-        raise ValueError(
-            "`flash_attention` must be None or False: this layer has its own "
-            "fused paths, and `chunk_size` for long sequences. "
-            f"Received: flash_attention={flash_attention!r}"
-        )
-    if use_gate not in (None, False):
-        raise ValueError(
-            f"`use_gate` must be False (not supported). Received: use_gate={use_gate!r}"
-        )
-    return output_dim, window
 
 
 @keras.saving.register_keras_serializable(package="layers")
@@ -251,7 +193,7 @@ class MultiHeadAttention(keras.layers.Layer):
         **kwargs,
     ):
         super().__init__(**kwargs)
-        output_dim, window = _keras_names(
+        output_dim, window = check_keras_attention_names(
             output_dim,
             window,
             output_shape,
@@ -272,7 +214,7 @@ class MultiHeadAttention(keras.layers.Layer):
         self.dropout = check_rate("dropout", dropout)
         self.use_bias = bool(use_bias)
         self.rotary = bool(rotary)
-        self.chunk_size = attention_ops.check_chunk_size(chunk_size)
+        self.chunk_size = check_chunk_size(chunk_size)
         if self.rotary and self.key_dim % 2:
             raise ValueError(
                 f"`key_dim` must be even when `rotary=True`. Received: key_dim={key_dim}"
@@ -292,8 +234,6 @@ class MultiHeadAttention(keras.layers.Layer):
         )
         self._rotary_layer = None
         if self.rotary:
-            from layers.position import RotaryEmbedding
-
             self._rotary_layer = RotaryEmbedding(dtype=self.dtype_policy)
 
     def _dense(self, equation, output_shape, bias_axes, name):
@@ -372,12 +312,13 @@ class MultiHeadAttention(keras.layers.Layer):
             `[batch, 2, source_length, num_heads, key_dim]` (or the pair), to
             pass as `cache` (without `cache_index`) at every decoding step.
         """
-        self._check_cache_dims()
+        kv_cache.check_cache_dims(self.key_dim, self.value_dim)
         key = value if key is None else key
         if not self.built:
             self.build(value.shape, value.shape, key.shape)
-        pair = (self._project(self.key_dense, key), self._project(self.value_dense, value))
-        return pair if split else ops.stack(pair, axis=1)
+        return kv_cache.make_cache(
+            self._project(self.key_dense, key), self._project(self.value_dense, value), split
+        )
 
     def _project(self, dense, inputs, in_rank=1, scale=1.0):
         """`dense` applied as one 2-D matmul over the flattened batch and time.
@@ -400,6 +341,11 @@ class MultiHeadAttention(keras.layers.Layer):
             bias = None if bias is None else bias * ops.cast(scale, self.compute_dtype)
         return kernel, bias
 
+    def _query_scale(self):
+        # Applied to the query's kernel: rotary embedding is linear, so this
+        # equals scaling the rotated query.
+        return 1.0 / math.sqrt(self.key_dim) if self.score == "scaled_dot" else 1.0
+
     def _qkv_weights(self, query_scale):
         return [
             self._scaled_weights(self.query_dense, query_scale),
@@ -419,7 +365,7 @@ class MultiHeadAttention(keras.layers.Layer):
 
     def _chunk_size(self, query, value, key, cache, return_attention_scores):
         """The call's block size: `chunk_size`, or for `"auto"` what the
-        static shapes call for (`attention_ops.resolve_chunk_size`); the
+        static shapes call for (`chunked_attention.resolve_chunk_size`); the
         full path when scores are asked for."""
         if self.chunk_size != "auto":
             return self.chunk_size
@@ -427,20 +373,23 @@ class MultiHeadAttention(keras.layers.Layer):
             return None
         source = value if value is not None else (key if key is not None else query)
         if cache is not None:
-            source = cache[0] if isinstance(cache, (tuple, list)) else cache[:, 0]
+            source = kv_cache.cached_keys(cache)
         q_shape = known_shape(query) or (None, None)
         k_shape = known_shape(source) or (None, None)
-        return attention_ops.resolve_chunk_size(
-            "auto", q_shape[0], self.num_heads, q_shape[1], k_shape[1]
-        )
+        return resolve_chunk_size("auto", q_shape[0], self.num_heads, q_shape[1], k_shape[1])
 
     def _heads_first(self, self_attention, cache, return_attention_scores, training, chunk_size):
         """Whether self-attention can run in the `[H, B, T, d]` layout: the
         dot-product softmax path with the hand-written backward (see
         `attention_ops.attention_context`), without a cache or chunking,
-        which work on `[B, T, H, d]`, and not where the fused kernel runs."""
+        which work on `[B, T, H, d]`, and not where the fused kernel runs.
+        It fuses the projection and attention stages, so a subclass that
+        overrides either of them never takes it."""
+        cls = type(self)
         return (
             self_attention
+            and cls._project_qkv is MultiHeadAttention._project_qkv
+            and cls._compute_attention is MultiHeadAttention._compute_attention
             and self.value_dim == self.key_dim
             and cache is None
             and chunk_size is None
@@ -452,13 +401,13 @@ class MultiHeadAttention(keras.layers.Layer):
             )
         )
 
-    def _heads_first_call(self, query, query_mask, key_mask, attention_mask, query_scale, causal):
+    def _heads_first_call(self, query, query_mask, key_mask, attention_mask, causal):
         """Self-attention projected straight into `[H, B, T, d]`: between the
         projection and the output's `[B, T, H*d]` there is one transpose (of
         the context) instead of a split and four transposes each way
         (forward and backward at B16 N256 took 0.90-0.97x the time of the
         token-major path, A/B in one process)."""
-        weights = self._qkv_weights(query_scale)
+        weights = self._qkv_weights(self._query_scale())
         q, k, v = heads_first_projection(
             query, [w[0] for w in weights], [w[1] for w in weights] if self.use_bias else None
         )
@@ -474,7 +423,8 @@ class MultiHeadAttention(keras.layers.Layer):
         mask = self._mask(length, length, query_mask, key_mask, attention_mask, causal=causal)
         keep = None if mask is None else ops.expand_dims(mask, 0)
         context = softmax_attention(q, k, v, keep, attention_ops.softmax_weights, heads_first=True)
-        return self._output(ops.transpose(context, (1, 2, 0, 3)), mask)
+        has_keys = None if mask is None else attention_ops.query_has_keys(mask)
+        return self._output_projection(ops.transpose(context, (1, 2, 0, 3)), has_keys)
 
     def _mask(
         self, query_length, key_length, query_mask, key_mask, attention_mask, causal, **structural
@@ -489,14 +439,6 @@ class MultiHeadAttention(keras.layers.Layer):
             **structural,
         )
         return combine_masks(structural, query_mask, key_mask, attention_mask)
-
-    def _output(self, context, mask):
-        """The output projection of `[B, T, H, d]` context; rows whose query
-        may attend to nothing are zero (one rule on every path)."""
-        output = self._project(self.output_dense, context, in_rank=2)
-        if mask is not None:
-            output = output * ops.cast(attention_ops.query_has_keys(mask), output.dtype)
-        return output
 
     def _check_call_shapes(
         self,
@@ -535,20 +477,14 @@ class MultiHeadAttention(keras.layers.Layer):
                 if x is not None and dense.kernel.shape[0] is not None:
                     want = dense.kernel.shape[0]
                     check_shape(name, x, (None, None, want), f"(batch, length, {want}) as built")
-        if cache is not None:
-            c_len = self._check_cache_shape(cache, batch)
-            k_len = c_len
-            if isinstance(cache_index, numbers.Integral) and c_len is not None:
-                if cache_index < 0 or (q_len is not None and cache_index + q_len > c_len):
-                    raise ValueError(
-                        "`cache_index` + query length must fit in the cache. Received: "
-                        f"cache_index={cache_index}, query length={q_len}, "
-                        f"cache length={c_len}"
-                    )
-        elif cache_index is not None:
-            raise ValueError(
-                "`cache_index` needs a `cache` to write into. "
-                f"Received: cache_index={cache_index}, cache=None"
+        if cache is not None or cache_index is not None:
+            k_len = kv_cache.check_cache(
+                cache,
+                cache_index,
+                batch=batch,
+                query_length=q_len,
+                num_heads=self.num_heads,
+                key_dim=self.key_dim,
             )
         check_shape("query_mask", query_mask, (batch, q_len), "(batch, query_length)")
         if cache is None or cache_index is None:
@@ -562,45 +498,6 @@ class MultiHeadAttention(keras.layers.Layer):
             (batch_or_one, None if q_len is None else (q_len, 1), k_len),
             "(batch or 1, query_length or 1, key_length)",
         )
-
-    def _check_cache_shape(self, cache, batch):
-        """Validates either cache form; returns its length (None if unknown)."""
-        if isinstance(cache, (tuple, list)):
-            if len(cache) != 2:
-                raise ValueError(
-                    "A split `cache` is the pair (key_cache, value_cache). "
-                    f"Received: a {type(cache).__name__} of {len(cache)} tensors"
-                )
-            lengths = set()
-            for name, part in zip(("key_cache", "value_cache"), cache):
-                check_shape(
-                    f"cache ({name})",
-                    part,
-                    (batch, None, self.num_heads, self.key_dim),
-                    "(batch, cache_length, num_heads, key_dim)",
-                )
-                lengths.add((known_shape(part) or (None, None))[1])
-            lengths.discard(None)
-            if len(lengths) > 1:
-                raise ValueError(
-                    "`key_cache` and `value_cache` must have the same length. Received: "
-                    f"{known_shape(cache[0])} and {known_shape(cache[1])}"
-                )
-            return lengths.pop() if lengths else None
-        check_shape(
-            "cache",
-            cache,
-            (batch, 2, None, self.num_heads, self.key_dim),
-            "(batch, 2, cache_length, num_heads, key_dim)",
-        )
-        return (known_shape(cache) or (None,) * 3)[2]
-
-    def _check_cache_dims(self):
-        if self.value_dim != self.key_dim:
-            raise ValueError(
-                "A KV cache needs `value_dim == key_dim`. Received: "
-                f"key_dim={self.key_dim}, value_dim={self.value_dim}"
-            )
 
     def call(
         self,
@@ -617,7 +514,9 @@ class MultiHeadAttention(keras.layers.Layer):
         cache=None,
         cache_index=None,
     ):
-        causal = self.causal or _check_use_causal_mask(use_causal_mask)
+        # The stages: check -> project -> rotate -> cache -> _compute_attention
+        # -> output projection.
+        causal = self.causal or check_python_bool("use_causal_mask", use_causal_mask)
         query = attention_ops.without_keras_mask(query)
         value = attention_ops.without_keras_mask(value)
         key = attention_ops.without_keras_mask(key)
@@ -631,53 +530,129 @@ class MultiHeadAttention(keras.layers.Layer):
             if value_mask is None and cache is None:
                 value_mask = query_mask
         key = value if key is None else key
-        # Rotary embedding is linear, so scaling the query's kernel before it
-        # equals scaling the rotated query.
-        query_scale = 1.0 / math.sqrt(self.key_dim) if self.score == "scaled_dot" else 1.0
         if self._heads_first(self_attention, cache, return_attention_scores, training, chunk_size):
             return self._heads_first_call(
-                query,
-                query_mask,
-                _merge_key_masks(key_mask, value_mask),
-                attention_mask,
-                query_scale,
-                causal,
+                query, query_mask, merge_key_masks(key_mask, value_mask), attention_mask, causal
             )
 
-        offset = 0 if cache_index is None else cache_index
-        key_valid_length = None
+        # A cache without `cache_index` holds precomputed keys and values.
         cross_cache = cache is not None and cache_index is None
-        if cross_cache:
-            q = self._project(self.query_dense, query, scale=query_scale)
-        elif self_attention and self.value_dim == self.key_dim:
-            q, k, v = self._fused_projection(query, query_scale)
-        else:
-            q = self._project(self.query_dense, query, scale=query_scale)
-            k = self._project(self.key_dense, key)
-            v = self._project(self.value_dense, value)
-        if self._rotary_layer is not None and not cross_cache:
-            k = self._rotary_layer(k, start_index=offset)
+        offset = 0 if cache_index is None else cache_index
+        q, k, v = self._project_qkv(query, key, value, self_attention, cross_cache)
+        if self._rotary_layer is not None:
+            q = self._rotary_layer(q, start_index=offset)
+            if not cross_cache:
+                k = self._rotary_layer(k, start_index=offset)
+        key_valid_length = None
         if cache is not None:
-            self._check_cache_dims()
-            split = isinstance(cache, (tuple, list))
-            key_cache, value_cache = cache if split else (cache[:, 0], cache[:, 1])
+            kv_cache.check_cache_dims(self.key_dim, self.value_dim)
             if cross_cache:
-                k, v = key_cache, value_cache
+                k, v = kv_cache.read_cache(cache)
             else:
-                zero = ops.zeros((), "int32")
-                start = [zero, ops.cast(cache_index, "int32"), zero, zero]
-                k = ops.slice_update(key_cache, start, ops.cast(k, key_cache.dtype))
-                v = ops.slice_update(value_cache, start, ops.cast(v, value_cache.dtype))
-                cache = (k, v) if split else ops.stack([k, v], axis=1)
+                k, v, cache = kv_cache.update_cache(cache, k, v, cache_index)
                 key_valid_length = ops.cast(cache_index, "int32") + ops.shape(query)[1]
                 # Padding masks of the step's tokens describe queries only: the
                 # cached keys' padding must come from `attention_mask`.
                 value_mask = key_mask = None
-        if self._rotary_layer is not None:
-            q = self._rotary_layer(q, start_index=offset)
-
-        key_mask = _merge_key_masks(key_mask, value_mask)
         k, v = ops.cast(k, q.dtype), ops.cast(v, q.dtype)
+
+        context, weights, has_keys = self._compute_attention(
+            q,
+            k,
+            v,
+            query_mask=query_mask,
+            key_mask=merge_key_masks(key_mask, value_mask),
+            attention_mask=attention_mask,
+            training=training,
+            return_attention_scores=return_attention_scores,
+            causal=causal,
+            query_offset=offset,
+            key_valid_length=key_valid_length,
+            chunk_size=chunk_size,
+            aligned=self_attention and cache is None,
+        )
+        output = self._output_projection(context, has_keys)
+
+        results = [output]
+        if return_attention_scores:
+            results.append(ops.cast(weights, self.compute_dtype))
+        if cache is not None:
+            results.append(cache)
+        return results[0] if len(results) == 1 else tuple(results)
+
+    def _project_qkv(self, query, key, value, self_attention=False, cross_cache=False):
+        """The projection stage: `[B, T, features]` inputs to per-head
+        `[B, T, num_heads, key_dim]` queries and keys and `[B, T, num_heads,
+        value_dim]` values, the queries already scaled for `"scaled_dot"`.
+        With `cross_cache` the keys and values come from the cache: `None`."""
+        query_scale = self._query_scale()
+        if cross_cache:
+            return self._project(self.query_dense, query, scale=query_scale), None, None
+        if self_attention and self.value_dim == self.key_dim:
+            q, k, v = self._fused_projection(query, query_scale)
+            return q, k, v
+        q = self._project(self.query_dense, query, scale=query_scale)
+        k = self._project(self.key_dense, key)
+        v = self._project(self.value_dense, value)
+        return q, k, v
+
+    def _compute_attention(
+        self,
+        query,
+        key,
+        value,
+        query_mask=None,
+        key_mask=None,
+        attention_mask=None,
+        training=None,
+        return_attention_scores=False,
+        *,
+        causal=False,
+        query_offset=0,
+        key_valid_length=None,
+        chunk_size=None,
+        aligned=False,
+    ):
+        """The attention stage, and the method to override to change it (as
+        `keras.layers.MultiHeadAttention._compute_attention`): scores every
+        query against every key, normalises and mixes the values, per head.
+
+        `call` has projected, scaled and rotated the inputs and written the
+        step into the cache before; it applies the output projection after,
+        zeroing the rows that `has_keys` marks empty. A subclass that
+        overrides this method never takes the fused heads-first fast path.
+
+        Args:
+            query: `[B, Tq, num_heads, key_dim]`, scaled for `"scaled_dot"`.
+            key: `[B, Tk, num_heads, key_dim]` (the whole cache's keys while
+                decoding).
+            value: `[B, Tk, num_heads, value_dim]`.
+            query_mask: `None` or `[B, Tq]` padding mask of the queries.
+            key_mask: `None` or `[B, Tk]` padding mask of the keys (key and
+                value masks merged).
+            attention_mask: `None` or `[B|1, Tq|1, Tk]`, `True` where a query
+                may attend to a key.
+            training: bool, dropout is active only when training.
+            return_attention_scores: bool, whether the weights are needed.
+            causal: bool, query `i` only attends to keys `j <= i` (absolute
+                positions).
+            query_offset: int or scalar tensor, the position of the first
+                query (`cache_index` while decoding; keys start at 0).
+            key_valid_length: `None` or scalar tensor; keys from there on are
+                unwritten cache slots.
+            chunk_size: `None` or int, run block by block
+                (`layers.chunked_attention`).
+            aligned: bool, queries and keys are the same positions
+                (self-attention without a cache), so a causal mask may be the
+                fused kernel's own.
+
+        Returns:
+            `(context, weights, has_keys)`: `[B, Tq, num_heads, value_dim]`;
+            `[B, num_heads, Tq, Tk]` float32 weights when
+            `return_attention_scores` (else may be `None`); and `None` or a
+            `[B|1, Tq, 1]` float 0/1, 0 for query rows that may attend to
+            nothing.
+        """
         score_vector = getattr(self, "score_vector", None)
         if chunk_size is not None:
             if return_attention_scores:
@@ -686,10 +661,10 @@ class MultiHeadAttention(keras.layers.Layer):
                     "matrix, which `chunk_size` exists to avoid. Received: "
                     f"chunk_size={self.chunk_size}, return_attention_scores=True"
                 )
-            context, has_keys = attention_ops.chunked_attention_context(
-                q,
-                k,
-                v,
+            context, has_keys = chunked_attention_context(
+                query,
+                key,
+                value,
                 chunk_size=chunk_size,
                 score=self.score,
                 normalize=self.normalize,
@@ -697,7 +672,7 @@ class MultiHeadAttention(keras.layers.Layer):
                 causal=causal,
                 window=self.window,
                 include_self=self.include_self,
-                query_offset=offset,
+                query_offset=query_offset,
                 key_valid_length=key_valid_length,
                 query_mask=query_mask,
                 key_mask=key_mask,
@@ -705,59 +680,58 @@ class MultiHeadAttention(keras.layers.Layer):
                 dropout=self._dropout_layer,
                 training=training,
             )
-            output = self._project(self.output_dense, context, in_rank=2)
-            output = output * ops.cast(has_keys, self.compute_dtype)
-        else:
-            # The fused kernel's own causal mask (cuDNN's causal flash
-            # attention) when nothing else is masked: no [T, T] mask at all.
-            is_causal = (
-                causal
-                and self_attention
-                and cache is None
-                and self.window is None
-                and self.include_self
-                and query_mask is None
-                and key_mask is None
-                and attention_mask is None
-                and attention_ops.takes_fused(
-                    self.score,
-                    self.normalize,
-                    self._dropout_layer,
-                    training,
-                    return_attention_scores,
-                )
+            return context, None, has_keys
+        # The fused kernel's own causal mask (cuDNN's causal flash attention)
+        # when nothing else is masked: no [T, T] mask at all.
+        is_causal = (
+            causal
+            and aligned
+            and self.window is None
+            and self.include_self
+            and query_mask is None
+            and key_mask is None
+            and attention_mask is None
+            and attention_ops.takes_fused(
+                self.score,
+                self.normalize,
+                self._dropout_layer,
+                training,
+                return_attention_scores,
             )
-            mask = self._mask(
-                ops.shape(q)[1],
-                ops.shape(k)[1],
-                query_mask,
-                key_mask,
-                attention_mask,
-                causal and not is_causal,
-                query_offset=offset,
-                key_valid_length=key_valid_length,
-            )
-            context, weights = attention_ops.attention_context(
-                q,
-                k,
-                v,
-                mask,
-                score=self.score,
-                normalize=self.normalize,
-                score_vector=score_vector,
-                dropout=self._dropout_layer,
-                training=training,
-                need_weights=return_attention_scores,
-                is_causal=is_causal,
-            )
-            output = self._output(context, mask)
+        )
+        mask = self._mask(
+            ops.shape(query)[1],
+            ops.shape(key)[1],
+            query_mask,
+            key_mask,
+            attention_mask,
+            causal and not is_causal,
+            query_offset=query_offset,
+            key_valid_length=key_valid_length,
+        )
+        context, weights = attention_ops.attention_context(
+            query,
+            key,
+            value,
+            mask,
+            score=self.score,
+            normalize=self.normalize,
+            score_vector=score_vector,
+            dropout=self._dropout_layer,
+            training=training,
+            need_weights=return_attention_scores,
+            is_causal=is_causal,
+        )
+        return context, weights, None if mask is None else attention_ops.query_has_keys(mask)
 
-        results = [output]
-        if return_attention_scores:
-            results.append(ops.cast(weights, self.compute_dtype))
-        if cache is not None:
-            results.append(cache)
-        return results[0] if len(results) == 1 else tuple(results)
+    def _output_projection(self, context, has_keys=None):
+        """The output stage: `[B, T, H, dv]` context to `[B, T, output_dim]`;
+        rows whose query may attend to nothing (`has_keys` 0) are zero, one
+        rule on every path."""
+        output = self._project(self.output_dense, context, in_rank=2)
+        if has_keys is not None:
+            output = output * ops.cast(has_keys, output.dtype)
+        return output
 
     def compute_mask(self, query, previous_mask=None):
         # Keras passes the mask of the first argument (the query): the output
@@ -786,8 +760,7 @@ class MultiHeadAttention(keras.layers.Layer):
         # cache); a cache fixes the number of keys to its length.
         value_shape = None if value is None else value.shape
         if cache is not None:
-            length = cache[0].shape[1] if isinstance(cache, (tuple, list)) else cache.shape[2]
-            value_shape = (query.shape[0], length, None)
+            value_shape = (query.shape[0], kv_cache.cache_length(cache), None)
         shapes = self.compute_output_shape(
             query.shape, value_shape, return_attention_scores=return_attention_scores
         )

@@ -6,9 +6,12 @@ import keras
 from keras import ops
 
 from layers import attention_ops
+from layers.chunked_attention import chunked_attention_context, resolve_chunk_size
 from layers.masks import combine_masks, structural_mask
+from layers.scores_output_spec import ScoresOutputSpec
 from layers.validation import (
     check_choice,
+    check_chunk_size,
     check_int,
     check_rank,
     check_rate,
@@ -18,7 +21,7 @@ from layers.validation import (
 
 
 @keras.saving.register_keras_serializable(package="layers")
-class SelfAttention(attention_ops.ScoresOutputSpec, keras.layers.Layer):
+class SelfAttention(ScoresOutputSpec, keras.layers.Layer):
     """Single-head self-attention, the layer of the lecture.
 
     For input vectors `a^1 .. a^T` it computes `q^i = W^q a^i`,
@@ -108,7 +111,7 @@ class SelfAttention(attention_ops.ScoresOutputSpec, keras.layers.Layer):
         self.causal = bool(causal)
         self.dropout = check_rate("dropout", dropout)
         self.use_bias = bool(use_bias)
-        self.chunk_size = attention_ops.check_chunk_size(chunk_size)
+        self.chunk_size = check_chunk_size(chunk_size)
         self.kernel_initializer = keras.initializers.get(kernel_initializer)
         self.seed = seed
         self.supports_masking = True
@@ -189,7 +192,7 @@ class SelfAttention(attention_ops.ScoresOutputSpec, keras.layers.Layer):
             chunk_size = (
                 None
                 if return_attention_scores
-                else attention_ops.resolve_chunk_size("auto", shape[0], 1, shape[1], shape[1])
+                else resolve_chunk_size("auto", shape[0], 1, shape[1], shape[1])
             )
         if chunk_size is not None:
             return self._call_chunked(
@@ -232,7 +235,7 @@ class SelfAttention(attention_ops.ScoresOutputSpec, keras.layers.Layer):
                 f"which `chunk_size` exists to avoid. Received: chunk_size={self.chunk_size}"
             )
         score_vector = getattr(self, "score_vector", None)
-        context, has_keys = attention_ops.chunked_attention_context(
+        context, has_keys = chunked_attention_context(
             ops.expand_dims(q, 2),
             ops.expand_dims(k, 2),
             ops.expand_dims(v, 2),

@@ -14,7 +14,7 @@ is state.
 import keras
 from keras import ops
 
-from layers.validation import check_choice, check_int
+from layers.validation import check_choice, check_int, check_pair, check_positive_float
 
 
 def _l2_normalize(x, epsilon):
@@ -81,13 +81,6 @@ class _SpectralKernelMixin:
         return spectral_normalize(kernel, self.u, self.epsilon, self.power_iterations)[2]
 
 
-def _check_sn_args(power_iterations, epsilon):
-    power_iterations = check_int("power_iterations", power_iterations, minimum=1)
-    if isinstance(epsilon, bool) or not isinstance(epsilon, (int, float)) or not epsilon > 0:
-        raise ValueError(f"`epsilon` must be a positive float. Received: epsilon={epsilon!r}")
-    return power_iterations, float(epsilon)
-
-
 @keras.saving.register_keras_serializable(package="layers")
 class SNConv2D(_SpectralKernelMixin, keras.layers.Layer):
     """2-D convolution whose kernel is divided by its spectral norm.
@@ -146,13 +139,14 @@ class SNConv2D(_SpectralKernelMixin, keras.layers.Layer):
     ):
         super().__init__(**kwargs)
         self.filters = check_int("filters", filters)
-        self.kernel_size = _pair("kernel_size", kernel_size)
-        self.strides = _pair("strides", strides)
+        self.kernel_size = check_pair("kernel_size", kernel_size)
+        self.strides = check_pair("strides", strides)
         self.padding = check_choice("padding", padding, ("same", "valid"))
         self.use_bias = bool(use_bias)
         self.kernel_initializer = keras.initializers.get(kernel_initializer)
         self.bias_initializer = keras.initializers.get(bias_initializer)
-        self.power_iterations, self.epsilon = _check_sn_args(power_iterations, epsilon)
+        self.power_iterations = check_int("power_iterations", power_iterations)
+        self.epsilon = check_positive_float("epsilon", epsilon)
         self.seed = seed
         self._u_seed = seed
 
@@ -261,7 +255,8 @@ class SNDense(_SpectralKernelMixin, keras.layers.Layer):
         self.use_bias = bool(use_bias)
         self.kernel_initializer = keras.initializers.get(kernel_initializer)
         self.bias_initializer = keras.initializers.get(bias_initializer)
-        self.power_iterations, self.epsilon = _check_sn_args(power_iterations, epsilon)
+        self.power_iterations = check_int("power_iterations", power_iterations)
+        self.epsilon = check_positive_float("epsilon", epsilon)
         self.seed = seed
         self._u_seed = seed
         self.supports_masking = True
@@ -305,14 +300,3 @@ class SNDense(_SpectralKernelMixin, keras.layers.Layer):
             seed=self.seed,
         )
         return config
-
-
-def _pair(name, value):
-    if isinstance(value, (list, tuple)):
-        if len(value) != 2:
-            raise ValueError(
-                f"`{name}` must be an int or a pair of ints. Received: {name}={value!r}"
-            )
-        return tuple(check_int(name, v) for v in value)
-    v = check_int(name, value)
-    return (v, v)

@@ -270,13 +270,15 @@ def test_chunk_size_refuses_bad_values(bad):
 
 
 def test_chunk_size_auto_decides_from_the_shapes():
-    from layers import attention_ops
+    from layers import chunked_attention
 
-    resolve = attention_ops.resolve_chunk_size
+    resolve = chunked_attention.resolve_chunk_size
     assert resolve("auto", 1, 8, 1024, 1024) is None
-    assert resolve("auto", 1, 8, 4096, 4096) == attention_ops.AUTO_CHUNK_SIZE
-    assert resolve("auto", 1, 8, 65536, 65536) == attention_ops.AUTO_CHUNK_SIZE
-    assert resolve("auto", 64, 8, 1024, 1024) == attention_ops.AUTO_CHUNK_SIZE  # 2 GiB of scores
+    assert resolve("auto", 1, 8, 4096, 4096) == chunked_attention.AUTO_CHUNK_SIZE
+    assert resolve("auto", 1, 8, 65536, 65536) == chunked_attention.AUTO_CHUNK_SIZE
+    assert (
+        resolve("auto", 64, 8, 1024, 1024) == chunked_attention.AUTO_CHUNK_SIZE
+    )  # 2 GiB of scores
     assert resolve("auto", 1, 8, 1, 65536) is None  # one decoding step
     assert resolve("auto", None, 8, None, None) is None  # dynamic length: full path
     assert resolve(7, 1, 8, 10, 10) == 7 and resolve(None, 1, 8, 10**6, 10**6) is None
@@ -285,7 +287,7 @@ def test_chunk_size_auto_decides_from_the_shapes():
 def test_chunk_size_auto_switches_paths(monkeypatch):
     """ "auto" runs the full path below the threshold and the chunked one
     above it (threshold lowered), with the same result and gradients."""
-    from layers import SelfAttention, attention_ops, flash_attention
+    from layers import SelfAttention, chunked_attention, flash_attention
 
     calls = []
     original = flash_attention.flash_attention
@@ -302,8 +304,8 @@ def test_chunk_size_auto_switches_paths(monkeypatch):
     _copy(full, auto, x)
     assert calls == []  # small: full path
     y_full, g_full = _values_and_grads(full, x, query_mask=mask)
-    monkeypatch.setattr(attention_ops, "AUTO_MIN_ENTRIES", 100)
-    monkeypatch.setattr(attention_ops, "AUTO_CHUNK_SIZE", 5)
+    monkeypatch.setattr(chunked_attention, "AUTO_MIN_ENTRIES", 100)
+    monkeypatch.setattr(chunked_attention, "AUTO_CHUNK_SIZE", 5)
     y_auto, g_auto = _values_and_grads(auto, x, query_mask=mask)
     assert calls and set(calls) == {5}
     np.testing.assert_allclose(y_auto, y_full, atol=1e-5)

@@ -250,3 +250,51 @@ def test_self_attention_runs_heads_first_and_equals_the_token_major_path(monkeyp
     layer(x[:, :1], cache=np.zeros((3, 2, 6, 2, 4), "float32"), cache_index=0)
     MultiHeadAttention(num_heads=2, key_dim=4, chunk_size=4)(x)
     assert not calls
+
+
+class _MeanValues(MultiHeadAttention):
+    """Overrides only the attention stage: every query gets the mean of the
+    values over the keys that are not padding (uniform weights)."""
+
+    def _compute_attention(self, query, key, value, query_mask=None, key_mask=None, **kwargs):
+        keep = keras.ops.ones(keras.ops.shape(value)[:2]) if key_mask is None else key_mask
+        keep = keras.ops.cast(keep, value.dtype)[:, :, None, None]  # [B, Tk, 1, 1]
+        mean = keras.ops.sum(value * keep, axis=1, keepdims=True) / keras.ops.sum(
+            keep, axis=1, keepdims=True
+        )
+        context = keras.ops.broadcast_to(
+            mean, (keras.ops.shape(query)[0], keras.ops.shape(query)[1], *value.shape[2:])
+        )
+        return context, None, None
+
+
+@pytest.mark.parametrize("cross", [False, True])
+def test_compute_attention_is_the_override_point(cross):
+    """`call` runs a subclass's `_compute_attention` between the layer's own
+    projections, on every path (self-attention would otherwise take the fused
+    heads-first path): the output is the NumPy output projection of the
+    per-head mean of the projected values."""
+    layer = _MeanValues(num_heads=2, key_dim=4)
+    x = RNG.normal(size=(2, 5, 8)).astype("float32")
+    source = RNG.normal(size=(2, 6, 7)).astype("float32") if cross else x
+    key_mask = np.ones((2, source.shape[1]), bool)
+    key_mask[1, 3:] = False
+    y = np.asarray(
+        layer(x, source, value_mask=key_mask) if cross else layer(x, query_mask=key_mask)
+    )
+
+    wv, bv = layer.value_dense.get_weights()  # [C, H, dv], [H, dv]
+    wo, bo = layer.output_dense.get_weights()  # [H, dv, D], [D]
+    values = np.einsum("btc,chd->bthd", source, wv) + bv
+    weights = key_mask[:, :, None, None].astype("float32")
+    mean = (values * weights).sum(1) / weights.sum(1)  # [B, H, dv]
+    want = np.einsum("bhd,hde->be", mean, wo) + bo
+    np.testing.assert_allclose(y, np.broadcast_to(want[:, None], y.shape), atol=1e-5)
+
+    plain = MultiHeadAttention(num_heads=2, key_dim=4)
+    plain(x, source)
+    plain.set_weights(layer.get_weights())
+    assert _max_diff(plain(x, source), y) > 1e-2  # the override changed the result
+    # Self-attention's fused heads-first path is the plain layer's only.
+    assert plain._heads_first(True, None, False, None, None)
+    assert not layer._heads_first(True, None, False, None, None)

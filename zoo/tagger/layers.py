@@ -4,7 +4,7 @@ import keras
 import numpy as np
 from keras import ops
 
-from layers.embedding import lookup_rows
+from layers.token_embedding import lookup_rows
 
 
 @keras.saving.register_keras_serializable(package="zoo")

@@ -3,6 +3,8 @@
 import keras
 from keras import ops
 
+from layers.validation import check_positive_int
+
 
 def _gather_rows(table, flat_ids):
     """`table[flat_ids]` for 1-D int32 `flat_ids`.
@@ -89,11 +91,8 @@ class TokenEmbedding(keras.layers.Layer):
         **kwargs,
     ):
         super().__init__(**kwargs)
-        for name, value in (("input_dim", input_dim), ("output_dim", output_dim)):
-            if isinstance(value, bool) or not isinstance(value, int) or value <= 0:
-                raise ValueError(f"`{name}` must be a positive integer. Received: {name}={value!r}")
-        self.input_dim = input_dim
-        self.output_dim = output_dim
+        self.input_dim = check_positive_int("input_dim", input_dim)
+        self.output_dim = check_positive_int("output_dim", output_dim)
         self.mask_zero = bool(mask_zero)
         self.embeddings_initializer = keras.initializers.get(embeddings_initializer)
         self.embeddings_regularizer = keras.regularizers.get(embeddings_regularizer)

@@ -3,6 +3,8 @@
 import keras
 from keras import ops
 
+from layers.validation import check_axis, check_positive_float
+
 
 @keras.saving.register_keras_serializable(package="layers")
 class LayerNorm(keras.layers.Layer):
@@ -62,19 +64,8 @@ class LayerNorm(keras.layers.Layer):
         **kwargs,
     ):
         super().__init__(**kwargs)
-        if isinstance(axis, (list, tuple)):
-            if not axis or not all(isinstance(a, int) and not isinstance(a, bool) for a in axis):
-                raise ValueError(
-                    f"`axis` must be an int or a non-empty list of ints. Received: axis={axis!r}"
-                )
-            axis = list(axis)
-        elif isinstance(axis, bool) or not isinstance(axis, int):
-            raise ValueError(
-                f"`axis` must be an int or a non-empty list of ints. Received: axis={axis!r}"
-            )
-        if isinstance(epsilon, bool) or not isinstance(epsilon, (int, float)) or not epsilon > 0:
-            raise ValueError(f"`epsilon` must be a positive float. Received: epsilon={epsilon!r}")
-        self.epsilon = float(epsilon)
+        axis = check_axis("axis", axis)
+        self.epsilon = check_positive_float("epsilon", epsilon)
         self.center = bool(center)
         self.scale = bool(scale)
         self.axis = axis
