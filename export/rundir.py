@@ -5,6 +5,7 @@ import json
 import os
 
 from zoo.cli import UsageError
+from zoo.rundir import read_config
 
 
 @dataclasses.dataclass
@@ -100,12 +101,8 @@ def resolve(path_or_model, kind=None):
     model_path = os.path.join(path, "model.keras")
     if not os.path.exists(config_path) or not os.path.exists(model_path):
         raise UsageError(f"not a run directory (needs config.json and model.keras): {path}")
-    try:
-        with open(config_path, encoding="utf-8") as f:
-            config = json.load(f)
-    except (OSError, ValueError) as e:  # ValueError: bad JSON or not UTF-8
-        raise UsageError(f"unreadable {config_path}: {e}") from None
-    if not isinstance(config, dict) or "kind" not in config:
+    config = read_config(path)
+    if "kind" not in config:
         raise UsageError(f'{config_path} has no "kind"')
     return Source(path=path, kind=kind or str(config["kind"]), run_dir=path, config=config)
 

@@ -11,9 +11,10 @@ import os
 
 import numpy as np
 
-from export import atomic, kinds, rundir, runlock, warmup
+from export import kinds, rundir, runlock, warmup
 from export.errors import ExportError
-from zoo.cli import UsageError
+from zoo import atomic
+from zoo.cli import UsageError, check_out_file
 
 SIGNATURE_JSON = "signature.json"
 
@@ -26,7 +27,7 @@ def next_version(base):
 def _check_out(out, version):
     if os.path.exists(out) and not os.path.isdir(out):
         raise UsageError(f"--out exists and is not a directory: {out}")
-    atomic.check_target(os.path.join(out, "1"))
+    check_out_file(os.path.join(out, "1"))
     if version is not None:
         if isinstance(version, bool) or not isinstance(version, int) or version < 1:
             raise UsageError(f"--version must be a positive integer, got {version!r}")

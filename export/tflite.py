@@ -15,10 +15,11 @@ import tempfile
 
 import numpy as np
 
-from export import atomic, kinds, rundir, runlock
+from export import kinds, rundir, runlock
 from export.errors import ExportError
+from zoo import atomic
 from zoo import litert as runtime
-from zoo.cli import UsageError
+from zoo.cli import UsageError, check_out_file
 
 QUANTIZE = ("none", "fp16", "dynamic", "int8", "int16x8")
 ENDPOINT = "serving_default"
@@ -227,7 +228,7 @@ def export_tflite(
         raise UsageError(f"--out is a directory: {out}")
     if not out.endswith(".tflite"):
         raise UsageError(f"--out must end in .tflite: {out}")
-    atomic.check_target(out)
+    check_out_file(out)
     pid = runlock.holder(os.path.dirname(out)) if os.path.isdir(os.path.dirname(out)) else None
     if pid is not None and pid != os.getpid():
         raise UsageError(str(runlock.LockedError(os.path.dirname(out), pid)))

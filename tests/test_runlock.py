@@ -136,7 +136,7 @@ def test_train_and_export_use_the_one_lock_module():
     probe = _cli(
         "-c",
         f"import sys; sys.path.insert(0, {ROOT!r}); from train import rundir; "
-        f"from export import atomic, runlock; print(sorted({{'keras', 'tensorflow'}} "
+        f"from zoo import atomic; from export import runlock; print(sorted({{'keras', 'tensorflow'}} "
         f"& set(sys.modules)))",
     )
     assert probe.stdout.strip() == "[]", probe.stderr
@@ -144,19 +144,17 @@ def test_train_and_export_use_the_one_lock_module():
 
 @pytest.mark.slow
 def test_one_writable_ancestor_check_keeps_each_cli_s_message(tmp_path, monkeypatch):
-    """train, export and the zoo CLIs share zoo.run_lock.check_writable_ancestor; their
-    messages are unchanged (os.access patched: root writes anywhere)."""
-    from export import atomic
+    """train and the export and zoo CLIs (zoo.cli.check_out_file) share
+    zoo.run_lock.check_writable_ancestor; their messages are unchanged (os.access
+    patched: root writes anywhere)."""
     from train import rundir
     from zoo import cli as cli_input
-    from zoo.cli import UsageError as ExportUsage
     from zoo.cli import UsageError as TrainUsage
 
     (tmp_path / "file").write_text("x")
     target = str(tmp_path / "file" / "out")
     for check, error in (
         (rundir.check_creatable, TrainUsage),
-        (atomic.check_target, ExportUsage),
         (cli_input.check_out_file, cli_input.UsageError),
     ):
         with pytest.raises(
@@ -170,7 +168,6 @@ def test_one_writable_ancestor_check_keeps_each_cli_s_message(tmp_path, monkeypa
     ):
         rundir.check_creatable(target)
     for check, error in (
-        (atomic.check_target, ExportUsage),
         (cli_input.check_out_file, cli_input.UsageError),
     ):
         with pytest.raises(error, match=f"^--out {target}: {tmp_path} is not writable$"):

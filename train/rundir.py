@@ -5,39 +5,13 @@ refuse to write into a directory that holds something else, and never overwrite 
 finished run unless asked to continue it (--resume).
 """
 
-import io
 import json
 import os
-import tempfile
 
-import numpy as np
-
+from zoo import atomic
 from zoo import run_lock as runlock
 from zoo.cli import UsageError
-
-MARKER = ".zoo-run"
-
-
-def is_run_dir(path):
-    return os.path.isfile(os.path.join(path, MARKER)) or os.path.isfile(
-        os.path.join(path, "config.json")
-    )
-
-
-def run_kind(path):
-    """The kind of the run in `path` (config.json, else the marker), or None."""
-    try:
-        with open(os.path.join(path, "config.json"), encoding="utf-8") as f:
-            kind = json.load(f).get("kind")
-        if kind:
-            return str(kind)
-    except (OSError, ValueError, AttributeError):
-        pass
-    try:
-        with open(os.path.join(path, MARKER), encoding="utf-8") as f:
-            return f.read().strip() or None
-    except (OSError, ValueError):
-        return None
+from zoo.rundir import MARKER, is_run_dir, run_kind
 
 
 def check_out_dir(path, resume=False, kinds=None):
@@ -71,7 +45,7 @@ def check_out_dir(path, resume=False, kinds=None):
         raise UsageError(
             f"--out already holds a run: {path} (use --resume to continue it, or another --out)"
         )
-    found = run_kind(path)
+    found = run_kind(path, strict=False)
     if kinds and found is not None and found not in kinds:
         raise UsageError(
             f"--resume: {path} is a {found!r} run, not {' or '.join(repr(k) for k in kinds)}"
@@ -108,48 +82,13 @@ def create_run_dir(path, kind):
         atomic_write_text(marker, kind + "\n")
 
 
-def _atomic(path, write, mode):
-    directory = os.path.dirname(os.path.abspath(path))
-    os.makedirs(directory, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(dir=directory, prefix=".tmp-", suffix=os.path.basename(path))
-    try:
-        with os.fdopen(fd, mode) as f:
-            write(f)
-        os.replace(tmp, path)
-    except BaseException:
-        if os.path.exists(tmp):
-            os.unlink(tmp)
-        raise
-
-
-def atomic_write_text(path, text):
-    _atomic(path, lambda f: f.write(text), "w")
-
-
-def atomic_write_json(path, obj):
-    _atomic(path, lambda f: f.write(json.dumps(obj, indent=2, sort_keys=False) + "\n"), "w")
-
-
-def atomic_write_lines(path, items):
-    atomic_write_text(path, "".join(f"{item}\n" for item in items))
-
-
-def atomic_save_npz(path, **arrays):
-    buffer = io.BytesIO()
-    np.savez_compressed(buffer, **arrays)
-    _atomic(path, lambda f: f.write(buffer.getvalue()), "wb")
-
-
-def atomic_save_model(model, path):
-    """`model.save` to a temporary `.keras` file in the same directory, then rename."""
-    directory = os.path.dirname(os.path.abspath(path))
-    tmp = os.path.join(directory, f".tmp-{os.getpid()}-{os.path.basename(path)}")
-    try:
-        model.save(tmp)
-        os.replace(tmp, path)
-    finally:
-        if os.path.exists(tmp):
-            os.unlink(tmp)
+# Phase-1 names for zoo.atomic's writers (one implementation for train and export).
+_atomic = atomic.write_with
+atomic_write_text = atomic.write_text
+atomic_write_json = atomic.write_json
+atomic_write_lines = atomic.write_lines
+atomic_save_npz = atomic.save_npz
+atomic_save_model = atomic.save_model
 
 
 def read_json(path):

@@ -34,18 +34,6 @@ class DataError(UsageError):
     """A data file or data set that cannot be used (missing, malformed, empty)."""
 
 
-def run_kind(run_dir):
-    # Read before the (slow) model load, so a run of another kind is refused at once.
-    path = os.path.join(run_dir, "config.json")
-    if not os.path.isfile(path):
-        return None
-    try:
-        with open(path, encoding="utf-8") as f:
-            return json.load(f).get("kind")
-    except (OSError, ValueError, AttributeError) as e:
-        raise UsageError(f"unreadable {path}: {e}") from None
-
-
 def read_sidecar(path, kind):
     sidecar = path + ".json"
     if not os.path.isfile(sidecar):

@@ -15,7 +15,7 @@ import sys
 
 import numpy as np
 
-from zoo import litert
+from zoo import atomic, litert
 from zoo.cli import (
     OneLineParser,
     add_verbose_argument,
@@ -24,10 +24,10 @@ from zoo.cli import (
     import_keras_quietly,
     quiet_stderr,
     read_sidecar,
-    run_kind,
     verbosity,
 )
 from zoo.cli import UsageError as _Usage
+from zoo.rundir import run_kind
 
 
 class KerasGenerator:
@@ -54,7 +54,7 @@ class KerasGenerator:
         self.num_classes = config["model"].get("num_classes")
         self.class_names = config.get("class_names") or []
 
-    def __call__(self, noise, labels):
+    def images(self, noise, labels):
         feed = {"noise": noise}
         if self.num_classes:
             feed["label"] = labels
@@ -62,31 +62,13 @@ class KerasGenerator:
         return (images + 1.0) / 2.0
 
 
-class TFLiteGenerator:
-    """An exported generator .tflite (noise [, label] in, image in [0, 1] out)."""
+def _tflite_generator(path):
+    """An exported generator .tflite (noise [, label] in, image in [0, 1] out), run as
+    `zoo.load` runs it (KerasGenerator's interface)."""
+    from zoo.tasks import tflite_image_generator
 
-    def __init__(self, path):
-        meta = read_sidecar(path, "sagan")
-        self.latent_dim = int(meta["latent_dim"])
-        self.num_classes = meta.get("num_classes")
-        self.class_names = meta.get("class_names") or []
-        self.runner = litert.interpreter(path).get_signature_runner(
-            meta.get("signature", "serving_default")
-        )
-        self.batch_one = meta.get("inputs", {}).get("noise", {}).get("shape", [None])[0] == 1
-
-    def __call__(self, noise, labels):
-        def run(n, y):
-            feed = {"noise": n}
-            if self.num_classes:
-                feed["label"] = y
-            return self.runner(**feed)["image"]
-
-        if self.batch_one:
-            return np.concatenate(
-                [run(noise[i : i + 1], labels[i : i + 1]) for i in range(len(noise))]
-            )
-        return run(noise, labels)
+    generator = tflite_image_generator(read_sidecar(path, "sagan"), litert.interpreter(path))
+    return generator
 
 
 def grid(images, columns, pad=1):
@@ -105,7 +87,6 @@ def grid(images, columns, pad=1):
 def save_png(array, path, scale=2):
     """Writes a uint8 [H, W, C] array as PNG (nearest upscaled), atomically."""
     import io
-    import tempfile
 
     from PIL import Image
 
@@ -116,17 +97,7 @@ def save_png(array, path, scale=2):
         array = array[..., 0]
     buffer = io.BytesIO()
     Image.fromarray(array).save(buffer, format="PNG")
-    directory = os.path.dirname(os.path.abspath(path))
-    os.makedirs(directory, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(dir=directory, prefix=".tmp-", suffix=".png")
-    try:
-        with os.fdopen(fd, "wb") as f:
-            f.write(buffer.getvalue())
-        os.replace(tmp, path)
-    except BaseException:
-        if os.path.exists(tmp):
-            os.unlink(tmp)
-        raise
+    atomic.write_bytes(path, buffer.getvalue())
 
 
 def _class_id(value, generator):
@@ -183,7 +154,7 @@ def main(argv=None):
             generator = (
                 KerasGenerator(args.path)
                 if os.path.isdir(args.path)
-                else TFLiteGenerator(args.path)
+                else _tflite_generator(args.path)
             )
             k = _class_id(args.class_, generator)
             if generator.num_classes and k is None:
@@ -197,7 +168,7 @@ def main(argv=None):
                 .standard_normal((len(labels), generator.latent_dim))
                 .astype(np.float32)
             )
-            images = generator(noise, labels)
+            images = generator.images(noise, labels)
         uint8 = np.clip(np.round(np.asarray(images) * 255.0), 0, 255).astype(np.uint8)
         save_png(grid(uint8, columns), args.out)
         if level:  # the PNG is the result; this line is progress

@@ -19,10 +19,10 @@ from zoo.cli import (
     import_keras_quietly,
     quiet_stderr,
     read_sidecar,
-    run_kind,
     verbosity,
 )
 from zoo.cli import UsageError as _Usage
+from zoo.rundir import run_kind
 
 
 def load_keras_tagger(run_dir):

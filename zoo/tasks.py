@@ -680,6 +680,11 @@ class ImageGenerator:
             .standard_normal((len(labels), self.latent_dim))
             .astype(np.float32)
         )
+        return self.images(noise, labels)
+
+    def images(self, noise, labels):
+        """The images for this `noise` `[N, latent_dim]` and these class ids `[N]`
+        (ignored by an unconditional generator): float32 `[N, S, S, C]` in [0, 1]."""
         return np.asarray(self._run(noise, labels), np.float32)
 
     def __repr__(self):

@@ -18,9 +18,9 @@ from zoo.cli import (
     cli_boundary,
     import_keras_quietly,
     quiet_stderr,
-    run_kind,
     verbosity,
 )
+from zoo.rundir import run_kind
 
 
 def _stdin_lines():

@@ -385,7 +385,8 @@ def export_all(run_dir, out_dir):
     """Writes OUT/steps.tflite, OUT/greedy.tflite, OUT/spm.model (the
     SentencePiece model) and OUT/seq2seq.tflite.json;
     checks both against Keras greedy decoding on calibration rows first."""
-    from export import atomic, rundir, tflite
+    from export import rundir, tflite
+    from zoo import atomic
     from zoo.seq2seq import decoding
 
     src = rundir.resolve(run_dir)

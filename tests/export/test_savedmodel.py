@@ -11,10 +11,11 @@ import time
 import numpy as np
 import pytest
 
-from export import atomic, savedmodel, warmup
+from export import savedmodel, warmup
 from export.__main__ import main
 from tests.support.paths import ROOT
 from tests.support.runs import SENTENCES, TAGS, make_tagger_run, run_clean
+from zoo import atomic
 
 
 @pytest.fixture(scope="module")
@@ -259,7 +260,7 @@ def test_killed_export_leaves_previous_version_intact(tagger_export, tmp_path):
     try:
         deadline = time.time() + 240
         while time.time() < deadline and proc.poll() is None:
-            if any(n.startswith(".export-tmp-") for n in os.listdir(base)):
+            if any(n.startswith(atomic.PREFIX) for n in os.listdir(base)):
                 break
             time.sleep(0.05)
         assert proc.poll() is None, "export finished before it could be killed"

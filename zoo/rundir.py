@@ -1,0 +1,63 @@
+"""Reading a run directory's identity: every command asks here what kind of run a
+directory holds (Keras-free, so a refusal comes before the slow imports).
+
+A training run writes the marker file first and config.json (with its `kind`) once
+its settings are known (train.rundir creates run directories).
+"""
+
+import json
+import os
+
+from zoo.cli import UsageError
+
+MARKER = ".zoo-run"
+
+
+def is_run_dir(path):
+    return os.path.isfile(os.path.join(path, MARKER)) or os.path.isfile(
+        os.path.join(path, "config.json")
+    )
+
+
+def read_config(run_dir):
+    """The run's config.json as a dict, or None when it has none.
+
+    Raises:
+        UsageError: config.json is unreadable or not JSON, or holds no object (so
+            no "kind").
+    """
+    path = os.path.join(run_dir, "config.json")
+    if not os.path.isfile(path):
+        return None
+    try:
+        with open(path, encoding="utf-8") as f:
+            config = json.load(f)
+    except (OSError, ValueError) as e:  # ValueError: bad JSON or not UTF-8
+        raise UsageError(f"unreadable {path}: {e}") from None
+    if not isinstance(config, dict):
+        raise UsageError(f'{path} has no "kind"')
+    return config
+
+
+def run_kind(run_dir, strict=True):
+    """The kind of the run in `run_dir`: config.json's `kind`, else the marker's (a
+    run still in its first epoch), else None.
+
+    Args:
+        strict: an unreadable config.json raises UsageError; with False (the train
+            commands, which then refuse the directory for what it holds) it is
+            passed over.
+    """
+    try:
+        kind = (read_config(run_dir) or {}).get("kind")
+    except UsageError:
+        if strict:
+            raise
+        kind = None
+    if kind:
+        return str(kind)
+    try:
+        with open(os.path.join(run_dir, MARKER), encoding="utf-8") as f:
+            return f.read().strip() or None
+    except (OSError, ValueError):
+        return None
