@@ -51,7 +51,7 @@ def _state(directory):
 
 @pytest.fixture
 def disk_fills(monkeypatch):
-    """Makes the next file opened through os.fdopen (train.rundir's writer) fill up."""
+    """Makes the next file opened through os.fdopen (zoo.atomic's writer) fill up."""
     real = os.fdopen
 
     def fdopen(fd, *args, **kwargs):
