@@ -11,10 +11,11 @@ import os
 
 import numpy as np
 
-from export import kinds, rundir, runlock, warmup
+from export import kinds, rundir, warmup
 from export.errors import ExportError
 from zoo import atomic
-from zoo.cli import UsageError, check_out_file
+from zoo import run_lock as runlock
+from zoo.cli import UsageError
 
 SIGNATURE_JSON = "signature.json"
 
@@ -27,7 +28,7 @@ def next_version(base):
 def _check_out(out, version):
     if os.path.exists(out) and not os.path.isdir(out):
         raise UsageError(f"--out exists and is not a directory: {out}")
-    check_out_file(os.path.join(out, "1"))
+    runlock.check_writable_ancestor(os.path.join(out, "1"), "--out")
     if version is not None:
         if isinstance(version, bool) or not isinstance(version, int) or version < 1:
             raise UsageError(f"--version must be a positive integer, got {version!r}")
@@ -145,9 +146,7 @@ def export_savedmodel(source, out, version=None, model_name=None):
 
 
 def _check_unlocked(out):
-    pid = runlock.holder(out) if os.path.isdir(out) else None
-    if pid is not None and pid != os.getpid():
-        raise UsageError(str(runlock.LockedError(out, pid)))
+    runlock.refuse_if_held(out)
 
 
 def extra_files(kind, source):

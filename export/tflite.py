@@ -15,11 +15,12 @@ import tempfile
 
 import numpy as np
 
-from export import kinds, rundir, runlock
+from export import kinds, rundir
 from export.errors import ExportError
 from zoo import atomic
 from zoo import litert as runtime
-from zoo.cli import UsageError, check_out_file
+from zoo import run_lock as runlock
+from zoo.cli import UsageError
 
 QUANTIZE = ("none", "fp16", "dynamic", "int8", "int16x8")
 ENDPOINT = "serving_default"
@@ -228,10 +229,8 @@ def export_tflite(
         raise UsageError(f"--out is a directory: {out}")
     if not out.endswith(".tflite"):
         raise UsageError(f"--out must end in .tflite: {out}")
-    check_out_file(out)
-    pid = runlock.holder(os.path.dirname(out)) if os.path.isdir(os.path.dirname(out)) else None
-    if pid is not None and pid != os.getpid():
-        raise UsageError(str(runlock.LockedError(os.path.dirname(out), pid)))
+    runlock.check_writable_ancestor(out, "--out")
+    runlock.refuse_if_held(os.path.dirname(out))
     src = rundir.resolve(source)
     kind = kinds.get(src.kind)
     kind.model(src)

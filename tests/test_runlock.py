@@ -107,7 +107,7 @@ def test_train_holds_its_run_directory_and_releases_it(tmp_path):
         # Another process sees the lock (flock, not the file's mere presence).
         probe = _cli(
             "-c",
-            f"import sys; sys.path.insert(0, {ROOT!r}); from export import runlock; "
+            f"import sys; sys.path.insert(0, {ROOT!r}); from zoo import run_lock as runlock; "
             f"print(runlock.holder({str(out)!r}))",
         )
         assert probe.stdout.strip() == str(os.getpid()), probe.stderr
@@ -118,44 +118,32 @@ def test_train_holds_its_run_directory_and_releases_it(tmp_path):
 
 @pytest.mark.slow
 def test_train_and_export_use_the_one_lock_module():
-    """zoo/run_lock.py is the one lock module: export's names are its own, and train's
-    and export's fast paths import it without Keras or TensorFlow."""
-    from export import runlock as export_lock
-    from zoo import run_lock as shared
-
-    for name in ("LOCK_NAME", "LockedError", "holder", "acquire", "release", "release_all"):
-        assert getattr(export_lock, name) is getattr(shared, name), name
+    """zoo/run_lock.py is the one lock module: train's and export's fast paths import
+    it, and themselves, without Keras or TensorFlow."""
     probe = _cli(
         "-c",
         f"import sys; sys.path.insert(0, {ROOT!r}); import train.cli, train.rundir; "
-        f"from export import runlock as e; import zoo.run_lock as z; "
-        f"print(train.rundir.runlock is z, e.acquire is z.acquire, "
-        f"sorted({{'keras', 'tensorflow'}} & set(sys.modules)))",
+        f"import export.savedmodel, export.tflite; import zoo.run_lock as z; "
+        f"print(train.rundir.runlock is z, export.savedmodel.runlock is z, "
+        f"export.tflite.runlock is z, sorted({{'keras', 'tensorflow'}} & set(sys.modules)))",
     )
-    assert probe.stdout.split() == ["True", "True", "[]"], probe.stderr
-    probe = _cli(
-        "-c",
-        f"import sys; sys.path.insert(0, {ROOT!r}); from train import rundir; "
-        f"from zoo import atomic; from export import runlock; print(sorted({{'keras', 'tensorflow'}} "
-        f"& set(sys.modules)))",
-    )
-    assert probe.stdout.strip() == "[]", probe.stderr
+    assert probe.stdout.split() == ["True", "True", "True", "[]"], probe.stderr
 
 
 @pytest.mark.slow
 def test_one_writable_ancestor_check_keeps_each_cli_s_message(tmp_path, monkeypatch):
-    """train and the export and zoo CLIs (zoo.cli.check_out_file) share
-    zoo.run_lock.check_writable_ancestor; their messages are unchanged (os.access
-    patched: root writes anywhere)."""
+    """train, export and the zoo CLIs share zoo.run_lock.check_writable_ancestor; their
+    messages are unchanged (os.access patched: root writes anywhere)."""
     from train import rundir
     from zoo import cli as cli_input
+    from zoo import run_lock
     from zoo.cli import UsageError as TrainUsage
 
     (tmp_path / "file").write_text("x")
     target = str(tmp_path / "file" / "out")
     for check, error in (
         (rundir.check_creatable, TrainUsage),
-        (cli_input.check_out_file, cli_input.UsageError),
+        (lambda p: run_lock.check_writable_ancestor(p, "--out"), cli_input.UsageError),
     ):
         with pytest.raises(
             error, match=f"^--out {target}: {tmp_path / 'file'} is not a directory$"
@@ -168,7 +156,7 @@ def test_one_writable_ancestor_check_keeps_each_cli_s_message(tmp_path, monkeypa
     ):
         rundir.check_creatable(target)
     for check, error in (
-        (cli_input.check_out_file, cli_input.UsageError),
+        (lambda p: run_lock.check_writable_ancestor(p, "--out"), cli_input.UsageError),
     ):
         with pytest.raises(error, match=f"^--out {target}: {tmp_path} is not writable$"):
             check(target)

@@ -29,9 +29,7 @@ def check_out_dir(path, resume=False, kinds=None):
         return False
     if not os.access(path, os.W_OK | os.X_OK):
         raise UsageError(f"--out is not writable: {path}")
-    pid = runlock.holder(path)
-    if pid is not None and pid != os.getpid():
-        raise UsageError(str(runlock.LockedError(path, pid)))
+    runlock.refuse_if_held(path)
     if not [name for name in os.listdir(path) if name != runlock.LOCK_NAME]:
         if resume:
             raise UsageError(f"--resume: nothing to resume in empty directory: {path}")
@@ -68,7 +66,7 @@ def lock(path):
 def check_creatable(path, flag="--out"):
     """`path` does not exist yet: its nearest existing ancestor must be a directory this
     process can write into (zoo/run_lock.py's check_writable_ancestor)."""
-    runlock.check_writable_ancestor(path, flag, UsageError, creating=True)
+    runlock.check_writable_ancestor(path, flag, creating=True)
 
 
 def create_run_dir(path, kind):

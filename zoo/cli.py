@@ -49,14 +49,6 @@ def read_sidecar(path, kind):
     return meta
 
 
-def check_out_file(path, flag="--out"):
-    """Before any work: the nearest existing ancestor of the file `path` must be a
-    directory this process can write into (zoo.run_lock.check_writable_ancestor)."""
-    from zoo.run_lock import check_writable_ancestor
-
-    check_writable_ancestor(path, flag, UsageError)
-
-
 def check_utf8(texts, what="argument"):
     """Command-line text that is not valid UTF-8 arrives with lone surrogates."""
     for i, text in enumerate(texts, 1):

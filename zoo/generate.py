@@ -15,11 +15,10 @@ import sys
 
 import numpy as np
 
-from zoo import atomic, litert
+from zoo import atomic, litert, run_lock
 from zoo.cli import (
     OneLineParser,
     add_verbose_argument,
-    check_out_file,
     cli_boundary,
     import_keras_quietly,
     quiet_stderr,
@@ -145,7 +144,7 @@ def main(argv=None):
             raise _Usage(f"--out exists (use --force to overwrite): {args.out}")
         if os.path.isdir(args.out):
             raise _Usage(f"--out is a directory: {args.out}")
-        check_out_file(args.out)
+        run_lock.check_writable_ancestor(args.out, "--out")
         if not os.path.exists(args.path):
             raise _Usage(f"no such run directory or .tflite file: {args.path}")
         if not os.path.isdir(args.path) and not args.path.endswith(".tflite"):

@@ -10,14 +10,14 @@ PID) is taken over. The file is removed when the lock is released.
 must have, as its nearest existing ancestor, a directory this process can write into.
 
 The one copy of this code for train/, export/ and the zoo CLIs (train and export use
-the same lock, so they exclude each other). It imports nothing from the project and
-nothing heavy: train/runlock.py and export/runlock.py load it by file, without the
-zoo package's __init__ (which imports Keras and TensorFlow, seconds before a bad flag
-could be refused); zoo's own modules import it as `zoo.run_lock`.
+the same lock, so they exclude each other). Keras-free, so a held lock is refused before
+the slow imports. Refusals are zoo.cli.UsageError (one line, exit 2).
 """
 
 import contextlib
 import os
+
+from zoo.cli import UsageError
 
 try:
     import fcntl
@@ -119,8 +119,16 @@ def release_all():
         release(key)
 
 
+def refuse_if_held(directory):
+    """Refuses (UsageError, one line naming the PID) when another live process holds
+    `directory`'s lock; checked before any work, the lock itself is taken later."""
+    pid = holder(directory) if os.path.isdir(directory) else None
+    if pid is not None and pid != os.getpid():
+        raise UsageError(str(LockedError(directory, pid)))
+
+
 @contextlib.contextmanager
-def locked(directory, usage_error=ValueError):
+def locked(directory, usage_error=UsageError):
     """Holds `directory`'s lock for the block (released after, unless held before).
     A lock held by another process, or a directory that cannot take the lock file:
     `usage_error` (one line)."""
@@ -138,7 +146,7 @@ def locked(directory, usage_error=ValueError):
             release(directory)
 
 
-def check_writable_ancestor(path, flag, usage_error=ValueError, creating=False):
+def check_writable_ancestor(path, flag, usage_error=UsageError, creating=False):
     """`path` does not exist yet: its nearest existing ancestor must be a directory this
     process can write into (found before any work, not when the first file is written).
     Raises `usage_error` naming the flag, the path and the ancestor. `creating`: the
