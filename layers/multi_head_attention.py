@@ -15,6 +15,7 @@ from layers.softmax_attention import softmax_attention
 from layers.validation import (
     check_choice,
     check_chunk_size,
+    check_even,
     check_int,
     check_keras_attention_names,
     check_python_bool,
@@ -215,10 +216,8 @@ class MultiHeadAttention(keras.layers.Layer):
         self.use_bias = bool(use_bias)
         self.rotary = bool(rotary)
         self.chunk_size = check_chunk_size(chunk_size)
-        if self.rotary and self.key_dim % 2:
-            raise ValueError(
-                f"`key_dim` must be even when `rotary=True`. Received: key_dim={key_dim}"
-            )
+        if self.rotary:
+            check_even("key_dim", self.key_dim, when="`rotary=True`")
         self.kernel_initializer = keras.initializers.get(kernel_initializer)
         self.bias_initializer = keras.initializers.get(bias_initializer)
         self.kernel_regularizer = keras.regularizers.get(kernel_regularizer)

@@ -65,6 +65,13 @@ def check_axis(name, value):
     return value
 
 
+def check_even(name, value, *, when):
+    """An even int (`when` says which other argument asks for it)."""
+    if value % 2:
+        raise ValueError(f"`{name}` must be even when {when}. Received: {name}={value}")
+    return value
+
+
 def check_positive_int(name, value):
     """An int > 0 (NumPy ints too, not bools), returned as a Python int."""
     if isinstance(value, bool) or not isinstance(value, (int, np.integer)):
