@@ -27,6 +27,7 @@ import shlex
 
 import pytest
 
+from tests.support import tiny
 from tests.support.paths import ROOT
 
 DOCS = os.path.join(ROOT, "docs")
@@ -43,60 +44,7 @@ RUNNABLE = {"tagger.md", "seq2seq.md", "sagan.md", "layers.md"}
 MAX_MARKED = {"parse only": 6, "slow": 6}
 RUN_SLOW = os.environ.get("DOCS_RUN_SLOW") == "1"
 
-SEQ2SEQ_TINY = [
-    "--task-length",
-    "5",
-    "--train-size",
-    "64",
-    "--epochs",
-    "1",
-    "--hidden-dim",
-    "16",
-    "--intermediate-dim",
-    "32",
-    "--dev-sample",
-    "0",
-    "--verbose",
-    "0",
-    "--max-minutes",
-    "0",
-]
-TINY = {
-    "tagger": [
-        "--epochs",
-        "1",
-        "--model-option=word_dim=16",
-        "--model-option=char_dim=8",
-        "--model-option=char_filters=16",
-        "--model-option=hidden_dim=32",
-        "--model-option=num_heads=2",
-        "--model-option=num_layers=1",
-        "--verbose",
-        "0",
-    ],
-    "seq2seq": SEQ2SEQ_TINY,
-    "universal_transformer": SEQ2SEQ_TINY,
-    "sagan": [
-        "--epochs",
-        "1",
-        "--train-size",
-        "64",
-        "--test-size",
-        "32",
-        "--eval-samples",
-        "32",
-        "--epoch-eval-samples",
-        "32",
-        "--classifier-epochs",
-        "1",
-        "--width",
-        "8",
-        "--latent-dim",
-        "16",
-        "--verbose",
-        "0",
-    ],
-}
+TINY = tiny.FLAGS
 
 
 def _blocks(name):

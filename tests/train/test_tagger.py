@@ -11,7 +11,7 @@ import numpy as np
 import pytest
 
 import zoo.models  # noqa: F401  (registers every class zoo model files name)
-from tests.support import paths
+from tests.support import paths, tiny
 from train.rundir import read_json
 from train.tagger import embedded
 from train.tagger.training import resume_run, train_one
@@ -20,14 +20,7 @@ pytestmark = pytest.mark.slow  # seconds per test: make test-fast leaves the fil
 
 ROOT = pathlib.Path(paths.ROOT)
 FIXTURES = ROOT / "tests" / "fixtures" / "tagger"
-TINY = {
-    "word_dim": 16,
-    "char_dim": 8,
-    "char_filters": 16,
-    "hidden_dim": 32,
-    "num_heads": 2,
-    "num_layers": 1,
-}
+TINY = tiny.TAGGER_MODEL
 
 
 def make_args(**overrides):

@@ -12,60 +12,18 @@ import textwrap
 import numpy as np
 import pytest
 
+from tests.support import tiny
 from tests.support.paths import ROOT
 from train.cli import main as train_main
 
-TAGGER = [
-    "--epochs",
-    "1",
-    "--model-option=word_dim=16",
-    "--model-option=char_dim=8",
-    "--model-option=char_filters=16",
-    "--model-option=hidden_dim=32",
-    "--model-option=num_heads=2",
-    "--model-option=num_layers=1",
-]
-SEQ2SEQ = [
-    "--task",
-    "copy",
-    "--task-length",
-    "5",
-    "--train-size",
-    "64",
-    "--epochs",
-    "1",
-    "--hidden-dim",
-    "16",
-    "--intermediate-dim",
-    "32",
-    "--dev-sample",
-    "0",
-    "--verbose",
-    "0",
-    "--max-minutes",
-    "0",
-]
-SAGAN = [
-    "--epochs",
-    "1",
-    "--train-size",
-    "64",
-    "--test-size",
-    "32",
-    "--eval-samples",
-    "32",
-    "--epoch-eval-samples",
-    "32",
-    "--classifier-epochs",
-    "1",
-    "--width",
-    "8",
-    "--latent-dim",
-    "16",
-    "--seed",
-    "1",
-]
-KINDS = {"tagger": TAGGER, "seq2seq": SEQ2SEQ, "universal_transformer": SEQ2SEQ, "sagan": SAGAN}
+SEQ2SEQ = ["--task", "copy", *tiny.SEQ2SEQ]
+SAGAN = [*tiny.SAGAN, "--seed", "1"]
+KINDS = {
+    "tagger": tiny.TAGGER,
+    "seq2seq": SEQ2SEQ,
+    "universal_transformer": SEQ2SEQ,
+    "sagan": SAGAN,
+}
 
 SENTENCES = ["I saw a saw", "they can can the fish"]
 TEXTS = ["abcde", "jjab"]
