@@ -4,6 +4,10 @@
 `add_arguments(parser)` and `run(args) -> int`. A new model plugs in by adding a line to
 `COMMANDS` (modules missing from the checkout are not offered).
 
+`--backend tensorflow|jax` (default: KERAS_BACKEND, else tensorflow) sets KERAS_BACKEND
+before Keras is imported; it refuses when Keras is already imported with the other backend
+in this process, or the backend's package is not installed.
+
 Exit codes: 0 success, 2 bad input (one line on stderr naming the problem and value,
 nothing already written is lost), 1 unexpected failure (short message; the traceback only
 with --debug), 143 / 130 stopped by SIGTERM / SIGINT (a training loop first finishes its
@@ -46,6 +50,40 @@ def _usage():
     return "\n".join(lines)
 
 
+BACKENDS = ("tensorflow", "jax")
+_EXTRAS = {"tensorflow": "pip install tensorflow", "jax": "pip install '.[jax]'"}
+
+
+def _flag_value(argv, flag):
+    value = None
+    for i, item in enumerate(argv):
+        if item == flag:
+            value = argv[i + 1] if i + 1 < len(argv) else ""
+        elif item.startswith(flag + "="):
+            value = item.split("=", 1)[1]
+    return value
+
+
+def select_backend(argv):
+    """Sets KERAS_BACKEND from --backend (or checks the one the environment names) before
+    anything imports Keras, whose backend is fixed at import."""
+    asked = _flag_value(argv, "--backend")
+    name = asked if asked is not None else os.environ.get("KERAS_BACKEND") or "tensorflow"
+    where = "--backend" if asked is not None else "KERAS_BACKEND"
+    if name not in BACKENDS:
+        raise UsageError(f"unknown {where} {name!r}; choose from: {', '.join(BACKENDS)}")
+    keras = sys.modules.get("keras")
+    current = keras.backend.backend() if keras is not None and hasattr(keras, "backend") else None
+    if current is not None and current != name:
+        raise UsageError(
+            f"{where} {name}: Keras is already imported with the {current} backend in this "
+            f"process (the backend is fixed at import); run the command in a new process"
+        )
+    if current is None and importlib.util.find_spec(name) is None:
+        raise UsageError(f"{where} {name}: {name} is not installed ({_EXTRAS[name]})")
+    os.environ["KERAS_BACKEND"] = name
+
+
 def _fail(message, code):
     print(f"error: {message}", file=sys.stderr)
     return code
@@ -53,7 +91,6 @@ def _fail(message, code):
 
 def main(argv=None):
     argv = list(sys.argv[1:] if argv is None else argv)
-    os.environ.setdefault("KERAS_BACKEND", "tensorflow")
     os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
     if not argv or argv[0] in ("-h", "--help"):
         print(_usage())
@@ -87,9 +124,16 @@ def main(argv=None):
 
 
 def _run(name, rest, commands):
+    select_backend(rest)
     module = importlib.import_module(COMMANDS[name][0])
     parser = OneLineParser(prog=f"python -m train {name}", description=commands[name])
     parser.add_argument("--debug", action="store_true", help="show tracebacks of unexpected errors")
+    parser.add_argument(
+        "--backend",
+        choices=BACKENDS,
+        help="Keras backend (default: KERAS_BACKEND, else tensorflow); jax trains with a "
+        "jitted stateless step",
+    )
     module.add_arguments(parser)
     from train import replay, strategy
 

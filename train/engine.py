@@ -1,5 +1,7 @@
 """The one training loop of `python -m train`: a custom loop on `tf.distribute` that runs
-unchanged under every strategy (one device, mirrored GPUs, several workers, TPU).
+unchanged under every strategy (one device, mirrored GPUs, several workers, TPU), and,
+under Keras's JAX backend, the same loop around a jitted stateless step
+(`train.jax_engine.JaxEngine`, `keras.distribution.DataParallel` for several devices).
 
 Keras 3's `fit` fails under `MultiWorkerMirroredStrategy` (keras-team/keras#20585), so
 `fit` here replaces `model.fit` for compiled models, keeping what the run code relies on:
@@ -32,7 +34,7 @@ import time
 
 import keras
 import numpy as np
-import tensorflow as tf
+from keras import ops
 
 from train import checkpoint, preemption
 from train import strategy as dist
@@ -52,11 +54,11 @@ def weighted_terms(loss):
     per_element = loss.__class__.from_config({**loss.get_config(), "reduction": None})
 
     def terms(y, y_pred, sample_weight):
-        values = tf.cast(per_element(y, y_pred), tf.float32)
+        values = ops.cast(per_element(y, y_pred), "float32")
         if sample_weight is None:
-            return tf.reduce_sum(values), tf.cast(tf.size(values), tf.float32)
-        w = tf.cast(sample_weight, tf.float32)
-        return tf.reduce_sum(values * w), tf.reduce_sum(w)
+            return ops.sum(values), ops.cast(ops.size(values), "float32")
+        w = ops.cast(sample_weight, "float32")
+        return ops.sum(values * w), ops.sum(w)
 
     return terms
 
@@ -66,8 +68,8 @@ def masked_mean_terms(loss, pad_id=0):
     (e.g. seq2seq's MaskedSmoothedCrossEntropy): mean times the local count."""
 
     def terms(y, y_pred, sample_weight):
-        count = tf.reduce_sum(tf.cast(tf.not_equal(y, pad_id), tf.float32))
-        return tf.cast(loss(y, y_pred), tf.float32) * count, count
+        count = ops.sum(ops.cast(ops.not_equal(y, pad_id), "float32"))
+        return ops.cast(loss(y, y_pred), "float32") * count, count
 
     terms.kind = "masked"
     terms.pad_id = pad_id
@@ -95,11 +97,13 @@ def _unpack(batch):
 
 
 def _rows(batch):
-    return int(tf.nest.flatten(batch)[0].shape[0])
+    return int(keras.tree.flatten(batch)[0].shape[0])
 
 
 def _split(strategy, batch):
     """Per-replica slices of a global batch: replica r of R gets rows [r*B/R, (r+1)*B/R)."""
+    import tensorflow as tf
+
     replicas = strategy.num_replicas_in_sync
     if replicas == 1:
         return batch
@@ -194,7 +198,7 @@ def _prefetched(iterator, size=2):
 
 
 def _numpy(batch):
-    return tf.nest.map_structure(
+    return keras.tree.map_structure(
         lambda a: a.numpy() if hasattr(a, "numpy") else np.asarray(a), batch
     )
 
@@ -227,7 +231,7 @@ class Engine:
         """Creates every variable (model, compiled metrics, optimizer slots) under the
         strategy's scope, before any step runs in a replica context."""
         x, y, w = _unpack(_numpy(batch))
-        sample = tf.nest.map_structure(lambda a: a[:1], (x, y) if w is None else (x, y, w))
+        sample = keras.tree.map_structure(lambda a: a[:1], (x, y) if w is None else (x, y, w))
         with self.strategy.scope():
             self.model._symbolic_build(data_batch=sample)
             if not self.optimizer.built:
@@ -238,6 +242,8 @@ class Engine:
         return [compiled] if compiled is not None else []
 
     def _make_train_fn(self):
+        import tensorflow as tf
+
         model, optimizer, terms = self.model, self.optimizer, self.terms
         replicas = self.strategy.num_replicas_in_sync
         metrics = self._metrics()
@@ -278,6 +284,8 @@ class Engine:
         return train_fn
 
     def _make_eval_fn(self):
+        import tensorflow as tf
+
         model, terms = self.model, self.terms
         metrics = self._metrics()
 
@@ -297,6 +305,8 @@ class Engine:
     def _graph(self, fn, x, y, w):
         """One trace for every batch shape on one replica (dynamic dimensions; XLA still
         compiles per shape); several replicas: traces generalised after the first shapes."""
+        import tensorflow as tf
+
         if self.strategy.num_replicas_in_sync > 1:
             return tf.function(fn, reduce_retracing=True)
 
@@ -313,6 +323,8 @@ class Engine:
         return tf.function(fn, input_signature=[xs, ys, spec(w), count])
 
     def _run(self, fn, batch):
+        import tensorflow as tf
+
         batch = _numpy(batch)
         x, y, w = _unpack(batch)
         count = _host_count(y, w, self.terms_kind, self.pad_id)
@@ -364,6 +376,16 @@ class Engine:
         return {"loss": total / count if count else float("nan"), **self.metric_results()}
 
 
+def make_engine(model, **kwargs):
+    """The step runner of `fit` for Keras's backend: `Engine` (tf.distribute) under
+    TensorFlow, `train.jax_engine.JaxEngine` (jitted stateless step) under JAX."""
+    if keras.backend.backend() == "jax":
+        from train.jax_engine import JaxEngine
+
+        return JaxEngine(model, **kwargs)
+    return Engine(model, **kwargs)
+
+
 def _averaging_optimizer(model):
     optimizer = getattr(model, "optimizer", None)
     inner = getattr(optimizer, "inner_optimizer", optimizer)
@@ -405,12 +427,14 @@ def seconds_per_step(model, batches, warmup=1):
 
     Every model and optimizer variable (dropout seed states too) is put back
     afterwards, so the run that follows starts exactly as if nothing had run."""
-    engine = Engine(model)
+    engine = make_engine(model)
     engine.build(batches[0])
     times = []
     try:
         with _restoring(list(model.variables) + list(engine.optimizer.variables)):
             for i, batch in enumerate(batches):
+                if i >= warmup and getattr(engine, "compiles_per_shape", False):
+                    engine.train_batch(batch)  # JAX: a new shape compiles; time the run only
                 start = time.perf_counter()
                 engine.train_batch(batch)
                 if i >= warmup:
@@ -479,7 +503,7 @@ def fit(
     given if `initial_epoch` > 0 (an epoch-end state), else refuses (DamagedCheckpoint).
     Returns the `keras.callbacks.History`.
     """
-    engine = Engine(model, loss_terms=loss_terms, jit_compile=jit_compile)
+    engine = make_engine(model, loss_terms=loss_terms, jit_compile=jit_compile)
     data = EpochData(train_data, steps_per_epoch)
     steps = data.steps()
     every = dist.checkpoint_every() if checkpoint_every is None else checkpoint_every
@@ -530,6 +554,7 @@ def fit(
                 partial = tuple(record.get("partial_loss", partial))
             restored = f"restored {os.path.basename(path)}: epoch {epoch + 1}, batch {skip}"
     # After the restore: a checkpoint that does not fit is the run's one line on stderr.
+    dist.announce()
     for line in (announce, restored):
         if line:
             print(line, file=sys.stderr)

@@ -7,29 +7,47 @@
   tpu           `TPUStrategy` on the TPU VM's local TPU (or `--tpu NAME`).
   auto          multi_worker when `TF_CONFIG` names several workers, mirrored when
                 several GPUs are visible, else default.
-`--mixed-precision`: `mixed_float16` on GPU (the engine scales the loss), `mixed_bfloat16`
-on CPU and TPU. `--jit-compile/--no-jit-compile`: XLA for the forward and backward pass
-(default: on for GPU and TPU, off on CPU, where it measured slower; docs/distributed.md).
+Under Keras's JAX backend (`--backend jax`, train.cli) the same flags pick
+`keras.distribution.DataParallel` over the local devices (mirrored, tpu; auto when there
+are several GPUs/TPUs) or one device (default); multi_worker is tf.distribute's only.
+`--device auto|cpu|gpu`: cpu hides the GPUs; gpu refuses (exit 2) when the backend sees
+none, instead of training on the CPU.
+`--mixed-precision [POLICY]`: by default (auto) `mixed_bfloat16` on GPUs that compute in
+bfloat16 (compute capability 8.0+) and on TPUs, float32 on CPUs and older GPUs; the bare
+flag keeps its meaning, `mixed_float16` on GPU (the loss is scaled) and `mixed_bfloat16`
+on CPU/TPU; `--mixed-precision float32|mixed_bfloat16|mixed_float16` names the policy.
+`--jit-compile/--no-jit-compile`: XLA for the forward and backward pass (TensorFlow's
+default: on for GPU and TPU, off on CPU, where it measured slower; docs/distributed.md;
+under JAX the step is always jitted unless --no-jit-compile).
 `--checkpoint-every N`: also checkpoint every N training steps (0 = epoch ends only).
+
+`describe_runtime()` is the one line every command prints at start (`backend jax, 1 x
+cpu, float32, XLA on`); `runtime()` is what config.json / metrics.json record of it.
 
 Collective ops (multi_worker) and TPUs must be set up before TensorFlow runs anything, so
 `configure` creates those strategies right after the flags are parsed; the others are
 created on first use, keeping bad-input errors fast (no TensorFlow import).
 """
 
+import contextlib
 import json
 import os
 import shutil
+import sys
 import tempfile
 
 from zoo.cli import UsageError
 
 STRATEGIES = ("auto", "default", "mirrored", "multi_worker", "tpu")
+DEVICES = ("auto", "cpu", "gpu")
+POLICIES = ("auto", "float32", "mixed_bfloat16", "mixed_float16")
+# The bare --mixed-precision flag (its meaning before the policies could be named).
+_BARE = "on"
 
 _state = {
     "name": "default",
     "strategy": None,
-    "mixed_precision": False,
+    "mixed_precision": "auto",
     "jit_compile": None,
     "checkpoint_every": 0,
     "scratch": None,
@@ -47,9 +65,22 @@ def add_arguments(parser):
         "--tpu", default=None, help="TPU name or address for --strategy tpu (default: local)"
     )
     g.add_argument(
+        "--device",
+        default="auto",
+        help="auto (default), cpu, or gpu (refused when no GPU is visible to the backend)",
+    )
+    g.add_argument(
         "--mixed-precision",
-        action="store_true",
-        help="mixed_float16 on GPU (loss scaling), mixed_bfloat16 on CPU/TPU",
+        nargs="?",
+        const=_BARE,
+        default="auto",
+        metavar="POLICY",
+        help="default auto: mixed_bfloat16 on bfloat16 GPUs (compute capability 8+) and TPUs, "
+        "float32 on CPU; the bare flag: mixed_float16 on GPU (loss scaling), mixed_bfloat16 "
+        "on CPU/TPU; or float32, mixed_bfloat16, mixed_float16",
+    )
+    g.add_argument(
+        "--no-mixed-precision", dest="mixed_precision", action="store_const", const="float32"
     )
     g.add_argument(
         "--jit-compile",
@@ -84,12 +115,74 @@ def _tf_config():
     return config
 
 
+def backend():
+    """Keras's backend: the imported one, else the one KERAS_BACKEND will give."""
+    keras = sys.modules.get("keras")
+    if keras is not None and hasattr(keras, "backend"):
+        return keras.backend.backend()
+    return os.environ.get("KERAS_BACKEND") or "tensorflow"
+
+
+def _jax_devices(kind):
+    import jax
+
+    try:
+        return jax.devices(kind)
+    except RuntimeError:  # no backend of that kind (e.g. jax without CUDA)
+        return []
+
+
 def _visible_gpus():
-    # Without importing TensorFlow: CUDA_VISIBLE_DEVICES, else ask TF (it does not start a
-    # device context to list physical devices).
+    if backend() == "jax":
+        return len(_jax_devices("gpu"))
+    # Lists physical devices without starting a device context.
     import tensorflow as tf
 
     return len(tf.config.list_physical_devices("GPU"))
+
+
+def _gpu_names_and_capability():
+    """[(name, (major, minor) or None)] of the visible GPUs."""
+    if backend() == "jax":
+        out = []
+        for d in _jax_devices("gpu"):
+            cc = getattr(d, "compute_capability", None)
+            major_minor = tuple(int(p) for p in str(cc).split(".")[:2]) if cc else None
+            out.append((d.device_kind, major_minor))
+        return out
+    import tensorflow as tf
+
+    out = []
+    for gpu in tf.config.list_physical_devices("GPU"):
+        details = tf.config.experimental.get_device_details(gpu)
+        out.append((details.get("device_name", gpu.name), details.get("compute_capability")))
+    return out
+
+
+def _restrict_device(device):
+    """--device: cpu hides the GPUs from the backend; gpu refuses without one."""
+    if device not in DEVICES:
+        raise UsageError(f"unknown --device {device!r}; choose from: {', '.join(DEVICES)}")
+    if device == "cpu":
+        if backend() == "jax":
+            if "jax" in sys.modules:
+                import jax
+
+                jax.config.update("jax_platforms", "cpu")
+            else:
+                os.environ["JAX_PLATFORMS"] = "cpu"
+        elif "tensorflow" in sys.modules:
+            import tensorflow as tf
+
+            tf.config.set_visible_devices([], "GPU")
+        else:
+            os.environ["CUDA_VISIBLE_DEVICES"] = "-1"
+    elif device == "gpu" and not _visible_gpus():
+        extra = "jax-gpu" if backend() == "jax" else "gpu"
+        raise UsageError(
+            f"--device gpu: {backend()} sees no GPU (no NVIDIA driver, or the CUDA libraries "
+            f"are not installed: pip install '.[{extra}]'); use --device cpu to train on the CPU"
+        )
 
 
 # Commands whose training loop does not run under tf.distribute: one device only.
@@ -102,6 +195,18 @@ def configure(args, command=None):
     name = getattr(args, "strategy", "default") or "default"
     if name not in STRATEGIES:
         raise UsageError(f"unknown --strategy {name!r}; choose from: {', '.join(STRATEGIES)}")
+    policy = getattr(args, "mixed_precision", "auto")
+    policy = {True: _BARE, False: "auto", None: "auto"}.get(policy, policy)
+    if policy not in POLICIES + (_BARE,):
+        raise UsageError(
+            f"unknown --mixed-precision {policy!r}; choose from: {', '.join(POLICIES)}"
+        )
+    if backend() == "jax" and name == "multi_worker":
+        raise UsageError(
+            "--strategy multi_worker is tf.distribute's; under JAX use --strategy mirrored "
+            "(keras.distribution.DataParallel over this machine's devices)"
+        )
+    device = getattr(args, "device", "auto") or "auto"
     if command in SINGLE_DEVICE:
         if name not in ("auto", "default"):
             raise UsageError(
@@ -109,7 +214,7 @@ def configure(args, command=None):
                 f"{SINGLE_DEVICE[command]} trains on one device; use --strategy default"
             )
         name = "default"
-        if getattr(args, "mixed_precision", False) and device_kind() == "gpu":
+        if policy == _BARE and device_kind() == "gpu":
             raise UsageError(
                 f"--mixed-precision is not supported by {command} on GPU yet: its loop "
                 f"{SINGLE_DEVICE[command]} does not scale the float16 loss"
@@ -123,44 +228,114 @@ def configure(args, command=None):
     if name == "auto":
         if config is not None and len(config["cluster"]["worker"]) > 1:
             name = "multi_worker"
+    _restrict_device(device)
+    _state.pop("resolved", None)
+    _state.pop("policy", None)
     _state.update(
         name=name,
         strategy=None,
-        mixed_precision=bool(getattr(args, "mixed_precision", False)),
+        mixed_precision=policy,
         jit_compile=getattr(args, "jit_compile", None),
         checkpoint_every=every,
         tpu=getattr(args, "tpu", None),
+        device=device,
+        announced=False,
     )
     if name == "multi_worker" and hasattr(args, "out") and not args.out:
         raise UsageError(
             "--strategy multi_worker needs an explicit --out (the same on every worker)"
         )
-    if name in ("multi_worker", "tpu"):
+    if name in ("multi_worker", "tpu") and backend() != "jax":
         get()
-    if _state["mixed_precision"]:
-        _set_policy()
+    if policy not in ("auto", "float32"):
+        _set_policy()  # "auto" waits for the model's scope: it asks the device
     if name == "multi_worker" and not is_chief():
         _use_scratch_out(args)
     return _state
 
 
+def _bfloat16_device():
+    kind = device_kind()
+    if kind == "tpu":
+        return True
+    if kind != "gpu":
+        return False
+    capabilities = [cc for _, cc in _gpu_names_and_capability()]
+    return bool(capabilities) and all(cc is not None and tuple(cc) >= (8, 0) for cc in capabilities)
+
+
 def _set_policy():
+    """The dtype policy --mixed-precision resolves to on this device (set once)."""
+    if "policy" in _state:
+        return _state["policy"]
     import keras
 
-    policy = "mixed_float16" if device_kind() == "gpu" else "mixed_bfloat16"
-    keras.mixed_precision.set_global_policy(policy)
+    asked = _state["mixed_precision"]
+    if asked == _BARE:
+        policy = "mixed_float16" if device_kind() == "gpu" else "mixed_bfloat16"
+    elif asked == "auto":
+        policy = "mixed_bfloat16" if _bfloat16_device() else None
+    else:
+        policy = None if asked == "float32" else asked
+    if policy:
+        keras.mixed_precision.set_global_policy(policy)
     _state["policy"] = policy
+    return policy
 
 
 def device_kind():
     if _state["name"] == "tpu":
         return "tpu"
+    if backend() == "jax":
+        import jax
+
+        platform = jax.default_backend()
+        return platform if platform in ("gpu", "tpu") else "cpu"
     return "gpu" if _visible_gpus() else "cpu"
 
 
+def _jax_distribution():
+    """keras.distribution.DataParallel over the local devices when the flags ask for
+    several (set globally, so models built afterwards are replicated), else None."""
+    import jax
+    import keras
+
+    name = _state["name"]
+    devices = jax.devices()
+    several = len(devices) > 1
+    if name == "auto":
+        name = "mirrored" if several and devices[0].platform in ("gpu", "tpu") else "default"
+    if name in ("mirrored", "tpu") and several:
+        distribution = keras.distribution.DataParallel(devices=devices)
+        keras.distribution.set_distribution(distribution)
+        return name, distribution, len(devices)
+    return "default", None, 1
+
+
+class JaxStrategy:
+    """What the run code asks of a strategy, under JAX: replicas and a scope."""
+
+    def __init__(self, name, distribution, replicas):
+        self.name = name
+        self.distribution = distribution
+        self.num_replicas_in_sync = replicas
+
+    def scope(self):
+        if self.distribution is None:
+            return contextlib.nullcontext()
+        return self.distribution.scope()
+
+
 def get():
-    """The `tf.distribute.Strategy` the flags asked for (created once)."""
+    """The `tf.distribute.Strategy` the flags asked for (created once); under JAX, a
+    stand-in holding the `keras.distribution` it set."""
     if _state["strategy"] is not None:
+        return _state["strategy"]
+    _set_policy()
+    if backend() == "jax":
+        name, distribution, replicas = _jax_distribution()
+        _state["strategy"] = JaxStrategy(name, distribution, replicas)
+        _state["resolved"] = name
         return _state["strategy"]
     import tensorflow as tf
 
@@ -194,9 +369,12 @@ def scope():
 
 
 def jit_compile():
-    """--jit-compile if given, else on for GPU/TPU and off on CPU (measured slower there)."""
+    """--jit-compile if given, else on for GPU/TPU and off on CPU (measured slower there);
+    under JAX always on (an un-jitted JAX step runs op by op)."""
     if _state["jit_compile"] is not None:
         return bool(_state["jit_compile"])
+    if backend() == "jax":
+        return True
     return device_kind() in ("gpu", "tpu")
 
 
@@ -205,7 +383,8 @@ def checkpoint_every():
 
 
 def mixed_precision():
-    return _state["mixed_precision"]
+    """The dtype policy in force for training (None: float32)."""
+    return _set_policy()
 
 
 def worker():
@@ -255,13 +434,19 @@ def reset():
     _state.update(
         name="default",
         strategy=None,
-        mixed_precision=False,
+        mixed_precision="auto",
         jit_compile=None,
         checkpoint_every=0,
         scratch=None,
+        device="auto",
+        announced=True,
     )
     _state.pop("resolved", None)
     _state.pop("policy", None)
+    if backend() == "jax" and "keras" in sys.modules:
+        import keras
+
+        keras.distribution.set_distribution(None)
 
 
 def describe():
@@ -269,6 +454,49 @@ def describe():
     return {
         "strategy": _state.get("resolved", _state["name"]),
         "replicas": int(strategy.num_replicas_in_sync),
-        "mixed_precision": _state.get("policy") if _state["mixed_precision"] else None,
+        "mixed_precision": _state.get("policy"),
         "jit_compile": jit_compile(),
     }
+
+
+def runtime():
+    """Where the run trains: backend, devices, strategy, dtype policy, XLA (recorded in
+    config.json and metrics.json as "runtime")."""
+    strategy = get()
+    kind = device_kind()
+    replicas = int(strategy.num_replicas_in_sync)
+    if kind == "gpu":
+        names = sorted({name for name, _ in _gpu_names_and_capability()}) or ["gpu"]
+        device = " / ".join(names)
+    else:
+        device = kind
+    import keras
+
+    return {
+        "backend": backend(),
+        "devices": replicas,
+        "device": device,
+        "strategy": _state.get("resolved", _state["name"]),
+        "dtype_policy": keras.mixed_precision.global_policy().name,
+        "jit_compile": jit_compile(),
+    }
+
+
+def describe_runtime(info=None):
+    """One line: `backend tensorflow, 2 x NVIDIA A100 (mirrored), mixed_bfloat16, XLA on`."""
+    info = info or runtime()
+    strategy = "" if info["strategy"] == "default" else f" ({info['strategy']})"
+    xla = "XLA on" if info["jit_compile"] else "XLA off"
+    return (
+        f"backend {info['backend']}, {info['devices']} x {info['device']}{strategy}, "
+        f"{info['dtype_policy']}, {xla}"
+    )
+
+
+def announce():
+    """Prints `describe_runtime()` on stderr, once per configured command (the training
+    loops call it as they start; library use after `reset()` prints nothing)."""
+    if _state.get("announced", True):
+        return
+    _state["announced"] = True
+    print(describe_runtime(), file=sys.stderr, flush=True)

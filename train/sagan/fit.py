@@ -46,7 +46,11 @@ import sys
 
 import keras
 import numpy as np
-import tensorflow as tf
+
+try:
+    import tensorflow as tf
+except ImportError:  # a JAX-only install: train/sagan/jax_fit.py builds its own steps
+    tf = None
 
 from train import checkpoint
 from train.engine import _reduce_before_clipping, _split
@@ -130,14 +134,16 @@ class SaganTrainer:
         self.ema_decay = ema_decay
         self.seed = int(seed)
         self.replicas = self.strategy.num_replicas_in_sync
-        _check_in_scope(
-            self.strategy, [m for m in (generator, discriminator, ema) if m is not None]
-        )
         with self.strategy.scope():
             self.g_opt = _adam(lr_g, beta_1, beta_2)
             self.d_opt = _adam(lr_d, beta_1, beta_2)
             self.g_opt.build(self.g.trainable_variables)
             self.d_opt.build(self.d.trainable_variables)
+        self._make_steps(jit_compile)
+
+    def _make_steps(self, jit_compile):
+        """The tf.function D, G and EMA steps (train/sagan/jax_fit.py: JAX's)."""
+        _check_in_scope(self.strategy, [m for m in (self.g, self.d, self.ema) if m is not None])
         if self.replicas > 1:
             # Keras's TF optimizer does sum gradients across replicas itself (in
             # `_backend_update_step`, replica context), but LossScaleOptimizer checks

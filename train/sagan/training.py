@@ -21,6 +21,7 @@ import time
 import numpy as np
 
 from train import rundir
+from train import strategy as dist
 from train.progress import markdown_table
 from zoo.cli import UsageError
 
@@ -207,6 +208,7 @@ def train_one(args, data, out, attention=_FLAG, classifier=None, data_seed=None)
         "train": train_cfg,
         "data": data.source,
         "class_names": list(data.class_names),
+        "runtime": dist.runtime(),
     }
     rundir.atomic_write_json(os.path.join(out, "config.json"), config)
     classifier, report = get_classifier(out, data, train_cfg, classifier)
@@ -245,6 +247,7 @@ def resume_run(args):
     g, d, ema = _build(config["model"], train_cfg)
     classifier, report = get_classifier(out, data, train_cfg)
     config["train"] = train_cfg
+    config["runtime"] = dist.runtime()  # where the resumed part trains
     rundir.atomic_write_json(config_path, config)
     trainer = _trainer(g, d, ema, config["model"], train_cfg)
     state = trainer.restore(ckpt)
@@ -258,8 +261,14 @@ def resume_run(args):
 
 
 def _trainer(g, d, ema, model_cfg, train_cfg):
+    import keras
+
     from train import strategy as dist
-    from train.sagan.fit import SaganTrainer
+
+    if keras.backend.backend() == "jax":
+        from train.sagan.jax_fit import JaxSaganTrainer as SaganTrainer
+    else:
+        from train.sagan.fit import SaganTrainer
 
     trainer = SaganTrainer(
         g,
@@ -335,6 +344,7 @@ def _fit_and_finish(
     verbose = str(train_cfg.get("verbose", "auto"))
     show_bar = verbose == "1" or (verbose == "auto" and sys.stderr.isatty())
     trainer = trainer or _trainer(g, d, ema, model_cfg, train_cfg)
+    dist.announce()
     sampling = _Sampler(ema if ema is not None else g, model_cfg)
     sampler = sampling.model
     chief = dist.is_chief()
@@ -607,6 +617,7 @@ def _finish(
         else state["epoch"],
         attention_resolution=model_cfg["attention_resolution"],
         distribution=distribution,
+        runtime=dist.runtime(),
         params_g=int(g.count_params()),
         params_d=int(d.count_params()),
         ema=train_cfg["ema"],

@@ -107,6 +107,7 @@ def train_new(args, data):
         "data": data.source,
         "task": data.task,
         "tokenizer": "vocab/spm.model",
+        "runtime": distribute.runtime(),
     }
     rundir.atomic_write_json(os.path.join(out, "config.json"), config)
     with distribute.scope():
@@ -155,6 +156,7 @@ def resume_run(args):
         model = _rebuild(out, config, train_cfg)
     encoded = _encode_all(model.tokenizer, data, model, train_cfg.get("truncate", False))
     config["train"] = train_cfg
+    config["runtime"] = distribute.runtime()  # where the resumed part trains
     rundir.atomic_write_json(config_path, config)
     state = read_state(os.path.join(out, "checkpoints"))
     keras.utils.set_random_seed(train_cfg["seed"] + state["epoch"])
@@ -216,6 +218,7 @@ def _fit_and_finish(model, data, encoded, out, train_cfg, state, verbose, announ
         stopped_by_time_limit=bool(stopped_early),
         train_pairs=len(data.train),
         train_target_tokens_per_second=_train_speed(encoded["train"], train_cfg, state),
+        runtime=distribute.runtime(),
     )
     if dev_score is not None and dev_score.history:
         metrics["dev_history"] = dev_score.history

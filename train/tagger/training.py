@@ -89,6 +89,7 @@ def train_one(args, data, arch, out, vocab=None, verbose=None):
         },
         "train": train_cfg,
         "data": data.source,
+        "runtime": distribute.runtime(),
     }
     rundir.atomic_write_json(os.path.join(out, "config.json"), config)
     encoded = _encode(model, data)
@@ -195,6 +196,7 @@ def resume_run(args):
         encoded = _encode(model, data)
         _compile(model, encoded, train_cfg)
     config["train"] = train_cfg
+    config["runtime"] = distribute.runtime()  # where the resumed part trains
     rundir.atomic_write_json(config_path, config)
     state = read_state(ckpt_dir)
     announce = f"resuming {out} at epoch {state['epoch']} of {train_cfg['epochs']}"
@@ -227,6 +229,7 @@ def _fit_and_finish(model, data, encoded, out, train_cfg, state, verbose, announ
         model, train_batches, Batches(encoded["dev"], 64), out, train_cfg, state, verbose, announce
     )
     metrics = _evaluate(model, data, encoded, state, train_cfg, stopped_early)
+    metrics["runtime"] = distribute.runtime()
     rundir.atomic_save_model(model, os.path.join(out, "model.keras"))
     rundir.atomic_write_json(os.path.join(out, "metrics.json"), metrics)
     _write_rows(out, "calibration.npz", encoded["train"], train_cfg["seed"], rows=200)

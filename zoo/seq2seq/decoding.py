@@ -317,12 +317,10 @@ def compiled(
     top_k=None,
     top_p=None,
 ):
-    """A cached `tf.function` (XLA by default; the plain function for a model whose
-    `eager_decoding` is true, `zoo.tasks.TFLiteSteps`) of one decoder for `model`:
-    "greedy" and "beam" (ids), "beam_candidates" (`beam_candidates`'s four
-    tensors), "sample" (called with the source ids and an int32 seed)."""
-    import tensorflow as tf
-
+    """A cached `tf.function` (XLA by default; `jax.jit` under the JAX backend; the plain
+    function for a model whose `eager_decoding` is true, `zoo.tasks.TFLiteSteps`) of one
+    decoder for `model`: "greedy" and "beam" (ids), "beam_candidates" (`beam_candidates`'s
+    four tensors), "sample" (called with the source ids and an int32 seed)."""
     max_length = _max_length(model, max_length)
     key = (kind, width, float(alpha), max_length, jit_compile, float(temperature), top_k, top_p)
     cache = model.__dict__.setdefault("_compiled_decoders", {})
@@ -344,10 +342,16 @@ def compiled(
                 f"Received: kind={kind!r}"
             )
         # zoo.load's TFLite step model calls an interpreter from NumPy: no graph.
-        eager = getattr(model, "eager_decoding", False)
-        cache[key] = (
-            fn if eager else tf.function(fn, jit_compile=jit_compile, reduce_retracing=False)
-        )
+        if getattr(model, "eager_decoding", False):
+            cache[key] = fn
+        elif keras.backend.backend() == "jax":
+            import jax
+
+            cache[key] = jax.jit(fn) if jit_compile else fn
+        else:
+            import tensorflow as tf
+
+            cache[key] = tf.function(fn, jit_compile=jit_compile, reduce_retracing=False)
     return cache[key]
 
 
