@@ -3,7 +3,8 @@
 Built with `keras.export.ExportArchive`; each kind supplies named signatures.
 The version directory is built under a temporary name beside it, proven
 (reloaded and every signature called on its example, outputs compared with
-the live functions), and only then renamed into place.
+the live functions), and only then renamed into place, with the app bundle
+(export/bundle.py: preprocessing.json, labels, model card) inside it.
 """
 
 import json
@@ -156,6 +157,14 @@ def extra_files(kind, source):
     return dict(method(source)) if method is not None else {}
 
 
+def _bundle(kind, source, extras):
+    from export import bundle
+
+    refs = {"tokenizer": "assets.extra/spm.model"} if "spm.model" in extras else {}
+    shipped = ["saved_model.pb", "variables/", SIGNATURE_JSON, "assets.extra/"]
+    return bundle.files(source, kind, "savedmodel", shipped, refs=refs)
+
+
 def _write_version(out, version, model_name, kind, archive, endpoints, source=None):
     atomic.clean_stale(out)
     version = version or next_version(out)
@@ -164,11 +173,18 @@ def _write_version(out, version, model_name, kind, archive, endpoints, source=No
     with atomic.building(target, directory=True) as tmp:
         archive.write_out(tmp, verbose=False)
         warmup.write(tmp, model_name, [(e.name, e.example) for e in endpoints])
-        for name, content in (extra_files(kind, source) if source is not None else {}).items():
+        extras = extra_files(kind, source) if source is not None else {}
+        for name, content in extras.items():
             # Files for clients, beside the graph (the graph never reads them).
             os.makedirs(os.path.join(tmp, "assets.extra"), exist_ok=True)
             with open(os.path.join(tmp, "assets.extra", name), "wb") as f:
                 f.write(content)
+        if source is not None:
+            # The app bundle (export/bundle.py), inside the version directory that
+            # is renamed into place as a whole.
+            for name, content in _bundle(kind, source, extras).items():
+                with open(os.path.join(tmp, name), "wb") as f:
+                    f.write(content)
         outputs = _prove(tmp, endpoints)
         doc = {
             "model": model_name,

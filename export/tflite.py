@@ -1,11 +1,13 @@
 """TFLite export: ExportArchive -> SavedModel -> TFLiteConverter, builtin ops only.
 
 Every model is run in ai_edge_litert and compared with Keras before anything
-is written (docs/facts.md: converted models can silently return zeros). The model
-and its sidecar `FILE.tflite.json` (labels, vocab, input/output names) are
-written atomically.
+is written (docs/facts.md: converted models can silently return zeros). The model,
+its sidecar `FILE.tflite.json` (labels, vocab, input/output names) and the app
+bundle beside them (export/bundle.py: `STEM.preprocessing.json`, `STEM.labels.txt`,
+`STEM.model_card.json`, `STEM.MODEL_CARD.md`) are written atomically.
 """
 
+import contextlib
 import dataclasses
 import json
 import os
@@ -287,14 +289,36 @@ def export_tflite(
     except OSError as e:
         raise UsageError(f"cannot create the directory of --out {out}: {e.strerror}") from None
     sidecar_path = out + ".json"
+    from export import bundle
+
+    # The app bundle (export/bundle.py), its names prefixed with the file's stem;
+    # the vocabularies stay in the sidecar, which the spec points to.
+    extras = bundle.files(
+        src,
+        kind,
+        "tflite",
+        [os.path.basename(out), os.path.basename(sidecar_path)],
+        prefix=bundle.prefix_for(out),
+        quantize=quantize,
+        parity=report,
+        refs={"vocab": os.path.basename(sidecar_path)},
+    )
     with runlock.locked(os.path.dirname(out)):
         atomic.clean_stale(os.path.dirname(out))
-        # Both files are complete under temporary names before either is renamed
+        # Every file is complete under a temporary name before any is renamed
         # into place; a failure before the renames changes nothing.
-        with atomic.building(out) as tmp_model, atomic.building(sidecar_path) as tmp_sidecar:
+        with contextlib.ExitStack() as stack:
+            tmp_model = stack.enter_context(atomic.building(out))
+            tmp_sidecar = stack.enter_context(atomic.building(sidecar_path))
             with open(tmp_model, "wb") as f:
                 f.write(content)
             with open(tmp_sidecar, "w") as f:
                 json.dump(sidecar, f, indent=2)
                 f.write("\n")
+            for name, data in extras.items():
+                with open(
+                    stack.enter_context(atomic.building(os.path.join(os.path.dirname(out), name))),
+                    "wb",
+                ) as f:
+                    f.write(data)
     return Result(out, sidecar_path, len(content), report)

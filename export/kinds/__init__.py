@@ -18,6 +18,9 @@ The exporters talk to a kind through these methods:
 - `valid_mask(inputs)`: which output positions count in comparisons.
 - `metric(source, inputs, outputs)`: the task metric for `verify`.
 - `sidecar(source)`: what an app needs beside the .tflite (labels, vocab).
+- `preprocessing(source, refs)`, `labels(source)`, `bundle_extra_files(source)`,
+  `card_metric_keys(metrics)`, `intended_use`, `limitations`: the app bundle
+  every export writes (export/bundle.py).
 """
 
 import dataclasses
@@ -202,6 +205,39 @@ class ExportKind:
 
     def sidecar(self, source, static_length=None):
         return {"kind": self.name}
+
+    # ---------------------------------------------------------- bundle (export/bundle.py)
+    intended_use = "Research and teaching: a small attention model from the attention-zoo."
+    limitations = "Trained on the data named above only; measure it on your own data first."
+
+    def labels(self, source):
+        """Output label names (id = index), or None: the bundle's labels.txt."""
+        return None
+
+    def bundle_extra_files(self, source):
+        """{role: (file name, bytes)} an app needs that the bundle writes unless the
+        export already ships it (e.g. seq2seq's "tokenizer": spm.model)."""
+        return {}
+
+    def preprocessing(self, source, refs):
+        """The body of preprocessing.json: the model's inputs as numbers (a bare
+        Keras model has no text rules). `refs`: {role: file name} of the bundle."""
+        return {
+            "inputs": {
+                s.name: {"dtype": s.dtype.name, "shape": [d for d in s.shape]}
+                for s in self.core_specs(source)
+            },
+            "rules": "none: the model's inputs are numbers, fed as they are",
+            "test_vectors": [],
+        }
+
+    def card_metric_keys(self, metrics):
+        """metrics.json keys the model card reports: the test split's numbers."""
+        return [
+            k
+            for k, v in metrics.items()
+            if k.startswith("test_") and isinstance(v, (int, float)) and not isinstance(v, bool)
+        ]
 
 
 def _tf_dtype(dtype):

@@ -145,5 +145,106 @@ class SaganKind(ExportKind):
             "output": "image float32 [batch, S, S, C] in [0, 1]; multiply by 255 for uint8",
         }
 
+    # ------------------------------------------------------------ bundle
+    intended_use = (
+        "Generating images like the training data's (see data), per class for a "
+        "class-conditional generator; demonstrations and data augmentation research."
+    )
+    limitations = (
+        "Samples can be implausible or repeat training images; FID/KID are measured in "
+        "the run's own classifier's feature space, not Inception's."
+    )
+    _CARD_KEYS = (
+        "fid",
+        "kid",
+        "fid_floor",
+        "kid_floor",
+        "class_accuracy",
+        "consistent",
+        "real_consistent",
+        "eval_samples",
+    )
+
+    def card_metric_keys(self, metrics):
+        return [
+            k
+            for k in self._CARD_KEYS
+            if isinstance(metrics.get(k), (int, float)) and not isinstance(metrics.get(k), bool)
+        ]
+
+    def labels(self, source):
+        _, conditional, num_classes = self._dims(source)
+        if not conditional:
+            return None
+        names = (source.config or {}).get("class_names") or []
+        return (
+            [str(n) for n in names]
+            if len(names) == num_classes
+            else [str(i) for i in range(num_classes)]
+        )
+
+    def noise(self, source, class_ids, seed):
+        """This project's own rule (zoo.load's / zoo.lite's `generate`): the labels
+        and noise fed for `class_ids` (ids or names) and `seed`."""
+        from zoo.tasks import ImageGenerator
+
+        latent_dim, conditional, num_classes = self._dims(source)
+        fed = {}
+
+        def run(noise, labels):
+            fed.update(noise=noise, label=labels)
+            return noise
+
+        names = self.labels(source) or []
+        generator = ImageGenerator(run, latent_dim, num_classes, names, "bundle")
+        if conditional:
+            generator.generate(class_ids, seed=seed)
+        else:
+            generator.generate(num_images=len(class_ids), seed=seed)
+        return fed
+
+    def preprocessing(self, source, refs):
+        latent_dim, conditional, num_classes = self._dims(source)
+        inputs = {
+            "noise": {
+                "dtype": "float32",
+                "shape": ["batch", latent_dim],
+                "distribution": "standard normal, independent per value, one row per image",
+            }
+        }
+        if conditional:
+            inputs["label"] = {
+                "dtype": "int32",
+                "shape": ["batch"],
+                "range": [0, num_classes - 1],
+                "labels": {"file": refs["labels"], "id": "line number, from 0"},
+            }
+        names = self.labels(source) or []
+        vectors = []
+        for seed, picked in ((0, [0]), (7, list(range(min(num_classes or 2, 3)))[::-1])):
+            class_ids = [names[i] for i in picked] if conditional else picked
+            fed = self.noise(source, class_ids, seed)
+            vector = {"seed": seed, "noise": fed["noise"].tolist()}
+            if conditional:
+                vector.update(class_ids=class_ids, label=fed["label"].tolist())
+            else:
+                vector.update(num_images=len(picked))
+            vectors.append(vector)
+        return {
+            "input": "class names or ids (conditional) or a number of images, and a seed",
+            "inputs": inputs,
+            "seeded_noise": "numpy.random.default_rng(seed).standard_normal((n, latent_dim))"
+            ".astype(float32), n = the number of images (any N(0, 1) noise is valid; this "
+            "rule reproduces zoo.load's and zoo.lite's images)",
+            "output": {
+                "name": "image",
+                "dtype": "float32",
+                "shape": ["batch", *[int(d) for d in self.model(source).output.shape[1:]]],
+                "range": [0.0, 1.0],
+                "to_uint8": "round(x * 255), halves to even (the SavedModel's generate)",
+            },
+            "test_vectors": vectors,
+        }
+
 
 KIND = SaganKind()

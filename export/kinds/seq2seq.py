@@ -218,6 +218,67 @@ class Seq2SeqKind(ExportKind):
             "max_target_length": int(m.max_target_length),
         }
 
+    # ------------------------------------------------------------ bundle
+    intended_use = (
+        "Text-to-text generation (translation or the algorithmic task it was trained on) "
+        "for inputs like its training data (see data), decoded greedily or by beam search."
+    )
+    limitations = (
+        "Inputs longer than max_source_length tokens are refused; outputs stop at "
+        "max_target_length tokens; quality outside the training domain is unmeasured."
+    )
+
+    def bundle_extra_files(self, source):
+        return {"tokenizer": ("spm.model", bytes(self.model(source).tokenizer.proto))}
+
+    def preprocessing(self, source, refs):
+        m = self.model(source)
+        tokenizer = {
+            "type": "sentencepiece",
+            "file": refs["tokenizer"],
+            "encode": "SentencePieceProcessor(model_file=file).encode(text): ids, "
+            "no BOS/EOS added (the model file holds the normalisation and the pieces)",
+        }
+        try:  # the trainer settings, for people reading the spec
+            from sentencepiece import sentencepiece_model_pb2
+
+            proto = sentencepiece_model_pb2.ModelProto.FromString(bytes(m.tokenizer.proto))
+            tokenizer.update(
+                model_type=sentencepiece_model_pb2.TrainerSpec.ModelType.Name(
+                    proto.trainer_spec.model_type
+                ).lower(),
+                normalization=proto.normalizer_spec.name,
+                add_dummy_prefix=bool(proto.normalizer_spec.add_dummy_prefix),
+                vocabulary_size=len(proto.pieces),
+            )
+        except ImportError:  # protobuf missing: the file alone still says it all
+            pass
+        texts = self._example_texts(source) + ["A MAN, 42 dogs!", "  two  spaces ", ""]
+        limit = int(m.max_source_length)
+        return {
+            "input": "one text (str)",
+            "tokenizer": tokenizer,
+            "special_ids": {"pad": 0, "unk": 1, "bos": 2, "eos": 3},
+            "source_ids": {
+                "max_length": limit,
+                "layout": "int32 [1, max_length]: the text's ids, then pad ids",
+                "longer": "refused (more ids than max_length)",
+            },
+            "decoding": {
+                "start_id": 2,
+                "stop_id": 3,
+                "max_length": int(m.max_target_length),
+                "default_length": "for a text of n ids: 2 * ceil8(n) + 10 rounded up to a "
+                "multiple of 8 (ceil8(n): n rounded up to a multiple of 8, at least 8), "
+                "at most max_length",
+                "output_text": "cut the ids at the first stop_id, drop ids <= 2, then "
+                "SentencePieceProcessor.decode",
+            },
+            "test_vectors": [
+                {"text": t, "ids": ids} for t, ids in zip(texts, m.tokenizer.encode(texts))
+            ],
+        }
+
 
 KIND = Seq2SeqKind()
 
@@ -383,7 +444,8 @@ def litert_greedy(tflite, source_ids, max_length, eos_id=3, bos_id=2, model=None
 
 def export_all(run_dir, out_dir):
     """Writes OUT/steps.tflite, OUT/greedy.tflite, OUT/spm.model (the
-    SentencePiece model) and OUT/seq2seq.tflite.json;
+    SentencePiece model), OUT/seq2seq.tflite.json and the app bundle
+    (export/bundle.py: preprocessing.json, model_card.json, MODEL_CARD.md);
     checks both against Keras greedy decoding on calibration rows first."""
     from export import rundir, tflite
     from zoo import atomic
@@ -436,6 +498,16 @@ def export_all(run_dir, out_dir):
     with atomic.building(os.path.join(out_dir, "seq2seq.tflite.json")) as tmp:
         with open(tmp, "w") as f:
             json.dump(sidecar, f, indent=2)
+    from export import bundle
+
+    # The app bundle (export/bundle.py): preprocessing.json (pointing to the
+    # spm.model above), model_card.json and MODEL_CARD.md.
+    shipped = ["steps.tflite", "greedy.tflite", "spm.model", "seq2seq.tflite.json"]
+    extras = bundle.files(
+        src, kind, "tflite", shipped, parity=report, refs={"tokenizer": "spm.model"}
+    )
+    for name, content in extras.items():
+        atomic.write_bytes(os.path.join(out_dir, name), content)
     return {
         "steps": os.path.join(out_dir, "steps.tflite"),
         "greedy": os.path.join(out_dir, "greedy.tflite"),

@@ -14,6 +14,8 @@ The static-shape (GPU) variant returns probabilities only: ARG_MAX is not a
 GPU-delegate op, the app takes the argmax.
 """
 
+import json
+
 import numpy as np
 
 from export.kinds import Endpoint, ExportKind, assert_ids_in_range, checked, fit_to_spec
@@ -242,6 +244,92 @@ class TaggerKind(ExportKind):
             "tags": list(m.tags),
             "max_chars": int(m.max_chars),
             "max_len": int(static_length or m.max_len),
+        }
+
+    # ------------------------------------------------------------ bundle
+    intended_use = (
+        "Part-of-speech tagging of whitespace-tokenised sentences in the language and "
+        "domain of the training data (see data); one tag per token."
+    )
+    limitations = (
+        "Tokens outside the training vocabulary are read from their characters only; "
+        "accuracy on other domains or languages is unmeasured."
+    )
+
+    def labels(self, source):
+        return list(self.model(source).tags)
+
+    def bundle_extra_files(self, source):
+        m = self.model(source)
+        body = {"words": list(m.words), "chars": list(m.chars)}
+        return {"vocab": ("vocab.json", (json.dumps(body, ensure_ascii=False) + "\n").encode())}
+
+    def preprocess(self, source, sentences):
+        """This project's own rules (the Tagger's TokenEncoder): sentence -> tokens, ids."""
+        from zoo.tagger.model import pad_tokens, split_sentences
+
+        m = self.model(source)
+        rows = []
+        for tokens in split_sentences(list(sentences)):
+            ids = m.encode_tf(pad_tokens([tokens])) if tokens else None
+            rows.append(
+                {
+                    "tokens": tokens,
+                    "word_ids": np.asarray(ids["word_ids"])[0].tolist() if tokens else [],
+                    "char_ids": np.asarray(ids["char_ids"])[0].tolist() if tokens else [],
+                }
+            )
+        return rows
+
+    def preprocessing(self, source, refs):
+        from export import bundle
+
+        m = self.model(source)
+        vocab = refs["vocab"]
+        sentences = self._example_sentences(source) + [
+            "I SAW 42 Dogs",
+            "  Été\tà  Paris 1999\u00a0! ",
+            "x" * (int(m.max_chars) + 3),
+        ]
+        return {
+            "input": "one sentence (str)",
+            "tokenize": {
+                "rule": "split on runs of whitespace, no empty tokens (Python str.split())",
+                "whitespace": bundle.WHITESPACE,
+                "max_tokens": int(m.max_len),
+                "longer": "refused (more tokens than the model's max_len)",
+            },
+            "word_ids": {
+                "vocabulary": {"file": vocab, "key": "words"},
+                "normalize": ["lowercase", "fold_digits"],
+                "lowercase": "Unicode full lower-case mapping, as Python's str.lower() "
+                "(TensorFlow's tf.strings.lower(encoding='utf-8') agrees)",
+                "fold_digits": 'after lower-casing, every ASCII digit 0-9 becomes "0"',
+                "id": "index of the normalised token in the vocabulary, else unknown_id",
+                "unknown_id": 1,
+                "pad_id": 0,
+            },
+            "char_ids": {
+                "vocabulary": {"file": vocab, "key": "chars"},
+                "unit": "one Unicode code point of the token as written (no normalisation)",
+                "id": "index of the character in the vocabulary, else unknown_id",
+                "unknown_id": 1,
+                "pad_id": 0,
+                "max_chars": int(m.max_chars),
+                "longer": "the first max_chars characters are kept",
+            },
+            "model_inputs": {
+                "word_ids": {"dtype": "int32", "shape": ["batch", "tokens"]},
+                "char_ids": {"dtype": "int32", "shape": ["batch", "tokens", int(m.max_chars)]},
+                "padding": "positions past a sentence's last token: word id 0, char ids all 0",
+            },
+            "outputs": {
+                "tag_ids": "argmax over the last axis of probabilities",
+                "labels": {"file": refs["labels"], "id": "line number, from 0"},
+            },
+            "test_vectors": [
+                dict(text=s, **row) for s, row in zip(sentences, self.preprocess(source, sentences))
+            ],
         }
 
 
