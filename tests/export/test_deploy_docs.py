@@ -213,3 +213,153 @@ def test_docker_line_serves_the_exported_directory():
     mount = re.search(r"source=\"?\$PWD/([^\",]+)\"?,target=(\S+)", line)
     assert mount and mount[2] == f"/models/{MODEL}"
     assert f"python -m export savedmodel runs/mt --out {mount[1]}" in page
+
+
+# ---------------------------------------------------------------- mobile recipes
+SNIPPET = re.compile(r"^~~~(kotlin|swift)\n(.*?)^~~~", re.S | re.M)
+TYPED = re.compile(r"// (\w+): (int32|float32) \[([^\]]*)\]")
+
+
+def _snippets():
+    """(language, export key of export.mobile.TENSORS, code) of the page's app snippets."""
+    from export import mobile
+
+    out = []
+    for lang, code in SNIPPET.findall(_page()):
+        first = code.splitlines()[0]  # "// steps.tflite": the export it runs
+        (key,) = [k for k in mobile.TENSORS if k.startswith(first[3:] + " ")]
+        out.append((lang, key, code))
+    return out
+
+
+def _used(lang, code):
+    """{signature: {"inputs": names fed, "outputs": names read}} in a snippet."""
+    used = {}
+
+    def add(signature, way, names):
+        used.setdefault(signature, {"inputs": set(), "outputs": set()})[way] |= set(names)
+
+    if lang == "kotlin":
+        for way, call in (("inputs", "inputs"), ("outputs", "outputs")):
+            for signature, names in re.findall(rf'\b{call}\("(\w+)", ([^)]*)\)', code):
+                add(signature, way, re.findall(r'"(\w+)"', names))
+        for way, arg in (("inputs", "inputName"), ("outputs", "outputName")):
+            for name, signature in re.findall(rf'{arg} = "(\w+)", signature = "(\w+)"', code):
+                add(signature, way, [name])
+    else:
+        runners = dict(
+            re.findall(r'let (\w+) = try interpreter\.signatureRunner\(with: "(\w+)"\)', code)
+        )
+        invokes = re.compile(r"(\w+)\.invoke\(with: \[(.*?)\]\)$", re.S | re.M)
+        for runner, body in invokes.findall(code):
+            add(runners[runner], "inputs", re.findall(r'"(\w+)":', body))
+        for runner, name in re.findall(r'(\w+)\.output\(named: "(\w+)"\)', code):
+            add(runners[runner], "outputs", [name])
+    return used
+
+
+def test_mobile_table_is_the_generated_one():
+    from export import mobile
+
+    page = _page()
+    start, end = page.index(mobile.BEGIN), page.index(mobile.END) + len(mobile.END)
+    assert page[start:end] == mobile.render()
+
+
+def test_mobile_snippets_use_the_tables_names_and_shapes():
+    from export import mobile
+
+    snippets = _snippets()
+    assert sorted({lang for lang, _, _ in snippets}) == ["kotlin", "swift"]
+    for lang, key, code in snippets:
+        table = mobile.TENSORS[key]
+        used = _used(lang, code)
+        for signature, ways in used.items():
+            inputs, outputs = table[signature]
+            # A run feeds every input of its signature, and reads only its outputs.
+            assert ways["inputs"] == set(inputs), (lang, signature)
+            assert ways["outputs"] and ways["outputs"] <= set(outputs), (lang, signature)
+        assert set(used) == set(table), (lang, key)
+        typed = TYPED.findall(code)
+        assert typed, (lang, key)
+        for name, dtype, shape in typed:
+            known = {
+                (n, d, ", ".join(s))
+                for inputs, outputs in table.values()
+                for n, (d, s) in {**inputs, **outputs}.items()
+            }
+            assert (name, dtype, shape) in known, (lang, name, dtype, shape)
+
+
+def _litert_signatures(path):
+    from zoo.litert import interpreter
+
+    interp = interpreter(path)
+    out = {}
+    for signature in interp.get_signature_list():
+        runner = interp.get_signature_runner(signature)
+        out[signature] = {
+            way: {
+                name: (np.dtype(d["dtype"]).name, [int(x) for x in d["shape"]])
+                for name, d in details.items()
+            }
+            for way, details in (
+                ("inputs", runner.get_input_details()),
+                ("outputs", runner.get_output_details()),
+            )
+        }
+    return out
+
+
+def test_mobile_table_matches_fresh_exports(served, tmp_path):
+    import keras
+
+    import zoo
+    from export import mobile
+    from export.kinds import seq2seq as seq2seq_kind
+    from export.tflite import export_tflite
+    from tests.support.runs import make_tagger_run
+
+    model = served["model"]
+    sizes = {
+        "S": model.max_source_length,
+        "L": model.max_target_length,
+        "N": model.num_layers,
+        "H": model.num_heads,
+        "d": model.hidden_dim // model.num_heads,
+        "V": model.tokenizer.vocabulary_size,
+    }
+    steps = [k for k in mobile.TENSORS if k.startswith("steps.tflite")][0]
+    want = mobile.instantiate(steps, sizes)
+    path = tmp_path / "steps.tflite"
+    path.write_bytes(seq2seq_kind.convert_steps(model))
+    assert _litert_signatures(str(path)) == want
+    # The SavedModel's signature.json lists the same step signatures.
+    with open(os.path.join(served["version"], "signature.json")) as f:
+        documented = json.load(f)["signatures"]
+    for signature, ways in want.items():
+        for way, tensors in ways.items():
+            got = {n: (v["dtype"], v["shape"]) for n, v in documented[signature][way].items()}
+            assert got == tensors, (signature, way)
+
+    keras.utils.set_random_seed(0)
+    run = str(tmp_path / "tagger-run")
+    tagger = make_tagger_run(run)
+    export_tflite(run, str(tmp_path / "tagger.tflite"), static_shape=True)
+    generator = zoo.build(
+        "sagan_generator", image_size=32, channels=1, num_classes=3, latent_dim=8, width=4
+    )
+    export_tflite(generator, str(tmp_path / "sagan.tflite"), static_shape=True)
+    for name, sizes in (
+        ("tagger", {"T": tagger.max_len, "M": tagger.max_chars, "K": len(tagger.tags)}),
+        ("sagan", {"Z": 8, "R": 32, "C": 1}),
+    ):
+        key = [k for k in mobile.TENSORS if k.startswith(f"{name}.tflite")][0]
+        file = str(tmp_path / f"{name}.tflite")
+        want = mobile.instantiate(key, sizes)
+        assert _litert_signatures(file) == want, name
+        with open(file + ".json") as f:  # the sidecar an app reads, too
+            sidecar = json.load(f)
+        for way in ("inputs", "outputs"):
+            got = {n: (v["dtype"], v["shape"]) for n, v in sidecar[way].items()}
+            assert got == want["serving_default"][way], (name, way)
