@@ -56,10 +56,12 @@ def _flex_ops(message):
     return sorted(names)
 
 
-def _converter(saved_dir, quantize, representative):
+def converter(saved_dir, quantize="none", representative=None, signature_keys=(ENDPOINT,)):
+    """The one TFLiteConverter setup of every export: builtin ops only (no
+    SELECT_TF_OPS), `quantize` one of QUANTIZE, the SavedModel's `signature_keys`."""
     import tensorflow as tf
 
-    conv = tf.lite.TFLiteConverter.from_saved_model(saved_dir, signature_keys=[ENDPOINT])
+    conv = tf.lite.TFLiteConverter.from_saved_model(saved_dir, signature_keys=list(signature_keys))
     ops = [tf.lite.OpsSet.TFLITE_BUILTINS]
     if quantize == "fp16":
         conv.optimizations = [tf.lite.Optimize.DEFAULT]
@@ -117,7 +119,7 @@ def convert(source, quantize="none", static_length=None, calibration=None):
     workdir = tempfile.mkdtemp(prefix="export-savedmodel-")
     try:
         archive.write_out(workdir, verbose=False)
-        conv = _converter(workdir, quantize, representative)
+        conv = converter(workdir, quantize, representative)
         try:
             content = conv.convert()
         except Exception as e:  # ConverterError and friends carry the op names

@@ -371,7 +371,6 @@ def convert_steps(model, source_length=None):
 
     import keras
 
-    tf = _tf()
     encode, decode_step, specs = step_functions(model, source_length)
     archive = keras.export.ExportArchive()
     archive.track(model)
@@ -380,10 +379,9 @@ def convert_steps(model, source_length=None):
     workdir = tempfile.mkdtemp(prefix="export-seq2seq-steps-")
     try:
         archive.write_out(workdir, verbose=False)
-        converter = tf.lite.TFLiteConverter.from_saved_model(
-            workdir, signature_keys=["encode", "decode_step"]
-        )
-        converter.target_spec.supported_ops = [tf.lite.OpsSet.TFLITE_BUILTINS]
+        from export import tflite
+
+        converter = tflite.converter(workdir, signature_keys=["encode", "decode_step"])
         # Low-rank elementwise operands reshaped for the GPU accelerator
         # (export/gpu_rewrite.py); the same arithmetic.
         from export import gpu_rewrite
