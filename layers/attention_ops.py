@@ -15,6 +15,7 @@ another (docs/facts.md).
 import keras
 from keras import ops
 
+from layers.masks import combine_masks, structural_mask
 from layers.softmax_attention import softmax_attention
 
 SCORES = ("dot", "scaled_dot", "additive")
@@ -144,13 +145,65 @@ def takes_fused(score, normalize, dropout, training, need_weights):
     )
 
 
-def fused_context(query, key, value, mask, is_causal=False):
+def fused_window(window, causal, dtype):
+    """How JAX's kernel applies a local window itself, or `None` to keep it in
+    the explicit mask.
+
+    `jax.nn.dot_product_attention(local_window_size=(left, right))` keeps the
+    keys `j` with `i - left <= j <= i + right`, both bounds inclusive, queries
+    and keys counted from 0 (jax 0.10's `_get_window_mask`); our window keeps
+    `|i - j| <= window`, and with `causal` also `j <= i`
+    (`masks.position_mask`): `(window, window)`, or `(window, 0)` with
+    `is_causal`. That is the same mask only where queries and keys are the
+    same positions and a query may attend to itself (callers check
+    `aligned` and `include_self`). cuDNN keeps only a left window (its
+    `sliding_window_length = left + 1`, exclusive, with its causal mask) and
+    only in float16/bfloat16: on GPUs a causal window in those dtypes runs
+    `"cudnn"`; a symmetric one keeps the explicit mask that Keras's
+    `dot_product_attention` hands to cuDNN, as on TPUs. Elsewhere (JAX's
+    CPU backend when `FUSED` forces the fused path) it runs `"xla"`.
+
+    Returns:
+        `None`, or `((left, right), implementation)`.
+    """
+    if keras.backend.backend() != "jax":
+        return None
+    import jax
+
+    platform = jax.default_backend()
+    if platform == "cpu":
+        return (window, 0 if causal else window), "xla"
+    if platform not in ("gpu", "cuda", "rocm") or not causal:
+        return None
+    half = keras.backend.standardize_dtype(dtype) in ("float16", "bfloat16")
+    return (window, 0), "cudnn" if half else "xla"
+
+
+def _jax_local_attention(query, key, value, mask, is_causal, local_window):
+    """`jax.nn.dot_product_attention` with its own window (see `fused_window`);
+    cuDNN's refusals (head size, odd lengths with a mask) fall back to its
+    XLA form, as Keras's `dot_product_attention` does."""
+    import jax
+
+    (left, right), implementation = local_window
+    kwargs = dict(mask=mask, scale=1.0, is_causal=is_causal, local_window_size=(left, right))
+    if implementation == "cudnn":
+        try:
+            return jax.nn.dot_product_attention(query, key, value, implementation="cudnn", **kwargs)
+        except (NotImplementedError, ValueError, RuntimeError):
+            pass
+    return jax.nn.dot_product_attention(query, key, value, implementation="xla", **kwargs)
+
+
+def fused_context(query, key, value, mask, is_causal=False, local_window=None):
     """`keras.ops.dot_product_attention` in the `attention_context` layout.
 
     `query` is already scaled (scale 1). `mask`: `None` or 0/1 broadcastable
     to `[B, 1, Tq, Tk]` (`[B, Tq, Tk]` without the head axis). Fully masked
     rows come out as a uniform mix of values; callers zero them (one rule on
     every path), and their zeroed output sends them no gradient.
+    `local_window`: `None`, or what `fused_window` returned (JAX only): the
+    window is the kernel's, not part of `mask`.
     """
     single = len(query.shape) == 3
     if single:
@@ -159,10 +212,41 @@ def fused_context(query, key, value, mask, is_causal=False):
         mask = ops.expand_dims(mask, 1)  # [B|1, 1, Tq, Tk]
         shape = (ops.shape(query)[0], 1, ops.shape(query)[1], ops.shape(key)[1])
         mask = ops.broadcast_to(ops.cast(mask, "float32") > 0.5, shape)
-    context = ops.dot_product_attention(
-        query, key, value, mask=mask, scale=1.0, is_causal=is_causal
-    )
+    if local_window is not None:
+        context = _jax_local_attention(query, key, value, mask, is_causal, local_window)
+    else:
+        context = ops.dot_product_attention(
+            query, key, value, mask=mask, scale=1.0, is_causal=is_causal
+        )
     return context[:, :, 0] if single else context
+
+
+def fused_local_context(
+    query, key, value, *, window, causal, local_window, query_mask, key_mask, attention_mask
+):
+    """Self-attention with a local window on the fused kernel, the window its
+    own (`fused_window`'s `local_window`): only the padding and explicit
+    masks are passed as a mask.
+
+    Args:
+        query, key, value: as `attention_context` takes them, the same
+            positions (self-attention without a cache offset).
+        window, causal: the layer's structural mask (`include_self=True`).
+        local_window: what `fused_window(window, causal, dtype)` returned.
+        query_mask, key_mask, attention_mask: as `masks.combine_masks`.
+
+    Returns:
+        `(context, has_keys)`: `has_keys` as `query_has_keys` of the whole
+        mask (a query whose window holds no unmasked key is empty), `None`
+        when nothing but the window masks (every query keeps itself).
+    """
+    padding = combine_masks(None, query_mask, key_mask, attention_mask)
+    context = fused_context(query, key, value, padding, causal, local_window)
+    if padding is None:
+        return context, None
+    length = ops.shape(query)[1]
+    window_mask = structural_mask(length, length, causal=causal, window=window)
+    return context, query_has_keys(combine_masks(window_mask, query_mask, key_mask, attention_mask))
 
 
 def takes_softmax_backward(score, normalize, dropout, training, need_weights):

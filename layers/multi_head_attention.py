@@ -642,8 +642,8 @@ class MultiHeadAttention(keras.layers.Layer):
             chunk_size: `None` or int, run block by block
                 (`layers.chunked_attention`).
             aligned: bool, queries and keys are the same positions
-                (self-attention without a cache), so a causal mask may be the
-                fused kernel's own.
+                (self-attention without a cache), so a causal mask or a local
+                window may be the fused kernel's own.
 
         Returns:
             `(context, weights, has_keys)`: `[B, Tq, num_heads, value_dim]`;
@@ -680,6 +680,26 @@ class MultiHeadAttention(keras.layers.Layer):
                 training=training,
             )
             return context, None, has_keys
+        fused = attention_ops.takes_fused(
+            self.score, self.normalize, self._dropout_layer, training, return_attention_scores
+        )
+        # A local window as the fused kernel's own (JAX's `local_window_size`).
+        local_window = None
+        if fused and aligned and self.window is not None and self.include_self:
+            local_window = attention_ops.fused_window(self.window, causal, query.dtype)
+        if local_window is not None:
+            context, has_keys = attention_ops.fused_local_context(
+                query,
+                key,
+                value,
+                window=self.window,
+                causal=causal,
+                local_window=local_window,
+                query_mask=query_mask,
+                key_mask=key_mask,
+                attention_mask=attention_mask,
+            )
+            return context, None, has_keys
         # The fused kernel's own causal mask (cuDNN's causal flash attention)
         # when nothing else is masked: no [T, T] mask at all.
         is_causal = (
@@ -690,13 +710,7 @@ class MultiHeadAttention(keras.layers.Layer):
             and query_mask is None
             and key_mask is None
             and attention_mask is None
-            and attention_ops.takes_fused(
-                self.score,
-                self.normalize,
-                self._dropout_layer,
-                training,
-                return_attention_scores,
-            )
+            and fused
         )
         mask = self._mask(
             ops.shape(query)[1],

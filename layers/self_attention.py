@@ -198,6 +198,26 @@ class SelfAttention(ScoresOutputSpec, keras.layers.Layer):
             return self._call_chunked(
                 q, k, v, mask, attention_mask, return_attention_scores, training, chunk_size
             )
+        local_window = None
+        if self.window is not None and self.include_self:
+            if attention_ops.takes_fused(
+                self.score, self.normalize, self._dropout_layer, training, return_attention_scores
+            ):
+                local_window = attention_ops.fused_window(self.window, self.causal, q.dtype)
+        if local_window is not None:
+            # The window as the fused kernel's own (JAX's `local_window_size`).
+            context, has_keys = attention_ops.fused_local_context(
+                q,
+                k,
+                v,
+                window=self.window,
+                causal=self.causal,
+                local_window=local_window,
+                query_mask=mask,
+                key_mask=mask,
+                attention_mask=attention_mask,
+            )
+            return context if has_keys is None else context * ops.cast(has_keys, context.dtype)
         length = ops.shape(inputs)[1]
         structural = structural_mask(
             length,

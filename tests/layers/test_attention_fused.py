@@ -54,10 +54,13 @@ def values_and_grads(layer, inputs, **kwargs):
 
 
 class _CountFused:
-    """Counts `keras.ops.dot_product_attention` calls while active."""
+    """Counts fused-kernel calls while active: `keras.ops.dot_product_attention`,
+    and under JAX the direct `jax.nn.dot_product_attention` calls that pass
+    `local_window_size` (the local-window route), whose windows it records."""
 
     def __enter__(self):
         self.calls = 0
+        self.windows = []
         self._original = ops.dot_product_attention
 
         def counted(*args, **kwargs):
@@ -65,18 +68,38 @@ class _CountFused:
             return self._original(*args, **kwargs)
 
         ops.dot_product_attention = counted
+        self._jax_original = None
+        if keras.backend.backend() == "jax":
+            import jax
+
+            self._jax_original = jax.nn.dot_product_attention
+
+            def counted_jax(*args, **kwargs):
+                if kwargs.get("local_window_size") is not None:
+                    self.calls += 1
+                    self.windows.append(tuple(kwargs["local_window_size"]))
+                return self._jax_original(*args, **kwargs)
+
+            jax.nn.dot_product_attention = counted_jax
         return self
 
     def __exit__(self, *exc):
         ops.dot_product_attention = self._original
+        if self._jax_original is not None:
+            import jax
+
+            jax.nn.dot_product_attention = self._jax_original
 
 
-def run_both(make_layer, inputs, **kwargs):
+def run_both(make_layer, inputs, window=None, **kwargs):
     """The layer's output and gradients on the reference path and on the
     fused path (same weights); asserts the fused kernel ran only on the
-    second."""
+    second, and that under JAX it took the local-window route exactly when
+    `window` (the `local_window_size` it must pass) is given; elsewhere
+    windows stay in the explicit mask."""
     results = []
     weights = None
+    want_windows = {window} if window is not None and keras.backend.backend() == "jax" else set()
     for fused in (False, True):
         attention_ops.FUSED = fused
         try:
@@ -88,6 +111,7 @@ def run_both(make_layer, inputs, **kwargs):
                 layer.set_weights(weights)
                 results.append(values_and_grads(layer, inputs, **kwargs))
             assert (count.calls > 0) == fused, (fused, count.calls)
+            assert set(count.windows) == (want_windows if fused else set()), count.windows
         finally:
             attention_ops.FUSED = None
     return results
@@ -106,6 +130,19 @@ def _masks(seed=0):
     return x, source, query_mask, value_mask, attention_mask
 
 
+def _self_masks(seed=0):
+    """Self-attention's own key mask and explicit mask ([B, T] and [B, T, T]):
+    in batch 0 the keys 3-5 are masked, so query 4 has no key within a
+    window of 1 (it must come out zero) though it has keys outside it."""
+    rng = np.random.default_rng(seed + 100)
+    value_mask = np.ones((B, T), bool)
+    value_mask[0, 3:6] = False
+    attention_mask = rng.random((B, T, T)) > 0.3
+    attention_mask[:, np.arange(T), np.arange(T)] = True
+    attention_mask[1, 5] = False  # a query row with nothing to attend to
+    return value_mask, attention_mask
+
+
 def _mha(**options):
     return lambda: MultiHeadAttention(num_heads=2, key_dim=4, **options)
 
@@ -118,6 +155,33 @@ CASES = {
     "rotary_causal": (_mha(rotary=True, causal=True), "self", {}),
     "cross_masked": (_mha(), "cross", {"value_mask": True, "attention_mask": True}),
     "dot_score": (_mha(score="dot"), "self", {}),
+    # Local windows: under JAX the kernel's own window (`local_window_size`).
+    "window": (_mha(window=2), "self", {}),
+    "window_zero": (_mha(window=0), "self", {}),
+    "window_padded": (_mha(window=2), "self", {"query_mask": True}),
+    "window_causal": (_mha(window=2, causal=True), "self", {}),
+    "window_causal_padded": (_mha(window=3, causal=True), "self", {"query_mask": True}),
+    "window_empty_rows": (_mha(window=1), "self", {"value_mask": "self_value_mask"}),
+    "window_causal_masked": (
+        _mha(window=2, causal=True),
+        "self",
+        {"query_mask": True, "attention_mask": "self_attention_mask"},
+    ),
+    "window_rotary_dot": (_mha(window=2, rotary=True, score="dot"), "self", {}),
+    # Windows that keep the explicit mask: cross-attention's positions differ.
+    "window_cross": (_mha(window=2), "cross", {"value_mask": True}),
+}
+
+# The `local_window_size` each case passes under JAX (absent: none).
+JAX_WINDOWS = {
+    "window": (2, 2),
+    "window_zero": (0, 0),
+    "window_padded": (2, 2),
+    "window_causal": (2, 0),
+    "window_causal_padded": (3, 0),
+    "window_empty_rows": (1, 1),
+    "window_causal_masked": (2, 0),
+    "window_rotary_dot": (2, 2),
 }
 
 
@@ -125,26 +189,40 @@ def check_case(name):
     make, kind, wanted = CASES[name]
     x, source, query_mask, value_mask, attention_mask = _masks()
     inputs = [x] if kind == "self" else [x, source]
+    self_value_mask, self_attention_mask = _self_masks()
     available = {
         "query_mask": query_mask,
         "value_mask": value_mask,
         "attention_mask": attention_mask,
+        "self_value_mask": self_value_mask,
+        "self_attention_mask": self_attention_mask,
     }
-    kwargs = {k: available[k] for k in wanted}
-    (y_ref, g_ref), (y_fused, g_fused) = run_both(make, inputs, **kwargs)
+    kwargs = {k: available[k if source is True else source] for k, source in wanted.items()}
+    (y_ref, g_ref), (y_fused, g_fused) = run_both(
+        make, inputs, window=JAX_WINDOWS.get(name), **kwargs
+    )
     np.testing.assert_allclose(y_fused, y_ref, atol=1e-5, err_msg=name)
     assert len(g_fused) == len(g_ref)
     for a, b in zip(g_fused, g_ref):
         np.testing.assert_allclose(a, b, atol=1e-5, err_msg=name)
     if "query_mask" in wanted:
         assert np.all(y_fused[1, 6:] == 0.0), name
+    if name == "window_empty_rows":
+        assert np.all(y_fused[0, 4] == 0.0) and np.all(y_ref[0, 4] == 0.0), name
 
 
 def check_self_attention():
     x, _, mask, _, _ = _masks(1)
-    for options in (dict(), dict(window=1, causal=True)):
+    _, attention_mask = _self_masks(1)
+    cases = (
+        (dict(), {}, None),
+        (dict(window=1, causal=True), {}, (1, 0)),
+        (dict(window=2), {"attention_mask": attention_mask}, (2, 2)),
+        (dict(window=2, include_self=False), {}, None),  # not JAX's window: the mask
+    )
+    for options, extra, window in cases:
         (y_ref, g_ref), (y_fused, g_fused) = run_both(
-            lambda: SelfAttention(units=4, **options), [x], mask=mask
+            lambda: SelfAttention(units=4, **options), [x], window=window, mask=mask, **extra
         )
         np.testing.assert_allclose(y_fused, y_ref, atol=1e-5)
         for a, b in zip(g_fused, g_ref):
@@ -154,14 +232,18 @@ def check_self_attention():
 
 def check_encoder_block():
     x, _, mask, _, _ = _masks(2)
-    (y_ref, g_ref), (y_fused, g_fused) = run_both(
-        lambda: TransformerEncoderBlock(num_heads=2, intermediate_dim=16, dropout=0.0, causal=True),
-        [x],
-        mask=mask,
-    )
-    np.testing.assert_allclose(y_fused, y_ref, atol=1e-5)
-    for a, b in zip(g_fused, g_ref):
-        np.testing.assert_allclose(a, b, atol=1e-5)
+    for options, window in ((dict(), None), (dict(window=2), (2, 0))):
+        (y_ref, g_ref), (y_fused, g_fused) = run_both(
+            lambda: TransformerEncoderBlock(
+                num_heads=2, intermediate_dim=16, dropout=0.0, causal=True, **options
+            ),
+            [x],
+            window=window,
+            mask=mask,
+        )
+        np.testing.assert_allclose(y_fused, y_ref, atol=1e-5)
+        for a, b in zip(g_fused, g_ref):
+            np.testing.assert_allclose(a, b, atol=1e-5)
 
 
 def check_options_that_keep_their_path():
@@ -175,6 +257,10 @@ def check_options_that_keep_their_path():
             MultiHeadAttention(num_heads=2, key_dim=4, score="additive")(x)
             MultiHeadAttention(num_heads=2, key_dim=4, normalize="relu")(x)
             MultiHeadAttention(num_heads=2, key_dim=4, dropout=0.5)(x, training=True)
+            windowed = MultiHeadAttention(num_heads=2, key_dim=4, window=2, causal=True)
+            windowed(x, return_attention_scores=True)
+            MultiHeadAttention(num_heads=2, key_dim=4, window=2, normalize="relu")(x)
+            SelfAttention(units=4, window=1, dropout=0.5)(x, training=True)
         assert count.calls == 0
         with _CountFused() as count:
             MultiHeadAttention(num_heads=2, key_dim=4, dropout=0.5)(x, training=False)
