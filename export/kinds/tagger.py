@@ -298,6 +298,10 @@ class TaggerKind(ExportKind):
                 "whitespace": bundle.WHITESPACE,
                 "max_tokens": int(m.max_len),
                 "longer": "refused (more tokens than the model's max_len)",
+                # tf.strings.split (the SavedModel's raw-text signature) splits on
+                # ASCII whitespace only; Tagger.tag and zoo.lite use str.split.
+                "savedmodel_serving_default": "splits on ASCII whitespace only; for text "
+                "with other whitespace, split it as above and call tag_tokens",
             },
             "word_ids": {
                 "vocabulary": {"file": vocab, "key": "words"},
