@@ -8,17 +8,13 @@ Each comparison also counts the calls of `keras.ops.dot_product_attention`,
 so a fused run that silently took the other path fails.
 """
 
-import os
-import subprocess
-import sys
-
 import keras
 import numpy as np
 import pytest
 from keras import ops
 
 from layers import MultiHeadAttention, SelfAttention, TransformerEncoderBlock, attention_ops
-from tests.support.paths import ROOT
+from tests.support.backends import run_under_jax
 
 B, T, S, D = 2, 9, 7, 8
 
@@ -296,18 +292,8 @@ def test_default_policy_keeps_tensorflow_cpu_path():
 
 @pytest.mark.slow
 def test_fused_equals_reference_jax():
-    pytest.importorskip("jax")
-    env = dict(os.environ, KERAS_BACKEND="jax", JAX_PLATFORMS="cpu", PYTHONPATH=ROOT)
-    proc = subprocess.run(
-        [sys.executable, "-m", "tests.layers.test_attention_fused"],
-        cwd=ROOT,
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=900,
-    )
-    assert proc.returncode == 0, proc.stdout + proc.stderr[-3000:]
-    assert "jax: fused checks passed" in proc.stdout, proc.stdout
+    stdout = run_under_jax("tests.layers.test_attention_fused", timeout=900)
+    assert "jax: fused checks passed" in stdout, stdout
 
 
 def main():
@@ -334,27 +320,14 @@ def test_gpu_benchmark_child_runs_without_tensorflow():
     """benchmarks/attention_gpu.py's child at a tiny shape, under JAX with
     `import tensorflow` made impossible (the device machine has none):
     the agreement check passes and the row is timed."""
-    pytest.importorskip("jax")
     import json
 
     config = dict(
         kind="long", impl="chunked", length=24, dim=16, chunk=8, dtype="float32", smoke=True
     )
-    code = (
-        "import sys\n"
-        "class Block:\n"
-        "    def find_spec(self, name, path=None, target=None):\n"
-        "        if name.split('.')[0] == 'tensorflow':\n"
-        "            raise ImportError('tensorflow is blocked here')\n"
-        "sys.meta_path.insert(0, Block())\n"
-        "from benchmarks import attention_gpu\n"
-        f"sys.exit(attention_gpu.main(['--child', {json.dumps(json.dumps(config))}]))\n"
+    stdout = run_under_jax(
+        "benchmarks.attention_gpu", "--child", json.dumps(config), without_tensorflow=True
     )
-    env = dict(os.environ, KERAS_BACKEND="jax", JAX_PLATFORMS="cpu", PYTHONPATH=ROOT)
-    proc = subprocess.run(
-        [sys.executable, "-c", code], cwd=ROOT, env=env, capture_output=True, text=True, timeout=600
-    )
-    assert proc.returncode == 0, proc.stdout + proc.stderr[-3000:]
-    row = json.loads(proc.stdout.strip().splitlines()[-1])
+    row = json.loads(stdout.strip().splitlines()[-1])
     assert "error" not in row, row
     assert row["max_rel_error"] <= row["tolerance"] and row["fwdbwd_ms"] > 0, row

@@ -18,6 +18,7 @@ import sys
 
 import pytest
 
+from tests.support.backends import run_under_jax
 from tests.support.paths import ROOT
 
 SHORT, LONG = 1024, 4096
@@ -67,18 +68,8 @@ def measure():
 
 @pytest.mark.slow
 def test_chunked_backward_memory_grows_linearly():
-    pytest.importorskip("jax")
-    env = dict(os.environ, KERAS_BACKEND="jax", JAX_PLATFORMS="cpu", PYTHONPATH=ROOT)
-    proc = subprocess.run(
-        [sys.executable, "-m", "tests.layers.test_attention_memory"],
-        cwd=ROOT,
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=900,
-    )
-    assert proc.returncode == 0, proc.stdout + proc.stderr[-3000:]
-    figures = json.loads(proc.stdout.strip().splitlines()[-1])
+    stdout = run_under_jax("tests.layers.test_attention_memory", timeout=900)
+    figures = json.loads(stdout.strip().splitlines()[-1])
     ratio = LONG / SHORT
     full_long = figures["full"][1]
     # The full path must itself be quadratic, or this comparison says nothing.
