@@ -254,14 +254,13 @@ def _text_tokenizer():
 
 
 @functools.lru_cache(maxsize=None)
-def text_seq2seq():
-    """A tiny untrained seq2seq model with a unigram nmt_nfkc tokenizer and its
-    SavedModel (version directory), built once per test session and shared by
-    the deploy tests (test_lite, test_deploy_docs)."""
+def text_seq2seq_model():
+    """A tiny untrained seq2seq model with a unigram nmt_nfkc tokenizer, built once per
+    test process (test_lite needs only the model)."""
     import keras
 
     keras.utils.set_random_seed(3)
-    model = zoo.build(
+    return zoo.build(
         "seq2seq",
         tokenizer=encode_proto(_text_tokenizer()),
         hidden_dim=16,
@@ -271,6 +270,13 @@ def text_seq2seq():
         max_source_length=16,
         max_target_length=12,
     )
+
+
+@functools.lru_cache(maxsize=None)
+def text_seq2seq():
+    """`text_seq2seq_model()` and its SavedModel (version directory), built once per test
+    process and shared by the deploy tests (test_deploy_docs)."""
+    model = text_seq2seq_model()
     base = tempfile.mkdtemp(prefix="zoo-text-seq2seq-")
     atexit.register(shutil.rmtree, base, ignore_errors=True)
     return model, export_savedmodel(model, os.path.join(base, "serving", "mt")), base

@@ -13,7 +13,7 @@ import zoo
 import zoo.models  # noqa: F401
 from export.kinds import seq2seq as seq2seq_kind
 from export.tflite import export_tflite
-from tests.export.test_stock_serving import text_seq2seq
+from tests.export.test_stock_serving import text_seq2seq_model
 from tests.support.runs import make_tagger_run, run_clean
 from zoo.seq2seq import decoding
 
@@ -71,7 +71,7 @@ def exports(tmp_path_factory):
     run = str(base / "tagger-run")
     make_tagger_run(run)
     export_tflite(run, str(base / "tagger.tflite"))
-    translator, _, _ = text_seq2seq()
+    translator = text_seq2seq_model()
     keras_file = str(base / "s2s.keras")
     translator.save(keras_file)
     seq2seq_kind.export_all(keras_file, str(base / "s2s"))

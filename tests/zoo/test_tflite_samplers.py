@@ -32,6 +32,13 @@ def exported(tmp_path_factory):
     return run, files
 
 
+@pytest.fixture(scope="module")
+def keras_task(exported):
+    """The run as `zoo.load(run)` gives it, loaded once: each load compiles its decoding
+    loops again (seconds per sampler), and a seeded draw does not depend on history."""
+    return zoo.load(exported[0])
+
+
 def _texts(rows):
     return [[text for text, _ in row] for row in rows]
 
@@ -48,11 +55,11 @@ def _check(got, want, case):
     np.testing.assert_allclose(_scores(got), _scores(want), rtol=0, atol=1e-4, err_msg=str(case))
 
 
-def test_steps_tflite_decodes_what_keras_decodes(exported):
+def test_steps_tflite_decodes_what_keras_decodes(exported, keras_task):
     """Greedy and beam search (n-best, length penalty, max_length): the run's
     Keras model, decoding under XLA as `zoo.load(run)` does."""
     run, files = exported
-    keras_task, lite = zoo.load(run), zoo.load(files["steps"])
+    lite = zoo.load(files["steps"])
     assert (keras_task.format, lite.format, lite.kind) == ("keras", "tflite", "seq2seq")
     cases = [
         dict(sampler="greedy"),
@@ -81,7 +88,7 @@ def test_steps_tflite_decodes_what_keras_decodes(exported):
     assert lite.generate(TEXTS[0], sampler="beam") == keras_task.generate(TEXTS[0], sampler="beam")
 
 
-def test_steps_tflite_samples_what_keras_samples_with_the_same_seed(exported):
+def test_steps_tflite_samples_what_keras_samples_with_the_same_seed(exported, keras_task):
     """Seeded top-k / top-p / temperature draws equal the run's (Keras under XLA:
     the noise is an integer hash, the same bits in both).
 
@@ -114,18 +121,18 @@ def test_steps_tflite_samples_what_keras_samples_with_the_same_seed(exported):
                     compared += 1
                     assert abs(score - expected) < 1e-4, (sampler, tokens, score, expected)
         case = dict(sampler=sampler, num_return_sequences=4, seed=seed)
-        assert _texts(lite.generate(TEXTS, **case)) == _texts(zoo.load(run).generate(TEXTS, **case))
+        assert _texts(lite.generate(TEXTS, **case)) == _texts(keras_task.generate(TEXTS, **case))
     assert compared >= 6
     # Keras's own loop gives the same draws with and without XLA.
     model.eager_decoding = True  # `decoding.compiled`: the plain loop, no tf.function
     eager, xla = (
         decoding.generate_ids(m, ids, samplers.TopK(5), num_return_sequences=4, seed=7)
-        for m in (model, zoo.load(run).model)
+        for m in (model, keras_task.model)
     )
     assert [[t for t, _ in row] for row in eager] == [[t for t, _ in row] for row in xla]
 
 
-def test_savedmodel_step_signatures_decode_and_sample_what_keras_does(exported):
+def test_savedmodel_step_signatures_decode_and_sample_what_keras_does(exported, keras_task):
     """A SavedModel's `encode` / `decode_step` signatures, driven by the same
     adapter as steps.tflite's: beam n-best tokens and scores, and seeded top-k
     draws, equal the run's Keras model; it keeps its translate signatures."""
@@ -135,7 +142,7 @@ def test_savedmodel_step_signatures_decode_and_sample_what_keras_does(exported):
     import tensorflow as tf
 
     run, files = exported
-    keras_task, saved = zoo.load(run), zoo.load(files["savedmodel"])
+    saved = zoo.load(files["savedmodel"])
     assert (saved.format, saved.kind) == ("savedmodel", "seq2seq")
     cases = [
         dict(sampler="greedy"),
@@ -212,7 +219,9 @@ def test_a_seeded_draw_repeats_and_the_seed_matters(exported):
     assert draw[0] != draw[2]
 
 
-def test_greedy_only_formats_name_the_sampler_and_the_format(exported, tmp_path, monkeypatch):
+def test_greedy_only_formats_name_the_sampler_and_the_format(
+    exported, keras_task, tmp_path, monkeypatch
+):
     from export.kinds import seq2seq as kind
 
     run, files = exported
@@ -220,7 +229,7 @@ def test_greedy_only_formats_name_the_sampler_and_the_format(exported, tmp_path,
     one_file = zoo.load(files["greedy"])
     # Their graphs decode up to max_target_length (the others scale the limit to the input).
     full = lite._steps.max_target_length
-    want = zoo.load(run).generate(TEXTS, max_length=full)
+    want = keras_task.generate(TEXTS, max_length=full)
     assert one_file.generate(TEXTS) == lite.generate(TEXTS, max_length=full) == want
     with pytest.raises(
         ValueError,
