@@ -19,17 +19,9 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspa
 os.environ.setdefault("KERAS_BACKEND", "tensorflow")
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 
-TINY = {
-    "word_dim": 16,
-    "char_dim": 8,
-    "char_filters": 8,
-    "char_kernels": [3],
-    "hidden_dim": 16,
-    "num_heads": 2,
-    "num_layers": 1,
-    "dropout": 0.0,
-    "word_dropout": 0.0,
-}
+from tests.support import tiny  # noqa: E402  (after the path and environment)
+
+TINY = {**tiny.TAGGER_MINI_MODEL, "dropout": 0.0, "word_dropout": 0.0}
 STEPS = 3
 GLOBAL_BATCH = 8
 EMA_MOMENTUM = 0.5  # low, so a few steps move the average far from the initial weights

@@ -9,6 +9,16 @@ TAGGER_MODEL = {
     "num_heads": 2,
     "num_layers": 1,
 }
+# Smaller still, with one character kernel: the runs that resume, stop or distribute.
+TAGGER_MINI_MODEL = {
+    "word_dim": 16,
+    "char_dim": 8,
+    "char_filters": 8,
+    "char_kernels": [3],
+    "hidden_dim": 16,
+    "num_heads": 2,
+    "num_layers": 1,
+}
 TAGGER = [
     "--epochs",
     "1",

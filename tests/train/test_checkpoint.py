@@ -14,22 +14,14 @@ import numpy as np
 import pytest
 
 import zoo.models  # noqa: F401  (registers every class zoo model files name)
-from tests.support import paths
+from tests.support import paths, tiny
 from train import checkpoint, engine
 from train import strategy as distribute
 from train.rundir import read_json
 from train.tagger import embedded
 
 ROOT = pathlib.Path(paths.ROOT)
-TINY = {
-    "word_dim": 16,
-    "char_dim": 8,
-    "char_filters": 8,
-    "char_kernels": [3],
-    "hidden_dim": 16,
-    "num_heads": 2,
-    "num_layers": 1,
-}
+TINY = tiny.TAGGER_MINI_MODEL
 
 
 @pytest.fixture(autouse=True)
