@@ -12,7 +12,11 @@ device) and PREFIX.json. Figures:
 
 1. `speed`: forward and forward+backward of one self-attention layer, 8
    heads, B x N x D in 16x256x256, 4x1024x256, 2x4096x512, 1x16384x512,
-   float32 and bfloat16 (jitted `stateless_call`, medians);
+   float32 and bfloat16 (jitted `stateless_call`, medians); and with a
+   local window (`sliding_window=256`, keys `|i - j| < 256`, causal and
+   symmetric) at 4x1024x256 and 2x4096x512: a causal window is JAX's
+   kernel's own on GPUs (`local_window_size`, cuDNN's sliding window in
+   bfloat16), a symmetric one stays in the mask;
 2. `long`: chunked (chunk_size=1024) vs full vs Keras at N = 16k, 32k, 64k
    (B=1, D=512, 8 heads, bfloat16): time and peak memory, forward and
    forward+backward;
@@ -38,11 +42,15 @@ ROOT = os.path.dirname(HERE)
 HEADS = 8
 
 SPEED_SHAPES = [(16, 256, 256), (4, 1024, 256), (2, 4096, 512), (1, 16384, 512)]
+WINDOW_SHAPES = [(4, 1024, 256), (2, 4096, 512)]
+SLIDING_WINDOW = 256  # Keras's `sliding_window`: keys with |i - j| < 256
 LONG_LENGTHS = [16384, 32768, 65536]
 LONG_DIM, CHUNK = 512, 1024
 ENCODER = dict(layers=6, dim=512, ff=2048, batch=32, length=512)
 
 SMOKE_SPEED_SHAPES = [(2, 32, 32), (1, 64, 64)]
+SMOKE_WINDOW_SHAPES = [(1, 64, 64)]
+SMOKE_SLIDING_WINDOW = 8
 SMOKE_LONG_LENGTHS = [128, 256]
 SMOKE_LONG_DIM, SMOKE_CHUNK = 32, 32
 SMOKE_ENCODER = dict(layers=2, dim=32, ff=64, batch=2, length=16)
@@ -59,6 +67,21 @@ def configurations(smoke):
     for dtype in ("float32", "bfloat16"):
         for batch, length, width in shapes:
             configs.append(dict(kind="speed", batch=batch, length=length, dim=width, dtype=dtype))
+    window = SMOKE_SLIDING_WINDOW if smoke else SLIDING_WINDOW
+    for dtype in ("float32", "bfloat16"):
+        for batch, length, width in SMOKE_WINDOW_SHAPES if smoke else WINDOW_SHAPES:
+            for causal in (True, False):
+                configs.append(
+                    dict(
+                        kind="speed",
+                        batch=batch,
+                        length=length,
+                        dim=width,
+                        dtype=dtype,
+                        window=window,
+                        causal=causal,
+                    )
+                )
     for length in lengths:
         for impl in ("chunked", "full", "keras"):
             configs.append(
@@ -140,6 +163,9 @@ def markdown(rows, device, smoke):
                 "length",
                 "dim",
                 "dtype",
+                "window",
+                "causal",
+                "route",
                 "ours_fwd_ms",
                 "keras_fwd_ms",
                 "fwd_ratio",
@@ -225,18 +251,27 @@ def _reset_peak():
     return None
 
 
-def _attention_pair(dim, dtype, chunk=None, impl="ours"):
+def _attention_pair(dim, dtype, chunk=None, impl="ours", window=None, causal=False):
+    """A self-attention layer and how to call it; `window` is Keras's
+    `sliding_window` (keys `|i - j| < window`), which both layers take."""
     import keras
 
     from layers import MultiHeadAttention
 
     key_dim = dim // HEADS
+    options = dict(num_heads=HEADS, key_dim=key_dim, dtype=dtype, sliding_window=window)
     if impl == "keras":
-        layer = keras.layers.MultiHeadAttention(num_heads=HEADS, key_dim=key_dim, dtype=dtype)
-        call = lambda layer_, params, x: layer_.stateless_call(params, [], x, x)[0]  # noqa: E731
+        layer = keras.layers.MultiHeadAttention(**options)
+
+        def call(layer_, params, x):
+            return layer_.stateless_call(params, [], x, x, use_causal_mask=causal)[0]
+
     else:
-        layer = MultiHeadAttention(num_heads=HEADS, key_dim=key_dim, chunk_size=chunk, dtype=dtype)
-        call = lambda layer_, params, x: layer_.stateless_call(params, [], x)[0]  # noqa: E731
+        layer = MultiHeadAttention(chunk_size=chunk, **options)
+
+        def call(layer_, params, x):
+            return layer_.stateless_call(params, [], x, use_causal_mask=causal)[0]
+
     return layer, call
 
 
@@ -274,8 +309,9 @@ def _agreement(config, x, ours_impl="ours", chunk=None):
     import numpy as np
 
     dtype = config["dtype"]
-    ours, ours_call = _attention_pair(config["dim"], dtype, chunk)
-    theirs, their_call = _attention_pair(config["dim"], dtype, impl="keras")
+    structure = dict(window=config.get("window"), causal=config.get("causal", False))
+    ours, ours_call = _attention_pair(config["dim"], dtype, chunk, **structure)
+    theirs, their_call = _attention_pair(config["dim"], dtype, impl="keras", **structure)
     _build(ours, x, "ours")
     _build(theirs, x, "keras")
     ours.set_weights(theirs.get_weights())
@@ -297,6 +333,23 @@ def _agreement(config, x, ours_impl="ours", chunk=None):
     return max(errors), limit
 
 
+def _route(config):
+    """Which path our layer takes for `config` on this device: `"own"`
+    (einsum), `"fused"` (`keras.ops.dot_product_attention`, any window in
+    its mask) or `"jax window (left, right) IMPL"` (the window JAX's own)."""
+    from layers import attention_ops
+
+    if not attention_ops.fused_enabled():
+        return "own"
+    if config.get("window"):
+        window = config["window"] - 1  # Keras's sliding_window -> ours
+        local = attention_ops.fused_window(window, config.get("causal", False), config["dtype"])
+        if local is not None:
+            (left, right), implementation = local
+            return f"jax window ({left}, {right}) {implementation}"
+    return "fused"
+
+
 def child_speed(config):
     import jax
     import numpy as np
@@ -307,11 +360,12 @@ def child_speed(config):
         rng.normal(size=(config["batch"], config["length"], config["dim"])), config["dtype"]
     )
     error, limit = _agreement(config, x)
-    row = {**config, "max_rel_error": error, "tolerance": limit}
+    row = {**config, "max_rel_error": error, "tolerance": limit, "route": _route(config)}
     if not error <= limit:
         return {**row, "error": f"disagrees with Keras: {error:.3g} > {limit}"}
+    structure = dict(window=config.get("window"), causal=config.get("causal", False))
     for impl in ("ours", "keras"):
-        layer, call = _attention_pair(config["dim"], config["dtype"], impl=impl)
+        layer, call = _attention_pair(config["dim"], config["dtype"], impl=impl, **structure)
         params = _build(layer, x, impl)
         forward, grad = _functions(layer, call)
         row[f"{impl}_fwd_ms"] = _time(forward, params, x, repeats=repeats)
