@@ -5,7 +5,11 @@ subprocess with KERAS_BACKEND=jax; `python -m tests.layers.test_attention_fused`
 `attention_ops.FUSED` forces the path either way: the default picks the
 fused kernel only on JAX with a GPU/TPU, which these CPU tests do not have.
 Each comparison also counts the calls of `keras.ops.dot_product_attention`,
-so a fused run that silently took the other path fails.
+so a fused run that silently took the other path fails. Under JAX a local
+window is the kernel's own (`jax.nn.dot_product_attention(local_window_size=
+...)`, XLA's form here on CPU): the calls and the windows they pass are
+counted too, so a window that should stay in the mask (cross-attention,
+`include_self=False`) or should not (self-attention) fails where it goes.
 """
 
 import keras
