@@ -34,66 +34,17 @@ import time
 
 import keras
 import numpy as np
-from keras import ops
 
 from train import checkpoint, preemption
 from train import strategy as dist
+
+# masked_mean_terms, weighted_terms: the run code passes them to fit as engine.*.
+from train.loss_terms import host_count, masked_mean_terms, unpack, weighted_terms  # noqa: F401
 from zoo.cli import UsageError
 
 
 class NonFiniteLoss(UsageError):
     """The loss became NaN or Inf; nothing was saved after the last good checkpoint."""
-
-
-# ------------------------------------------------------------------ loss terms
-def weighted_terms(loss):
-    """(sum, count) from a Keras loss applied per element, weighted by sample weights
-    (padding weight 0). Without weights every element counts."""
-    if isinstance(loss, str) or not isinstance(loss, keras.losses.Loss):
-        loss = keras.losses.get(loss)
-    per_element = loss.__class__.from_config({**loss.get_config(), "reduction": None})
-
-    def terms(y, y_pred, sample_weight):
-        values = ops.cast(per_element(y, y_pred), "float32")
-        if sample_weight is None:
-            return ops.sum(values), ops.cast(ops.size(values), "float32")
-        w = ops.cast(sample_weight, "float32")
-        return ops.sum(values * w), ops.sum(w)
-
-    return terms
-
-
-def masked_mean_terms(loss, pad_id=0):
-    """(sum, count) for a loss that already averages over non-padding targets
-    (e.g. seq2seq's MaskedSmoothedCrossEntropy): mean times the local count."""
-
-    def terms(y, y_pred, sample_weight):
-        count = ops.sum(ops.cast(ops.not_equal(y, pad_id), "float32"))
-        return ops.cast(loss(y, y_pred), "float32") * count, count
-
-    terms.kind = "masked"
-    terms.pad_id = pad_id
-    return terms
-
-
-def _host_count(y, w, terms_kind, pad_id):
-    """The global normaliser, computed on the host from the whole global batch (each
-    worker holds it), so no collective is needed inside the compiled step."""
-    if w is not None:
-        return float(np.sum(np.asarray(w, np.float64)))
-    if terms_kind == "masked":
-        return float(np.sum(np.asarray(y) != pad_id))
-    return float(np.prod(np.shape(y)))
-
-
-# ------------------------------------------------------------------ data
-def _unpack(batch):
-    if isinstance(batch, (list, tuple)):
-        if len(batch) == 3:
-            return batch
-        if len(batch) == 2:
-            return batch[0], batch[1], None
-    return batch, None, None
 
 
 def _rows(batch):
@@ -230,7 +181,7 @@ class Engine:
     def build(self, batch):
         """Creates every variable (model, compiled metrics, optimizer slots) under the
         strategy's scope, before any step runs in a replica context."""
-        x, y, w = _unpack(_numpy(batch))
+        x, y, w = unpack(_numpy(batch))
         sample = keras.tree.map_structure(lambda a: a[:1], (x, y) if w is None else (x, y, w))
         with self.strategy.scope():
             self.model._symbolic_build(data_batch=sample)
@@ -326,8 +277,8 @@ class Engine:
         import tensorflow as tf
 
         batch = _numpy(batch)
-        x, y, w = _unpack(batch)
-        count = _host_count(y, w, self.terms_kind, self.pad_id)
+        x, y, w = unpack(batch)
+        count = host_count(y, w, self.terms_kind, self.pad_id)
         if count <= 0:
             return None, 0.0
         if fn == "train":

@@ -23,7 +23,7 @@ import keras
 import numpy as np
 from keras.src import backend as keras_backend
 
-from train.engine import _host_count, _unpack, weighted_terms
+from train.loss_terms import host_count, unpack, weighted_terms
 
 
 def _numpy(batch):
@@ -70,7 +70,7 @@ class JaxEngine:
         self._eval_fn = None
 
     def build(self, batch):
-        x, y, w = _unpack(_numpy(batch))
+        x, y, w = unpack(_numpy(batch))
         sample = keras.tree.map_structure(lambda a: a[:1], (x, y) if w is None else (x, y, w))
         self.model._symbolic_build(data_batch=sample)
         if not self.optimizer.built:
@@ -158,8 +158,8 @@ class JaxEngine:
         return jax.jit(step) if self.jit_compile else step
 
     def _run(self, kind, batch):
-        x, y, w = _unpack(_numpy(batch))
-        count = _host_count(y, w, self.terms_kind, self.pad_id)
+        x, y, w = unpack(_numpy(batch))
+        count = host_count(y, w, self.terms_kind, self.pad_id)
         if count <= 0:
             return None, 0.0
         x, y, w = place_batch((x, y, w))
