@@ -1,0 +1,272 @@
+"""Training under Keras's JAX backend (#20): each model trains one short epoch with
+`--backend jax` in a child process, which then saves its own outputs (tag probabilities,
+teacher-forced logits and greedy translations, generated images) of the run's model.keras
+under JAX. A fresh TensorFlow process loads the same run, computes the same outputs,
+exports it (SavedModel, TFLite; the export CLI checks each against Keras) and runs the
+exports: every output must equal JAX's to float tolerance.
+
+The tiny settings are the ones the tests share (tests/support/tiny.py).
+"""
+
+import json
+import os
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+
+from tests.support import paths, tiny
+
+SENTENCES = [["I", "saw", "a", "saw", "."], ["they", "can", "can", "the", "fish"]]
+TEXTS = ["abcde", "edcab"]
+CLASSES = [0, 1, 2, 3]
+
+
+def _env(backend):
+    env = {k: v for k, v in os.environ.items() if k not in ("PYTHONPATH", "XLA_FLAGS")}
+    env.update(KERAS_BACKEND=backend, TF_CPP_MIN_LOG_LEVEL="2", PYTHONHASHSEED="0")
+    return env
+
+
+def _child(backend, *args, timeout=900):
+    proc = subprocess.run(
+        [sys.executable, "-m", "tests.train.test_jax_training", *args],
+        cwd=paths.ROOT,
+        env=_env(backend),
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+        check=False,
+    )
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    return proc
+
+
+def _flags(kind):
+    """The tests' shared tiny flags (one epoch)."""
+    return list(tiny.FLAGS[kind])
+
+
+# ------------------------------------------------------------------ in the children
+def outputs(kind, run):
+    """The outputs compared across backends, from the run's model.keras."""
+    import zoo
+
+    task = zoo.load(run)
+    if kind == "tagger":
+        from zoo.tagger.model import pad_tokens
+
+        model = task.model
+        ids = {k: np.asarray(v) for k, v in model.encode_tf(pad_tokens(SENTENCES)).items()}
+        probs = np.asarray(model.core(ids, training=False), np.float32)
+        tags = [t for row in task.tag(SENTENCES) for _, t in row]
+        return {"probs": probs, "tags": np.array(tags)}
+    if kind == "seq2seq":
+        model = task.model
+        rng = np.random.default_rng(0)
+        feed = {
+            "source_ids": rng.integers(4, 10, (2, 6)).astype("int32"),
+            "target_ids": rng.integers(4, 10, (2, 7)).astype("int32"),
+        }
+        logits = np.asarray(model(feed, training=False), np.float32)
+        return {"logits": logits, "translations": np.array(task.translate(TEXTS))}
+    return {"images": task.generate(CLASSES, seed=0)}
+
+
+def _train_under_jax(kind, run, result):
+    import keras
+
+    from train.cli import main
+
+    assert main([kind, "--backend", "jax", "--out", run, *_flags(kind)]) == 0
+    assert keras.backend.backend() == "jax"
+    np.savez(result, **outputs(kind, run))
+
+
+def _check_under_tensorflow(kind, run, result, work):
+    import keras
+
+    from export.__main__ import main as export_main
+
+    assert keras.backend.backend() == "tensorflow"
+    want = dict(np.load(result))
+    got = outputs(kind, run)
+    _compare(kind, got, want, "Keras (TensorFlow)")
+    saved = os.path.join(work, "serving")
+    lite = os.path.join(work, "model.tflite")
+    assert export_main(["savedmodel", run, "--out", saved]) == 0
+    assert export_main(["tflite", run, "--out", lite]) == 0
+    import zoo
+
+    for name, path in (("SavedModel", saved), ("TFLite", lite)):
+        if kind == "seq2seq" and name == "TFLite":
+            # The one-file greedy loop gives tokens only, and a one-epoch model's logits
+            # nearly tie (LiteRT's float order picked 'bbb' over '' once): the export
+            # itself compared LiteRT's outputs with Keras's, which equal JAX's above.
+            continue
+        task = zoo.load(path)
+        if kind == "tagger":
+            got = {"tags": np.array([t for row in task.tag(SENTENCES) for _, t in row])}
+        elif kind == "seq2seq":
+            got = {"translations": np.array(task.translate(TEXTS))}
+        else:
+            got = {"images": task.generate(CLASSES, seed=0)}
+        _compare(kind, got, want, name)
+    print("ok")
+
+
+def _compare(kind, got, want, where):
+    for key, value in got.items():
+        if value.dtype.kind in "US":
+            if kind == "tagger" and "probs" in want:
+                # A tag may part only where JAX's two best probabilities (nearly) tie.
+                top2 = np.sort(want["probs"], axis=-1)[..., -2:]
+                margin = top2[..., 1] - top2[..., 0]
+                clear = np.concatenate([m[: len(s)] for m, s in zip(margin, SENTENCES)]) > 1e-4
+                assert (value[clear] == want[key][clear]).all(), (where, key, value, want[key])
+            else:
+                assert value.tolist() == want[key].tolist(), (where, key, value, want[key])
+        else:
+            np.testing.assert_allclose(value, want[key], atol=2e-5, rtol=1e-4, err_msg=where)
+
+
+if __name__ == "__main__":
+    step, kind, run, result = sys.argv[1:5]
+    if step == "train":
+        _train_under_jax(kind, run, result)
+    else:
+        _check_under_tensorflow(kind, run, result, sys.argv[5])
+
+
+# ------------------------------------------------------------------ tests
+@pytest.mark.slow  # a JAX child trains, a TF child loads and exports
+@pytest.mark.parametrize("kind", ["tagger", "seq2seq", "sagan"])
+def test_jax_trained_run_loads_and_exports_under_tensorflow(kind, tmp_path):
+    run, result = str(tmp_path / "run"), str(tmp_path / "jax_outputs.npz")
+    trained = _child("jax", "train", kind, run, result)
+    assert "backend jax, 1 x cpu, float32, XLA on" in trained.stderr
+    for name in ("config.json", "metrics.json"):
+        with open(os.path.join(run, name)) as f:
+            runtime = json.load(f)["runtime"]
+        assert runtime["backend"] == "jax" and runtime["device"] == "cpu", runtime
+    checked = _child("tensorflow", "check", kind, run, result, str(tmp_path))
+    assert checked.stdout.strip().endswith("ok")
+
+
+def _refused(capsys, argv, *needles):
+    from train.cli import main
+
+    assert main(argv) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1, err
+    for needle in needles:
+        assert needle in err[0], err
+    return err[0]
+
+
+def test_device_gpu_refused_without_a_gpu(tmp_path, capsys):
+    import tensorflow as tf
+
+    if tf.config.list_physical_devices("GPU"):
+        pytest.skip("this machine has a GPU")
+    out = tmp_path / "run"
+    for model in ("tagger", "seq2seq", "sagan"):
+        _refused(capsys, [model, "--device", "gpu", "--out", str(out)], "--device gpu", "no GPU")
+        assert not out.exists()
+
+
+def test_backend_and_precision_flags_refused_with_one_line(tmp_path, capsys):
+    out = str(tmp_path / "run")
+    # This process imported Keras with TensorFlow: JAX cannot be selected any more.
+    _refused(capsys, ["tagger", "--backend", "jax", "--out", out], "already imported", "tensorflow")
+    _refused(capsys, ["tagger", "--backend", "torch", "--out", out], "--backend", "torch")
+    _refused(capsys, ["tagger", "--device", "tpu", "--out", out], "--device", "tpu")
+    _refused(capsys, ["tagger", "--mixed-precision", "fp8", "--out", out], "fp8")
+    assert not os.path.exists(out)
+
+
+@pytest.mark.slow
+def test_data_parallel_on_two_devices_trains_as_one_device(tmp_path):
+    """--strategy mirrored under JAX: keras.distribution.DataParallel over two host
+    devices (XLA_FLAGS) gives the one-device run's losses and accuracies."""
+    histories = []
+    for name, extra_env, extra in (
+        ("one", {}, []),
+        (
+            "two",
+            {"XLA_FLAGS": "--xla_force_host_platform_device_count=2"},
+            ["--strategy", "mirrored"],
+        ),
+    ):
+        run = str(tmp_path / name)
+        proc = subprocess.run(
+            [sys.executable, "-m", "train", "seq2seq", "--backend", "jax", "--out", run]
+            + _flags("seq2seq")
+            + extra,
+            cwd=paths.ROOT,
+            env={**_env("jax"), **extra_env},
+            capture_output=True,
+            text=True,
+            timeout=900,
+            check=False,
+        )
+        assert proc.returncode == 0, proc.stderr[-3000:]
+        with open(os.path.join(run, "checkpoints", "state.json")) as f:
+            histories.append(json.load(f)["history"])
+        with open(os.path.join(run, "metrics.json")) as f:
+            runtime = json.load(f)["runtime"]
+        assert runtime["devices"] == (2 if extra else 1), runtime
+    one, two = histories
+    for a, b in zip(one, two, strict=True):
+        for key in ("loss", "acc", "val_loss", "val_acc"):
+            assert abs(a[key] - b[key]) < 1e-4, (key, one, two)
+
+
+@pytest.mark.slow
+def test_jax_throughput_benchmark_smoke_runs_without_tensorflow(tmp_path):
+    prefix = str(tmp_path / "smoke")
+    proc = subprocess.run(
+        [sys.executable, "-m", "benchmarks.train_throughput_jax", "--smoke", "--out", prefix],
+        cwd=paths.ROOT,
+        env=_env("jax"),
+        capture_output=True,
+        text=True,
+        timeout=900,
+        check=False,
+    )
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    with open(prefix + ".json") as f:
+        rows = json.load(f)["rows"]
+    assert [r["model"] for r in rows] == ["tagger", "seq2seq", "sagan"]
+    assert all(r["value"] > 0 for r in rows)
+
+
+@pytest.mark.slow
+def test_resume_under_jax_ends_where_the_uninterrupted_run_ends(tmp_path):
+    """One epoch, then --resume to two, under JAX: the same losses and accuracies per
+    epoch as two epochs in one go (checkpoints, optimizer state and batch order restored)."""
+
+    def train(run, *extra):
+        proc = subprocess.run(
+            [sys.executable, "-m", "train", "seq2seq", "--backend", "jax", "--out", run]
+            + _flags("seq2seq")
+            + list(extra),
+            cwd=paths.ROOT,
+            env=_env("jax"),
+            capture_output=True,
+            text=True,
+            timeout=900,
+            check=False,
+        )
+        assert proc.returncode == 0, proc.stderr[-3000:]
+        with open(os.path.join(run, "checkpoints", "state.json")) as f:
+            return json.load(f)["history"]
+
+    whole = train(str(tmp_path / "whole"), "--epochs", "2")
+    train(str(tmp_path / "parts"), "--epochs", "1")
+    resumed = train(str(tmp_path / "parts"), "--resume", "--epochs", "2")
+    assert len(whole) == len(resumed) == 2
+    for a, b in zip(whole, resumed):
+        for key in ("loss", "acc", "val_loss", "val_acc"):
+            assert abs(a[key] - b[key]) < 1e-5, (key, whole, resumed)
