@@ -18,10 +18,14 @@ import json
 
 import numpy as np
 
+from export import bundle
 from export.kinds import Endpoint, ExportKind, assert_ids_in_range, checked, fit_to_spec
 from zoo.cli import UsageError
 
 _LABEL_KEYS = ("tag_ids", "labels", "tags")
+# Every character Python's str.split() splits on, as one RE2 class for
+# tf.strings.regex_replace.
+WHITESPACE_RE = "[" + "".join(f"\\x{{{c:x}}}" for c in bundle.WHITESPACE) + "]"
 
 
 class TaggerKind(ExportKind):
@@ -102,7 +106,9 @@ class TaggerKind(ExportKind):
             return {"tags": names, "tag_ids": tag_ids, "tokens": tokens, "lengths": lengths}
 
         def tag_sentences(sentences):
-            tokens = tf.strings.split(sentences)
+            # Python's str.split() rule (bundle.WHITESPACE): tf.strings.split alone
+            # splits on ASCII whitespace only.
+            tokens = tf.strings.split(tf.strings.regex_replace(sentences, WHITESPACE_RE, " "))
             width = tf.maximum(tf.cast(tf.reduce_max(tokens.row_lengths()), tf.int32), 1)
             batch = tf.shape(sentences)[0]
             dense = tokens.to_tensor(default_value="", shape=tf.stack([batch, width]))
@@ -282,8 +288,6 @@ class TaggerKind(ExportKind):
         return rows
 
     def preprocessing(self, source, refs):
-        from export import bundle
-
         m = self.model(source)
         vocab = refs["vocab"]
         sentences = self._example_sentences(source) + [
@@ -298,10 +302,6 @@ class TaggerKind(ExportKind):
                 "whitespace": bundle.WHITESPACE,
                 "max_tokens": int(m.max_len),
                 "longer": "refused (more tokens than the model's max_len)",
-                # tf.strings.split (the SavedModel's raw-text signature) splits on
-                # ASCII whitespace only; Tagger.tag and zoo.lite use str.split.
-                "savedmodel_serving_default": "splits on ASCII whitespace only; for text "
-                "with other whitespace, split it as above and call tag_tokens",
             },
             "word_ids": {
                 "vocabulary": {"file": vocab, "key": "words"},

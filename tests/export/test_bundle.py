@@ -20,7 +20,7 @@ from export import bundle
 from export.kinds import seq2seq as seq2seq_kind
 from export.savedmodel import export_savedmodel
 from export.tflite import export_tflite
-from tests.export.test_stock_serving import text_seq2seq
+from tests.export.test_stock_serving import text_seq2seq_model
 
 pytestmark = pytest.mark.slow  # about a minute of exports per module
 
@@ -67,7 +67,7 @@ def exports(tmp_path_factory):
         {"model": {"arch": "attention"}, "train": {}},
         {"test_accuracy": 0.5, "test_oov_accuracy": 0.25, "dev_accuracy": 0.75, "params": 1},
     )
-    translator, _, _ = text_seq2seq()
+    translator = text_seq2seq_model()
     s2s_run = _run(
         str(base / "s2s-run"),
         "seq2seq",

@@ -312,3 +312,29 @@ def test_zoo_load_tags_with_the_savedmodel_like_keras(tagger_export):
         assert (tagger.kind, tagger.format) == ("tagger", "savedmodel")
         assert tagger.tag([" ".join(s) for s in SENTENCES]) == reference
     assert zoo.load(run).tag([list(s) for s in SENTENCES]) == reference
+
+
+@pytest.mark.slow
+def test_raw_text_signature_splits_as_python_does(tagger_export):
+    """serving_default splits on every character str.split() splits on (no-break and
+    ideographic spaces, NEL, ...), as Tagger.tag and zoo.lite do; tf.strings.split alone
+    splits on ASCII whitespace only."""
+    import tensorflow as tf
+
+    import zoo.models  # noqa: F401  (registers every class zoo model files name)
+
+    run, _, version_dir, _ = tagger_export
+    sentences = ["I\u00a0saw a\u3000saw", "\u2003they can\x85can the\u2028fish "]
+    tokens = [s.split() for s in sentences]
+    assert [len(t) for t in tokens] == [4, 5]
+    out = tf.saved_model.load(version_dir).signatures["serving_default"](
+        sentences=tf.constant(sentences)
+    )
+    got = [
+        [t.decode() for t, ok in zip(row, mask) if ok]
+        for row, mask in zip(out["tokens"].numpy(), out["tag_ids"].numpy() >= 0)
+    ]
+    assert got == tokens
+    want = zoo.load(run).tag(tokens)
+    tags = [[t.decode() for t in row[: len(tok)]] for row, tok in zip(out["tags"].numpy(), tokens)]
+    assert tags == [[tag for _, tag in row] for row in want]
