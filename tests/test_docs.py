@@ -38,6 +38,9 @@ BLOCK = re.compile(
     re.S | re.M,
 )
 SHELL = ("sh", "bash")
+# App code (docs/deploy.md): its tensor names and shapes are checked against a fresh
+# export by tests/export/test_deploy_docs.py; nothing here can run it.
+APP = ("kotlin", "swift")
 PAGES = sorted(name for name in os.listdir(DOCS) if name.endswith(".md"))
 # Pages that must show runnable Python (one per model, and the layers page).
 RUNNABLE = {"tagger.md", "seq2seq.md", "sagan.md", "layers.md"}
@@ -126,7 +129,9 @@ def test_every_block_is_python_or_shell_and_marked_blocks_are_few_and_say_why():
     marks = {kind: [] for kind in MAX_MARKED}
     for name in PAGES:
         for mark, lang, _ in _blocks(name):
-            assert lang in ("python", *SHELL), f"docs/{name}: a ```{lang or '(no language)'} block"
+            assert lang in ("python", *SHELL, *APP), (
+                f"docs/{name}: a ```{lang or '(no language)'} block"
+            )
             if mark is not None:
                 found = re.fullmatch(r"(parse only|slow): (\S.{9,})", mark)
                 assert found and (lang in SHELL or found[1] == "slow"), (name, mark)
@@ -143,6 +148,8 @@ def test_code_blocks_run(name, tmp_path, monkeypatch):
     for i, (mark, lang, code) in enumerate(_blocks(name)):
         where = f"docs/{name} block {i + 1} ({lang})"
         run = mark is None or (mark.startswith("slow:") and RUN_SLOW)
+        if lang in APP:
+            continue
         try:
             if lang == "python":
                 compiled = compile(code, where, "exec")

@@ -216,7 +216,7 @@ def test_docker_line_serves_the_exported_directory():
 
 
 # ---------------------------------------------------------------- mobile recipes
-SNIPPET = re.compile(r"^~~~(kotlin|swift)\n(.*?)^~~~", re.S | re.M)
+SNIPPET = re.compile(r"^```(kotlin|swift)\n(.*?)^```", re.S | re.M)
 TYPED = re.compile(r"// (\w+): (int32|float32) \[([^\]]*)\]")
 
 
