@@ -10,6 +10,8 @@ import keras
 import numpy as np
 import pytest
 
+from zoo import atomic
+
 pytestmark = pytest.mark.slow  # seconds per test: make test-fast leaves the file out
 
 
@@ -98,13 +100,12 @@ def test_sagan_state_on_a_full_disk(tmp_path, disk_fills):
 
 def test_model_keras_and_best_weights_on_a_full_disk(tmp_path, monkeypatch):
     from tests.train.test_checkpoint import _tiny_classifier
-    from train import rundir
     from train.callbacks import BEST, RunCheckpoint
 
     model = _tiny_classifier()
     model(np.zeros((1, 4), "float32"))
     path = str(tmp_path / "model.keras")
-    rundir.atomic_save_model(model, path)
+    atomic.save_model(model, path)
     callback = RunCheckpoint(
         str(tmp_path), {"epoch": 0, "best_val_acc": None, "best_epoch": None, "train_seconds": 0.0}
     )
@@ -127,7 +128,7 @@ def test_model_keras_and_best_weights_on_a_full_disk(tmp_path, monkeypatch):
     monkeypatch.setattr(keras.Model, "save", partial(save_model))
     monkeypatch.setattr(keras.Model, "save_weights", partial(save_weights))
     with pytest.raises(OSError, match="No space left"):
-        rundir.atomic_save_model(model, path)
+        atomic.save_model(model, path)
     with pytest.raises(OSError, match="No space left"):
         callback.on_epoch_end(1, {"val_acc": 0.9})  # a better epoch: writes best weights first
     assert _state(tmp_path) == before
@@ -212,11 +213,13 @@ def test_checked_files_on_a_full_disk(tmp_path, monkeypatch, fails):
         def write(tmp):
             pathlib.Path(tmp).write_bytes(bytes([3]) * 500)
 
-        atomic = checkpoint._atomic
+        write_with = atomic.write_with
         monkeypatch.setattr(
-            checkpoint,
-            "_atomic",
-            lambda p, w, mode: _full_disk() if p.endswith(".sha256") else atomic(p, w, mode),
+            atomic,
+            "write_with",
+            lambda p, w, mode="wb": (
+                _full_disk() if p.endswith(".sha256") else write_with(p, w, mode)
+            ),
         )
     with pytest.raises(OSError, match="No space left"):
         checkpoint.save_checked(path, write, meta={"i": 3})

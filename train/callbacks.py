@@ -16,7 +16,8 @@ import keras
 
 from train import checkpoint, engine, rundir
 from train.engine import averaged_weights
-from train.rundir import atomic_write_json, read_json
+from train.rundir import read_json
+from zoo import atomic
 from zoo.cli import UsageError
 
 LAST = "last.keras"
@@ -88,7 +89,7 @@ def recover(checkpoint_dir):
         # or a crash between the two writes): the state follows the weights.
         state.update(best_val_acc=best.get("best_val_acc"), best_epoch=best.get("best_epoch"))
     if last_fell_back or best_fell_back or _differs(state_path, state):
-        atomic_write_json(state_path, state)
+        atomic.write_json(state_path, state)
 
 
 def _differs(path, state):
@@ -140,7 +141,7 @@ class RunCheckpoint(keras.callbacks.Callback):
         checkpoint.save_checked(
             os.path.join(self.dir, LAST), self.model.save, meta={"state": self.state}
         )
-        atomic_write_json(os.path.join(self.dir, STATE), self.state)
+        atomic.write_json(os.path.join(self.dir, STATE), self.state)
 
 
 class TimeLimit(keras.callbacks.Callback):

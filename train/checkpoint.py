@@ -43,7 +43,7 @@ import zlib
 
 import numpy as np
 
-from train.rundir import _atomic
+from zoo import atomic
 from zoo.cli import UsageError
 
 PATTERN = re.compile(r"^step-(\d{8,})\.npz$")
@@ -207,7 +207,7 @@ def write_npz(path, arrays, previous=None):
     np.savez(buffer, **arrays)
     if previous and os.path.exists(path):
         _keep_as(path, previous)
-    _atomic(path, lambda f: f.write(buffer.getvalue()), "wb")
+    atomic.write_with(path, lambda f: f.write(buffer.getvalue()), "wb")
 
 
 def load_verified(path):
@@ -448,7 +448,7 @@ def save_checked(path, write, meta=None, keep_previous=True):
             previous = previous_name(path)
             _keep_as(path, previous)
             _keep_as(path + RECORD, previous + RECORD)
-        _atomic(path + RECORD, lambda f: f.write(json.dumps(record) + "\n"), "w")
+        atomic.write_with(path + RECORD, lambda f: f.write(json.dumps(record) + "\n"), "w")
         os.replace(tmp, path)
     finally:
         if os.path.exists(tmp):
@@ -511,7 +511,7 @@ def fall_back(path, why):
     for source, target in ((previous + RECORD, path + RECORD), (previous, path)):
         with open(source, "rb") as f:
             data = f.read()
-        _atomic(target, lambda f, data=data: f.write(data), "wb")
+        atomic.write_with(target, lambda f, data=data: f.write(data), "wb")
     print(f"{why}; falling back to {os.path.basename(previous)}", file=sys.stderr)
 
 

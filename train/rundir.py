@@ -1,4 +1,4 @@
-"""Run directories: creation rules and atomic writes.
+"""Run directories: the creation rules of the train commands (written with zoo.atomic).
 
 A run directory holds what one training run wrote (README, "Models and command lines"). The CLIs
 refuse to write into a directory that holds something else, and never overwrite a
@@ -77,16 +77,7 @@ def create_run_dir(path, kind):
     lock(path)
     marker = os.path.join(path, MARKER)
     if not os.path.exists(marker):
-        atomic_write_text(marker, kind + "\n")
-
-
-# Phase-1 names for zoo.atomic's writers (one implementation for train and export).
-_atomic = atomic.write_with
-atomic_write_text = atomic.write_text
-atomic_write_json = atomic.write_json
-atomic_write_lines = atomic.write_lines
-atomic_save_npz = atomic.save_npz
-atomic_save_model = atomic.save_model
+        atomic.write_text(marker, kind + "\n")
 
 
 def read_json(path):

@@ -13,6 +13,7 @@ import pytest
 import zoo.models  # noqa: F401  (registers every class zoo model files name)
 from tests.support.paths import ROOT
 from train.sagan.fid import frechet_distance, kernel_inception_distance
+from zoo import atomic
 
 ENV = {**os.environ, "KERAS_BACKEND": "tensorflow", "TF_CPP_MIN_LOG_LEVEL": "2"}
 
@@ -501,9 +502,7 @@ def _stub_training(monkeypatch, metrics):
 
     def fake_fit(out, config, data, g, d, ema, *rest, **kwargs):
         has_attention = any(layer.name == "self_attention" for layer in g.layers)
-        sagan_run.rundir.atomic_write_json(
-            os.path.join(out, "metrics.json"), metrics(config, has_attention)
-        )
+        atomic.write_json(os.path.join(out, "metrics.json"), metrics(config, has_attention))
         return 0
 
     monkeypatch.setattr(sagan_run, "_fit_and_finish", fake_fit)

@@ -147,12 +147,12 @@ def features_and_outputs(model, images, batch_size=256):
 def save_cached(model, report, out):
     """`RUN_DIR/classifier.keras` with its record (the report in it), and classifier.json."""
     from train import checkpoint
-    from train.rundir import atomic_write_json
+    from zoo import atomic
 
     checkpoint.save_checked(
         os.path.join(out, CACHE), model.save, meta={"report": report}, keep_previous=False
     )
-    atomic_write_json(os.path.join(out, REPORT), report)
+    atomic.write_json(os.path.join(out, REPORT), report)
 
 
 def load_cached(out):

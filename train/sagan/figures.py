@@ -4,7 +4,7 @@ import io
 
 import numpy as np
 
-from train.rundir import _atomic
+from zoo import atomic
 from zoo.generate import grid, save_png  # noqa: F401  (one implementation for train and zoo)
 
 
@@ -77,7 +77,7 @@ def save_attention_figure(images, scores, feature_side, path, class_names=None, 
     buffer = io.BytesIO()
     fig.savefig(buffer, format="png", dpi=80)
     plt.close(fig)
-    _atomic(path, lambda f: f.write(buffer.getvalue()), "wb")
+    atomic.write_with(path, lambda f: f.write(buffer.getvalue()), "wb")
     return path
 
 
@@ -108,4 +108,4 @@ def save_progress_figure(history, path):
     buffer = io.BytesIO()
     fig.savefig(buffer, format="png", dpi=80)
     plt.close(fig)
-    _atomic(path, lambda f: f.write(buffer.getvalue()), "wb")
+    atomic.write_with(path, lambda f: f.write(buffer.getvalue()), "wb")

@@ -54,7 +54,8 @@ except ImportError:  # a JAX-only install: train/sagan/jax_fit.py builds its own
 
 from train import checkpoint
 from train.engine import _reduce_before_clipping, _split
-from train.rundir import atomic_write_json, read_json
+from train.rundir import read_json
+from zoo import atomic
 from zoo.cli import UsageError
 
 STATE_NPZ = "state.npz"
@@ -378,7 +379,7 @@ class SaganTrainer:
         checkpoint.write_npz(
             os.path.join(directory, STATE_NPZ), arrays, previous=os.path.join(directory, STATE_PREV)
         )
-        atomic_write_json(os.path.join(directory, STATE_JSON), state)
+        atomic.write_json(os.path.join(directory, STATE_JSON), state)
 
     def restore(self, directory):
         """Restores state.npz, or state.prev.npz (saying so) when state.npz is damaged;

@@ -23,6 +23,7 @@ import numpy as np
 from train import rundir
 from train import strategy as dist
 from train.progress import markdown_table
+from zoo import atomic
 from zoo.cli import UsageError
 
 SUMMARY_COLUMNS = [
@@ -199,7 +200,7 @@ def train_one(args, data, out, attention=_FLAG, classifier=None, data_seed=None)
     train_cfg = _train_config(args, data_seed)
     g, d, ema = _build(model_cfg, train_cfg)
     rundir.create_run_dir(out, "sagan")
-    rundir.atomic_write_lines(os.path.join(out, "vocab", "classes.txt"), data.class_names)
+    atomic.write_lines(os.path.join(out, "vocab", "classes.txt"), data.class_names)
     d_cfg = _d_config(model_cfg)
     config = {
         "kind": "sagan",
@@ -210,7 +211,7 @@ def train_one(args, data, out, attention=_FLAG, classifier=None, data_seed=None)
         "class_names": list(data.class_names),
         "runtime": dist.runtime(),
     }
-    rundir.atomic_write_json(os.path.join(out, "config.json"), config)
+    atomic.write_json(os.path.join(out, "config.json"), config)
     classifier, report = get_classifier(out, data, train_cfg, classifier)
     state = {"epoch": 0, "d_steps": 0, "train_seconds": 0.0, "history": []}
     return _fit_and_finish(out, config, data, g, d, ema, classifier, report, state)
@@ -248,7 +249,7 @@ def resume_run(args):
     classifier, report = get_classifier(out, data, train_cfg)
     config["train"] = train_cfg
     config["runtime"] = dist.runtime()  # where the resumed part trains
-    rundir.atomic_write_json(config_path, config)
+    atomic.write_json(config_path, config)
     trainer = _trainer(g, d, ema, config["model"], train_cfg)
     state = trainer.restore(ckpt)
     keras.utils.set_random_seed(train_cfg["seed"] + state["epoch"])
@@ -622,14 +623,14 @@ def _finish(
         params_d=int(d.count_params()),
         ema=train_cfg["ema"],
     )
-    rundir.atomic_save_model(sampler, os.path.join(out, "model.keras"))
-    rundir.atomic_save_model(d, os.path.join(out, "discriminator.keras"))
-    rundir.atomic_write_json(os.path.join(out, "metrics.json"), metrics)
+    atomic.save_model(sampler, os.path.join(out, "model.keras"))
+    atomic.save_model(d, os.path.join(out, "discriminator.keras"))
+    atomic.write_json(os.path.join(out, "metrics.json"), metrics)
     rng = np.random.default_rng(train_cfg["seed"] + 99)
     calibration = {"noise": rng.standard_normal((200, model_cfg["latent_dim"])).astype(np.float32)}
     if model_cfg["num_classes"]:
         calibration["label"] = (np.arange(200) % model_cfg["num_classes"]).astype(np.int32)
-    rundir.atomic_save_npz(os.path.join(out, "calibration.npz"), **calibration)
+    atomic.save_npz(os.path.join(out, "calibration.npz"), **calibration)
     fixed = _fixed_latents(model_cfg, train_cfg["seed"])
     save_sample_grid(
         np.asarray(sampler.predict_on_batch(fixed)), GRID_COLUMNS, os.path.join(out, "samples.png")
@@ -743,8 +744,8 @@ def train_compare(args, data):
     text = (
         f"# {title}\n\nMean ± standard deviation over seeds:\n\n{means}\n\nEvery run:\n\n{table}\n"
     )
-    rundir.atomic_write_text(os.path.join(args.out, "compare.md"), text)
-    rundir.atomic_write_json(
+    atomic.write_text(os.path.join(args.out, "compare.md"), text)
+    atomic.write_json(
         os.path.join(args.out, "compare.json"),
         {"data": data.source, "summary": summary, "runs": rows},
     )

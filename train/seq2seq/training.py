@@ -24,6 +24,7 @@ from train.callbacks import LAST, fit_resumable, read_state, resumable_config
 from train.progress import markdown_table
 from train.seq2seq.data import Batches, Encoded, load_data, train_tokenizer
 from train.seq2seq.fit import DevScore, compile_seq2seq
+from zoo import atomic
 from zoo.cli import UsageError
 from zoo.seq2seq import decoding
 from zoo.seq2seq.tokenization import PAD_ID, Tokenizer, encode_proto
@@ -98,8 +99,8 @@ def train_new(args, data):
     out = args.out
     rundir.create_run_dir(out, _kind(args.arch))
     os.makedirs(os.path.join(out, "vocab"), exist_ok=True)
-    rundir._atomic(os.path.join(out, "vocab", "spm.model"), lambda f: f.write(proto), "wb")
-    rundir.atomic_write_lines(os.path.join(out, "vocab", "pieces.txt"), tokenizer.pieces())
+    atomic.write_with(os.path.join(out, "vocab", "spm.model"), lambda f: f.write(proto), "wb")
+    atomic.write_lines(os.path.join(out, "vocab", "pieces.txt"), tokenizer.pieces())
     config = {
         "kind": _kind(args.arch),
         "model": model.hparams(),
@@ -109,7 +110,7 @@ def train_new(args, data):
         "tokenizer": "vocab/spm.model",
         "runtime": distribute.runtime(),
     }
-    rundir.atomic_write_json(os.path.join(out, "config.json"), config)
+    atomic.write_json(os.path.join(out, "config.json"), config)
     with distribute.scope():
         compile_seq2seq(
             model, args.learning_rate, args.warmup_steps, args.label_smoothing, jit_compile=args.xla
@@ -157,7 +158,7 @@ def resume_run(args):
     encoded = _encode_all(model.tokenizer, data, model, train_cfg.get("truncate", False))
     config["train"] = train_cfg
     config["runtime"] = distribute.runtime()  # where the resumed part trains
-    rundir.atomic_write_json(config_path, config)
+    atomic.write_json(config_path, config)
     state = read_state(os.path.join(out, "checkpoints"))
     keras.utils.set_random_seed(train_cfg["seed"] + state["epoch"])
     announce = f"resuming {out} at epoch {state['epoch']} of {train_cfg['epochs']}"
@@ -222,8 +223,8 @@ def _fit_and_finish(model, data, encoded, out, train_cfg, state, verbose, announ
     )
     if dev_score is not None and dev_score.history:
         metrics["dev_history"] = dev_score.history
-    rundir.atomic_save_model(model, os.path.join(out, "model.keras"))
-    rundir.atomic_write_json(os.path.join(out, "metrics.json"), metrics)
+    atomic.save_model(model, os.path.join(out, "model.keras"))
+    atomic.write_json(os.path.join(out, "metrics.json"), metrics)
     _write_calibration(out, encoded["train"], model, train_cfg["seed"])
     sample = data.test[0][0]
     print(f"\n{out}: {sample!r} -> {model.translate(sample)!r}")
@@ -338,6 +339,4 @@ def _write_calibration(out, encoded, model, seed, rows=200):
         s, t = encoded.sources[i], [2] + encoded.targets[i]
         sources[r, : len(s)] = s
         targets[r, : len(t)] = t[: model.max_target_length]
-    rundir.atomic_save_npz(
-        os.path.join(out, "calibration.npz"), source_ids=sources, target_ids=targets
-    )
+    atomic.save_npz(os.path.join(out, "calibration.npz"), source_ids=sources, target_ids=targets)

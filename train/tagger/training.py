@@ -14,6 +14,7 @@ from train.progress import markdown_table
 from train.tagger.data import Batches, Encoded, build_vocab, load_data, word_tag_stats
 from train.tagger.fit import compile_tagger
 from train.tagger.metrics import accuracies
+from zoo import atomic
 from zoo.cli import UsageError
 
 MAX_CHARS = 16
@@ -91,7 +92,7 @@ def train_one(args, data, arch, out, vocab=None, verbose=None):
         "data": data.source,
         "runtime": distribute.runtime(),
     }
-    rundir.atomic_write_json(os.path.join(out, "config.json"), config)
+    atomic.write_json(os.path.join(out, "config.json"), config)
     encoded = _encode(model, data)
     _compile(model, encoded, train_cfg)
     # Workers must agree on the schedule, and each would time its own steps: several
@@ -108,7 +109,7 @@ def train_one(args, data, arch, out, vocab=None, verbose=None):
             )
             train_cfg.update(epochs=fitted, planned_epochs=epochs)
             _compile(model, encoded, train_cfg)
-            rundir.atomic_write_json(os.path.join(out, "config.json"), config)
+            atomic.write_json(os.path.join(out, "config.json"), config)
     state = read_state(os.path.join(out, "checkpoints"))
     if verbose is None:
         verbose = _verbosity(getattr(args, "verbose", None))
@@ -197,7 +198,7 @@ def resume_run(args):
         _compile(model, encoded, train_cfg)
     config["train"] = train_cfg
     config["runtime"] = distribute.runtime()  # where the resumed part trains
-    rundir.atomic_write_json(config_path, config)
+    atomic.write_json(config_path, config)
     state = read_state(ckpt_dir)
     announce = f"resuming {out} at epoch {state['epoch']} of {train_cfg['epochs']}"
     return _fit_and_finish(
@@ -230,8 +231,8 @@ def _fit_and_finish(model, data, encoded, out, train_cfg, state, verbose, announ
     )
     metrics = _evaluate(model, data, encoded, state, train_cfg, stopped_early)
     metrics["runtime"] = distribute.runtime()
-    rundir.atomic_save_model(model, os.path.join(out, "model.keras"))
-    rundir.atomic_write_json(os.path.join(out, "metrics.json"), metrics)
+    atomic.save_model(model, os.path.join(out, "model.keras"))
+    atomic.write_json(os.path.join(out, "metrics.json"), metrics)
     _write_rows(out, "calibration.npz", encoded["train"], train_cfg["seed"], rows=200)
     # Held-out rows with gold tags: export verify reports quantized models' accuracy
     # on test data next to float's (export reads run directories, never train/).
@@ -270,7 +271,7 @@ def _evaluate(model, data, encoded, state, train_cfg, stopped_early):
 
 def _write_vocab(out, words, chars, tags):
     for name, items in (("words", words), ("chars", chars), ("tags", tags)):
-        rundir.atomic_write_lines(os.path.join(out, "vocab", f"{name}.txt"), items)
+        atomic.write_lines(os.path.join(out, "vocab", f"{name}.txt"), items)
 
 
 def _write_rows(out, name, encoded, seed, rows):
@@ -280,7 +281,7 @@ def _write_rows(out, name, encoded, seed, rows):
     # Gold tags (-1 on padding) let export report quantized models' accuracy
     # next to float's; export feeds only the arrays named like model inputs.
     gold = np.where(weights > 0, tags, -1).astype("int32")
-    rundir.atomic_save_npz(os.path.join(out, name), tag_ids=gold, **x)
+    atomic.save_npz(os.path.join(out, name), tag_ids=gold, **x)
 
 
 def train_compare(args, data):
@@ -296,9 +297,7 @@ def train_compare(args, data):
         rows.append(rundir.read_json(os.path.join(args.out, arch, "metrics.json")))
     table = markdown_table(rows, SUMMARY_COLUMNS)
     title = f"Tagger comparison on {data.source.get('name')} data (test split)"
-    rundir.atomic_write_text(os.path.join(args.out, "compare.md"), f"# {title}\n\n{table}\n")
-    rundir.atomic_write_json(
-        os.path.join(args.out, "compare.json"), {"data": data.source, "runs": rows}
-    )
+    atomic.write_text(os.path.join(args.out, "compare.md"), f"# {title}\n\n{table}\n")
+    atomic.write_json(os.path.join(args.out, "compare.json"), {"data": data.source, "runs": rows})
     print(f"\n{title}\n{table}\n(saved to {os.path.join(args.out, 'compare.md')})")
     return 0
