@@ -39,6 +39,7 @@ from train import checkpoint, preemption
 from train import strategy as dist
 
 # masked_mean_terms, weighted_terms: the run code passes them to fit as engine.*.
+from train.engine_base import EngineBase, host_numpy
 from train.loss_terms import host_count, masked_mean_terms, unpack, weighted_terms  # noqa: F401
 from zoo.cli import UsageError
 
@@ -148,12 +149,6 @@ def _prefetched(iterator, size=2):
         stop.set()  # the consumer stopped early (time limit, NaN): let the producer end
 
 
-def _numpy(batch):
-    return keras.tree.map_structure(
-        lambda a: a.numpy() if hasattr(a, "numpy") else np.asarray(a), batch
-    )
-
-
 def _reduce_before_clipping(optimizer):
     """Keras's TF optimizer clips (clipnorm, global_clipnorm) and decays each replica's
     LOCAL gradient and only then sums gradients across replicas, so a clipped run on
@@ -165,32 +160,21 @@ def _reduce_before_clipping(optimizer):
 
 
 # ------------------------------------------------------------------ the loop
-class Engine:
+class Engine(EngineBase):
     def __init__(self, model, loss_terms=None, jit_compile=None, strategy=None, terms_kind=None):
-        self.model = model
+        super().__init__(model, loss_terms, terms_kind)
         self.strategy = strategy or dist.get()
-        self.optimizer = model.optimizer
-        loss = getattr(model, "loss", None)
-        self.terms = loss_terms or weighted_terms(loss)
-        self.terms_kind = terms_kind or getattr(self.terms, "kind", "weighted")
-        self.pad_id = getattr(self.terms, "pad_id", 0)
         self.jit_compile = dist.jit_compile() if jit_compile is None else bool(jit_compile)
-        self._train_fn = None
-        self._eval_fn = None
 
     def build(self, batch):
         """Creates every variable (model, compiled metrics, optimizer slots) under the
         strategy's scope, before any step runs in a replica context."""
-        x, y, w = unpack(_numpy(batch))
+        x, y, w = unpack(host_numpy(batch))
         sample = keras.tree.map_structure(lambda a: a[:1], (x, y) if w is None else (x, y, w))
         with self.strategy.scope():
             self.model._symbolic_build(data_batch=sample)
             if not self.optimizer.built:
                 self.optimizer.build(self.model.trainable_variables)
-
-    def _metrics(self):
-        compiled = getattr(self.model, "_compile_metrics", None)
-        return [compiled] if compiled is not None else []
 
     def _make_train_fn(self):
         import tensorflow as tf
@@ -276,7 +260,7 @@ class Engine:
     def _run(self, fn, batch):
         import tensorflow as tf
 
-        batch = _numpy(batch)
+        batch = host_numpy(batch)
         x, y, w = unpack(batch)
         count = host_count(y, w, self.terms_kind, self.pad_id)
         if count <= 0:
@@ -298,33 +282,6 @@ class Engine:
             dx, dy, dw = split
         loss = fn(dx, dy, dw, tf.constant(count, tf.float32))
         return float(loss), count
-
-    def train_batch(self, batch):
-        return self._run("train", batch)
-
-    def reset_metrics(self):
-        for m in self._metrics():
-            m.reset_state()
-
-    def metric_results(self):
-        results = {}
-        for m in self._metrics():
-            value = m.result()
-            if isinstance(value, dict):
-                results.update({k: float(v) for k, v in value.items()})
-            else:
-                results[m.name] = float(value)
-        return results
-
-    def evaluate(self, data):
-        self.reset_metrics()
-        total, count = 0.0, 0.0
-        for batch in data:
-            loss, n = self._run("eval", batch)
-            if loss is not None:
-                total += loss * n
-                count += n
-        return {"loss": total / count if count else float("nan"), **self.metric_results()}
 
 
 def make_engine(model, **kwargs):

@@ -23,14 +23,8 @@ import keras
 import numpy as np
 from keras.src import backend as keras_backend
 
-from train.loss_terms import host_count, unpack, weighted_terms
-
-
-def _numpy(batch):
-    return keras.tree.map_structure(
-        lambda a: None if a is None else np.asarray(a.numpy() if hasattr(a, "numpy") else a),
-        batch,
-    )
+from train.engine_base import EngineBase, host_numpy
+from train.loss_terms import host_count, unpack
 
 
 def place_batch(parts):
@@ -54,33 +48,23 @@ def place_batch(parts):
     return keras.tree.map_structure(place, parts)
 
 
-class JaxEngine:
+class JaxEngine(EngineBase):
     # Each new batch shape compiles the step (seconds_per_step times the second call).
     compiles_per_shape = True
 
     def __init__(self, model, loss_terms=None, jit_compile=None, terms_kind=None, **_):
-        self.model = model
-        self.optimizer = model.optimizer
-        self.terms = loss_terms or weighted_terms(getattr(model, "loss", None))
-        self.terms_kind = terms_kind or getattr(self.terms, "kind", "weighted")
-        self.pad_id = getattr(self.terms, "pad_id", 0)
+        super().__init__(model, loss_terms, terms_kind)
         # Under JAX an un-jitted step runs op by op (debugging only): XLA unless asked off.
         self.jit_compile = True if jit_compile is None else bool(jit_compile)
-        self._train_fn = None
-        self._eval_fn = None
 
     def build(self, batch):
-        x, y, w = unpack(_numpy(batch))
+        x, y, w = unpack(host_numpy(batch))
         sample = keras.tree.map_structure(lambda a: a[:1], (x, y) if w is None else (x, y, w))
         self.model._symbolic_build(data_batch=sample)
         if not self.optimizer.built:
             self.optimizer.build(self.model.trainable_variables)
 
     # ------------------------------------------------------------ state
-    def _metrics(self):
-        compiled = getattr(self.model, "_compile_metrics", None)
-        return [compiled] if compiled is not None else []
-
     def _metric_variables(self):
         return [v for m in self._metrics() for v in m.variables]
 
@@ -158,7 +142,7 @@ class JaxEngine:
         return jax.jit(step) if self.jit_compile else step
 
     def _run(self, kind, batch):
-        x, y, w = unpack(_numpy(batch))
+        x, y, w = unpack(host_numpy(batch))
         count = host_count(y, w, self.terms_kind, self.pad_id)
         if count <= 0:
             return None, 0.0
@@ -177,30 +161,3 @@ class JaxEngine:
             loss, metric_values = self._eval_fn(state, x, y, w, count_arg)
             self._write_back(groups[3:], (metric_values,))
         return float(loss), count
-
-    def train_batch(self, batch):
-        return self._run("train", batch)
-
-    def reset_metrics(self):
-        for m in self._metrics():
-            m.reset_state()
-
-    def metric_results(self):
-        results = {}
-        for m in self._metrics():
-            value = m.result()
-            if isinstance(value, dict):
-                results.update({k: float(v) for k, v in value.items()})
-            else:
-                results[m.name] = float(value)
-        return results
-
-    def evaluate(self, data):
-        self.reset_metrics()
-        total, count = 0.0, 0.0
-        for batch in data:
-            loss, n = self._run("eval", batch)
-            if loss is not None:
-                total += loss * n
-                count += n
-        return {"loss": total / count if count else float("nan"), **self.metric_results()}
