@@ -207,7 +207,7 @@ def write_npz(path, arrays, previous=None):
     np.savez(buffer, **arrays)
     if previous and os.path.exists(path):
         _keep_as(path, previous)
-    atomic.write_with(path, lambda f: f.write(buffer.getvalue()), "wb")
+    atomic.write_bytes(path, buffer.getvalue())
 
 
 def load_verified(path):
@@ -448,7 +448,7 @@ def save_checked(path, write, meta=None, keep_previous=True):
             previous = previous_name(path)
             _keep_as(path, previous)
             _keep_as(path + RECORD, previous + RECORD)
-        atomic.write_with(path + RECORD, lambda f: f.write(json.dumps(record) + "\n"), "w")
+        atomic.write_text(path + RECORD, json.dumps(record) + "\n")
         os.replace(tmp, path)
     finally:
         if os.path.exists(tmp):
@@ -511,7 +511,7 @@ def fall_back(path, why):
     for source, target in ((previous + RECORD, path + RECORD), (previous, path)):
         with open(source, "rb") as f:
             data = f.read()
-        atomic.write_with(target, lambda f, data=data: f.write(data), "wb")
+        atomic.write_bytes(target, data)
     print(f"{why}; falling back to {os.path.basename(previous)}", file=sys.stderr)
 
 

@@ -66,8 +66,7 @@ def _tflite_generator(path):
     `zoo.load` runs it (KerasGenerator's interface)."""
     from zoo.tasks import tflite_image_generator
 
-    generator = tflite_image_generator(read_sidecar(path, "sagan"), litert.interpreter(path))
-    return generator
+    return tflite_image_generator(read_sidecar(path, "sagan"), litert.interpreter(path))
 
 
 def grid(images, columns, pad=1):

@@ -77,7 +77,7 @@ def save_attention_figure(images, scores, feature_side, path, class_names=None, 
     buffer = io.BytesIO()
     fig.savefig(buffer, format="png", dpi=80)
     plt.close(fig)
-    atomic.write_with(path, lambda f: f.write(buffer.getvalue()), "wb")
+    atomic.write_bytes(path, buffer.getvalue())
     return path
 
 
@@ -108,4 +108,4 @@ def save_progress_figure(history, path):
     buffer = io.BytesIO()
     fig.savefig(buffer, format="png", dpi=80)
     plt.close(fig)
-    atomic.write_with(path, lambda f: f.write(buffer.getvalue()), "wb")
+    atomic.write_bytes(path, buffer.getvalue())

@@ -99,7 +99,7 @@ def train_new(args, data):
     out = args.out
     rundir.create_run_dir(out, _kind(args.arch))
     os.makedirs(os.path.join(out, "vocab"), exist_ok=True)
-    atomic.write_with(os.path.join(out, "vocab", "spm.model"), lambda f: f.write(proto), "wb")
+    atomic.write_bytes(os.path.join(out, "vocab", "spm.model"), proto)
     atomic.write_lines(os.path.join(out, "vocab", "pieces.txt"), tokenizer.pieces())
     config = {
         "kind": _kind(args.arch),
