@@ -278,16 +278,52 @@ def _png(path):
     return np.asarray(Image.open(path), dtype=np.int16)
 
 
+def _expected_kept(metrics):
+    """1-based epoch --keep best should keep: the lowest quick FID among the epochs whose
+    worst class reached 90%, else the lowest quick FID of all."""
+    fids, worst = metrics["fid_quick_history"], metrics["class_min_history"]
+    drawn = [i for i, m in enumerate(worst) if m is not None and m >= 0.9]
+    return (min(drawn, key=fids.__getitem__) if drawn else int(np.argmin(fids))) + 1
+
+
+def test_keep_best_prefers_epochs_that_draw_every_class():
+    from train.sagan.training import _improves
+
+    def kept(entries, state=None, start=1):
+        state = dict(state or {})
+        for epoch, (fid, worst) in enumerate(entries, start=start):
+            entry = {"fid_quick": fid, "class_min_quick": worst}
+            if _improves(entry, state):
+                state.update(best_epoch=epoch, best_fid_quick=fid, best_class_min=worst)
+        return state.get("best_epoch")
+
+    # Epoch 4 has the lowest FID but lost a class; epoch 3 is the best that draws all.
+    history = [(300.0, 0.95), (200.0, 0.5), (250.0, 0.92), (150.0, 0.8), (260.0, 0.99)]
+    assert kept(history) == 3
+    metrics = {"fid_quick_history": [f for f, _ in history]}
+    assert _expected_kept({**metrics, "class_min_history": [w for _, w in history]}) == 3
+    # No epoch draws every class: the lowest FID, as before.
+    assert kept([(300.0, 0.5), (150.0, 0.2), (200.0, 0.89)]) == 2
+    # Unconditional runs have no classes: the lowest FID.
+    assert kept([(300.0, None), (150.0, None), (200.0, None)]) == 2
+    # A best checkpointed before class_min existed counts as drawing every class: a later
+    # epoch replaces it only with a lower FID that draws every class too.
+    old = {"best_epoch": 1, "best_fid_quick": 100.0}
+    assert kept([(90.0, 0.95)], old, start=2) == 2
+    assert kept([(90.0, 0.5), (120.0, 0.95)], old, start=2) == 1
+
+
 @pytest.mark.slow
 def test_model_keras_is_the_epoch_with_the_lowest_quick_fid(tiny_run, tmp_path):
     """--keep best (default): model.keras is the sampler of the epoch whose quick FID was
-    lowest; its sample grid is that epoch's samples/epoch_NNN.png."""
+    lowest (among the epochs that draw every class, if any); its sample grid is that
+    epoch's samples/epoch_NNN.png."""
     from train.sagan.figures import save_sample_grid
     from train.sagan.training import GRID_COLUMNS
 
     metrics = json.load(open(os.path.join(tiny_run, "metrics.json")))
     config = json.load(open(os.path.join(tiny_run, "config.json")))
-    kept = int(np.argmin(metrics["fid_quick_history"])) + 1
+    kept = _expected_kept(metrics)
     assert metrics["keep"] == "best" and metrics["kept_epoch"] == kept
     save_sample_grid(
         _grid_of(os.path.join(tiny_run, "model.keras"), config),
@@ -325,7 +361,7 @@ def test_resume_continues_from_the_checkpoint(tiny_run, tmp_path):
     )
     # The kept generator travels in the checkpoint: the best of all three epochs is kept.
     metrics = json.load(open(os.path.join(copy, "metrics.json")))
-    assert metrics["kept_epoch"] == int(np.argmin(metrics["fid_quick_history"])) + 1
+    assert metrics["kept_epoch"] == _expected_kept(metrics)
 
 
 @pytest.mark.slow

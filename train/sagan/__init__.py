@@ -50,7 +50,8 @@ def add_arguments(parser):
         choices=("best", "last"),
         default="best",
         help="the generator model.keras holds: best (the epoch with the lowest quick FID, "
-        "--epoch-eval-samples images) or last (default best)",
+        "--epoch-eval-samples images, among the epochs whose every class the classifier "
+        "recognises in >= 90%% of its images, if any) or last (default best)",
     )
     add("--beta1", type=float, default=0.0, help="Adam beta_1 (default 0)")
     add("--beta2", type=float, default=0.9, help="Adam beta_2 (default 0.9)")

@@ -58,12 +58,16 @@ class Evaluator:
         """The per-epoch signal: FID, class accuracy and consistency (no KID)."""
         images, labels = generate(generator, self.n, latent_dim, num_classes, seed)
         features, out = features_and_outputs(self.classifier, images)
-        accuracy = (
-            float(np.mean(np.argmax(out["class"], axis=-1) == labels)) if num_classes else None
-        )
+        accuracy = class_min = None
+        if num_classes:
+            hits = np.argmax(out["class"], axis=-1) == labels
+            accuracy = float(np.mean(hits))
+            class_min = min(float(np.mean(hits[labels == k])) for k in np.unique(labels))
         return {
             "fid_quick": round(frechet_distance(features, self.ref_features), 4),
             "class_accuracy_quick": None if accuracy is None else round(accuracy, 4),
+            # The worst-drawn class: --keep best prefers epochs that draw every class.
+            "class_min_quick": None if class_min is None else round(class_min, 4),
             "consistent_quick": round(float(np.mean(out["consistent"][:, 0] > 0.5)), 4),
         }
 
