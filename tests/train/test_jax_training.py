@@ -10,6 +10,7 @@ The tiny settings are the ones the tests share (tests/support/tiny.py).
 
 import json
 import os
+import shutil
 import subprocess
 import sys
 
@@ -74,12 +75,12 @@ def outputs(kind, run):
     return {"images": task.generate(CLASSES, seed=0)}
 
 
-def _train_under_jax(kind, run, result):
+def _train_under_jax(kind, run, result, extra=()):
     import keras
 
     from train.cli import main
 
-    assert main([kind, "--backend", "jax", "--out", run, *_flags(kind)]) == 0
+    assert main([kind, "--backend", "jax", "--out", run, *_flags(kind), *extra]) == 0
     assert keras.backend.backend() == "jax"
     np.savez(result, **outputs(kind, run))
 
@@ -134,18 +135,52 @@ def _compare(kind, got, want, where):
 if __name__ == "__main__":
     step, kind, run, result = sys.argv[1:5]
     if step == "train":
-        _train_under_jax(kind, run, result)
+        _train_under_jax(kind, run, result, sys.argv[5:])
     else:
         _check_under_tensorflow(kind, run, result, sys.argv[5])
 
 
 # ------------------------------------------------------------------ tests
+def _small_tagger_data(folder):
+    """Flags for a small embedded tagging set (CoNLL-U files in `folder`) taken in one
+    batch: JAX compiles the step again for every new batch shape, and the default data's
+    length-bucketed batches cost most of a minute of compiling for what this file
+    checks (a JAX-trained run's outputs under TensorFlow), which any run shows."""
+    from tests.train.test_checkpoint import _write_conllu
+    from train.tagger import embedded
+
+    data = embedded.generate(seed=1, train_size=240, dev_size=40, test_size=60)
+    flags = ["--batch-size", "256"]
+    for split in ("train", "dev", "test"):
+        _write_conllu(folder / f"{split}.conllu", getattr(data, split))
+        flags += [f"--{split}-file", str(folder / f"{split}.conllu")]
+    return flags
+
+
+@pytest.fixture(scope="module")
+def jax_run(tmp_path_factory):
+    """`jax_run(kind)`: (run, outputs .npz, stderr) of one tiny epoch of `kind` trained
+    under JAX by the train child, once per module. The one-epoch seq2seq run is also
+    the one-device run of the DataParallel test and the first part of the resume test
+    (the same command: `python -m train seq2seq --backend jax` with the tiny flags)."""
+    done = {}
+
+    def train(kind):
+        if kind not in done:
+            base = tmp_path_factory.mktemp(f"jax-{kind}")
+            run, result = str(base / "run"), str(base / "jax_outputs.npz")
+            extra = _small_tagger_data(base) if kind == "tagger" else []
+            done[kind] = (run, result, _child("jax", "train", kind, run, result, *extra).stderr)
+        return done[kind]
+
+    return train
+
+
 @pytest.mark.slow  # a JAX child trains, a TF child loads and exports
 @pytest.mark.parametrize("kind", ["tagger", "seq2seq", "sagan"])
-def test_jax_trained_run_loads_and_exports_under_tensorflow(kind, tmp_path):
-    run, result = str(tmp_path / "run"), str(tmp_path / "jax_outputs.npz")
-    trained = _child("jax", "train", kind, run, result)
-    assert "backend jax, 1 x cpu, float32, XLA on" in trained.stderr
+def test_jax_trained_run_loads_and_exports_under_tensorflow(kind, tmp_path, jax_run):
+    run, result, stderr = jax_run(kind)
+    assert "backend jax, 1 x cpu, float32, XLA on" in stderr
     for name in ("config.json", "metrics.json"):
         with open(os.path.join(run, name)) as f:
             runtime = json.load(f)["runtime"]
@@ -187,31 +222,35 @@ def test_backend_and_precision_flags_refused_with_one_line(tmp_path, capsys):
 
 
 @pytest.mark.slow
-def test_data_parallel_on_two_devices_trains_as_one_device(tmp_path):
+def test_data_parallel_on_two_devices_trains_as_one_device(tmp_path, jax_run):
     """--strategy mirrored under JAX: keras.distribution.DataParallel over two host
-    devices (XLA_FLAGS) gives the one-device run's losses and accuracies."""
+    devices (XLA_FLAGS) gives the one-device run's losses and accuracies (the one-device
+    run is the module's one-epoch seq2seq run under JAX)."""
     histories = []
     for name, extra_env, extra in (
-        ("one", {}, []),
+        ("one", None, []),
         (
             "two",
             {"XLA_FLAGS": "--xla_force_host_platform_device_count=2"},
             ["--strategy", "mirrored"],
         ),
     ):
-        run = str(tmp_path / name)
-        proc = subprocess.run(
-            [sys.executable, "-m", "train", "seq2seq", "--backend", "jax", "--out", run]
-            + _flags("seq2seq")
-            + extra,
-            cwd=paths.ROOT,
-            env={**_env("jax"), **extra_env},
-            capture_output=True,
-            text=True,
-            timeout=900,
-            check=False,
-        )
-        assert proc.returncode == 0, proc.stderr[-3000:]
+        if extra_env is None:
+            run = jax_run("seq2seq")[0]
+        else:
+            run = str(tmp_path / name)
+            proc = subprocess.run(
+                [sys.executable, "-m", "train", "seq2seq", "--backend", "jax", "--out", run]
+                + _flags("seq2seq")
+                + extra,
+                cwd=paths.ROOT,
+                env={**_env("jax"), **extra_env},
+                capture_output=True,
+                text=True,
+                timeout=900,
+                check=False,
+            )
+            assert proc.returncode == 0, proc.stderr[-3000:]
         with open(os.path.join(run, "checkpoints", "state.json")) as f:
             histories.append(json.load(f)["history"])
         with open(os.path.join(run, "metrics.json")) as f:
@@ -243,9 +282,10 @@ def test_jax_throughput_benchmark_smoke_runs_without_tensorflow(tmp_path):
 
 
 @pytest.mark.slow
-def test_resume_under_jax_ends_where_the_uninterrupted_run_ends(tmp_path):
+def test_resume_under_jax_ends_where_the_uninterrupted_run_ends(tmp_path, jax_run):
     """One epoch, then --resume to two, under JAX: the same losses and accuracies per
-    epoch as two epochs in one go (checkpoints, optimizer state and batch order restored)."""
+    epoch as two epochs in one go (checkpoints, optimizer state and batch order restored).
+    The one epoch is a copy of the module's one-epoch seq2seq run under JAX."""
 
     def train(run, *extra):
         proc = subprocess.run(
@@ -264,7 +304,7 @@ def test_resume_under_jax_ends_where_the_uninterrupted_run_ends(tmp_path):
             return json.load(f)["history"]
 
     whole = train(str(tmp_path / "whole"), "--epochs", "2")
-    train(str(tmp_path / "parts"), "--epochs", "1")
+    shutil.copytree(jax_run("seq2seq")[0], tmp_path / "parts")
     resumed = train(str(tmp_path / "parts"), "--resume", "--epochs", "2")
     assert len(whole) == len(resumed) == 2
     for a, b in zip(whole, resumed):
