@@ -228,8 +228,41 @@ def test_sigint_in_the_first_epoch_seq2seq_in_process(tmp_path, monkeypatch, cap
     _check_same_end(tmp_path / "full", stopped, ("test_exact_match",))
 
 
+TWO_WORKER_EPOCHS = 10
+
+
+@pytest.fixture(scope="module")
+def one_device(tmp_path_factory):
+    """The one-device run (TWO_WORKER_EPOCHS epochs) that both two-worker tests compare
+    with: the same command for both, so it runs once, started by the first of them
+    beside its workers. `start()` starts it (once); `finish()` waits for it (once) and
+    returns its output directory."""
+    from tests.train.test_distributed import _finish, _start
+
+    state = {}
+
+    def start():
+        if "proc" not in state:
+            state["out"] = tmp_path_factory.mktemp("one-device") / "single"
+            state["proc"] = _start(state["out"], "default", epochs=TWO_WORKER_EPOCHS)
+
+    def finish():
+        start()
+        if "done" not in state:
+            state["done"] = _finish([state["proc"]])
+        return state["out"]
+
+    yield start, finish
+    proc = state.get("proc")
+    if proc is not None and proc.poll() is None:
+        proc.kill()
+        proc.wait()
+
+
 @pytest.mark.parametrize("signalled", [1, 0], ids=["worker", "chief"])
-def test_sigterm_to_one_of_two_workers_stops_both_and_resumes_in_one_process(tmp_path, signalled):
+def test_sigterm_to_one_of_two_workers_stops_both_and_resumes_in_one_process(
+    tmp_path, signalled, one_device
+):
     """A preempted VM signals its own worker only: both workers of a 2-worker run stop
     after the same step (train.preemption.ClusterStop, over the coordination service),
     the chief writes the checkpoint, both exit 143 with one line; the checkpoint resumes
@@ -243,10 +276,11 @@ def test_sigterm_to_one_of_two_workers_stops_both_and_resumes_in_one_process(tmp
         _weights,
     )
 
-    epochs = 10
+    epochs = TWO_WORKER_EPOCHS
     ports = _free_ports(2)
     cluster = {"worker": [f"127.0.0.1:{p}" for p in ports]}
-    single = _start(tmp_path / "single", "default", epochs=epochs)
+    start_single, finish_single = one_device
+    start_single()
     workers = [
         _start(
             tmp_path / "multi",
@@ -288,11 +322,11 @@ def test_sigterm_to_one_of_two_workers_stops_both_and_resumes_in_one_process(tmp
     ), lines
     (out,) = _finish([_start(tmp_path / "multi", "default", epochs=epochs, resume=True)])
     assert "replicas 1" in out and f"restored {os.path.basename(path)}" in out
-    _finish([single])
+    single = finish_single()
     for kind in ("weights", "averaged"):
         _assert_same(
             _weights(tmp_path / "multi" / f"{kind}-e{epochs}-w0.npz"),
-            _weights(tmp_path / "single" / f"{kind}-e{epochs}-w0.npz"),
+            _weights(single / f"{kind}-e{epochs}-w0.npz"),
             atol=1e-4,
         )
 
