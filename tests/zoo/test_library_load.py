@@ -198,8 +198,14 @@ def test_zoo_load_runs_the_sagan_exports_like_the_run(runs, tmp_path):
         task.generate(None, num_images=2)
 
 
-def test_zoo_load_refuses_what_it_cannot_load(runs, tmp_path):
+def test_zoo_load_refuses_what_it_cannot_load(tmp_path):
+    """Not slow: a run directory as training writes it (an untrained tiny tagger) is
+    enough here, so `make test-fast` does not wait for the module's four trained runs."""
     import zoo.models  # noqa: F401  (registers every class zoo model files name)
+    from tests.support.runs import make_tagger_run
+
+    run = tmp_path / "run"
+    make_tagger_run(str(run))
 
     with pytest.raises(ValueError, match="does not exist"):
         zoo.load(tmp_path / "missing")
@@ -212,7 +218,7 @@ def test_zoo_load_refuses_what_it_cannot_load(runs, tmp_path):
     with pytest.raises(ValueError, match="not a .keras model file"):
         zoo.load(tmp_path / "x.keras")
     with pytest.raises(ValueError, match="must be a run directory"):
-        zoo.load(os.path.join(runs["tagger"], "config.json"))
+        zoo.load(os.path.join(run, "config.json"))
 
 
 def _parser(kind):
