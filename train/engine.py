@@ -489,11 +489,6 @@ def fit(
             },
         )
 
-    def signalled():
-        if cluster is not None:
-            return cluster.poll(global_step)
-        return preemption.requested() is not None
-
     def stop_for_signal(epoch_, done):
         # The step is finished: save it (as an incomplete epoch, so that the resumed run
         # still validates and closes the epoch), then leave with the signal's exit code.
@@ -506,11 +501,10 @@ def fit(
     cbs.on_train_begin()
     logs = {}
     # Several workers agree on the step to stop after (one was signalled, all stop).
-    index, workers = dist.worker()
-    cluster = preemption.ClusterStop(index, workers) if workers > 1 else None
+    stops = preemption.StepStops(*dist.worker())
+    cluster = stops.cluster
     with preemption.listening(), contextlib.ExitStack() as cleanup:
-        if cluster is not None:
-            cleanup.callback(cluster.close)
+        cleanup.callback(stops.close)
         while epoch < epochs and not model.stop_training:
             engine.reset_metrics()
             cbs.on_epoch_begin(epoch)
@@ -531,14 +525,10 @@ def fit(
                 cbs.on_train_batch_end(done - 1, logs)
                 if every and global_step % every == 0 and done < steps:
                     save(epoch, done, False)
-                if signalled():
+                if stops.signalled(global_step):
                     stop_for_signal(epoch, done)
-                if (
-                    cluster is not None
-                ):  # the chief's wish to stop (time limit) holds for all, at one step
-                    if model.stop_training and chief:
-                        cluster.request_end(global_step)
-                    model.stop_training = cluster.ended(global_step)
+                # The chief's wish to stop (time limit) holds for all workers, at one step.
+                model.stop_training = stops.time_up(model.stop_training, global_step, chief)
                 if model.stop_training:
                     break
             epoch_logs = dict(logs)
@@ -548,13 +538,13 @@ def fit(
                 epoch_logs.update({f"val_{k}": v for k, v in val.items()})
             cbs.on_epoch_end(epoch, epoch_logs)
             save(epoch, done, done >= steps)
-            if cluster is None and signalled():  # several workers: at their next step
+            if cluster is None and stops.signalled(global_step):  # several: at their next step
                 preemption.stop(
                     f"{_written(checkpoint_dir, chief, global_step)} at the end of epoch {epoch + 1}"
                 )
             logs = epoch_logs
             epoch, skip = epoch + 1, 0
-        if cluster is not None and cluster.finish():  # a signal after the last step
+        if stops.finish():  # a signal after the last step
             preemption.stop(
                 f"{_written(checkpoint_dir, chief, global_step, cluster)} at the end of epoch {epoch}"
             )

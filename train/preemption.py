@@ -248,3 +248,36 @@ class ClusterStop:
     def close(self):
         self._closing.set()
         self._thread.join(timeout=2.0)
+
+
+class StepStops:
+    """A training loop's two stop checks after each step, on one process or several
+    workers: a signal (`signalled`) and the time limit (`time_up`). One worker polls
+    the process flag and its own clock; several agree through a `ClusterStop`
+    (`cluster`, None on one worker). engine.fit and the SAGAN loop use it."""
+
+    def __init__(self, index, workers):
+        self.cluster = ClusterStop(index, workers) if workers > 1 else None
+
+    def signalled(self, step):
+        """Whether to stop after `step` for a signal (this process's or a peer's)."""
+        if self.cluster is not None:
+            return self.cluster.poll(step)
+        return requested() is not None
+
+    def time_up(self, over, step, chief):
+        """Whether to end after `step`; `over`: this process's clock says so. Several
+        workers: the chief's clock decides and all end after one step."""
+        if self.cluster is None:
+            return over
+        if over and chief:
+            self.cluster.request_end(step)
+        return self.cluster.ended(step)
+
+    def finish(self):
+        """After the loop: True when a signal after the last poll must stop it."""
+        return self.cluster is not None and self.cluster.finish()
+
+    def close(self):
+        if self.cluster is not None:
+            self.cluster.close()

@@ -352,94 +352,22 @@ def _fixed_latents(model_cfg, seed, rows=None):
 def _fit_and_finish(
     out, config, data, g, d, ema, classifier, classifier_report, state, trainer=None
 ):
-    import tensorflow as tf
-
+    from train import preemption  # SIGTERM / SIGINT: save the step, then stop (#23)
     from train import strategy as dist
-    from train.sagan.evaluation import Evaluator
 
     model_cfg, train_cfg = config["model"], config["train"]
-    verbose = str(train_cfg.get("verbose", "auto"))
-    show_bar = verbose == "1" or (verbose == "auto" and sys.stderr.isatty())
     trainer = trainer or _trainer(g, d, ema, model_cfg, train_cfg)
     dist.announce()
-    sampling = _Sampler(ema if ema is not None else g, model_cfg)
-    sampler = sampling.model
-    chief = dist.is_chief()
-    ckpt = os.path.join(out, "checkpoints")
-    samples_dir = os.path.join(out, "samples")
-    os.makedirs(samples_dir, exist_ok=True)
-    writer = tf.summary.create_file_writer(os.path.join(out, "logs"))
-    quick = None
-    if train_cfg["epoch_eval_samples"]:
-        quick = Evaluator(
-            classifier, data, train_cfg["epoch_eval_samples"], seed=_data_seed(train_cfg)
-        )
-
-    def quick_eval():
-        if quick is None:
-            return {"fid_quick": None}
-        sampling.refresh()
-        return quick.progress(
-            sampler, model_cfg["latent_dim"], model_cfg["num_classes"], seed=train_cfg["seed"] + 7
-        )
-
-    if "initial_fid" not in state:  # a step checkpoint of epoch 1 already holds it
-        state["initial_fid"] = quick_eval()["fid_quick"]
-    fixed = _fixed_latents(model_cfg, train_cfg["seed"])
-    # A step checkpoint: the batches of state["epoch"] already trained, and their logs.
-    skip, sums = state.pop("batches_done", 0), state.pop("partial_logs", {})
-    from train import preemption  # SIGTERM / SIGINT: save the step, then stop (#23)
-
-    preemption.listen()
-    # Several workers agree on the step to stop after (one was signalled, all stop).
-    index, workers = dist.worker()
-    cluster = preemption.ClusterStop(index, workers) if workers > 1 else None
-    where = (
-        f"wrote {os.path.join(ckpt, 'state.npz')}" if chief else "the chief wrote the checkpoint"
-    )
-
-    def signalled():
-        if cluster is not None:
-            return cluster.poll(state["d_steps"])
-        return preemption.requested() is not None
-
-    def time_up(over):
-        # Several workers: the chief's clock decides and all end after one step.
-        if cluster is None:
-            return over
-        if over and chief:
-            cluster.request_end(state["d_steps"])
-        return cluster.ended(state["d_steps"])
-
+    loop = _Loop(out, config, data, trainer, state, ema if ema is not None else g, classifier)
+    sampler = loop.sampler
     try:
-        stopped = _epochs(
-            trainer,
-            state,
-            sampling,
-            data,
-            train_cfg,
-            model_cfg,
-            quick_eval,
-            fixed,
-            writer,
-            samples_dir,
-            ckpt,
-            chief,
-            out,
-            show_bar,
-            skip,
-            sums,
-            signalled,
-            time_up,
-            where,
-        )
-        if cluster is not None and cluster.finish():  # a signal after the last step
-            preemption.stop(f"{where} at the end of epoch {state['epoch']}")
+        stopped = loop.run()
+        if loop.stops.finish():  # a signal after the last step
+            preemption.stop(f"{loop.where} at the end of epoch {state['epoch']}")
     finally:
-        if cluster is not None:
-            cluster.close()
-    preemption.done_listening(f"{where} at the end of epoch {state['epoch']}")
-    sampling.refresh()
+        loop.stops.close()
+    preemption.done_listening(f"{loop.where} at the end of epoch {state['epoch']}")
+    loop.sampling.refresh()
     if train_cfg.get("keep", "last") == "best" and trainer.apply_best(sampler):
         floor = state.get("best_class_min")
         which = (
@@ -469,126 +397,173 @@ def _fit_and_finish(
     )
 
 
-def _epochs(
-    trainer,
-    state,
-    sampling,
-    data,
-    train_cfg,
-    model_cfg,
-    quick_eval,
-    fixed,
-    writer,
-    samples_dir,
-    ckpt,
-    chief,
-    out,
-    show_bar,
-    skip,
-    sums,
-    signalled,
-    time_up,
-    where,
-):
-    """The training epochs (until --epochs or --max-minutes); True when the time limit
-    ended them."""
-    import keras
-    import tensorflow as tf
+class _Loop:
+    """One run's training epochs (until --epochs or --max-minutes): the steps, the
+    per-epoch evaluation, sample grid, TensorBoard logs and checkpoint, and the stop
+    checks after each step (a signal, the time limit; several workers agree on both).
+    `run()` returns True when the time limit ended the run."""
 
-    from train import preemption
-    from train import strategy as dist
-    from train.sagan.figures import save_progress_figure, save_sample_grid
+    def __init__(self, out, config, data, trainer, state, source, classifier):
+        import tensorflow as tf
 
-    sampler = sampling.model
-    batch = train_cfg["batch_size"]
-    steps = max(1, len(data.train) // batch)
-    limit = train_cfg["max_minutes"] * 60.0
-    total_steps = max(1, steps * train_cfg["epochs"])
-    every = dist.checkpoint_every()
-    stopped = False
-    for epoch in range(state["epoch"], train_cfg["epochs"]):
-        if time_up(bool(limit) and state["train_seconds"] >= limit):
-            stopped = True
-            break
-        started = time.perf_counter()
-        order = np.random.default_rng(train_cfg["seed"] + epoch).permutation(len(data.train))
-        print(f"epoch {epoch + 1}/{train_cfg['epochs']}", file=sys.stderr, flush=True)
-        bar = keras.utils.Progbar(
-            steps,
-            stateful_metrics=["d_loss", "g_loss", "d_real", "d_fake", "mode_seeking"],
-            verbose=1 if show_bar else 0,
+        from train import preemption
+        from train import strategy as dist
+        from train.sagan.evaluation import Evaluator
+
+        self.out, self.data, self.trainer, self.state = out, data, trainer, state
+        self.model_cfg, self.train_cfg = config["model"], config["train"]
+        verbose = str(self.train_cfg.get("verbose", "auto"))
+        self.show_bar = verbose == "1" or (verbose == "auto" and sys.stderr.isatty())
+        self.sampling = _Sampler(source, self.model_cfg)
+        self.sampler = self.sampling.model
+        self.chief = dist.is_chief()
+        self.ckpt = os.path.join(out, "checkpoints")
+        self.samples_dir = os.path.join(out, "samples")
+        os.makedirs(self.samples_dir, exist_ok=True)
+        self.writer = tf.summary.create_file_writer(os.path.join(out, "logs"))
+        self.quick = None
+        if self.train_cfg["epoch_eval_samples"]:
+            self.quick = Evaluator(
+                classifier,
+                data,
+                self.train_cfg["epoch_eval_samples"],
+                seed=_data_seed(self.train_cfg),
+            )
+        if "initial_fid" not in state:  # a step checkpoint of epoch 1 already holds it
+            state["initial_fid"] = self.quick_eval()["fid_quick"]
+        self.fixed = _fixed_latents(self.model_cfg, self.train_cfg["seed"])
+        # A step checkpoint: the batches of state["epoch"] already trained, and their logs.
+        self.skip = state.pop("batches_done", 0)
+        self.sums = state.pop("partial_logs", {})
+        preemption.listen()
+        # Several workers agree on the step to stop after (one was signalled, all stop).
+        self.stops = preemption.StepStops(*dist.worker())
+        self.where = (
+            f"wrote {os.path.join(self.ckpt, 'state.npz')}"
+            if self.chief
+            else "the chief wrote the checkpoint"
         )
-        done = skip
-        for i in range(skip, steps):
-            idx = order[i * batch : (i + 1) * batch]
-            elapsed = state["train_seconds"] + time.perf_counter() - started
-            trainer.set_lr_scale(
-                lr_scale(
-                    max(state["d_steps"] / total_steps, elapsed / limit if limit else 0.0),
-                    train_cfg.get("lr_decay_from", 1.0),
-                )
-            )
-            real = data.train[idx].astype(np.float32) / 127.5 - 1.0
-            labels = (
-                data.train_labels[idx] if model_cfg["num_classes"] else np.zeros(len(idx), np.int32)
-            )
-            logs = trainer.train_batch(real, labels.astype(np.int32), state["d_steps"])
-            state["d_steps"] += 1
-            for k, v in logs.items():
-                if not np.isfinite(v):
-                    raise FloatingPointError(f"{k} became {v} at epoch {epoch + 1}, step {i + 1}")
-                sums.setdefault(k, []).append(v)
-            bar.update(i + 1, [(k, v) for k, v in logs.items()])
-            done = i + 1
-            if every and state["d_steps"] % every == 0 and done < steps and chief:
-                trainer.save(
-                    ckpt,
-                    {
-                        **state,
-                        "batches_done": done,
-                        "partial_logs": sums,
-                        "train_seconds": state["train_seconds"] + time.perf_counter() - started,
-                    },
-                )
-            if signalled():
-                if chief:
-                    trainer.save(
-                        ckpt,
-                        {
-                            **state,
-                            "batches_done": done,
-                            "partial_logs": sums,
-                            "train_seconds": state["train_seconds"] + time.perf_counter() - started,
-                        },
-                    )
-                preemption.stop(f"{where} at epoch {epoch + 1}, batch {done}")
-            if time_up(
-                bool(limit) and state["train_seconds"] + time.perf_counter() - started >= limit
+
+    def quick_eval(self):
+        if self.quick is None:
+            return {"fid_quick": None}
+        self.sampling.refresh()
+        return self.quick.progress(
+            self.sampler,
+            self.model_cfg["latent_dim"],
+            self.model_cfg["num_classes"],
+            seed=self.train_cfg["seed"] + 7,
+        )
+
+    def _save_step(self, done, sums, started):
+        self.trainer.save(
+            self.ckpt,
+            {
+                **self.state,
+                "batches_done": done,
+                "partial_logs": sums,
+                "train_seconds": self.state["train_seconds"] + time.perf_counter() - started,
+            },
+        )
+
+    def run(self):
+        import keras
+
+        from train import preemption
+        from train import strategy as dist
+
+        trainer, state, data = self.trainer, self.state, self.data
+        train_cfg, model_cfg = self.train_cfg, self.model_cfg
+        batch = train_cfg["batch_size"]
+        steps = max(1, len(data.train) // batch)
+        limit = train_cfg["max_minutes"] * 60.0
+        total_steps = max(1, steps * train_cfg["epochs"])
+        every = dist.checkpoint_every()
+        skip, sums = self.skip, self.sums
+        stopped = False
+        for epoch in range(state["epoch"], train_cfg["epochs"]):
+            if self.stops.time_up(
+                bool(limit) and state["train_seconds"] >= limit, state["d_steps"], self.chief
             ):
                 stopped = True
                 break
-        state["train_seconds"] += time.perf_counter() - started
+            started = time.perf_counter()
+            order = np.random.default_rng(train_cfg["seed"] + epoch).permutation(len(data.train))
+            print(f"epoch {epoch + 1}/{train_cfg['epochs']}", file=sys.stderr, flush=True)
+            bar = keras.utils.Progbar(
+                steps,
+                stateful_metrics=["d_loss", "g_loss", "d_real", "d_fake", "mode_seeking"],
+                verbose=1 if self.show_bar else 0,
+            )
+            done = skip
+            for i in range(skip, steps):
+                idx = order[i * batch : (i + 1) * batch]
+                elapsed = state["train_seconds"] + time.perf_counter() - started
+                trainer.set_lr_scale(
+                    lr_scale(
+                        max(state["d_steps"] / total_steps, elapsed / limit if limit else 0.0),
+                        train_cfg.get("lr_decay_from", 1.0),
+                    )
+                )
+                real = data.train[idx].astype(np.float32) / 127.5 - 1.0
+                labels = (
+                    data.train_labels[idx]
+                    if model_cfg["num_classes"]
+                    else np.zeros(len(idx), np.int32)
+                )
+                logs = trainer.train_batch(real, labels.astype(np.int32), state["d_steps"])
+                state["d_steps"] += 1
+                for k, v in logs.items():
+                    if not np.isfinite(v):
+                        raise FloatingPointError(
+                            f"{k} became {v} at epoch {epoch + 1}, step {i + 1}"
+                        )
+                    sums.setdefault(k, []).append(v)
+                bar.update(i + 1, [(k, v) for k, v in logs.items()])
+                done = i + 1
+                if every and state["d_steps"] % every == 0 and done < steps and self.chief:
+                    self._save_step(done, sums, started)
+                if self.stops.signalled(state["d_steps"]):
+                    if self.chief:
+                        self._save_step(done, sums, started)
+                    preemption.stop(f"{self.where} at epoch {epoch + 1}, batch {done}")
+                over = state["train_seconds"] + time.perf_counter() - started >= limit
+                if self.stops.time_up(bool(limit) and over, state["d_steps"], self.chief):
+                    stopped = True
+                    break
+            state["train_seconds"] += time.perf_counter() - started
+            self._end_epoch(epoch, done, sums)
+            skip, sums = 0, {}
+            if stopped:
+                break
+        return stopped
+
+    def _end_epoch(self, epoch, done, sums):
+        import tensorflow as tf
+
+        from train.sagan.figures import save_progress_figure, save_sample_grid
+
+        state = self.state
         means = {k: round(float(np.mean(v)), 5) for k, v in sums.items()}
-        entry = {"epoch": epoch + 1, "steps": done, **means, **quick_eval()}
+        entry = {"epoch": epoch + 1, "steps": done, **means, **self.quick_eval()}
         state["history"].append(entry)
         state["epoch"] = epoch + 1
-        if train_cfg.get("keep", "last") == "best" and _improves(entry, state):
-            trainer.remember_best(sampler)  # quick_eval refreshed it
+        if self.train_cfg.get("keep", "last") == "best" and _improves(entry, state):
+            self.trainer.remember_best(self.sampler)  # quick_eval refreshed it
             state["best_epoch"], state["best_fid_quick"] = epoch + 1, entry["fid_quick"]
             state["best_class_min"] = entry.get("class_min_quick")
-        skip, sums = 0, {}
-        images = np.asarray(sampling.refresh().predict_on_batch(fixed))
+        images = np.asarray(self.sampling.refresh().predict_on_batch(self.fixed))
         save_sample_grid(
-            images, GRID_COLUMNS, os.path.join(samples_dir, f"epoch_{epoch + 1:03d}.png")
+            images, GRID_COLUMNS, os.path.join(self.samples_dir, f"epoch_{epoch + 1:03d}.png")
         )
-        with writer.as_default(step=epoch + 1):
+        with self.writer.as_default(step=epoch + 1):
             for k, v in entry.items():
                 if k not in ("epoch", "steps") and v is not None:
                     tf.summary.scalar(k, v)
             tf.summary.image("samples", (images[:16] + 1.0) / 2.0, max_outputs=16)
-        writer.flush()
-        if chief:
-            trainer.save(ckpt, state)
+        self.writer.flush()
+        if self.chief:
+            self.trainer.save(self.ckpt, state)
         print(
             f"  d_loss {means.get('d_loss')}  g_loss {means.get('g_loss')}  "
             f"FID {entry['fid_quick']}  class acc {entry.get('class_accuracy_quick')}  "
@@ -596,11 +571,8 @@ def _epochs(
             file=sys.stderr,
             flush=True,
         )
-        if chief:
-            save_progress_figure(state["history"], os.path.join(out, "progress.png"))
-        if stopped:
-            break
-    return stopped
+        if self.chief:
+            save_progress_figure(state["history"], os.path.join(self.out, "progress.png"))
 
 
 def _finish(
