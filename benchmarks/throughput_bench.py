@@ -131,10 +131,10 @@ def _seq2seq(quick):
 
 
 def _measure(build, batches, tokens, pad_id, jit, passes):
-    from train import engine
+    from train import engine, loss_terms
 
     model = build()
-    terms = engine.masked_mean_terms(model.loss, pad_id) if pad_id is not None else None
+    terms = loss_terms.masked_mean_terms(model.loss, pad_id) if pad_id is not None else None
     runner = engine.Engine(model, loss_terms=terms, jit_compile=jit)
     runner.build(batches[0])
     started = time.perf_counter()

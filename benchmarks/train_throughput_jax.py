@@ -96,8 +96,8 @@ def bench_tagger(cfg, steps, warmup, rng):
 def bench_seq2seq(cfg, steps, warmup, rng):
     import keras
 
-    from train.engine import masked_mean_terms
     from train.jax_engine import JaxEngine
+    from train.loss_terms import masked_mean_terms
     from train.seq2seq.config import TEXT_MODEL
     from train.seq2seq.fit import compile_seq2seq
     from zoo.seq2seq.transformer import build_seq2seq

@@ -37,10 +37,8 @@ import numpy as np
 
 from train import checkpoint, preemption
 from train import strategy as dist
-
-# masked_mean_terms, weighted_terms: the run code passes them to fit as engine.*.
 from train.engine_base import EngineBase, host_numpy
-from train.loss_terms import host_count, masked_mean_terms, unpack, weighted_terms  # noqa: F401
+from train.loss_terms import host_count, unpack
 from zoo.cli import UsageError
 
 

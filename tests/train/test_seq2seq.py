@@ -395,7 +395,7 @@ def test_xla_training_steps_equal_the_plain_steps():
     """`--jit-compile` / `--xla` compiles the same training step: without dropout (whose
     random masks XLA draws differently) five steps under XLA end where five steps
     without it do, and the loss of every step agrees."""
-    from train import engine
+    from train import engine, loss_terms
     from train.seq2seq.fit import compile_seq2seq
 
     rng = np.random.default_rng(0)
@@ -417,7 +417,7 @@ def test_xla_training_steps_equal_the_plain_steps():
         )
         compile_seq2seq(model, 1e-3, 10, 0.1, jit_compile=jit)
         runner = engine.Engine(
-            model, loss_terms=engine.masked_mean_terms(model.loss, 0), jit_compile=jit
+            model, loss_terms=loss_terms.masked_mean_terms(model.loss, 0), jit_compile=jit
         )
         assert runner.jit_compile is jit
         initial = [v.numpy() for v in model.trainable_variables]

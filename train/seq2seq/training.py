@@ -18,7 +18,7 @@ import keras
 import numpy as np
 
 import zoo.models  # noqa: F401  (registers every class zoo model files name)
-from train import engine, rundir
+from train import loss_terms, rundir
 from train import strategy as distribute
 from train.callbacks import LAST, fit_resumable, read_state, resumable_config
 from train.progress import markdown_table
@@ -205,7 +205,7 @@ def _fit_and_finish(model, data, encoded, out, train_cfg, state, verbose, announ
         announce,
         first=() if dev_score is None else (dev_score,),
         steps_per_epoch=train_cfg.get("steps_per_epoch"),
-        loss_terms=engine.masked_mean_terms(model.loss, PAD_ID),
+        loss_terms=loss_terms.masked_mean_terms(model.loss, PAD_ID),
         jit_compile=True if train_cfg.get("xla") else None,
     )
     metrics = evaluate(model, data, encoded, train_cfg)
