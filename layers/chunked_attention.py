@@ -14,7 +14,13 @@ import keras
 from keras import ops
 
 from layers import attention_ops, flash_attention
-from layers.masks import MASK_PENALTY, block_keep_mask, pad_axis1, padded_block_masks
+from layers.masks import (
+    MASK_PENALTY,
+    block_keep_mask,
+    pad_axis1,
+    padded_block_masks,
+    visible_key_blocks,
+)
 
 # `chunk_size="auto"`: chunking turns on when one sequence's float32 scores,
 # all heads, would reach AUTO_MIN_ENTRIES entries per head (a 4096 x 4096
@@ -119,16 +125,7 @@ def chunked_attention_context(
     num_k = ops.shape(k)[1] // c
 
     def key_range(qi):
-        """Key blocks that the causal/window structure leaves visible."""
-        first_q = qi * c + offset
-        last_q = first_q + c - 1
-        start, stop = ops.zeros((), "int32"), ops.cast(num_k, "int32")
-        if causal:
-            stop = ops.minimum(stop, last_q // c + 1)
-        if window is not None:
-            start = ops.maximum(start, ops.maximum(first_q - window, 0) // c)
-            stop = ops.minimum(stop, (last_q + window) // c + 1)
-        return start, ops.maximum(stop, start)
+        return visible_key_blocks(qi, c, offset, num_k, causal, window)
 
     def query_block(block):
         # A map over query blocks, not a loop writing into a buffer: the

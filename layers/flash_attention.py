@@ -15,7 +15,13 @@ where every product is a plain batched matmul, and float32.
 
 from keras import ops
 
-from layers.masks import MASK_PENALTY, block_keep_mask, pad_axis1, padded_block_masks
+from layers.masks import (
+    MASK_PENALTY,
+    block_keep_mask,
+    pad_axis1,
+    padded_block_masks,
+    visible_key_blocks,
+)
 
 
 def _head_major(x):
@@ -77,17 +83,7 @@ def flash_attention(
     zero = ops.zeros((), "int32")
 
     def key_range(qi):
-        """Key blocks that the causal/window structure leaves visible to
-        query block `qi`."""
-        first_q = qi * c + offset
-        last_q = first_q + c - 1
-        start, stop = zero, ops.cast(num_k, "int32")
-        if causal:
-            stop = ops.minimum(stop, last_q // c + 1)
-        if window is not None:
-            start = ops.maximum(start, ops.maximum(first_q - window, 0) // c)
-            stop = ops.minimum(stop, (last_q + window) // c + 1)
-        return start, ops.maximum(stop, start)
+        return visible_key_blocks(qi, c, offset, num_k, causal, window)
 
     def query_range(ki):
         """Query blocks that see any key of key block `ki`."""

@@ -166,6 +166,21 @@ def padded_block_masks(batch, length_q, length_k, block_size, query_mask, key_ma
     return qmask, kmask, attention_mask
 
 
+def visible_key_blocks(qi, block_size, query_offset, num_blocks_k, causal, window):
+    """`(start, stop)` int32 scalars: the key blocks that the causal / window structure
+    leaves visible to query block `qi` (`start <= stop`). The flash and chunked block
+    loops visit only these."""
+    first_q = qi * block_size + query_offset
+    last_q = first_q + block_size - 1
+    start, stop = ops.zeros((), "int32"), ops.cast(num_blocks_k, "int32")
+    if causal:
+        stop = ops.minimum(stop, last_q // block_size + 1)
+    if window is not None:
+        start = ops.maximum(start, ops.maximum(first_q - window, 0) // block_size)
+        stop = ops.minimum(stop, (last_q + window) // block_size + 1)
+    return start, ops.maximum(stop, start)
+
+
 def block_keep_mask(
     q_start,
     k_start,
