@@ -221,6 +221,42 @@ def test_backend_and_precision_flags_refused_with_one_line(tmp_path, capsys):
     assert not os.path.exists(out)
 
 
+# A fresh process in which the `jax` package cannot be found (find_spec is what
+# train.cli asks), as on an install without the `jax` extra.
+_WITHOUT_JAX = (
+    "import importlib.util as u, sys\n"
+    "real = u.find_spec\n"
+    "u.find_spec = lambda name, *a: None if name.split('.')[0] == 'jax' else real(name, *a)\n"
+    "from train.cli import main\n"
+    "sys.exit(main(sys.argv[1:]))\n"
+)
+
+
+@pytest.mark.parametrize("how", ["flag", "environment"])
+def test_backend_not_installed_is_refused_not_replaced(tmp_path, how):
+    """--backend jax (or KERAS_BACKEND=jax) without JAX installed: exit 2 and one line
+    naming the missing package and the extra to install; nothing trains on another
+    backend and nothing is written."""
+    out = tmp_path / "run"
+    argv = ["tagger", "--out", str(out)] + (["--backend", "jax"] if how == "flag" else [])
+    env = _env("jax" if how == "environment" else "tensorflow")
+    proc = subprocess.run(
+        [sys.executable, "-c", _WITHOUT_JAX, *argv],
+        cwd=paths.ROOT,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    lines = [line for line in proc.stderr.splitlines() if line.strip()]
+    assert proc.returncode == 2, proc.stderr
+    assert len(lines) == 1, lines
+    where = "--backend jax" if how == "flag" else "KERAS_BACKEND jax"
+    assert where in lines[0] and "jax is not installed" in lines[0], lines
+    assert ".[jax]" in lines[0], lines
+    assert not out.exists()
+
+
 @pytest.mark.slow
 def test_data_parallel_on_two_devices_trains_as_one_device(tmp_path, jax_run):
     """--strategy mirrored under JAX: keras.distribution.DataParallel over two host
