@@ -493,10 +493,10 @@ def describe_runtime(info=None):
     )
 
 
-def announce():
-    """Prints `describe_runtime()` on stderr, once per configured command (the training
-    loops call it as they start; library use after `reset()` prints nothing)."""
+def announce(info=None):
+    """Prints `describe_runtime(info)` on stderr, once per configured command (the
+    training loops call it as they start; library use after `reset()` prints nothing)."""
     if _state.get("announced", True):
         return
     _state["announced"] = True
-    print(describe_runtime(), file=sys.stderr, flush=True)
+    print(describe_runtime(info), file=sys.stderr, flush=True)

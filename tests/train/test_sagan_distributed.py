@@ -378,6 +378,11 @@ def test_mirrored_two_replicas_equal_one_device(runs):
     # the run says so instead of failing on XLA's one-device limit.
     assert metrics["distribution"]["jit_compile"] is False
     assert "XLA: off for sagan on 2 replicas" in output
+    # ... and the start line, config.json and metrics.json record what ran.
+    assert "(mirrored), float32, XLA off" in output and "XLA on" not in output
+    config = json.loads((base / "mirrored" / "config.json").read_text())
+    assert config["runtime"]["jit_compile"] is False
+    assert metrics["runtime"]["jit_compile"] is False
 
 
 @pytest.mark.slow

@@ -357,7 +357,13 @@ def _fit_and_finish(
 
     model_cfg, train_cfg = config["model"], config["train"]
     trainer = trainer or _trainer(g, d, ema, model_cfg, train_cfg)
-    dist.announce()
+    # What the steps really run with: SAGAN's are not XLA-compiled on several replicas
+    # even when --jit-compile (or a GPU's default) asks for it.
+    runtime = {**dist.runtime(), "jit_compile": trainer.jit_compile}
+    if config.get("runtime") != runtime:
+        config["runtime"] = runtime
+        atomic.write_json(os.path.join(out, "config.json"), config)
+    dist.announce(runtime)
     loop = _Loop(out, config, data, trainer, state, ema if ema is not None else g, classifier)
     sampler = loop.sampler
     try:
@@ -614,7 +620,7 @@ def _finish(
         else state["epoch"],
         attention_resolution=model_cfg["attention_resolution"],
         distribution=distribution,
-        runtime=dist.runtime(),
+        runtime={**dist.runtime(), "jit_compile": distribution["jit_compile"]},
         params_g=int(g.count_params()),
         params_d=int(d.count_params()),
         ema=train_cfg["ema"],
