@@ -9,7 +9,6 @@ Bad input: one line on stderr, exit 2; nothing existing is overwritten
 without --force.
 """
 
-import json
 import os
 import sys
 
@@ -29,41 +28,30 @@ from zoo.cli import UsageError as _Usage
 from zoo.rundir import run_kind
 
 
-class KerasGenerator:
-    def __init__(self, run_dir):
-        import_keras_quietly()
-        from zoo import model_file
+def _keras_generator(run_dir):
+    """The run's model.keras as `zoo.load` runs it (an `ImageGenerator`), after the
+    checks that make a wrong directory one clear line."""
+    import_keras_quietly()
+    from zoo import model_file
+    from zoo.tasks import load
 
-        path = os.path.join(run_dir, "model.keras")
-        config_path = os.path.join(run_dir, "config.json")
-        if not os.path.isfile(path) or not os.path.isfile(config_path):
+    for name in ("model.keras", "config.json"):
+        if not os.path.isfile(os.path.join(run_dir, name)):
             raise _Usage(
                 f"not a SAGAN run directory (needs model.keras and config.json): {run_dir}"
             )
-        kind = run_kind(run_dir)
-        if kind != "sagan":
-            raise _Usage(f"{run_dir} is a {kind!r} run, not 'sagan'")
-        with open(config_path, encoding="utf-8") as f:
-            config = json.load(f)
-        try:
-            self.model = model_file.load(path)
-        except model_file.ModelFileError as e:
-            raise _Usage(str(e)) from None
-        self.latent_dim = int(config["model"]["latent_dim"])
-        self.num_classes = config["model"].get("num_classes")
-        self.class_names = config.get("class_names") or []
-
-    def images(self, noise, labels):
-        feed = {"noise": noise}
-        if self.num_classes:
-            feed["label"] = labels
-        images = np.asarray(self.model.predict_on_batch(feed))
-        return (images + 1.0) / 2.0
+    kind = run_kind(run_dir)
+    if kind != "sagan":
+        raise _Usage(f"{run_dir} is a {kind!r} run, not 'sagan'")
+    try:
+        return load(run_dir)
+    except model_file.ModelFileError as e:
+        raise _Usage(str(e)) from None
 
 
 def _tflite_generator(path):
     """An exported generator .tflite (noise [, label] in, image in [0, 1] out), run as
-    `zoo.load` runs it (KerasGenerator's interface)."""
+    `zoo.load` runs it."""
     from zoo.tasks import tflite_image_generator
 
     return tflite_image_generator(read_sidecar(path, "sagan"), litert.interpreter(path))
@@ -150,7 +138,7 @@ def main(argv=None):
             raise _Usage(f"expected a run directory or a .tflite file: {args.path}")
         with quiet_stderr(level == 0):
             generator = (
-                KerasGenerator(args.path)
+                _keras_generator(args.path)
                 if os.path.isdir(args.path)
                 else _tflite_generator(args.path)
             )

@@ -413,6 +413,19 @@ def test_zoo_generate_cli(tiny_run, tmp_path):
     from PIL import Image
 
     assert Image.open(out).size == ((4 * 33 + 1) * 2, (33 + 1) * 2)
+    # Each tile is the generator's image for the noise of --seed 0 and class 1 ("square"),
+    # tanh -> [0, 255], drawn 2x with 1-pixel gaps (computed here from model.keras).
+    import keras
+
+    model = keras.saving.load_model(os.path.join(tiny_run, "model.keras"), compile=False)
+    latent = model.input["noise"].shape[-1]
+    noise = np.random.default_rng(0).standard_normal((4, latent)).astype("float32")
+    want = np.asarray(model({"noise": noise, "label": np.ones(4, "int32")}, training=False))
+    want = np.clip(np.round((want + 1.0) * 127.5), 0, 255)
+    png = np.asarray(Image.open(out), np.int16)[::2, ::2]
+    for i in range(4):
+        tile = png[1 : 1 + 32, 1 + 33 * i : 1 + 33 * i + 32]
+        assert np.abs(tile - want[i]).max() <= 1
     assert main([tiny_run, "--class", "9", "--out", str(tmp_path / "x.png")]) == 2
 
 
