@@ -50,7 +50,7 @@ def clean_keras_state():
 # most tests first, which left the longest files (a few tests of minutes each) for the
 # end, one worker busy with them and the other idle. Longest first instead: the files
 # below in this order (the heaviest measured on the 2-core VM, with the gc.freeze
-# below), then every other file in pytest's order. A file missing here only runs
+# above), then every other file in pytest's order. A file missing here only runs
 # later; nothing is left out.
 LONGEST_FIRST = (
     "tests/train/test_jax_training.py",

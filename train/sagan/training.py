@@ -301,10 +301,16 @@ def _trainer(g, d, ema, model_cfg, train_cfg):
 CLASS_FLOOR = 0.9
 
 
+def _draws_every_class(class_min):
+    """Whether the worst class was recognised in >= CLASS_FLOOR of its images (None:
+    unconditional, or a best checkpointed before class_min existed: counts as yes)."""
+    return class_min is None or class_min >= CLASS_FLOOR
+
+
 def _rank(fid, class_min):
-    """Sort key of a sampler (lower is better): any sampler whose every class the
-    classifier recognises in >= CLASS_FLOOR of its images first, then the lowest FID."""
-    return (0 if class_min is None or class_min >= CLASS_FLOOR else 1, fid)
+    """Sort key of a sampler (lower is better): the samplers that draw every class
+    first, then the lowest FID."""
+    return (0 if _draws_every_class(class_min) else 1, fid)
 
 
 def _improves(entry, state):
@@ -375,10 +381,10 @@ def _fit_and_finish(
     preemption.done_listening(f"{loop.where} at the end of epoch {state['epoch']}")
     loop.sampling.refresh()
     if train_cfg.get("keep", "last") == "best" and trainer.apply_best(sampler):
-        floor = state.get("best_class_min")
+        worst = state.get("best_class_min")
         which = (
             f"every class >= {CLASS_FLOOR:.0%}, the lowest FID of such epochs"
-            if floor is not None and floor >= CLASS_FLOOR
+            if worst is not None and _draws_every_class(worst)
             else "the lowest of the run"
         )
         print(
@@ -620,7 +626,7 @@ def _finish(
         else state["epoch"],
         attention_resolution=model_cfg["attention_resolution"],
         distribution=distribution,
-        runtime={**dist.runtime(), "jit_compile": distribution["jit_compile"]},
+        runtime=config["runtime"],  # set by _fit_and_finish: XLA as the steps ran
         params_g=int(g.count_params()),
         params_d=int(d.count_params()),
         ema=train_cfg["ema"],
