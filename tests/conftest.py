@@ -28,19 +28,44 @@ settings.load_profile(os.environ.get("HYPOTHESIS_PROFILE", "default"))
 
 def pytest_collection_finish(session):
     """What collection imported (TensorFlow, Keras, JAX, the project, every test module)
-    lives until the end; frozen, it is left out of every later garbage collection. The
-    full collection that clear_session runs before each test walked all of it: about a
-    second per test (~850 tests) on the 2-core VM. The collections still free everything
-    the tests create."""
+    lives until the end; frozen, it is left out of every later garbage collection (a
+    full one walked all of it: about a second on the 2-core VM). The collections still
+    free everything the tests create."""
     gc.collect()
     gc.freeze()
 
 
+# Resident memory (bytes) after the last full collection the fixture below ran.
+_COLLECTED_AT = [0]
+COLLECT_EVERY = 1 << 30  # bytes of growth
+
+
+def _resident_bytes():
+    try:
+        with open("/proc/self/statm") as f:
+            return int(f.read().split()[1]) * os.sysconf("SC_PAGE_SIZE")
+    except (OSError, ValueError):  # no /proc: the peak, which only grows
+        import resource
+
+        return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
+
+
 @pytest.fixture(autouse=True)
 def clean_keras_state():
-    """Each test starts with float32 policy and an empty Keras session."""
+    """Each test starts with float32 policy and an empty Keras session (layer names,
+    the default graph, TensorFlow's kernel cache). Not with the full garbage collection
+    clear_session runs by default before each test: it walks the worker's whole heap,
+    which grows with every file a worker runs (module fixtures, traced graphs), and took
+    2-5 s per test late in a worker's life (~2000 s of `make test`). A full collection
+    runs instead when the process has grown by COLLECT_EVERY since the last one: the
+    models the tests drop hold reference cycles, and Python's own collections count
+    objects, not the bytes those hold (a worker reached 9.5 GB in a full run without
+    any collection of its own)."""
     keras.config.set_dtype_policy("float32")
-    keras.utils.clear_session()
+    keras.utils.clear_session(free_memory=False)
+    if _resident_bytes() > _COLLECTED_AT[0] + COLLECT_EVERY:
+        gc.collect()
+        _COLLECTED_AT[0] = _resident_bytes()
     yield
     keras.config.set_dtype_policy("float32")
 
