@@ -70,6 +70,15 @@ def clean_keras_state():
     keras.config.set_dtype_policy("float32")
 
 
+@pytest.fixture(scope="session")
+def shared_runs(tmp_path_factory):
+    """Runs and exports made once per session for every test file that makes them with
+    the same command (tests/support/shared_runs.py)."""
+    from tests.support.shared_runs import SharedRuns, root
+
+    return SharedRuns(root(tmp_path_factory))
+
+
 # `make test` runs files whole on two workers (--dist loadfile), and a worker takes the
 # next file from the front of the queue. xdist's default queue puts the files with the
 # most tests first, which left the longest files (a few tests of minutes each) for the

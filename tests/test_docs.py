@@ -7,7 +7,9 @@ and `export VAR=value` allowed); each runs in this process through MODULE's
 `main(argv)` and must exit 0. One substitution keeps them short: a
 `python -m train KIND ...` command gets `TINY[KIND]` appended (later flags win),
 a tiny model trained for one epoch on a small slice of the embedded data; every
-other flag is the page's own.
+other flag is the page's own. A training (without --resume), or an export of one,
+that other tests make with the same arguments runs once per session
+(tests/support/shared_runs.py, which asserts its exit 0) and is copied here.
 
 An HTML comment right before a block marks the few that cannot or should not
 run by default, and says why:
@@ -20,15 +22,16 @@ run by default, and says why:
 """
 
 import importlib
-import importlib.util
 import os
 import re
 import shlex
+import shutil
 
 import pytest
 
 from tests.support import tiny
 from tests.support.paths import ROOT
+from tests.support.shared_runs import out_value, run_main
 
 DOCS = os.path.join(ROOT, "docs")
 PYTHON = re.compile(r"^```python\n(.*?)^```", re.S | re.M)
@@ -104,14 +107,48 @@ def _parse(module, args, monkeypatch):
         raise AssertionError(f"no parse-only support for python -m {module}")
 
 
-def _run(module, args):
+# Commands whose output another test makes with the same arguments (tests/support/
+# shared_runs.py): a training without --resume, and the exports of such a run.
+SHAREABLE = ("train", "export", "export.kinds.seq2seq")
+
+
+def _shareable(module, args, copies, env_changed):
+    out = out_value(args)
+    if module not in SHAREABLE or out is None or env_changed or "--resume" in args:
+        return False
+    if os.path.exists(out):  # a command that adds to what is there
+        return False
+    # Every input that is a file or folder here is a copy of a shared output.
+    return all(a == out or not os.path.exists(a) or os.path.abspath(a) in copies for a in args)
+
+
+def _run(module, args, shared_runs, copies, env_changed=False):
+    """Runs `python -m MODULE ARGS` here and asserts exit 0. A shareable command runs
+    once per session in whichever test asks first (shared_runs asserts the exit 0, on
+    the same arguments) and its output is copied here; `copies` maps each copy to the
+    shared output it came from, so a later command on it is shared too."""
     if module == "train":
         args = [*args, *TINY[args[0]]]
-    spec = importlib.util.find_spec(module)
-    if spec.submodule_search_locations is not None:  # a package: `python -m` runs its __main__
-        module += ".__main__"
-    code = importlib.import_module(module).main(args)
+    out = out_value(args)
+    if _shareable(module, args, copies, env_changed):
+        shared = shared_runs.command(
+            module, [copies.get(os.path.abspath(a), a) if a != out else a for a in args]
+        )
+        where = os.path.dirname(out)
+        if where:
+            os.makedirs(where, exist_ok=True)
+        for path in shared_runs.outputs(shared):
+            local = os.path.join(where, os.path.basename(path))
+            if os.path.isdir(path):
+                shutil.copytree(path, local)
+            else:
+                shutil.copy2(path, local)
+        copies[os.path.abspath(out)] = shared
+        return
+    code = run_main(module, args)
     assert code == 0, f"python -m {module} {' '.join(args)} exited {code}"
+    if out is not None:
+        copies.pop(os.path.abspath(out), None)  # changed here: no longer a copy
 
 
 def test_model_and_layer_pages_exist_with_python_blocks():
@@ -142,9 +179,10 @@ def test_every_block_is_python_or_shell_and_marked_blocks_are_few_and_say_why():
 
 @pytest.mark.slow
 @pytest.mark.parametrize("name", PAGES)
-def test_code_blocks_run(name, tmp_path, monkeypatch):
+def test_code_blocks_run(name, tmp_path, monkeypatch, shared_runs):
     monkeypatch.chdir(tmp_path)
     namespace = {"__name__": f"docs_{name[:-3]}"}
+    copies, env_changed = {}, False
     for i, (mark, lang, code) in enumerate(_blocks(name)):
         where = f"docs/{name} block {i + 1} ({lang})"
         run = mark is None or (mark.startswith("slow:") and RUN_SLOW)
@@ -161,8 +199,9 @@ def test_code_blocks_run(name, tmp_path, monkeypatch):
                 if module == "env":
                     if run:
                         monkeypatch.setenv(*args)
+                        env_changed = True
                 elif run:
-                    _run(module, args)
+                    _run(module, args, shared_runs, copies, env_changed)
                 else:
                     _parse(module, args, monkeypatch)
         except (Exception, SystemExit) as e:

@@ -15,9 +15,9 @@ import pytest
 from export import accelerator, tflite
 from export.__main__ import main
 from export.verify import verify_accelerator
+from tests.support import tiny
 from tests.support.paths import ROOT
 from tests.support.runs import make_tagger_run
-from tests.zoo.test_library_load import SEQ2SEQ
 
 pytestmark = pytest.mark.slow  # seconds per test: make test-fast leaves the file out
 
@@ -102,7 +102,9 @@ def test_seq2seq_greedy_loop_on_the_gpu_gives_cpu_tokens(gpu, tmp_path):
                 "seq2seq",
                 "--out",
                 run,
-                *SEQ2SEQ,
+                "--task",
+                "copy",
+                *tiny.SEQ2SEQ,
                 "--num-layers",
                 "1",
                 "--max-source-length",

@@ -71,3 +71,12 @@ FLAGS = {
     "universal_transformer": SEQ2SEQ,
     "sagan": SAGAN,
 }
+
+# The pages' own training commands (docs/*.md), with the tiny flags appended as
+# tests/test_docs.py appends them: a test that needs such a run asks
+# tests/support/shared_runs.py for it, and the page and the test share one run.
+PAGE_RUNS = {
+    "tagger": ["tagger", "--out", "runs/tagger", *TAGGER],
+    "seq2seq": ["seq2seq", "--task", "reverse", "--out", "runs/mt", *SEQ2SEQ],
+    "sagan": ["sagan", "--out", "runs/sagan", *SAGAN],
+}

@@ -16,13 +16,19 @@ from tests.support import tiny
 from tests.support.paths import ROOT
 from train.cli import main as train_main
 
-SEQ2SEQ = ["--task", "copy", *tiny.SEQ2SEQ]
-SAGAN = [*tiny.SAGAN, "--seed", "1"]
+# `python -m train KIND` of each kind: the pages' own runs (docs/*.md with the tiny
+# flags, shared with tests/test_docs.py and others through tests/support/shared_runs.py)
+# and a tiny universal transformer on the copy task.
 KINDS = {
-    "tagger": tiny.TAGGER,
-    "seq2seq": SEQ2SEQ,
-    "universal_transformer": SEQ2SEQ,
-    "sagan": SAGAN,
+    **tiny.PAGE_RUNS,
+    "universal_transformer": [
+        "universal_transformer",
+        "--task",
+        "copy",
+        "--out",
+        "runs/ut",
+        *tiny.SEQ2SEQ,
+    ],
 }
 
 SENTENCES = ["I saw a saw", "they can can the fish"]
@@ -72,13 +78,9 @@ CHILD = textwrap.dedent("""
 
 
 @pytest.fixture(scope="module")
-def runs(tmp_path_factory):
-    base = tmp_path_factory.mktemp("library")
-    out = {}
-    for kind, flags in KINDS.items():
-        out[kind] = str(base / kind)
-        assert train_main([kind, "--out", out[kind], *flags]) == 0
-    return out
+def runs(shared_runs):
+    """{kind: run directory} (shared, read-only)."""
+    return {kind: shared_runs.command("train", argv) for kind, argv in KINDS.items()}
 
 
 def _expected(kind, run):
@@ -169,25 +171,23 @@ def test_every_kind_loads_in_a_fresh_process_with_default_arguments(runs, tmp_pa
 
 
 @pytest.mark.slow
-def test_zoo_load_runs_the_sagan_exports_like_the_run(runs, tmp_path):
+def test_zoo_load_runs_the_sagan_exports_like_the_run(runs, shared_runs):
     """A SavedModel and a batch-1 `.tflite` of the generator, loaded with
-    `zoo.load`, give the run's images for the same class ids and seed."""
+    `zoo.load`, give the run's images for the same class ids and seed. The exports are
+    docs/sagan.md's two commands (`python -m export ...`, exit 0), shared with
+    tests/test_docs.py."""
     import zoo.models  # noqa: F401  (registers every class zoo model files name)
-    from export.__main__ import main as export_main
 
     run = runs["sagan"]
     want = zoo.load(run).generate([3, 0, 1], seed=2)
     assert want.shape == (3, 32, 32, 3) and 0 <= want.min() and want.max() <= 1
-    assert export_main(["savedmodel", run, "--out", str(tmp_path / "serving" / "g")]) == 0
-    assert export_main(["tflite", run, "--out", str(tmp_path / "g.tflite"), "--static-shape"]) == 0
-    for path, fmt in (
-        (tmp_path / "serving" / "g", "savedmodel"),
-        (tmp_path / "g.tflite", "tflite"),
-    ):
+    saved = shared_runs.command("export", ["savedmodel", run, "--out", "serving/sagan"])
+    lite = shared_runs.command("export", ["tflite", run, "--out", "g.tflite", "--static-shape"])
+    for path, fmt in ((saved, "savedmodel"), (lite, "tflite")):
         task = zoo.load(path)
         assert (task.kind, task.format, task.conditional) == ("sagan", fmt, True)
         np.testing.assert_allclose(task.generate([3, 0, 1], seed=2), want, rtol=0, atol=1e-4)
-    task = zoo.load(tmp_path / "g.tflite")
+    task = zoo.load(lite)
     names = task.class_names
     np.testing.assert_allclose(
         task.generate([names[3], names[0]], seed=2), want[:2], rtol=0, atol=1e-4

@@ -6,13 +6,14 @@ and the same scores up to float rounding; so does a SavedModel through its
 (one-file `greedy.tflite`, a SavedModel without those signatures) refuse the other
 samplers naming sampler and format."""
 
+import os
+
 import numpy as np
 import pytest
 
 import zoo
 from export.savedmodel import export_savedmodel
-from tests.zoo.test_library_load import SEQ2SEQ
-from train.cli import main as train_main
+from tests.support import tiny
 from zoo.seq2seq import samplers
 
 pytestmark = pytest.mark.slow  # seconds per test: make test-fast leaves the file out
@@ -21,14 +22,18 @@ TEXTS = ["abcde", "jjab", "ba"]
 
 
 @pytest.fixture(scope="module")
-def exported(tmp_path_factory):
-    from export.kinds import seq2seq as kind
-
-    base = tmp_path_factory.mktemp("tflite-samplers")
-    run = str(base / "run")
-    assert train_main(["seq2seq", "--out", run, *SEQ2SEQ]) == 0
-    files = kind.export_all(run, str(base / "tflite"))
-    files["savedmodel"] = export_savedmodel(run, str(base / "serving" / "s2s"))
+def exported(shared_runs):
+    """docs/deploy.md's run and exports (`python -m train seq2seq --task reverse` with
+    the tiny flags, `python -m export savedmodel`, `python -m export.kinds.seq2seq`),
+    shared with tests/test_docs.py and tests/zoo/test_library_load.py (read-only)."""
+    run = shared_runs.command("train", tiny.PAGE_RUNS["seq2seq"])
+    lite = shared_runs.command("export.kinds.seq2seq", [run, "--out", "mt-tflite"])
+    saved = shared_runs.command("export", ["savedmodel", run, "--out", "serving/mt"])
+    files = {
+        "steps": os.path.join(lite, "steps.tflite"),
+        "greedy": os.path.join(lite, "greedy.tflite"),
+        "savedmodel": os.path.join(saved, "1"),
+    }
     return run, files
 
 
