@@ -43,14 +43,22 @@ def tagger_run(tmp_path_factory):
     return run
 
 
+@pytest.fixture(scope="module")
+def cli_export(tagger_run, tmp_path_factory):
+    """`python -m export tflite RUN --out tagger.tflite` (float, dynamic shapes) of the
+    module's run, once for the tests that read it (read-only)."""
+    path = str(tmp_path_factory.mktemp("cli-export") / "tagger.tflite")
+    assert main(["tflite", str(tagger_run), "--out", path]) == 0
+    return path
+
+
 @pytest.mark.slow
-def test_tagger_dynamic_export_sidecar_and_parity(tagger_run, tmp_path):
+def test_tagger_dynamic_export_sidecar_and_parity(tagger_run, cli_export):
     import keras
 
     import zoo.models  # noqa: F401  (registers every class zoo model files name)
 
-    path = str(tmp_path / "tagger.tflite")
-    assert main(["tflite", str(tagger_run), "--out", path]) == 0
+    path = cli_export
     with open(path + ".json") as f:
         side = json.load(f)
     assert (
@@ -75,12 +83,10 @@ def test_tagger_dynamic_export_sidecar_and_parity(tagger_run, tmp_path):
 
 
 @pytest.mark.slow
-def test_zoo_load_tags_with_the_tflite_file_like_keras(tagger_run, tmp_path):
+def test_zoo_load_tags_with_the_tflite_file_like_keras(tagger_run, cli_export):
     import zoo.models  # noqa: F401  (registers every class zoo model files name)
 
-    path = str(tmp_path / "tagger.tflite")
-    assert main(["tflite", str(tagger_run), "--out", path]) == 0
-    tagger = zoo.load(path)
+    tagger = zoo.load(cli_export)
     assert (tagger.kind, tagger.format, tagger.tags) == ("tagger", "tflite", TAGS)
     sentences = [" ".join(s) for s in SENTENCES]
     assert tagger.tag(sentences) == zoo.load(tagger_run).tag(sentences)
@@ -173,13 +179,12 @@ def test_verify_and_bench_report(tagger_run, tmp_path):
 
 
 @pytest.mark.slow
-def test_verify_measures_accuracy_on_held_out_rows(tagger_run, tmp_path):
+def test_verify_measures_accuracy_on_held_out_rows(tagger_run, cli_export, tmp_path):
     import shutil
 
     run = tmp_path / "run"
     shutil.copytree(tagger_run, run)
-    path = str(tmp_path / "t.tflite")
-    tflite.export_tflite(str(run), path)
+    path = cli_export  # the run's float export (the copy holds the same model)
     with np.load(run / "calibration.npz") as d:
         rows = {k: d[k][:5] for k in d.files}
     # Held-out gold tags equal to the float model's own predictions give

@@ -148,25 +148,57 @@ def _cli(out, files, *extra):
     ]
 
 
-@pytest.mark.slow
-@pytest.mark.parametrize("kill_epoch", [0, 1], ids=["first-epoch", "second-epoch"])
-def test_sigkill_mid_epoch_then_resume_equals_an_uninterrupted_run(tmp_path, kill_epoch):
-    # Killed in the first epoch, the run has no model file yet, only step checkpoints.
-    data = embedded.generate(seed=1, train_size=240, dev_size=40, test_size=60)
-    files = []
-    for split in ("train", "dev", "test"):
-        _write_conllu(tmp_path / f"{split}.conllu", getattr(data, split))
-        files += [f"--{split}-file", str(tmp_path / f"{split}.conllu")]
+def _sigkill_env():
     env = dict(os.environ, KERAS_BACKEND="tensorflow", TF_CPP_MIN_LOG_LEVEL="2", PYTHONHASHSEED="0")
     env.pop("TF_CONFIG", None)
-    full = subprocess.Popen(
-        _cli(tmp_path / "full", files),
-        cwd=ROOT,
-        env=env,
-        stdout=subprocess.DEVNULL,
-        stderr=subprocess.PIPE,
-        text=True,
-    )
+    return env
+
+
+@pytest.fixture(scope="module")
+def uninterrupted(tmp_path_factory):
+    """The data files and the uninterrupted run that both kill tests compare with: the
+    same command for both, so it runs once, started by the first of them beside its
+    killed run. `start()` starts it (once) and returns (files, output directory);
+    `wait()` waits for it (once) and asserts exit 0."""
+    base = tmp_path_factory.mktemp("sigkill")
+    state = {}
+
+    def start():
+        if "proc" not in state:
+            state["files"] = _tagger_files(base)
+            state["proc"] = subprocess.Popen(
+                _cli(base / "full", state["files"]),
+                cwd=ROOT,
+                env=_sigkill_env(),
+                stdout=subprocess.DEVNULL,
+                stderr=subprocess.PIPE,
+                text=True,
+            )
+        return state["files"], base / "full"
+
+    def wait():
+        proc = state["proc"]
+        if "code" not in state:
+            _, err = proc.communicate(timeout=240)
+            state["code"], state["err"] = proc.returncode, err
+        assert state["code"] == 0, state["err"][-3000:]
+
+    yield start, wait
+    proc = state.get("proc")
+    if proc is not None and proc.poll() is None:
+        proc.kill()
+        proc.wait()
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("kill_epoch", [0, 1], ids=["first-epoch", "second-epoch"])
+def test_sigkill_mid_epoch_then_resume_equals_an_uninterrupted_run(
+    tmp_path, kill_epoch, uninterrupted
+):
+    # Killed in the first epoch, the run has no model file yet, only step checkpoints.
+    start, wait = uninterrupted
+    files, full = start()
+    env = _sigkill_env()
     killed = subprocess.Popen(
         _cli(tmp_path / "killed", files),
         cwd=ROOT,
@@ -201,21 +233,18 @@ def test_sigkill_mid_epoch_then_resume_equals_an_uninterrupted_run(tmp_path, kil
             "restored step-" in resumed.stderr
             and f": epoch {kill_epoch + 1}, batch " in resumed.stderr
         )
-        assert full.wait(timeout=240) == 0, full.stderr.read()[-3000:]
+        wait()
     finally:
-        for p in (full, killed):
-            if p.poll() is None:
-                p.kill()
-                p.wait()
+        if killed.poll() is None:
+            killed.kill()
+            killed.wait()
     state = read_json(tmp_path / "killed" / "checkpoints" / "state.json")
     assert [h["epoch"] for h in state["history"]] == [1, 2, 3]  # none redone, none lost
-    a = read_json(tmp_path / "full" / "metrics.json")
+    a = read_json(full / "metrics.json")
     b = read_json(tmp_path / "killed" / "metrics.json")
     for key in ("test_accuracy", "dev_accuracy", "test_unseen_accuracy"):
         assert abs(a[key] - b[key]) <= 0.01, (key, a[key], b[key])
-    steps = keras.models.load_model(
-        tmp_path / "full" / "checkpoints" / "last.keras"
-    ).optimizer.iterations
+    steps = keras.models.load_model(full / "checkpoints" / "last.keras").optimizer.iterations
     again = keras.models.load_model(
         tmp_path / "killed" / "checkpoints" / "last.keras"
     ).optimizer.iterations

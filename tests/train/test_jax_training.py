@@ -1,18 +1,20 @@
 """Training under Keras's JAX backend (#20): each model trains one short epoch with
 `--backend jax` in a child process, which then saves its own outputs (tag probabilities,
 teacher-forced logits and greedy translations, generated images) of the run's model.keras
-under JAX. A fresh TensorFlow process loads the same run, computes the same outputs,
-exports it (SavedModel, TFLite; the export CLI checks each against Keras) and runs the
-exports: every output must equal JAX's to float tolerance.
+under JAX. A fresh TensorFlow process (one for the three runs) loads each run, computes
+the same outputs, exports it (SavedModel, TFLite; the export CLI checks each against
+Keras) and runs the exports: every output must equal JAX's to float tolerance.
 
 The tiny settings are the ones the tests share (tests/support/tiny.py).
 """
 
+import atexit
 import json
 import os
 import shutil
 import subprocess
 import sys
+import tempfile
 
 import numpy as np
 import pytest
@@ -24,9 +26,29 @@ TEXTS = ["abcde", "edcab"]
 CLASSES = [0, 1, 2, 3]
 
 
+_JAX_CACHE = []
+
+
+def _jax_cache():
+    """One JAX compilation cache folder for this test process's children (made on first
+    use, removed at exit): the resume test's two seq2seq runs compile the programs the
+    module's one-epoch seq2seq run compiled (same model, shapes and flags) and load
+    them instead, the same executables (a one-epoch child: ~45 -> ~18 CPU s)."""
+    if not _JAX_CACHE:
+        _JAX_CACHE.append(tempfile.mkdtemp(prefix="zoo-jax-cache-"))
+        atexit.register(shutil.rmtree, _JAX_CACHE[0], ignore_errors=True)
+    return _JAX_CACHE[0]
+
+
 def _env(backend):
     env = {k: v for k, v in os.environ.items() if k not in ("PYTHONPATH", "XLA_FLAGS")}
     env.update(KERAS_BACKEND=backend, TF_CPP_MIN_LOG_LEVEL="2", PYTHONHASHSEED="0")
+    if backend == "jax":
+        env.update(
+            JAX_COMPILATION_CACHE_DIR=_jax_cache(),
+            JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS="0",
+            JAX_PERSISTENT_CACHE_MIN_ENTRY_SIZE_BYTES="-1",
+        )
     return env
 
 
@@ -114,7 +136,6 @@ def _check_under_tensorflow(kind, run, result, work):
         else:
             got = {"images": task.generate(CLASSES, seed=0)}
         _compare(kind, got, want, name)
-    print("ok")
 
 
 def _compare(kind, got, want, where):
@@ -132,12 +153,32 @@ def _compare(kind, got, want, where):
             np.testing.assert_allclose(value, want[key], atol=2e-5, rtol=1e-4, err_msg=where)
 
 
+def _check_all_under_tensorflow(jobs, report):
+    """`_check_under_tensorflow` for each (kind, run, result, work) in the JSON file
+    `jobs`, in this one TensorFlow process; {kind: "ok" or the failure's traceback} to
+    the JSON file `report`."""
+    import traceback
+
+    with open(jobs) as f:
+        todo = json.load(f)
+    done = {}
+    for kind, run, result, work in todo:
+        try:
+            _check_under_tensorflow(kind, run, result, work)
+            done[kind] = "ok"
+        except Exception:
+            done[kind] = traceback.format_exc()
+    with open(report, "w") as f:
+        json.dump(done, f)
+
+
 if __name__ == "__main__":
-    step, kind, run, result = sys.argv[1:5]
+    step = sys.argv[1]
     if step == "train":
+        kind, run, result = sys.argv[2:5]
         _train_under_jax(kind, run, result, sys.argv[5:])
     else:
-        _check_under_tensorflow(kind, run, result, sys.argv[5])
+        _check_all_under_tensorflow(*sys.argv[2:4])
 
 
 # ------------------------------------------------------------------ tests
@@ -176,17 +217,36 @@ def jax_run(tmp_path_factory):
     return train
 
 
-@pytest.mark.slow  # a JAX child trains, a TF child loads and exports
-@pytest.mark.parametrize("kind", ["tagger", "seq2seq", "sagan"])
-def test_jax_trained_run_loads_and_exports_under_tensorflow(kind, tmp_path, jax_run):
+KINDS = ["tagger", "seq2seq", "sagan"]
+
+
+@pytest.fixture(scope="module")
+def checked_under_tensorflow(jax_run, tmp_path_factory):
+    """{kind: "ok" or the traceback} of `_check_under_tensorflow` on each kind's JAX
+    run, all in one fresh TensorFlow child (one TensorFlow start-up, not three)."""
+    base = tmp_path_factory.mktemp("tf-check")
+    jobs = []
+    for kind in KINDS:
+        run, result, _ = jax_run(kind)
+        (base / kind).mkdir()
+        jobs.append((kind, run, result, str(base / kind)))
+    (base / "jobs.json").write_text(json.dumps(jobs))
+    _child("tensorflow", "check", str(base / "jobs.json"), str(base / "report.json"))
+    return json.loads((base / "report.json").read_text())
+
+
+@pytest.mark.slow  # JAX children train, a TF child loads and exports
+@pytest.mark.parametrize("kind", KINDS)
+def test_jax_trained_run_loads_and_exports_under_tensorflow(
+    kind, jax_run, checked_under_tensorflow
+):
     run, result, stderr = jax_run(kind)
     assert "backend jax, 1 x cpu, float32, XLA on" in stderr
     for name in ("config.json", "metrics.json"):
         with open(os.path.join(run, name)) as f:
             runtime = json.load(f)["runtime"]
         assert runtime["backend"] == "jax" and runtime["device"] == "cpu", runtime
-    checked = _child("tensorflow", "check", kind, run, result, str(tmp_path))
-    assert checked.stdout.strip().endswith("ok")
+    assert checked_under_tensorflow[kind] == "ok", checked_under_tensorflow[kind]
 
 
 def _refused(capsys, argv, *needles):
