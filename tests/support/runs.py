@@ -1,4 +1,4 @@
-"""Shared builders for the export tests (tiny models and run directories).
+"""Shared builders for the tests (tiny models, run directories, child environments).
 
 Kept in a test_ module so no conftest is needed; it defines no tests itself.
 """
@@ -16,6 +16,17 @@ SENTENCES = [["I", "saw", "a", "saw"], ["the", "dog", "can", "book", "a", "cat"]
 
 CLEAN_ENV = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}
 CLEAN_ENV.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
+
+
+def training_env(tf_config=None):
+    """The environment of a `python -m train ...` child under TensorFlow: fixed hash
+    seed, quiet logs, and no TF_CONFIG but `tf_config` (a dict) when given, so a
+    multi-worker test's cluster never leaks into a single-process run."""
+    env = dict(os.environ, KERAS_BACKEND="tensorflow", TF_CPP_MIN_LOG_LEVEL="2", PYTHONHASHSEED="0")
+    env.pop("TF_CONFIG", None)
+    if tf_config is not None:
+        env["TF_CONFIG"] = json.dumps(tf_config)
+    return env
 
 
 def make_tagger(arch="attention", max_len=16):

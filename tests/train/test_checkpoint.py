@@ -15,6 +15,7 @@ import pytest
 
 import zoo.models  # noqa: F401  (registers every class zoo model files name)
 from tests.support import paths, tiny
+from tests.support.runs import training_env
 from train import checkpoint, engine
 from train import strategy as distribute
 from train.rundir import read_json
@@ -148,12 +149,6 @@ def _cli(out, files, *extra):
     ]
 
 
-def _sigkill_env():
-    env = dict(os.environ, KERAS_BACKEND="tensorflow", TF_CPP_MIN_LOG_LEVEL="2", PYTHONHASHSEED="0")
-    env.pop("TF_CONFIG", None)
-    return env
-
-
 @pytest.fixture(scope="module")
 def uninterrupted(tmp_path_factory):
     """The data files and the uninterrupted run that both kill tests compare with: the
@@ -169,7 +164,7 @@ def uninterrupted(tmp_path_factory):
             state["proc"] = subprocess.Popen(
                 _cli(base / "full", state["files"]),
                 cwd=ROOT,
-                env=_sigkill_env(),
+                env=training_env(),
                 stdout=subprocess.DEVNULL,
                 stderr=subprocess.PIPE,
                 text=True,
@@ -198,7 +193,7 @@ def test_sigkill_mid_epoch_then_resume_equals_an_uninterrupted_run(
     # Killed in the first epoch, the run has no model file yet, only step checkpoints.
     start, wait = uninterrupted
     files, full = start()
-    env = _sigkill_env()
+    env = training_env()
     killed = subprocess.Popen(
         _cli(tmp_path / "killed", files),
         cwd=ROOT,

@@ -4,7 +4,6 @@ Every run is a separate process (tests/support/dist_tagger_worker.py): collectiv
 devices are configured at process start. Workers talk over 127.0.0.1 ports chosen now.
 """
 
-import json
 import os
 import pathlib
 import socket
@@ -15,6 +14,7 @@ import numpy as np
 import pytest
 
 from tests.support import paths
+from tests.support.runs import training_env
 
 ROOT = pathlib.Path(paths.ROOT)
 WORKER = ROOT / "tests" / "support" / "dist_tagger_worker.py"
@@ -29,14 +29,6 @@ def _free_ports(n):
     for s in socks:
         s.close()
     return ports
-
-
-def _env(tf_config=None):
-    env = dict(os.environ, KERAS_BACKEND="tensorflow", TF_CPP_MIN_LOG_LEVEL="2", PYTHONHASHSEED="0")
-    env.pop("TF_CONFIG", None)
-    if tf_config is not None:
-        env["TF_CONFIG"] = json.dumps(tf_config)
-    return env
 
 
 def _start(out, strategy, epochs=1, resume=False, tf_config=None):
@@ -55,7 +47,7 @@ def _start(out, strategy, epochs=1, resume=False, tf_config=None):
     return subprocess.Popen(
         cmd,
         cwd=ROOT,
-        env=_env(tf_config),
+        env=training_env(tf_config),
         stdout=subprocess.PIPE,
         stderr=subprocess.STDOUT,
         text=True,

@@ -15,6 +15,7 @@ import time
 
 import pytest
 
+from tests.support.runs import training_env
 from tests.train.test_checkpoint import ROOT, TINY, _write_conllu
 from train import checkpoint
 from train.rundir import read_json
@@ -22,12 +23,6 @@ from train.rundir import read_json
 pytestmark = pytest.mark.slow  # seconds per test: make test-fast leaves the file out
 
 EPOCHS = 2
-
-
-def _env():
-    env = dict(os.environ, KERAS_BACKEND="tensorflow", TF_CPP_MIN_LOG_LEVEL="2", PYTHONHASHSEED="0")
-    env.pop("TF_CONFIG", None)
-    return env
 
 
 def _tagger(out, files, *extra):
@@ -110,7 +105,7 @@ def test_sigterm_mid_epoch_writes_a_checkpoint_and_resume_ends_like_an_uninterru
     full = subprocess.Popen(
         _tagger(root / "full", files),
         cwd=ROOT,
-        env=_env(),
+        env=training_env(),
         stdout=subprocess.DEVNULL,
         stderr=subprocess.PIPE,
         text=True,
@@ -119,7 +114,7 @@ def test_sigterm_mid_epoch_writes_a_checkpoint_and_resume_ends_like_an_uninterru
     proc = subprocess.Popen(
         _tagger(out, files),
         cwd=ROOT,
-        env=_env(),
+        env=training_env(),
         stdout=subprocess.DEVNULL,
         stderr=subprocess.PIPE,
         text=True,
@@ -141,7 +136,7 @@ def test_sigterm_mid_epoch_writes_a_checkpoint_and_resume_ends_like_an_uninterru
         resumed = subprocess.run(
             _tagger(out, files, "--resume"),
             cwd=ROOT,
-            env=_env(),
+            env=training_env(),
             capture_output=True,
             text=True,
             timeout=240,
@@ -340,8 +335,7 @@ def _sagan_workers(out, extra_per_worker):
     cluster = {"worker": [f"127.0.0.1:{p}" for p in _free_ports(2)]}
     workers = []
     for i, extra in enumerate(extra_per_worker):
-        env = _env()
-        env["TF_CONFIG"] = json.dumps({"cluster": cluster, "task": {"type": "worker", "index": i}})
+        env = training_env({"cluster": cluster, "task": {"type": "worker", "index": i}})
         workers.append(
             subprocess.Popen(
                 [
@@ -419,7 +413,7 @@ def test_sigterm_to_one_of_two_sagan_workers_stops_both_at_one_step(tmp_path):
     resumed = subprocess.run(
         [sys.executable, "-m", "train", "sagan", "--out", str(out), "--resume", "--verbose", "0"],
         cwd=ROOT,
-        env=_env(),
+        env=training_env(),
         capture_output=True,
         text=True,
         timeout=TIMEOUT,

@@ -26,6 +26,7 @@ import sys
 import pytest
 
 from tests.support import paths
+from tests.support.runs import training_env
 
 ROOT = pathlib.Path(paths.ROOT)
 TIMEOUT = 300
@@ -271,8 +272,7 @@ def runs(tmp_path_factory):
     from train.sagan.fit import SaganTrainer
 
     base = tmp_path_factory.mktemp("sagan_dist")
-    env = dict(os.environ, KERAS_BACKEND="tensorflow", TF_CPP_MIN_LOG_LEVEL="2", PYTHONHASHSEED="0")
-    env.pop("TF_CONFIG", None)
+    env = training_env()
     cmd = [
         sys.executable,
         "-m",
