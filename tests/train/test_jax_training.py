@@ -9,6 +9,7 @@ The tiny settings are the ones the tests share (tests/support/tiny.py).
 """
 
 import atexit
+import functools
 import json
 import os
 import shutil
@@ -26,18 +27,15 @@ TEXTS = ["abcde", "edcab"]
 CLASSES = [0, 1, 2, 3]
 
 
-_JAX_CACHE = []
-
-
+@functools.cache
 def _jax_cache():
     """One JAX compilation cache folder for this test process's children (made on first
     use, removed at exit): the resume test's two seq2seq runs compile the programs the
     module's one-epoch seq2seq run compiled (same model, shapes and flags) and load
     them instead, the same executables (a one-epoch child: ~45 -> ~18 CPU s)."""
-    if not _JAX_CACHE:
-        _JAX_CACHE.append(tempfile.mkdtemp(prefix="zoo-jax-cache-"))
-        atexit.register(shutil.rmtree, _JAX_CACHE[0], ignore_errors=True)
-    return _JAX_CACHE[0]
+    path = tempfile.mkdtemp(prefix="zoo-jax-cache-")
+    atexit.register(shutil.rmtree, path, ignore_errors=True)
+    return path
 
 
 def _env(backend):
