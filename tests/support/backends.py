@@ -17,9 +17,27 @@ from tests.support.paths import ROOT
 WITHOUT_TENSORFLOW = "--without-tensorflow"
 THIS = "tests.support.backends"  # this module, also when run as __main__
 
+# The JAX children compile their XLA programs with LLVM at -O0. The programs (HLO, its
+# fusions and buffers) are the ones a user's run compiles; only their machine code is
+# less optimised, which tiny test shapes never notice, while compiling is most of a tiny
+# JAX run's time: every weight initializer's threefry `uniform` alone compiled in ~0.85 s
+# at the default level (36 of them in the throughput smoke run; 132 -> 53 CPU s in all).
+TEST_XLA_FLAGS = "--xla_backend_optimization_level=0"
+
+
+def jax_env(xla_flags="", **extra):
+    """The environment of a child under Keras's JAX backend on JAX's CPU backend:
+    os.environ without PYTHONPATH and XLA_FLAGS, then `TEST_XLA_FLAGS` plus `xla_flags`
+    (e.g. a host device count), then `extra`."""
+    env = {k: v for k, v in os.environ.items() if k not in ("PYTHONPATH", "XLA_FLAGS")}
+    env.update(KERAS_BACKEND="jax", JAX_PLATFORMS="cpu", TF_CPP_MIN_LOG_LEVEL="2")
+    env["XLA_FLAGS"] = f"{TEST_XLA_FLAGS} {xla_flags}".strip()
+    env.update(extra)
+    return env
+
 
 def run_under_jax(module, *args, timeout=600, without_tensorflow=False):
-    """`python -m module *args` with `KERAS_BACKEND=jax`, `JAX_PLATFORMS=cpu`.
+    """`python -m module *args` in `jax_env()` (`KERAS_BACKEND=jax`, JAX on the CPU).
 
     Skips the calling test where JAX is not installed; fails it, with the
     child's output and the tail of its errors, unless the child exits 0.
@@ -36,7 +54,7 @@ def run_under_jax(module, *args, timeout=600, without_tensorflow=False):
     import pytest
 
     pytest.importorskip("jax")
-    env = dict(os.environ, KERAS_BACKEND="jax", JAX_PLATFORMS="cpu", PYTHONPATH=ROOT)
+    env = jax_env(PYTHONPATH=ROOT)
     argv = [sys.executable, "-m", module, *args]
     if without_tensorflow:
         argv = [sys.executable, "-m", THIS, WITHOUT_TENSORFLOW, module, *args]

@@ -21,6 +21,7 @@ import numpy as np
 import pytest
 
 from tests.support import paths, tiny
+from tests.support.backends import jax_env
 
 SENTENCES = [["I", "saw", "a", "saw", "."], ["they", "can", "can", "the", "fish"]]
 TEXTS = ["abcde", "edcab"]
@@ -38,15 +39,17 @@ def _jax_cache():
     return path
 
 
-def _env(backend):
-    env = {k: v for k, v in os.environ.items() if k not in ("PYTHONPATH", "XLA_FLAGS")}
-    env.update(KERAS_BACKEND=backend, TF_CPP_MIN_LOG_LEVEL="2", PYTHONHASHSEED="0")
+def _env(backend, xla_flags=""):
     if backend == "jax":
-        env.update(
+        return jax_env(
+            xla_flags,
+            PYTHONHASHSEED="0",
             JAX_COMPILATION_CACHE_DIR=_jax_cache(),
             JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS="0",
             JAX_PERSISTENT_CACHE_MIN_ENTRY_SIZE_BYTES="-1",
         )
+    env = {k: v for k, v in os.environ.items() if k not in ("PYTHONPATH", "XLA_FLAGS")}
+    env.update(KERAS_BACKEND=backend, TF_CPP_MIN_LOG_LEVEL="2", PYTHONHASHSEED="0")
     return env
 
 
@@ -321,15 +324,11 @@ def test_data_parallel_on_two_devices_trains_as_one_device(tmp_path, jax_run):
     devices (XLA_FLAGS) gives the one-device run's losses and accuracies (the one-device
     run is the module's one-epoch seq2seq run under JAX)."""
     histories = []
-    for name, extra_env, extra in (
+    for name, xla_flags, extra in (
         ("one", None, []),
-        (
-            "two",
-            {"XLA_FLAGS": "--xla_force_host_platform_device_count=2"},
-            ["--strategy", "mirrored"],
-        ),
+        ("two", "--xla_force_host_platform_device_count=2", ["--strategy", "mirrored"]),
     ):
-        if extra_env is None:
+        if xla_flags is None:
             run = jax_run("seq2seq")[0]
         else:
             run = str(tmp_path / name)
@@ -338,7 +337,7 @@ def test_data_parallel_on_two_devices_trains_as_one_device(tmp_path, jax_run):
                 + _flags("seq2seq")
                 + extra,
                 cwd=paths.ROOT,
-                env={**_env("jax"), **extra_env},
+                env=_env("jax", xla_flags),
                 capture_output=True,
                 text=True,
                 timeout=900,
