@@ -3,9 +3,14 @@
 import gc
 import os
 
+from tests.support.backends import TEST_XLA_FLAGS  # imports no TensorFlow
+
 # Before TensorFlow/Keras are imported anywhere.
 os.environ.setdefault("KERAS_BACKEND", "tensorflow")
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
+# XLA programs (jit_compile steps, XLA decoding) compiled at LLVM -O0 here and in the
+# children that inherit this environment, as in the JAX children (backends.py says why).
+os.environ["XLA_FLAGS"] = f"{os.environ.get('XLA_FLAGS', '')} {TEST_XLA_FLAGS}".strip()
 
 import keras  # noqa: E402
 import pytest  # noqa: E402
