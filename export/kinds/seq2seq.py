@@ -460,8 +460,7 @@ def export_all(run_dir, out_dir):
 
     report = {"checked_rows": int(len(rows))}
     # One traced graph for the rows (eagerly, the loop runs its Python body once per
-    # token: ~8 s a row for a tiny model on 2 cores), proven on the first row to give
-    # the eager loop's tokens, which the LiteRT files must give.
+    # token, seconds a row), proven on the first row to give the eager loop's tokens.
     keras_greedy = decoding.compiled(model, "greedy", jit_compile=False)
     eager = np.asarray(decoding.greedy(model, rows[:1]))
     if not np.array_equal(np.asarray(keras_greedy(rows[:1])), eager):

@@ -17,11 +17,10 @@ from tests.support.paths import ROOT
 WITHOUT_TENSORFLOW = "--without-tensorflow"
 THIS = "tests.support.backends"  # this module, also when run as __main__
 
-# The JAX children compile their XLA programs with LLVM at -O0. The programs (HLO, its
-# fusions and buffers) are the ones a user's run compiles; only their machine code is
-# less optimised, which tiny test shapes never notice, while compiling is most of a tiny
-# JAX run's time: every weight initializer's threefry `uniform` alone compiled in ~0.85 s
-# at the default level (36 of them in the throughput smoke run; 132 -> 53 CPU s in all).
+# The tests' XLA programs compile with LLVM at -O0. The programs (HLO, its fusions and
+# buffers) are the ones a user's run compiles; only their machine code is less
+# optimised, which tiny test shapes never notice, while compiling is most of a tiny
+# JAX run's time (each weight initializer's threefry `uniform` is a program of its own).
 TEST_XLA_FLAGS = "--xla_backend_optimization_level=0"
 
 
