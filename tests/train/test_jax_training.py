@@ -22,6 +22,7 @@ import pytest
 
 from tests.support import paths, tiny
 from tests.support.backends import jax_env
+from tests.support.runs import training_env
 
 SENTENCES = [["I", "saw", "a", "saw", "."], ["they", "can", "can", "the", "fish"]]
 TEXTS = ["abcde", "edcab"]
@@ -40,17 +41,17 @@ def _jax_cache():
 
 
 def _env(backend, xla_flags=""):
-    if backend == "jax":
-        return jax_env(
-            xla_flags,
-            PYTHONHASHSEED="0",
-            JAX_COMPILATION_CACHE_DIR=_jax_cache(),
-            JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS="0",
-            JAX_PERSISTENT_CACHE_MIN_ENTRY_SIZE_BYTES="-1",
-        )
-    env = {k: v for k, v in os.environ.items() if k not in ("PYTHONPATH", "XLA_FLAGS")}
-    env.update(KERAS_BACKEND=backend, TF_CPP_MIN_LOG_LEVEL="2", PYTHONHASHSEED="0")
-    return env
+    """A child's environment: `training_env()` for "tensorflow", else `jax_env` with the
+    fixed hash seed and the shared compilation cache."""
+    if backend == "tensorflow":
+        return training_env()
+    return jax_env(
+        xla_flags,
+        PYTHONHASHSEED="0",
+        JAX_COMPILATION_CACHE_DIR=_jax_cache(),
+        JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS="0",
+        JAX_PERSISTENT_CACHE_MIN_ENTRY_SIZE_BYTES="-1",
+    )
 
 
 def _child(backend, *args, timeout=900):
