@@ -102,6 +102,112 @@ def test_mode_seeking_loss_is_the_pairwise_formula():
     assert abs(float(got) - want) < 1e-4 * want
 
 
+def _r1_trainer(r1, **kwargs):
+    from tests.support import sagan_steps
+    from train.sagan.fit import SaganTrainer
+
+    g, d, _ = sagan_steps.build()
+    trainer = SaganTrainer(
+        g, d, num_classes=sagan_steps.CLASSES, latent_dim=sagan_steps.LATENT, r1=r1, **kwargs
+    )
+    return trainer, g, d
+
+
+def test_r1_penalty_falls_on_every_fourth_d_step_only():
+    trainer, _, _ = _r1_trainer(1.0, n_dis=100)  # D steps only
+    calls = []
+    trainer.d_step = lambda *args: calls.append("plain") or (0.0, 0.0, 0.0)
+    trainer.d_step_r1 = lambda *args: calls.append("r1") or (0.0, 0.0, 0.0)
+    real = np.zeros((2, 32, 32, 3), np.float32)
+    for step in range(8):
+        trainer.train_batch(real, np.zeros(2, np.int32), step)
+    assert calls == ["plain", "plain", "plain", "r1"] * 2
+    off, _, _ = _r1_trainer(0.0)
+    assert not any(off.r1_due(step) for step in range(12))
+
+
+def test_r1_step_gradient_is_the_hinge_plus_penalty_gradient():
+    """The R1 D step's gradient against a reference written here: nested tapes on the
+    real images alone, mean hinge terms, gamma/2 * E|grad_x D|^2 times the lazy interval."""
+    import tensorflow as tf
+
+    from train.sagan.fit import R1_EVERY
+
+    gamma, rows = 10.0, 4
+    trainer, g, d = _r1_trainer(gamma)
+    captured = []
+    trainer._apply = lambda optimizer, grads, variables: captured.append(
+        [np.asarray(x) for x in grads]
+    )
+    rng = np.random.default_rng(5)
+    real = tf.constant(rng.uniform(-1, 1, (rows, 32, 32, 3)).astype("float32"))
+    labels = tf.constant(rng.integers(0, 3, rows).astype("int32"))
+    noise = tf.constant(rng.normal(size=(rows, 4)).astype("float32"))
+    fake_labels = tf.constant(rng.integers(0, 3, rows).astype("int32"))
+    both = list(g.variables) + list(d.variables)
+    start = [v.numpy() for v in both]
+    trainer._d_replica(real, labels, noise, fake_labels, tf.constant(float(rows)), r1=True)
+
+    def reference(weight):
+        for v, value in zip(both, start):  # spectral-norm vectors as the step found them
+            v.assign(value)
+        fake = g({"noise": noise, "label": fake_labels}, training=True)
+        with tf.GradientTape() as tape:
+            with tf.GradientTape() as inner:
+                inner.watch(real)
+                logits = d(
+                    {
+                        "image": tf.concat([real, fake], 0),
+                        "label": tf.concat([labels, fake_labels], 0),
+                    },
+                    training=True,
+                )
+                real_logits = logits[:rows]
+                real_sum = tf.reduce_sum(real_logits)
+            grad_x = inner.gradient(real_sum, real)
+            penalty = tf.reduce_mean(tf.reduce_sum(tf.square(grad_x), axis=[1, 2, 3]))
+            loss = (
+                tf.reduce_mean(tf.nn.relu(1.0 - real_logits))
+                + tf.reduce_mean(tf.nn.relu(1.0 + logits[rows:]))
+                + R1_EVERY * weight / 2.0 * penalty
+            )
+        return [np.asarray(x) for x in tape.gradient(loss, d.trainable_variables)]
+
+    want, plain = reference(gamma), reference(0.0)
+    (got,) = captured
+    scale = max(float(np.max(np.abs(w))) for w in want)
+    for got_v, want_v in zip(got, want):
+        np.testing.assert_allclose(got_v, want_v, rtol=1e-4, atol=1e-5 * scale)
+    # The penalty moves this gradient by far more than the tolerance above, so a step
+    # without it would fail there.
+    assert max(float(np.max(np.abs(w - p))) for w, p in zip(want, plain)) > 1e-2 * scale
+
+
+@pytest.mark.slow
+def test_r1_steps_under_jax_equal_tensorflow(tmp_path):
+    """Four training steps (the fourth D step with R1) from the same weights: the JAX
+    trainer's jitted steps end where TensorFlow's do."""
+    from tests.support import sagan_steps
+    from tests.support.backends import run_under_jax
+
+    g, d, _ = sagan_steps.build()
+    start = [np.asarray(v.numpy()) for v in sagan_steps.variables(g, d)]
+    np.savez(tmp_path / "start.npz", *start)
+    want = sagan_steps.run(start)
+    run_under_jax(
+        "tests.support.sagan_steps", str(tmp_path / "start.npz"), str(tmp_path / "jax.npz")
+    )
+    with np.load(tmp_path / "jax.npz") as saved:
+        got = [saved[f"arr_{i}"] for i in range(len(saved.files))]
+    assert len(got) == len(want)
+    paths = [v.path for v in sagan_steps.variables(g, d)]
+    for path, got_v, want_v in zip(paths, got, want):
+        np.testing.assert_allclose(got_v, want_v, atol=1e-5, err_msg=path)
+    # Without the R1 step TensorFlow ends far outside that tolerance.
+    plain = sagan_steps.run(start, r1=0.0)
+    assert max(float(np.max(np.abs(w - p))) for w, p in zip(want, plain)) > 1e-3
+
+
 # ---------------------------------------------------------------- FID / KID
 @pytest.mark.parametrize("jit_compile", [False, True])
 def test_upsampling_gradient_is_the_2x2_block_sum(jit_compile):

@@ -79,6 +79,16 @@ def add_arguments(parser):
         "D learns real images' classes, G is pushed towards the class it was asked for; "
         "default 2; 0 = off)",
     )
+    # On by default: without it the per-epoch FID swung between 230 and 760 on one CPU
+    # and D ran away (benchmarks/sagan.md, session 13).
+    add(
+        "--r1",
+        type=float,
+        default=1.0,
+        metavar="GAMMA",
+        help="weight of the R1 penalty on D's gradient at real images, applied every 4th "
+        "D step (default 1; 0 = off)",
+    )
     add("--latent-dim", type=int, default=128, help="noise size (default 128)")
     add("--width", type=int, default=16, help="base channel count of G and D (default 16)")
     add(
@@ -207,6 +217,8 @@ def _validate(args):
         raise UsageError(f"--class-loss must be >= 0, got {args.class_loss}")
     if not args.mode_seeking >= 0:
         raise UsageError(f"--mode-seeking must be >= 0, got {args.mode_seeking}")
+    if not args.r1 >= 0:
+        raise UsageError(f"--r1 must be >= 0, got {args.r1}")
     if args.max_minutes < 0:
         raise UsageError(f"--max-minutes must be >= 0, got {args.max_minutes}")
     if args.epoch_eval_samples < 0:

@@ -5,12 +5,16 @@ One D step uses one real batch and one generated batch (concatenated, so D's
 spectral-norm vectors move once per step); every `n_dis` D steps, one G step.
 Losses (Lim and Ye, 2017; as in SAGAN):
     L_D = E[relu(1 - D(x, y))] + E[relu(1 + D(G(z, y'), y'))] + c * CE(s(x), y)
+          [+ k * r/2 * E[|grad_x D(x, y)|^2] on every k-th D step]
     L_G = -E[D(G(z, y'), y')] + c * CE(s(G(z, y')), y') + m * MS
 with y' drawn uniformly from the classes, s(.) D's projection class scores
-(`ProjectionHead.class_scores`, dual projection; c = `class_loss`) and MS the
+(`ProjectionHead.class_scores`, dual projection; c = `class_loss`), MS the
 mode-seeking term (`mode_seeking_loss`, weight m; G-step rows 2i and 2i+1 share a
-label). Adam(beta_1=0, beta_2=0.9); the rates are the caller's (the CLI's defaults
-and why: train/sagan/__init__.py).
+label) and the bracket the R1 penalty on real images (Mescheder et al., 2018; weight
+r = `r1`), applied lazily every k = `R1_EVERY` D steps with k times its weight
+(Karras et al., 2020), so the double backward pass costs a quarter of its price.
+Adam(beta_1=0, beta_2=0.9); the rates are the caller's (the CLI's defaults and why:
+train/sagan/__init__.py).
 
 Distribution (as train/engine.py): the global batch is split row-wise across the
 replicas; each replica's hinge loss is the SUM over its rows divided by the GLOBAL
@@ -40,6 +44,7 @@ continues where the run stopped. Values are stored per variable, not per device:
 checkpoint written on N replicas restores on any number of replicas.
 """
 
+import functools
 import json
 import os
 import sys
@@ -64,6 +69,7 @@ STATE_PREV = "state.prev.npz"
 _STATE_KEY = "__state__"
 _BEST = "__best__/"
 _D_NOISE, _G_NOISE = 0, 1
+R1_EVERY = 4
 
 
 def _adam(lr, beta_1, beta_2):
@@ -112,9 +118,11 @@ class SaganTrainer:
         jit_compile=False,
         mode_seeking=0.0,
         class_loss=0.0,
+        r1=0.0,
     ):
         self.strategy = strategy or tf.distribute.get_strategy()
         self.mode_seeking = float(mode_seeking)
+        self.r1 = float(r1)
         self.class_loss = float(class_loss) if num_classes else 0.0
         if self.class_loss:
             # One forward pass gives the logits and the trunk features the class scores
@@ -159,6 +167,11 @@ class SaganTrainer:
             and not isinstance(self.strategy, tf.distribute.TPUStrategy)
         )
         self.d_step = tf.function(self._d_step, reduce_retracing=True, jit_compile=self.jit_compile)
+        self.d_step_r1 = tf.function(
+            functools.partial(self._d_step, r1=True),
+            reduce_retracing=True,
+            jit_compile=self.jit_compile,
+        )
         self.g_step = tf.function(self._g_step, reduce_retracing=True, jit_compile=self.jit_compile)
         self.ema_step = tf.function(self._ema_step)
 
@@ -229,14 +242,28 @@ class SaganTrainer:
         )
         return self.class_loss * tf.reduce_sum(ce) / global_batch
 
-    def _d_replica(self, real, labels, noise, fake_labels, global_batch):
+    def r1_due(self, d_steps_done):
+        """Whether D step `d_steps_done` (0-based) carries the lazy R1 penalty."""
+        return bool(self.r1) and (d_steps_done + 1) % R1_EVERY == 0
+
+    def _r1_term(self, real_grads, global_batch):
+        """R1_EVERY * r1 / 2 * sum of |grad_x D(x)|^2 over the real rows / global batch."""
+        squares = keras.ops.sum(keras.ops.square(keras.ops.cast(real_grads, "float32")))
+        return R1_EVERY * self.r1 / 2.0 * squares / global_batch
+
+    def _d_replica(self, real, labels, noise, fake_labels, global_batch, r1=False):
         batch = tf.shape(real)[0]
         fake = self.g(self._g_inputs(noise, fake_labels), training=True)
         images = tf.concat([real, tf.cast(fake, real.dtype)], axis=0)
         all_labels = tf.concat([labels, fake_labels], axis=0)
         with tf.GradientTape() as tape:
-            logits, scores = self._d_forward(images, all_labels)
-            real_logits, fake_logits = logits[:batch], logits[batch:]
+            # One forward pass serves the loss and, on R1 steps, the input gradient (D
+            # has no batch statistics, so the real logits depend on the real rows only).
+            with tf.GradientTape(watch_accessed_variables=False) as inputs_tape:
+                inputs_tape.watch(images)
+                logits, scores = self._d_forward(images, all_labels)
+                real_logits, fake_logits = logits[:batch], logits[batch:]
+                real_sum = tf.reduce_sum(real_logits)
             loss = (
                 tf.reduce_sum(tf.nn.relu(1.0 - real_logits))
                 + tf.reduce_sum(tf.nn.relu(1.0 + fake_logits))
@@ -244,6 +271,9 @@ class SaganTrainer:
             total = loss
             if scores is not None:  # D learns the classes of real images only
                 total = total + self._class_term(scores[:batch], labels, global_batch)
+            if r1:
+                grads_x = inputs_tape.gradient(real_sum, images)
+                total = total + self._r1_term(grads_x[:batch], global_batch)
             scaled = self.d_opt.scale_loss(total)
         grads = tape.gradient(scaled, self.d.trainable_variables)
         self._apply(self.d_opt, grads, self.d.trainable_variables)
@@ -288,10 +318,11 @@ class SaganTrainer:
             lambda v: self.strategy.reduce(tf.distribute.ReduceOp.SUM, v, axis=None), per_replica
         )
 
-    def _d_step(self, real, labels, noise, fake_labels, global_batch):
+    def _d_step(self, real, labels, noise, fake_labels, global_batch, r1=False):
         return self._sum(
             self.strategy.run(
-                self._d_replica, args=(real, labels, noise, fake_labels, global_batch)
+                functools.partial(self._d_replica, r1=r1),
+                args=(real, labels, noise, fake_labels, global_batch),
             )
         )
 
@@ -317,7 +348,8 @@ class SaganTrainer:
             self.strategy,
             (np.asarray(real, np.float32), np.asarray(labels, np.int32), noise, fake_labels),
         )
-        d_loss, real_logit, fake_logit = self.d_step(*parts, global_batch)
+        d_step = self.d_step_r1 if self.r1_due(d_steps_done) else self.d_step
+        d_loss, real_logit, fake_logit = d_step(*parts, global_batch)
         logs = {"d_loss": float(d_loss), "d_real": float(real_logit), "d_fake": float(fake_logit)}
         if (d_steps_done + 1) % self.n_dis == 0:
             noise, fake_labels = self.latents(d_steps_done, _G_NOISE, rows)

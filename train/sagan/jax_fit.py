@@ -10,6 +10,8 @@ G's in the D step's forward pass, D's in the G step's), differentiates the loss 
 each step, so sampling, quick FID, checkpoints and `--resume` read them as before.
 """
 
+import functools
+
 import jax
 import keras
 import numpy as np
@@ -43,6 +45,7 @@ class JaxSaganTrainer(SaganTrainer):
         self.jit_compile = jit_compile is not False
         wrap = jax.jit if self.jit_compile else (lambda f: f)
         self._d_fn = wrap(self._d_pure)
+        self._d_r1_fn = wrap(functools.partial(self._d_pure, r1=True))
         self._g_fn = wrap(self._g_pure)
         self._ema_fn = wrap(self._ema_pure)
 
@@ -68,6 +71,26 @@ class JaxSaganTrainer(SaganTrainer):
         logits, trunk = self._d_both(inputs, training=True)
         return ops.cast(logits, "float32"), self._class_scores(trunk)
 
+    def _d_logits_and_real_grads(self, images, labels, batch):
+        """`_d_logits` and the gradient of the first `batch` rows' logit sum with respect
+        to `images` (R1), from one forward pass. D's state updates (spectral-norm vectors)
+        leave `jax.vjp` as its auxiliary output and are written to the enclosing scope."""
+        scope = keras_backend.get_stateless_scope()
+        before = [scope.get_current_value(v) for v in self.d.variables]
+
+        def forward(x):
+            mapping = list(zip(self.d.variables, before))
+            with keras_backend.StatelessScope(state_mapping=mapping) as inner:
+                logits, scores = self._d_logits(x, labels)
+            return logits, (scores, [inner.get_current_value(v) for v in self.d.variables])
+
+        logits, pullback, (scores, after) = jax.vjp(forward, images, has_aux=True)
+        rows = ops.arange(logits.shape[0])[:, None] < batch
+        (grads,) = pullback(ops.cast(rows, logits.dtype))
+        for variable, value in zip(self.d.variables, after):
+            variable.assign(value)
+        return logits, scores, grads[:batch]
+
     def _class_term_ops(self, scores, labels, global_batch):
         ce = ops.sparse_categorical_crossentropy(
             ops.cast(labels, "int32"), scores, from_logits=True
@@ -85,7 +108,9 @@ class JaxSaganTrainer(SaganTrainer):
             values[i] = v
         return values
 
-    def _d_pure(self, g_vals, d_vals, opt_vals, real, labels, noise, fake_labels, global_batch):
+    def _d_pure(
+        self, g_vals, d_vals, opt_vals, real, labels, noise, fake_labels, global_batch, r1=False
+    ):
         index = self._trained_index(self.d)
         batch = real.shape[0]
 
@@ -94,12 +119,19 @@ class JaxSaganTrainer(SaganTrainer):
                 fake = self.g(self._g_inputs(noise, fake_labels), training=True)
                 images = ops.concatenate([real, ops.cast(fake, real.dtype)], axis=0)
                 all_labels = ops.concatenate([labels, fake_labels], axis=0)
-                logits, scores = self._d_logits(images, all_labels)
+                if r1:
+                    logits, scores, grads_x = self._d_logits_and_real_grads(
+                        images, all_labels, batch
+                    )
+                else:
+                    logits, scores = self._d_logits(images, all_labels)
                 real_logits, fake_logits = logits[:batch], logits[batch:]
                 loss = _hinge_d(real_logits, fake_logits, global_batch)
                 total = loss
                 if scores is not None:  # D learns the classes of real images only
                     total = total + self._class_term_ops(scores[:batch], labels, global_batch)
+                if r1:
+                    total = total + self._r1_term(grads_x, global_batch)
                 means = (
                     ops.sum(real_logits) / global_batch,
                     ops.sum(fake_logits) / global_batch,
@@ -172,7 +204,8 @@ class JaxSaganTrainer(SaganTrainer):
         parts = place_batch(
             (np.asarray(real, np.float32), np.asarray(labels, np.int32), noise, fake_labels)
         )
-        (d_loss, real_logit, fake_logit), g_vals, d_vals, opt_vals = self._d_fn(
+        d_fn = self._d_r1_fn if self.r1_due(d_steps_done) else self._d_fn
+        (d_loss, real_logit, fake_logit), g_vals, d_vals, opt_vals = d_fn(
             self._values(self.g.variables),
             self._values(self.d.variables),
             self._values(self.d_opt.variables),

@@ -87,6 +87,7 @@ def _train_config(args, data_seed=None):
         "ema": args.ema,
         "mode_seeking": args.mode_seeking,
         "class_loss": args.class_loss,
+        "r1": args.r1,
         "lr_decay_from": args.lr_decay_from,
         "keep": args.keep,
         "verbose": str(args.verbose),
@@ -288,6 +289,7 @@ def _trainer(g, d, ema, model_cfg, train_cfg):
         jit_compile=dist.jit_compile(),
         mode_seeking=train_cfg.get("mode_seeking", 0.0),
         class_loss=train_cfg.get("class_loss", 0.0),
+        r1=train_cfg.get("r1", 0.0),
     )
     if dist.jit_compile() and not trainer.jit_compile:
         print(
