@@ -79,15 +79,15 @@ def add_arguments(parser):
         "D learns real images' classes, G is pushed towards the class it was asked for; "
         "default 2; 0 = off)",
     )
-    # On by default: without it the per-epoch FID swung between 230 and 760 on one CPU
-    # and D ran away (benchmarks/sagan.md, session 13).
+    # On by default: without it the per-epoch FID swung between 230 and 760 on one CPU;
+    # 10 made it fall steadily, 0.1 did little (benchmarks/sagan.md, session 13).
     add(
         "--r1",
         type=float,
-        default=1.0,
+        default=10.0,
         metavar="GAMMA",
         help="weight of the R1 penalty on D's gradient at real images, applied every 4th "
-        "D step (default 1; 0 = off)",
+        "D step (default 10; 0 = off)",
     )
     add("--latent-dim", type=int, default=128, help="noise size (default 128)")
     add("--width", type=int, default=16, help="base channel count of G and D (default 16)")
