@@ -79,8 +79,9 @@ def add_arguments(parser):
         "D learns real images' classes, G is pushed towards the class it was asked for; "
         "default 2; 0 = off)",
     )
-    # On by default: without it the per-epoch FID swung between 230 and 760 on one CPU;
-    # 10 made it fall steadily, 0.1 did little (benchmarks/sagan.md, session 13).
+    # On by default: without it the per-epoch FID swung between 230 and 760 on one CPU.
+    # 10: the lowest FID on the default seed, 1: the better mean over two seeds; 0.1 did
+    # little (benchmarks/sagan.md, session 13).
     add(
         "--r1",
         type=float,
