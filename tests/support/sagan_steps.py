@@ -4,7 +4,8 @@
 tests/support/backends.py) loads a tiny class-conditional G and D's variables from
 WEIGHTS_IN, runs `STEPS` D steps (every one a G step and an EMA step too) with the R1
 penalty on, so the last D step carries it, and writes every G and D variable to
-WEIGHTS_OUT (plain SGD: see `run`). The TensorFlow side of the comparison calls `run` in the test process.
+WEIGHTS_OUT (plain SGD: see `run`). The TensorFlow side of the comparison calls `run`
+in the test process.
 """
 
 import sys
@@ -23,7 +24,6 @@ def build():
     import zoo
 
     keras.utils.set_random_seed(0)
-
     cfg = {"image_size": 32, "channels": 3, "num_classes": CLASSES, "width": 4, "seed": 0}
     g = zoo.build("sagan_generator", latent_dim=LATENT, class_embedding=2, **cfg)
     d = zoo.build("sagan_discriminator", **cfg)

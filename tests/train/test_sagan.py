@@ -131,6 +131,7 @@ def test_r1_step_gradient_is_the_hinge_plus_penalty_gradient():
     real images alone, mean hinge terms, gamma/2 * E|grad_x D|^2 times the lazy interval."""
     import tensorflow as tf
 
+    from tests.support import sagan_steps
     from train.sagan.fit import R1_EVERY
 
     gamma, rows = 10.0, 4
@@ -144,7 +145,7 @@ def test_r1_step_gradient_is_the_hinge_plus_penalty_gradient():
     labels = tf.constant(rng.integers(0, 3, rows).astype("int32"))
     noise = tf.constant(rng.normal(size=(rows, 4)).astype("float32"))
     fake_labels = tf.constant(rng.integers(0, 3, rows).astype("int32"))
-    both = list(g.variables) + list(d.variables)
+    both = sagan_steps.variables(g, d)
     start = [v.numpy() for v in both]
     trainer._d_replica(real, labels, noise, fake_labels, tf.constant(float(rows)), r1=True)
 
