@@ -292,10 +292,31 @@ TINY = [
 @pytest.fixture(scope="module")
 def tiny_run(tmp_path_factory):
     from train.cli import main
+    from train.sagan import training
 
     out = str(tmp_path_factory.mktemp("sagan") / "run")
-    assert main(["sagan", "--out", out, *TINY]) == 0
+    # A run that must end within 11 minutes: the default budget is 11 minus what the data
+    # and the classifier took, not 12 (test_default_budget_counts_the_whole_run).
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(training, "RUN_MINUTES", 11.0)
+        assert main(["sagan", "--out", out, *TINY]) == 0
     return out
+
+
+def test_default_budget_is_twelve_minutes_or_what_is_left_of_the_run():
+    from train.sagan.training import default_budget
+
+    assert default_budget(0.5) == 12.0  # fast machine: 12 minutes, the run ends by 14
+    assert default_budget(3.1) == pytest.approx(10.9)  # 3.1 minutes of data and classifier
+    assert default_budget(13.8) == 1.0  # never less than a minute
+
+
+@pytest.mark.slow
+def test_default_budget_counts_the_whole_run(tiny_run):
+    budget = json.load(open(os.path.join(tiny_run, "config.json")))["train"]["max_minutes"]
+    # Under 11 by what the fixture's data and classifier took, above the one-minute
+    # floor, and a number in config.json (resume reads it).
+    assert 1.0 < budget < 11.0
 
 
 @pytest.mark.slow

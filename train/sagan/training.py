@@ -38,6 +38,11 @@ SUMMARY_COLUMNS = [
     ("epochs", "epochs"),
 ]
 DEFAULT_EPOCHS = 100
+# The default training budget, and the whole default run's: on a CPU where the data and
+# the classifier take minutes, 12 minutes of training would end the run past 15.
+DEFAULT_MAX_MINUTES = 12.0
+RUN_MINUTES = 14.0
+MIN_MINUTES = 1.0
 GRID_COLUMNS = 8
 
 
@@ -190,6 +195,35 @@ def get_classifier(out, data, train_cfg, classifier=None):
 _FLAG = object()
 
 
+def default_budget(elapsed_minutes):
+    """Training minutes of a default run that has taken `elapsed_minutes` so far:
+    DEFAULT_MAX_MINUTES, or what is left of RUN_MINUTES (at least MIN_MINUTES)."""
+    return max(MIN_MINUTES, min(DEFAULT_MAX_MINUTES, RUN_MINUTES - elapsed_minutes))
+
+
+def _resolve_budget(args, train_cfg):
+    """Sets train_cfg["max_minutes"] where --max-minutes was not given (None); True when
+    it did. Several workers get DEFAULT_MAX_MINUTES: each one's clock would give its own."""
+    if train_cfg["max_minutes"] is not None:
+        return False
+    started = getattr(args, "started", None)
+    if started is None or dist.worker()[1] > 1:
+        train_cfg["max_minutes"] = DEFAULT_MAX_MINUTES
+        return True
+    elapsed = (time.monotonic() - started) / 60.0
+    budget = round(default_budget(elapsed), 2)
+    train_cfg["max_minutes"] = budget
+    if budget < DEFAULT_MAX_MINUTES:
+        print(
+            f"training for {budget:g} minutes, not {DEFAULT_MAX_MINUTES:g}: data and "
+            f"classifier took {elapsed:.1f}, and the run ends within {RUN_MINUTES:g} "
+            "(--max-minutes sets it)",
+            file=sys.stderr,
+            flush=True,
+        )
+    return True
+
+
 def train_one(args, data, out, attention=_FLAG, classifier=None, data_seed=None):
     """One run; `attention` overrides --attention-resolution (None = no attention);
     `data_seed` the seed `data` were made with when it is not --seed (--compare)."""
@@ -214,6 +248,8 @@ def train_one(args, data, out, attention=_FLAG, classifier=None, data_seed=None)
     }
     atomic.write_json(os.path.join(out, "config.json"), config)
     classifier, report = get_classifier(out, data, train_cfg, classifier)
+    if _resolve_budget(args, train_cfg):
+        atomic.write_json(os.path.join(out, "config.json"), config)  # resume reads it
     state = {"epoch": 0, "d_steps": 0, "train_seconds": 0.0, "history": []}
     return _fit_and_finish(out, config, data, g, d, ema, classifier, report, state)
 
@@ -234,6 +270,8 @@ def resume_run(args):
     train_cfg = config["train"]
     if args.epochs is not None:
         train_cfg["epochs"] = args.epochs
+    if train_cfg.get("max_minutes") is None:  # stopped before its budget was set
+        train_cfg["max_minutes"] = DEFAULT_MAX_MINUTES
     train_cfg["verbose"] = str(args.verbose)
     check_replicas(train_cfg["batch_size"])
     from train.sagan.images import load_images
@@ -718,6 +756,8 @@ def train_compare(args, data):
     import copy
 
     rundir.create_run_dir(args.out, "sagan-compare")
+    if args.max_minutes is None:  # the same budget for every run, whatever came before
+        args.max_minutes = DEFAULT_MAX_MINUTES
     train_cfg = _train_config(args)
     classifier, _ = get_classifier(args.out, data, train_cfg)
     rows = []
