@@ -29,7 +29,21 @@ SECTIONS = {
     "throughput": "benchmarks.throughput_bench",
     "decoding": "benchmarks.decode_bench",
     "export": "benchmarks.export_run",
+    "onednn": "benchmarks.onednn_bench",
 }
+# Sections measured by hand (a "## " heading and what follows, below the generated
+# tables) are kept when results.md is written again.
+HAND = "\n## "
+
+
+def hand_sections(path):
+    try:
+        with open(path) as f:
+            text = f.read()
+    except OSError:
+        return ""
+    start = text.find(HAND)
+    return text[start:] if start >= 0 else ""
 
 
 def machine():
@@ -133,9 +147,10 @@ def main(argv=None):
 
     results = {k: results[k] for k in SECTIONS if k in results}
     out = {"machine": info, "quick": args.quick, "results": results}
+    hand = hand_sections(os.path.join(HERE, "results.md"))
     for name, text in (
         ("results.json", json.dumps(out, indent=2)),
-        ("results.md", markdown(info, results)),
+        ("results.md", markdown(info, results) + hand),
     ):
         path = os.path.join(HERE, name)
         with open(path + ".tmp", "w") as f:

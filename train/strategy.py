@@ -22,7 +22,8 @@ under JAX the step is always jitted unless --no-jit-compile).
 `--checkpoint-every N`: also checkpoint every N training steps (0 = epoch ends only).
 
 `describe_runtime()` is the one line every command prints at start (`backend jax, 1 x
-cpu, float32, XLA on`); `runtime()` is what config.json / metrics.json record of it.
+cpu, float32, XLA on`; on a CPU under TensorFlow it ends with `oneDNN on` or `off`);
+`runtime()` is what config.json / metrics.json record of it.
 
 Collective ops (multi_worker) and TPUs must be set up before TensorFlow runs anything, so
 `configure` creates those strategies right after the flags are parsed; the others are
@@ -479,7 +480,20 @@ def runtime():
         "strategy": _state.get("resolved", _state["name"]),
         "dtype_policy": keras.mixed_precision.global_policy().name,
         "jit_compile": jit_compile(),
+        "onednn": onednn(),
     }
+
+
+def onednn():
+    """Whether TensorFlow runs its oneDNN kernels on the CPU (train.cli.prefer_onednn); None
+    under JAX, or when this TensorFlow cannot say."""
+    if backend() != "tensorflow":
+        return None
+    try:
+        from tensorflow.python.util import _pywrap_util_port
+    except ImportError:
+        return None
+    return bool(_pywrap_util_port.IsMklEnabled())
 
 
 def describe_runtime(info=None):
@@ -487,9 +501,12 @@ def describe_runtime(info=None):
     info = info or runtime()
     strategy = "" if info["strategy"] == "default" else f" ({info['strategy']})"
     xla = "XLA on" if info["jit_compile"] else "XLA off"
+    onednn = ""
+    if info["device"] == "cpu" and info.get("onednn") is not None:
+        onednn = ", oneDNN on" if info["onednn"] else ", oneDNN off"
     return (
         f"backend {info['backend']}, {info['devices']} x {info['device']}{strategy}, "
-        f"{info['dtype_policy']}, {xla}"
+        f"{info['dtype_policy']}, {xla}{onednn}"
     )
 
 
