@@ -55,7 +55,7 @@ def test_sagan_asks_for_onednn_on_x86_unless_the_user_said_otherwise():
         ("sagan", None, "AMD64"),
         ("sagan", "0", "x86_64"),  # the user's choice stands
         ("sagan", None, "aarch64"),  # Arm builds: TensorFlow's own default
-        ("tagger", None, "x86_64"),  # faster on Eigen where oneDNN is off by default
+        ("tagger", None, "x86_64"),  # no steady gain from oneDNN: TensorFlow decides
         ("seq2seq", None, "x86_64"),
     ]
     seen = json.loads(_child(_ASKED, json.dumps(cases)))
