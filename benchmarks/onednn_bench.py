@@ -7,7 +7,7 @@ BF16, AVX-VNNI or AMX; `python -m train sagan` asks for them everywhere on x86
 (train.cli.prefer_onednn). Every figure comes from a fresh process with
 TF_ENABLE_ONEDNN_OPTS=0 and then =1: the tagger (attention and bilstm) and seq2seq train
 2 epochs of their default embedded runs (train seconds from metrics.json), and SAGAN's
-default-size steps (width 16, 32x32, batch 32, R1 on) are timed, median of 10 after
+steps, built as `python -m train sagan` builds them with its defaults (32x32, 4 classes), are timed, median of 10 after
 warm-up. ratio = oneDNN / Eigen (< 1: oneDNN is faster). Prints a Markdown table.
 """
 
@@ -59,27 +59,19 @@ def sagan_child(repeats):
     """In the child: the default SAGAN's D, R1 D and G steps, seconds each (median)."""
     import numpy as np
 
-    import zoo
-    from train.sagan.fit import SaganTrainer
+    from train.sagan import build_trainer
 
-    cfg = {"image_size": 32, "channels": 3, "num_classes": 4, "width": 16, "seed": 0}
-    g = zoo.build("sagan_generator", latent_dim=128, class_embedding=64, **cfg)
-    d = zoo.build("sagan_discriminator", **cfg)
-    ema = zoo.build("sagan_generator", latent_dim=128, class_embedding=64, **cfg)
-    ema.set_weights(g.get_weights())
-    trainer = SaganTrainer(
-        g, d, ema=ema, num_classes=4, latent_dim=128, lr_g=1e-3, lr_d=1e-3,
-        mode_seeking=0.1, class_loss=2.0, r1=10.0,
-    )  # fmt: skip
+    _, _, _, trainer, cfg = build_trainer()  # the command's defaults on the embedded data's shape
+    batch = cfg["batch_size"]
     rng = np.random.default_rng(0)
-    real = rng.uniform(-1, 1, (32, 32, 32, 3)).astype("float32")
-    labels = rng.integers(0, 4, 32).astype("int32")
+    real = rng.uniform(-1, 1, (batch, 32, 32, 3)).astype("float32")
+    labels = rng.integers(0, 4, batch).astype("int32")
     for step in range(8):  # traces every step function (the 4th D step carries R1)
         trainer.train_batch(real, labels, step)
     import tensorflow as tf
 
-    rows = tf.constant(32.0)
-    noise, fake = trainer.latents(0, 0, 32)
+    rows = tf.constant(float(batch))
+    noise, fake = trainer.latents(0, 0, batch)
     calls = {
         "sagan D step": lambda: trainer.d_step(real, labels, noise, fake, rows)[0],
         "sagan D step with R1": lambda: trainer.d_step_r1(real, labels, noise, fake, rows)[0],

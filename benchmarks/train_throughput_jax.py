@@ -10,7 +10,8 @@ Runs with JAX and Keras only: TensorFlow is blocked from importing (a JAX-only G
 machine has none, and this proves the training steps need none). The models are the
 default sizes of the training commands on synthetic batches of the default shapes (the
 tagger: 32 sentences of 32 tokens; seq2seq: the Multi30k-sized text model, 64 pairs of
-24 -> 24 subwords, a 6k vocabulary; SAGAN: 32x32 RGB, 4 classes, batch 64); the first
+24 -> 24 subwords, a 6k vocabulary; SAGAN: 32x32 RGB, 4 classes, built by
+`train.sagan.build_trainer` with the command's defaults: batch 32, EMA, R1); the first
 `--warmup` steps (compilation) are not timed. Writes PREFIX.md and PREFIX.json headed by
 the device. `--smoke` runs tiny shapes for a few steps (CPU is fine) to prove the script
 works; its numbers are no accelerator result and go to a temporary directory.
@@ -33,12 +34,16 @@ ROOT = os.path.dirname(HERE)
 FULL = {
     "tagger": dict(batch=32, length=32, words=20000, chars=200, tags=17),
     "seq2seq": dict(batch=64, source=24, target=24, vocab=6000),
-    "sagan": dict(batch=64, image_size=32, classes=4, width=32, latent_dim=128),
+    "sagan": dict(image_size=32, classes=4, argv=[]),
 }
 SMOKE = {
     "tagger": dict(batch=4, length=8, words=50, chars=20, tags=5, hidden_dim=16, num_layers=1),
     "seq2seq": dict(batch=4, source=8, target=8, vocab=40, hidden_dim=16, layers=1),
-    "sagan": dict(batch=4, image_size=32, classes=2, width=4, latent_dim=8),
+    "sagan": dict(
+        image_size=32,
+        classes=2,
+        argv=["--batch-size", "4", "--width", "4", "--latent-dim", "8", "--class-embedding", "8"],
+    ),
 }
 
 
@@ -132,23 +137,15 @@ def bench_seq2seq(cfg, steps, warmup, rng):
 def bench_sagan(cfg, steps, warmup, rng):
     import keras
 
-    from train.sagan.jax_fit import JaxSaganTrainer
-    from train.strategy import JaxStrategy
-    from zoo.sagan.model import build_discriminator, build_generator
+    from train.sagan import build_trainer
+    from train.sagan.fit import R1_EVERY
 
-    common = dict(image_size=cfg["image_size"], num_classes=cfg["classes"], width=cfg["width"])
-    g = build_generator(latent_dim=cfg["latent_dim"], seed=0, **common)
-    d = build_discriminator(seed=1, **common)
-    trainer = JaxSaganTrainer(
-        g,
-        d,
-        num_classes=cfg["classes"],
-        latent_dim=cfg["latent_dim"],
-        strategy=JaxStrategy("default", None, 1),
-        jit_compile=True,
-        class_loss=0.5,
-    )
-    b, s = cfg["batch"], cfg["image_size"]
+    # G, D, EMA-G and the trainer as `python -m train sagan` builds them (its defaults).
+    _, _, _, trainer, train_cfg = build_trainer(cfg["image_size"], 3, cfg["classes"], cfg["argv"])
+    # Whole cycles of R1_EVERY D steps (one of them carries R1), warm-up and timed: every
+    # step function compiles untimed, and the timed steps hold R1 in its share.
+    warmup, steps = (-(-n // R1_EVERY) * R1_EVERY for n in (warmup, steps))
+    b, s = train_cfg["batch_size"], cfg["image_size"]
     images = rng.uniform(-1, 1, (b, s, s, 3)).astype("float32")
     labels = rng.integers(0, cfg["classes"], b).astype("int32")
     step_index = iter(range(10**9))
@@ -158,7 +155,7 @@ def bench_sagan(cfg, steps, warmup, rng):
         warmup,
     )
     keras.backend.clear_session()
-    return {"unit": "images/s", "value": steps * b / seconds}
+    return {"unit": "images/s", "value": steps * b / seconds, "batch": b, "steps": steps}
 
 
 BENCHES = {"tagger": bench_tagger, "seq2seq": bench_seq2seq, "sagan": bench_sagan}
@@ -187,7 +184,11 @@ def main(argv=None):
     sys.path.insert(0, ROOT)
     import keras
 
-    keras.mixed_precision.set_global_policy(args.dtype)
+    from train import strategy
+
+    # The policy through train.strategy, as the training commands set it (an "auto"
+    # there would turn bfloat16 on by itself on a GPU that has it).
+    strategy.configure(argparse.Namespace(mixed_precision=args.dtype))
     steps = args.steps or (3 if args.smoke else 50)
     warmup = args.warmup or (1 if args.smoke else 3)
     sizes = SMOKE if args.smoke else FULL
@@ -195,14 +196,14 @@ def main(argv=None):
     for name in [args.only] if args.only else list(BENCHES):
         rng = np.random.default_rng(0)
         result = BENCHES[name](sizes[name], steps, warmup, rng)
-        rows.append({"model": name, **result, "steps": steps, "batch": sizes[name]["batch"]})
+        rows.append({"model": name, "batch": sizes[name].get("batch"), "steps": steps, **result})
         print(f"{name}: {result['value']:.1f} {result['unit']}", flush=True)
     assert "tensorflow" not in sys.modules, "TensorFlow was imported"
     device = _device()
     head = (
         f"Device: {device}; Keras {keras.__version__}, JAX "
         f"{__import__('jax').__version__}, Python {platform.python_version()}; "
-        f"{args.dtype}; {steps} timed steps after {warmup} untimed"
+        f"{args.dtype}; {steps} timed steps after {warmup} untimed (SAGAN: whole R1 cycles)"
         + ("; SMOKE (tiny shapes, not a result)" if args.smoke else "")
     )
     prefix = args.out or (
@@ -210,8 +211,11 @@ def main(argv=None):
         if args.smoke
         else os.path.join(HERE, "train_throughput_jax")
     )
-    table = ["| model | throughput | unit | batch |", "|---|---|---|---|"]
-    table += [f"| {r['model']} | {r['value']:.1f} | {r['unit']} | {r['batch']} |" for r in rows]
+    table = ["| model | throughput | unit | batch | timed steps |", "|---|---|---|---|---|"]
+    table += [
+        f"| {r['model']} | {r['value']:.1f} | {r['unit']} | {r['batch']} | {r['steps']} |"
+        for r in rows
+    ]
     with open(prefix + ".md", "w", encoding="utf-8") as f:
         f.write(f"# Training throughput under JAX\n\n{head}\n\n" + "\n".join(table) + "\n")
     with open(prefix + ".json", "w", encoding="utf-8") as f:

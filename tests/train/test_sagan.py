@@ -356,6 +356,26 @@ def test_tiny_run_losses_finite_fid_falls_and_contract(tiny_run):
     assert os.listdir(os.path.join(tiny_run, "logs"))
 
 
+@pytest.mark.slow
+def test_build_trainer_builds_what_the_command_trained(tiny_run):
+    """train.sagan.build_trainer, the benchmarks' SAGAN, with the run's flags: the run's
+    training config and a generator of the run's weight shapes (so a default that moves
+    moves the benchmarks with it)."""
+    import keras
+
+    from train.sagan import build_trainer
+
+    config = json.load(open(os.path.join(tiny_run, "config.json")))
+    g, d, ema, trainer, train_cfg = build_trainer(32, 3, 4, TINY)
+    # max_minutes: the run resolves the default budget when it starts (resume reads it).
+    assert {k: v for k, v in train_cfg.items() if k != "max_minutes"} == {
+        k: v for k, v in config["train"].items() if k != "max_minutes"
+    }
+    saved = keras.models.load_model(os.path.join(tiny_run, "model.keras"), compile=False)
+    assert [tuple(w.shape) for w in g.weights] == [tuple(w.shape) for w in saved.weights]
+    assert ema is not None and trainer.r1 == config["train"]["r1"] > 0
+
+
 def _label_and_noise_shares(run_dir, classes=4, noises=8):
     """Shares of the generated images' variance explained by the label and by the noise."""
     import keras

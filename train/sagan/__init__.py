@@ -242,6 +242,28 @@ def _validate(args):
         args.out = os.path.join("runs", "sagan-compare" if args.compare else "sagan")
 
 
+def build_trainer(image_size=32, channels=3, num_classes=4, argv=()):
+    """(G, D, EMA-G or None, trainer, train config) of `python -m train sagan ARGV` on
+    images of this shape, built by the command's own builders from its own defaults, so
+    the benchmarks time the recipe the command trains (not a copy that drifts).
+    Under the backend Keras was imported with; the trainer's batch is
+    `config["batch_size"]`."""
+    import argparse
+    import types
+
+    parser = argparse.ArgumentParser(prog="train sagan")
+    add_arguments(parser)
+    args = parser.parse_args(list(argv))
+    _validate(args)
+    from train.sagan.training import _build, _model_config, _train_config, _trainer
+
+    data = types.SimpleNamespace(image_size=image_size, channels=channels, num_classes=num_classes)
+    model_cfg = _model_config(args, data, args.attention)
+    train_cfg = _train_config(args)
+    g, d, ema = _build(model_cfg, train_cfg)
+    return g, d, ema, _trainer(g, d, ema, model_cfg, train_cfg), train_cfg
+
+
 def run(args):
     # The default budget counts the whole run (data, classifier) from here.
     args.started = time.monotonic()

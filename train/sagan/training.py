@@ -106,20 +106,22 @@ def _train_config(args, data_seed=None):
 
 def _build(model_cfg, train_cfg):
     """G, D and EMA-G, built in the distribution strategy's scope (train/strategy.py)."""
-    import zoo
+    # The builders themselves, not zoo.build: that imports every zoo model, TensorFlow
+    # with the tagger's, and the JAX benchmark builds these where TensorFlow is absent.
     from train import strategy as dist
+    from zoo.sagan.model import build_discriminator, build_generator
 
     g_cfg = dict(model_cfg)
     d_cfg = _d_config(model_cfg)
     with dist.scope():
         try:
-            g = zoo.build("sagan_generator", **g_cfg)
-            d = zoo.build("sagan_discriminator", **d_cfg)
+            g = build_generator(**g_cfg)
+            d = build_discriminator(**d_cfg)
         except ValueError as e:
             raise UsageError(str(e)) from None
         ema = None
         if train_cfg["ema"] > 0:
-            ema = zoo.build("sagan_generator", **g_cfg)
+            ema = build_generator(**g_cfg)
             ema.set_weights(g.get_weights())
     return g, d, ema
 
