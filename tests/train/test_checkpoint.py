@@ -188,7 +188,7 @@ def uninterrupted(tmp_path_factory):
 @pytest.mark.slow
 @pytest.mark.parametrize("kill_epoch", [0, 1], ids=["first-epoch", "second-epoch"])
 def test_sigkill_mid_epoch_then_resume_equals_an_uninterrupted_run(
-    tmp_path, kill_epoch, uninterrupted
+    tmp_path, kill_epoch, uninterrupted, capsys
 ):
     # Killed in the first epoch, the run has no model file yet, only step checkpoints.
     start, wait = uninterrupted
@@ -215,19 +215,11 @@ def test_sigkill_mid_epoch_then_resume_equals_an_uninterrupted_run(
             f"the run ended before it could be killed in epoch {kill_epoch + 1}"
         )
         assert not (tmp_path / "killed" / "metrics.json").exists()
-        resumed = subprocess.run(
-            _cli(tmp_path / "killed", files, "--resume"),
-            cwd=ROOT,
-            env=env,
-            capture_output=True,
-            text=True,
-            timeout=240,
-        )
-        assert resumed.returncode == 0, resumed.stderr[-3000:]
-        assert (
-            "restored step-" in resumed.stderr
-            and f": epoch {kill_epoch + 1}, batch " in resumed.stderr
-        )
+        # The resume reads only the killed run's files: it runs in this process.
+        capsys.readouterr()
+        assert _main(_cli(tmp_path / "killed", files, "--resume")[3:]) == 0
+        err = capsys.readouterr().err
+        assert "restored step-" in err and f": epoch {kill_epoch + 1}, batch " in err, err
         wait()
     finally:
         if killed.poll() is None:
@@ -625,15 +617,17 @@ def _main(argv):
 
 
 @pytest.fixture(scope="module")
-def stopped_in_epoch_3(tmp_path_factory):
-    """A 3-epoch tagger run (30 steps an epoch) uninterrupted, and the same run stopped
-    by SIGINT in epoch 3 (last.keras of epoch 2, last.prev.keras of epoch 1)."""
+def stopped_in_epoch_3(tmp_path_factory, uninterrupted):
+    """A 3-epoch tagger run (30 steps an epoch) uninterrupted (the kill tests' run), and
+    the same run stopped by SIGINT in epoch 3 (last.keras of epoch 2, last.prev.keras of
+    epoch 1). Returns (folder holding "stopped" and "pristine", the uninterrupted run,
+    the data flags)."""
     import shutil
 
+    start, wait = uninterrupted
+    files, full = start()
     base = tmp_path_factory.mktemp("checked_files")
-    files = _tagger_files(base)
     distribute.reset()
-    assert _main(_cli(base / "full", files)[3:]) == 0
     train_batch = engine.Engine.train_batch
     calls = []
 
@@ -659,7 +653,8 @@ def stopped_in_epoch_3(tmp_path_factory):
         "best.weights.h5.sha256",
     } <= set(os.listdir(ckpt))
     shutil.copytree(base / "stopped", base / "pristine")
-    return base, files
+    wait()
+    return base, full, files
 
 
 @pytest.mark.slow
@@ -673,7 +668,7 @@ def test_resume_past_a_damaged_last_keras_falls_back_to_the_previous_epoch(
     the dropout generators' state that step checkpoints carry.)"""
     import shutil
 
-    base, files = stopped_in_epoch_3
+    base, full, files = stopped_in_epoch_3
     out = tmp_path / "run"
     shutil.copytree(base / "pristine", out)
     _damage(out / "checkpoints" / "last.keras", "truncated")
@@ -688,7 +683,7 @@ def test_resume_past_a_damaged_last_keras_falls_back_to_the_previous_epoch(
     ), err
     assert "resuming" in err and "at epoch 1 of 3" in err and "restored step-" not in err
     state = read_json(out / "checkpoints" / "state.json")
-    want = read_json(base / "full" / "checkpoints" / "state.json")
+    want = read_json(full / "checkpoints" / "state.json")
     assert [h["epoch"] for h in state["history"]] == [1, 2, 3]  # none twice, none lost
     assert state["history"][0] == want["history"][0]
     assert read_json(out / "metrics.json")["epochs"] == 3
@@ -703,7 +698,7 @@ def test_resume_refuses_when_no_copy_is_good(stopped_in_epoch_3, tmp_path, capsy
     import hashlib
     import shutil
 
-    base, files = stopped_in_epoch_3
+    base, full, files = stopped_in_epoch_3
     out = tmp_path / "run"
     shutil.copytree(base / "pristine", out)
     ckpt = out / "checkpoints"

@@ -99,14 +99,36 @@ def outputs(kind, run):
     return {"images": task.generate(CLASSES, seed=0)}
 
 
-def _train_under_jax(kind, run, result, extra=()):
+def _train_under_jax(jobs):
+    """Each job of the JSON file `jobs` in turn, in this one JAX process (one start-up,
+    and the programs JAX compiled op by op for one run serve the next): {"kind", "argv"
+    (`python -m train KIND ARGV`), "stderr" (the file the command's stderr goes to),
+    "outputs" (where `outputs` of the run goes, or null), "copy" ([from, to]: a run
+    copied before the command, or null)}."""
+    import contextlib
+    import io
+
     import keras
 
+    from train import strategy
     from train.cli import main
 
-    assert main([kind, "--backend", "jax", "--out", run, *_flags(kind), *extra]) == 0
-    assert keras.backend.backend() == "jax"
-    np.savez(result, **outputs(kind, run))
+    with open(jobs) as f:
+        todo = json.load(f)
+    for job in todo:
+        if job["copy"]:
+            shutil.copytree(*job["copy"])
+        err = io.StringIO()
+        with contextlib.redirect_stderr(err):
+            code = main([job["kind"], *job["argv"]])
+        with open(job["stderr"], "w") as f:
+            f.write(err.getvalue())
+        assert code == 0, (job, err.getvalue()[-3000:])
+        assert keras.backend.backend() == "jax"
+        if job["outputs"]:
+            run = job["argv"][job["argv"].index("--out") + 1]
+            np.savez(job["outputs"], **outputs(job["kind"], run))
+        strategy.reset()  # the next command starts as in a fresh process
 
 
 def _check_under_tensorflow(kind, run, result, work):
@@ -177,8 +199,7 @@ def _check_all_under_tensorflow(jobs, report):
 if __name__ == "__main__":
     step = sys.argv[1]
     if step == "train":
-        kind, run, result = sys.argv[2:5]
-        _train_under_jax(kind, run, result, sys.argv[5:])
+        _train_under_jax(sys.argv[2])
     else:
         _check_all_under_tensorflow(*sys.argv[2:4])
 
@@ -200,26 +221,50 @@ def _small_tagger_data(folder):
     return flags
 
 
-@pytest.fixture(scope="module")
-def jax_run(tmp_path_factory):
-    """`jax_run(kind)`: (run, outputs .npz, stderr) of one tiny epoch of `kind` trained
-    under JAX by the train child, once per module. The one-epoch seq2seq run is also
-    the one-device run of the DataParallel test and the first part of the resume test
-    (the same command: `python -m train seq2seq --backend jax` with the tiny flags)."""
-    done = {}
-
-    def train(kind):
-        if kind not in done:
-            base = tmp_path_factory.mktemp(f"jax-{kind}")
-            run, result = str(base / "run"), str(base / "jax_outputs.npz")
-            extra = _small_tagger_data(base) if kind == "tagger" else []
-            done[kind] = (run, result, _child("jax", "train", kind, run, result, *extra).stderr)
-        return done[kind]
-
-    return train
-
-
 KINDS = ["tagger", "seq2seq", "sagan"]
+
+
+@pytest.fixture(scope="module")
+def jax_runs(tmp_path_factory):
+    """{name: (run, outputs .npz or None, stderr)} of the module's runs under JAX, all
+    trained by one train child: one tiny epoch of each kind; and for the resume test,
+    seq2seq for two epochs in one go ("whole") and a copy of the one-epoch seq2seq run
+    resumed to two ("resumed"). The one-epoch seq2seq run is also the one-device run of
+    the DataParallel test."""
+    base = tmp_path_factory.mktemp("jax")
+    jobs, runs = [], {}
+
+    def job(name, kind, extra=(), outputs=True, copy=None):
+        run = str(base / name / "run")
+        (base / name).mkdir()
+        result = str(base / name / "jax_outputs.npz") if outputs else None
+        stderr = str(base / name / "stderr.txt")
+        argv = ["--backend", "jax", "--out", run, *_flags(kind), *extra]
+        jobs.append(dict(kind=kind, argv=argv, stderr=stderr, outputs=result, copy=copy))
+        runs[name] = (run, result, stderr)
+
+    job("tagger", "tagger", _small_tagger_data(base))
+    for kind in KINDS[1:]:
+        job(kind, kind)
+    job("whole", "seq2seq", ["--epochs", "2"], outputs=False)
+    job(
+        "resumed",
+        "seq2seq",
+        ["--resume", "--epochs", "2"],
+        outputs=False,
+        copy=[runs["seq2seq"][0], str(base / "resumed" / "run")],
+    )
+    (base / "jobs.json").write_text(json.dumps(jobs))
+    _child("jax", "train", str(base / "jobs.json"))
+    return {
+        name: (run, result, open(stderr).read()) for name, (run, result, stderr) in runs.items()
+    }
+
+
+@pytest.fixture(scope="module")
+def jax_run(jax_runs):
+    """`jax_run(kind)`: (run, outputs .npz, stderr) of one tiny epoch of `kind` under JAX."""
+    return jax_runs.__getitem__
 
 
 @pytest.fixture(scope="module")
@@ -376,30 +421,19 @@ def test_jax_throughput_benchmark_smoke_runs_without_tensorflow(tmp_path):
 
 
 @pytest.mark.slow
-def test_resume_under_jax_ends_where_the_uninterrupted_run_ends(tmp_path, jax_run):
+def test_resume_under_jax_ends_where_the_uninterrupted_run_ends(jax_runs):
     """One epoch, then --resume to two, under JAX: the same losses and accuracies per
     epoch as two epochs in one go (checkpoints, optimizer state and batch order restored).
-    The one epoch is a copy of the module's one-epoch seq2seq run under JAX."""
+    The one epoch is a copy of the module's one-epoch seq2seq run under JAX; the resume
+    reads only its files (the train child runs the three commands in turn)."""
 
-    def train(run, *extra):
-        proc = subprocess.run(
-            [sys.executable, "-m", "train", "seq2seq", "--backend", "jax", "--out", run]
-            + _flags("seq2seq")
-            + list(extra),
-            cwd=paths.ROOT,
-            env=_env("jax"),
-            capture_output=True,
-            text=True,
-            timeout=900,
-            check=False,
-        )
-        assert proc.returncode == 0, proc.stderr[-3000:]
+    def history(name):
+        run, _, stderr = jax_runs[name]
         with open(os.path.join(run, "checkpoints", "state.json")) as f:
-            return json.load(f)["history"]
+            return json.load(f)["history"], stderr
 
-    whole = train(str(tmp_path / "whole"), "--epochs", "2")
-    shutil.copytree(jax_run("seq2seq")[0], tmp_path / "parts")
-    resumed = train(str(tmp_path / "parts"), "--resume", "--epochs", "2")
+    (whole, _), (resumed, stderr) = history("whole"), history("resumed")
+    assert "resuming" in stderr, stderr[-2000:]
     assert len(whole) == len(resumed) == 2
     for a, b in zip(whole, resumed):
         for key in ("loss", "acc", "val_loss", "val_acc"):

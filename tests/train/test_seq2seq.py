@@ -14,6 +14,7 @@ import numpy as np
 import pytest
 
 import zoo.models  # noqa: F401  (registers every class zoo model files name)
+from tests.support import tiny
 from tests.support.paths import ROOT
 from train.cli import main as train_main
 from zoo.seq2seq import decoding
@@ -225,13 +226,14 @@ def test_litert_step_decoding_equals_keras_greedy(copy_run, tmp_path):
         assert translator.generate(texts) == model.translate(texts) == texts
 
 
-def test_resume_continues_from_the_checkpoint(copy_run, tmp_path, capsys):
+def test_resume_continues_from_the_checkpoint(shared_runs, tmp_path, capsys):
+    # A copy of the pages' one-epoch run (shared, read-only), one epoch more.
     run = str(tmp_path / "resumed")
-    shutil.copytree(copy_run, run)
-    code = train_main(["seq2seq", "--out", run, "--resume", "--epochs", "9", "--verbose", "0"])
+    shutil.copytree(shared_runs.command("train", tiny.PAGE_RUNS["seq2seq"]), run)
+    code = train_main(["seq2seq", "--out", run, "--resume", "--epochs", "2", "--verbose", "0"])
     err = capsys.readouterr().err
     assert code == 0, err[-2000:]
-    assert _metrics(run)["epochs"] == 9
+    assert _metrics(run)["epochs"] == 2
     assert "resuming" in err
 
 
@@ -409,10 +411,10 @@ def test_xla_training_steps_equal_the_plain_steps():
         model = zoo.build(
             "seq2seq",
             vocabulary_size=50,
-            hidden_dim=32,
-            num_layers=2,
-            num_heads=4,
-            intermediate_dim=64,
+            hidden_dim=16,
+            num_layers=1,
+            num_heads=2,
+            intermediate_dim=32,
             dropout=0.0,
         )
         compile_seq2seq(model, 1e-3, 10, 0.1, jit_compile=jit)

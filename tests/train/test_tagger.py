@@ -156,17 +156,13 @@ def run_cli(*args, module="train", timeout=300):
 
 
 @pytest.fixture(scope="module")
-def cli_run(tmp_path_factory):
-    out = tmp_path_factory.mktemp("cli") / "run"
-    options = [f"--model-option={k}={v}" for k, v in TINY.items()]
-    result = run_cli("tagger", "--epochs", "1", "--out", str(out), *options)
-    assert result.returncode == 0, result.stderr[-2000:]
-    return out, result
+def cli_run(shared_runs):
+    """The pages' `python -m train tagger` run with the tiny flags (shared, read-only)."""
+    return pathlib.Path(shared_runs.command("train", tiny.PAGE_RUNS["tagger"]))
 
 
 def test_cli_writes_the_run_directory_contract(cli_run):
-    out, result = cli_run
-    assert "test acc" in result.stdout
+    out = cli_run
     config = read_json(out / "config.json")
     assert config["kind"] == "tagger" and config["model"]["arch"] == "attention"
     metrics = read_json(out / "metrics.json")
@@ -203,28 +199,29 @@ def test_cli_writes_the_run_directory_contract(cli_run):
     assert [w for w, _ in pairs] == ["I", "saw", "a", "saw"]
 
 
-def test_tag_command_prints_word_tag_pairs(cli_run):
-    out, _ = cli_run
-    result = run_cli(str(out), "I saw a saw", "They watch the watch .", module="zoo.tag")
-    assert result.returncode == 0, result.stderr
-    lines = result.stdout.strip().splitlines()
+def test_tag_command_prints_word_tag_pairs(cli_run, capsys):
+    from zoo.tag import main
+
+    assert main([str(cli_run), "I saw a saw", "They watch the watch ."]) == 0
+    lines = capsys.readouterr().out.strip().splitlines()
     assert len(lines) == 2
     assert [p.rsplit("/", 1)[0] for p in lines[0].split()] == ["I", "saw", "a", "saw"]
-    tags = read_json(out / "config.json") and (out / "vocab" / "tags.txt").read_text().split()
+    tags = (cli_run / "vocab" / "tags.txt").read_text().split()
     assert all(p.rsplit("/", 1)[1] in tags for p in lines[1].split())
 
 
 def test_tag_command_runs_an_exported_tflite_model(cli_run, tmp_path):
     if not (ROOT / "export" / "__main__.py").exists():
         pytest.skip("export package not present")
-    out, _ = cli_run
+    from export.__main__ import main as export_main
+
     tflite = tmp_path / "tagger.tflite"
-    exported = run_cli("tflite", str(out), "--out", str(tflite), module="export")
-    assert exported.returncode == 0, exported.stderr[-2000:]
+    assert export_main(["tflite", str(cli_run), "--out", str(tflite)]) == 0
     sentences = ["I saw a saw", "the old saw"]
+    # `python -m zoo.tag` as a user runs it, in its own process.
     lite_tags = run_cli(str(tflite), *sentences, module="zoo.tag")
     assert lite_tags.returncode == 0, lite_tags.stderr
-    model = keras.models.load_model(out / "model.keras")
+    model = keras.models.load_model(cli_run / "model.keras")
     expected = [" ".join(f"{w}/{t}" for w, t in pairs) for pairs in model.tag(sentences)]
     assert lite_tags.stdout.strip().splitlines() == expected
 
@@ -270,7 +267,7 @@ def test_cli_never_writes_into_a_foreign_or_finished_directory(tmp_path, cli_run
         run_cli("tagger", "--out", str(foreign)), "not a run directory", str(foreign)
     )
     assert os.listdir(foreign) == ["notes.txt"] and (foreign / "notes.txt").read_text() == "keep me"
-    out, _ = cli_run
+    out = cli_run
     before = {p: p.stat().st_mtime_ns for p in out.rglob("*")}
     _assert_one_line_error(run_cli("tagger", "--out", str(out)), "already holds a run", "--resume")
     assert {p: p.stat().st_mtime_ns for p in out.rglob("*")} == before
