@@ -12,6 +12,7 @@ import numpy as np
 import pytest
 
 import zoo.models  # noqa: F401  (registers every class zoo model files name)
+from tests.support import tiny
 from tests.support.paths import ROOT
 from train.sagan.fid import frechet_distance, kernel_inception_distance
 from zoo import atomic
@@ -520,15 +521,22 @@ def test_resume_continues_from_the_checkpoint(tiny_run, tmp_path):
 
 
 @pytest.mark.slow
-def test_generator_export_gpu_clean_and_equal_to_keras(tiny_run, tmp_path):
+def test_generator_export_gpu_clean_and_equal_to_keras(shared_runs, tmp_path):
+    """The pages' tiny SAGAN run and its two exports (docs/sagan.md's commands, shared
+    with tests/test_docs.py and tests/zoo/test_library_load.py), and an fp16 TFLite."""
     import keras
     import tensorflow as tf
 
     from export.check import check_file
-    from export.savedmodel import export_savedmodel
     from export.tflite import export_tflite
 
-    generator = keras.models.load_model(os.path.join(tiny_run, "model.keras"))
+    run = shared_runs.command("train", tiny.PAGE_RUNS["sagan"])
+    exported = {
+        "none": shared_runs.command(
+            "export", ["tflite", run, "--out", "g.tflite", "--static-shape"]
+        )
+    }
+    generator = keras.models.load_model(os.path.join(run, "model.keras"))
     rng = np.random.default_rng(3)
     noise = rng.standard_normal((3, 16)).astype("float32")
     labels = np.array([0, 3, 1], "int32")
@@ -536,8 +544,9 @@ def test_generator_export_gpu_clean_and_equal_to_keras(tiny_run, tmp_path):
     from ai_edge_litert.interpreter import Interpreter
 
     for quantize, atol in (("none", 1e-5), ("fp16", 1e-2)):
-        path = str(tmp_path / f"g_{quantize}.tflite")
-        export_tflite(tiny_run, path, quantize=quantize, static_shape=True)
+        path = exported.get(quantize) or str(tmp_path / f"g_{quantize}.tflite")
+        if quantize not in exported:
+            export_tflite(run, path, quantize=quantize, static_shape=True)
         assert check_file(path, "gpu") == [], quantize
         runner = Interpreter(model_path=path).get_signature_runner("serving_default")
         got = np.concatenate(
@@ -545,14 +554,15 @@ def test_generator_export_gpu_clean_and_equal_to_keras(tiny_run, tmp_path):
         )
         assert got.shape == (3, 32, 32, 3)
         np.testing.assert_allclose(got, want, atol=atol)
-    version = export_savedmodel(tiny_run, str(tmp_path / "serving" / "sagan"))
-    loaded = tf.saved_model.load(version)
+    base = shared_runs.command("export", ["savedmodel", run, "--out", "serving/sagan"])
+    versions = [name for name in os.listdir(base) if name.isdigit()]
+    loaded = tf.saved_model.load(os.path.join(base, max(versions, key=int)))
     out = loaded.signatures["generate"](noise=tf.constant(noise), label=tf.constant(labels))[
         "image"
     ]
     assert out.dtype == tf.uint8
     assert np.max(np.abs(out.numpy().astype(int) - np.round(want * 255).astype(int))) <= 1
-    with open(os.path.join(tiny_run, "config.json")) as f:
+    with open(os.path.join(run, "config.json")) as f:
         num_classes = json.load(f)["model"]["num_classes"]
     for bad in (-1, num_classes):
         with pytest.raises(tf.errors.InvalidArgumentError, match="label must be"):
