@@ -46,7 +46,9 @@ def gpu():
 
 
 @pytest.fixture(scope="module")
-def files(tmp_path_factory):
+def files(gpu, tmp_path_factory):
+    """The cases' .tflite files, converted only where there is a device to run them on
+    (the skip comes first)."""
     base = tmp_path_factory.mktemp("gpu-calibration")
     out = {}
     for name, (fn, specs, how) in models.cases().items():
