@@ -7,8 +7,9 @@ BF16, AVX-VNNI or AMX; `python -m train sagan` asks for them everywhere on x86
 (train.cli.prefer_onednn). Every figure comes from a fresh process with
 TF_ENABLE_ONEDNN_OPTS=0 and then =1: the tagger (attention and bilstm) and seq2seq train
 2 epochs of their default embedded runs (train seconds from metrics.json), and SAGAN's
-steps, built as `python -m train sagan` builds them with its defaults (32x32, 4 classes), are timed, median of 10 after
-warm-up. ratio = oneDNN / Eigen (< 1: oneDNN is faster). Prints a Markdown table.
+steps, built as `python -m train sagan` builds them with its defaults (32x32, 4
+classes), are timed, median of 10 after warm-up. ratio = oneDNN / Eigen (< 1: oneDNN
+is faster). Prints a Markdown table.
 """
 
 import argparse
@@ -61,7 +62,7 @@ def sagan_child(repeats):
 
     from train.sagan import build_trainer
 
-    _, _, _, trainer, cfg = build_trainer()  # the command's defaults on the embedded data's shape
+    _, _, _, trainer, cfg = build_trainer()  # the defaults, on the embedded data's shape
     batch = cfg["batch_size"]
     rng = np.random.default_rng(0)
     real = rng.uniform(-1, 1, (batch, 32, 32, 3)).astype("float32")

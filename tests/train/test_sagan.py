@@ -529,13 +529,16 @@ def test_generator_export_gpu_clean_and_equal_to_keras(shared_runs, tmp_path):
 
     from export.check import check_file
     from export.tflite import export_tflite
+    from export.verify import resolve_version_dir
 
     run = shared_runs.command("train", tiny.PAGE_RUNS["sagan"])
-    exported = {
+    paths = {
         "none": shared_runs.command(
             "export", ["tflite", run, "--out", "g.tflite", "--static-shape"]
-        )
+        ),
+        "fp16": str(tmp_path / "g_fp16.tflite"),
     }
+    export_tflite(run, paths["fp16"], quantize="fp16", static_shape=True)
     generator = keras.models.load_model(os.path.join(run, "model.keras"))
     rng = np.random.default_rng(3)
     noise = rng.standard_normal((3, 16)).astype("float32")
@@ -544,9 +547,7 @@ def test_generator_export_gpu_clean_and_equal_to_keras(shared_runs, tmp_path):
     from ai_edge_litert.interpreter import Interpreter
 
     for quantize, atol in (("none", 1e-5), ("fp16", 1e-2)):
-        path = exported.get(quantize) or str(tmp_path / f"g_{quantize}.tflite")
-        if quantize not in exported:
-            export_tflite(run, path, quantize=quantize, static_shape=True)
+        path = paths[quantize]
         assert check_file(path, "gpu") == [], quantize
         runner = Interpreter(model_path=path).get_signature_runner("serving_default")
         got = np.concatenate(
@@ -555,8 +556,7 @@ def test_generator_export_gpu_clean_and_equal_to_keras(shared_runs, tmp_path):
         assert got.shape == (3, 32, 32, 3)
         np.testing.assert_allclose(got, want, atol=atol)
     base = shared_runs.command("export", ["savedmodel", run, "--out", "serving/sagan"])
-    versions = [name for name in os.listdir(base) if name.isdigit()]
-    loaded = tf.saved_model.load(os.path.join(base, max(versions, key=int)))
+    loaded = tf.saved_model.load(resolve_version_dir(base))
     out = loaded.signatures["generate"](noise=tf.constant(noise), label=tf.constant(labels))[
         "image"
     ]
