@@ -16,6 +16,7 @@ from export import kinds, rundir
 from export.errors import ExportError
 from zoo import litert as runtime
 from zoo.cli import UsageError
+from zoo.rundir import saved_model_version_dir
 
 _PROJECT = ("layers", "zoo", "train", "export", "benchmarks")
 
@@ -36,17 +37,10 @@ np.savez(out_path, **{k: v.numpy() for k, v in result.items()})
 
 def resolve_version_dir(path):
     """BASE/NAME (highest version) or BASE/NAME/<version> -> the version dir."""
-    if os.path.exists(os.path.join(path, "saved_model.pb")):
-        return path
-    if os.path.isdir(path):
-        versions = [
-            int(n)
-            for n in os.listdir(path)
-            if n.isdigit() and os.path.exists(os.path.join(path, n, "saved_model.pb"))
-        ]
-        if versions:
-            return os.path.join(path, str(max(versions)))
-    raise UsageError(f"not a SavedModel or TF Serving model directory: {path}")
+    found = saved_model_version_dir(path)
+    if found is None:
+        raise UsageError(f"not a SavedModel or TF Serving model directory: {path}")
+    return found
 
 
 def tflite_specs(details):

@@ -61,3 +61,19 @@ def run_kind(run_dir, strict=True):
             return f.read().strip() or None
     except (OSError, ValueError):
         return None
+
+
+def saved_model_version_dir(path):
+    """The SavedModel folder `path` names: `path` itself when it holds saved_model.pb,
+    else its highest numbered version (TF Serving's BASE/NAME/<version> layout), else
+    None."""
+    if os.path.isfile(os.path.join(path, "saved_model.pb")):
+        return path
+    if not os.path.isdir(path):
+        return None
+    versions = [
+        int(d)
+        for d in os.listdir(path)
+        if d.isdigit() and os.path.isfile(os.path.join(path, d, "saved_model.pb"))
+    ]
+    return os.path.join(path, str(max(versions))) if versions else None

@@ -24,6 +24,8 @@ import os
 
 import numpy as np
 
+from zoo.rundir import saved_model_version_dir
+
 KINDS = ("tagger", "seq2seq", "universal_transformer", "sagan")
 
 
@@ -37,7 +39,7 @@ def load(path):
             return _from_keras(
                 os.path.join(path, "model.keras"), _read_json(os.path.join(path, "config.json"))
             )
-        saved_model = _saved_model_dir(path)
+        saved_model = saved_model_version_dir(path)
         if saved_model:
             return _from_savedmodel(saved_model)
         raise ValueError(
@@ -124,17 +126,6 @@ def _seq2seq_kind(model):
 
 
 # ---------------------------------------------------------------- savedmodel
-def _saved_model_dir(path):
-    if os.path.isfile(os.path.join(path, "saved_model.pb")):
-        return path
-    versions = [
-        d
-        for d in os.listdir(path)
-        if d.isdigit() and os.path.isfile(os.path.join(path, d, "saved_model.pb"))
-    ]
-    return os.path.join(path, max(versions, key=int)) if versions else None
-
-
 def _from_savedmodel(path):
     _quiet_keras()
     import tensorflow as tf
