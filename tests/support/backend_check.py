@@ -1,6 +1,7 @@
 """Runs under any Keras backend (a subprocess of test_backends.py sets
 KERAS_BACKEND): the attention layers against the NumPy reference, Keras's own
-layer, their cache and chunked paths, and gradients through the chunked path.
+layer, their cache and chunked paths, gradients through the chunked path, and SAGAN's
+attention probe (zoo.sagan.model.attention_scores).
 Prints one line per check and exits non-zero on the first failure."""
 
 import sys
@@ -117,6 +118,25 @@ def main():
             "chunked masked/window/rotary gradients == full (jax.grad)",
             all(np.allclose(a, b, atol=1e-5) for a, b in zip(*flat)),
         )
+    # SAGAN's end-of-run attention figure reads the scores through one probe model
+    # (jitted under JAX); the reference is the layer called eagerly on its input.
+    from zoo.sagan.model import ATTENTION_LAYER, attention_scores, build_generator
+
+    g = build_generator(image_size=32, num_classes=4, width=8, latent_dim=16, seed=0)
+    feed = {
+        "noise": rng.normal(size=(3, 16)).astype("float32"),
+        "label": np.arange(3, dtype="int32"),
+    }
+    images, scores, side = attention_scores(g, feed)
+    layer = g.get_layer(ATTENTION_LAYER)
+    features = keras.Model(g.input, layer.input)(feed, training=False)
+    _, ref_scores = layer(features, return_attention_scores=True, training=False)
+    check(
+        "SAGAN attention_scores == the layer's own, images == G's",
+        side == 16
+        and np.allclose(np.asarray(scores), np.asarray(ref_scores), atol=1e-6)
+        and np.allclose(np.asarray(images), np.asarray(g(feed, training=False)), atol=1e-6),
+    )
     print(f"backend {keras.backend.backend()}: all checks passed")
 
 

@@ -492,6 +492,18 @@ def build_discriminator(
     return keras.Model(inputs, logits, name="sagan_discriminator")
 
 
+class _AttentionScores(keras.layers.Layer):
+    """The attention weights of `attention` as a layer of their own: a Keras functional
+    model takes a layer's outputs by its first call, which returned only the features."""
+
+    def __init__(self, attention, **kwargs):
+        super().__init__(**kwargs)
+        self.attention = attention
+
+    def call(self, inputs):
+        return self.attention(inputs, return_attention_scores=True, training=False)[1]
+
+
 def attention_scores(generator, inputs):
     """(images, attention scores [B, H*W, keys], side) of `generator` on `inputs`.
 
@@ -504,7 +516,12 @@ def attention_scores(generator, inputs):
         layer = generator.get_layer(ATTENTION_LAYER)
     except ValueError:
         return None
-    features = keras.Model(generator.input, layer.input)(inputs, training=False)
-    _, scores = layer(features, return_attention_scores=True, training=False)
-    images = generator(inputs, training=False)
-    return images, scores, int(features.shape[1])
+    probe = keras.Model(generator.input, [generator.output, _AttentionScores(layer)(layer.input)])
+    # JAX compiles each op of an eager call on its own (87 programs here); one jitted
+    # predict is one program. TensorFlow runs eager ops without compiling, faster than
+    # tracing a tf.function for one batch.
+    if keras.backend.backend() == "jax":
+        images, scores = probe.predict_on_batch(inputs)
+    else:
+        images, scores = probe(inputs, training=False)
+    return images, scores, int(layer.input.shape[1])
