@@ -11,7 +11,7 @@ machine has none, and this proves the training steps need none). The models are 
 default sizes of the training commands on synthetic batches of the default shapes (the
 tagger: 32 sentences of 32 tokens; seq2seq: the Multi30k-sized text model, 64 pairs of
 24 -> 24 subwords, a 6k vocabulary; SAGAN: 32x32 RGB, 4 classes, built by
-`train.sagan.build_trainer` with the command's defaults: batch 32, EMA, R1); the first
+`train.sagan.build_trainer` with the command's defaults: batch 16, EMA, R1); the first
 `--warmup` steps (compilation) are not timed. Writes PREFIX.md and PREFIX.json headed by
 the device. `--smoke` runs tiny shapes for a few steps (CPU is fine) to prove the script
 works; its numbers are no accelerator result and go to a temporary directory.

@@ -45,9 +45,12 @@ SEQ2SEQ = [
     "--max-minutes",
     "0",
 ]
+# Batch 32, not the default 16: two D steps of 64 images, none of them an R1 step.
 SAGAN = [
     "--epochs",
     "1",
+    "--batch-size",
+    "32",
     "--train-size",
     "64",
     "--test-size",
