@@ -8,8 +8,8 @@ BF16, AVX-VNNI or AMX; `python -m train sagan` asks for them everywhere on x86
 TF_ENABLE_ONEDNN_OPTS=0 and then =1: the tagger (attention and bilstm) and seq2seq train
 2 epochs of their default embedded runs (train seconds from metrics.json), and SAGAN's
 steps, built as `python -m train sagan` builds them with its defaults (32x32, 4
-classes) but at batch 32, are timed, median of 10 after warm-up. ratio = oneDNN / Eigen (< 1: oneDNN
-is faster). Prints a Markdown table.
+classes) but at batch 32, are timed, median of 10 after warm-up. ratio = oneDNN /
+Eigen (< 1: oneDNN is faster). Prints a Markdown table.
 """
 
 import argparse
