@@ -52,6 +52,10 @@ TINY = [
     "1",
     "--seed",
     "3",
+    # Constant rates: the mirrored run stops after epoch 1 and is compared with epoch 1 of
+    # a 2-epoch run, whose rates would decay later (the schedule spans each run's epochs).
+    "--lr-decay-from",
+    "1",
 ]
 GROUPS = ("g", "d", "ema", "g_opt", "d_opt")
 
