@@ -835,6 +835,59 @@ def test_compare_over_seeds_reports_mean_and_spread(tmp_path, monkeypatch):
 
 
 @pytest.mark.slow
+def test_data_seed_reproduces_one_compare_run(tmp_path, monkeypatch):
+    """`--seed 6 --data-seed 5` trains what `--compare --seed 5` trains for model seed 6
+    (the same data, classifier seed, initial G and D and settings), and so does replaying
+    that run's config.json; `--seed 6` alone makes other data (training is stubbed)."""
+    import train.sagan.fid_classifier as fid_classifier
+    import train.sagan.training as sagan_run
+    from train.cli import main
+
+    seen, classifier_seeds = {}, {}
+
+    def fake_fit(out, config, data, g, d, ema, *rest, **kwargs):
+        seen[os.path.relpath(out, tmp_path)] = (config, data, g.get_weights(), d.get_weights())
+        metrics = {"fid": 1.0, "fid_floor": 0.1, "class_accuracy": 1.0, "consistent": 0.5}
+        atomic.write_json(os.path.join(out, "metrics.json"), {**metrics, "kid": 1.0})
+        return 0
+
+    def fake_classifier(data, epochs, seed, **kwargs):
+        classifier_seeds[len(classifier_seeds)] = seed
+        return "classifier", {}
+
+    monkeypatch.setattr(sagan_run, "_fit_and_finish", fake_fit)
+    monkeypatch.setattr(fid_classifier, "train_classifier", fake_classifier)
+    monkeypatch.setattr(fid_classifier, "save_cached", lambda *a, **k: None)
+    monkeypatch.setattr(fid_classifier, "evaluate_real", lambda *a, **k: {})
+    small = ["--train-size", "64", "--test-size", "16", "--batch-size", "32", "--width", "4"]
+    small += ["--latent-dim", "8", "--max-minutes", "1"]
+
+    def run(out, *flags):
+        assert main(["sagan", "--out", str(tmp_path / out), *flags]) == 0
+        return seen.get(out)
+
+    run("cmp", "--compare", "--seed", "5", "--seeds", "2", *small)
+    arm = seen[os.path.join("cmp", "attention_seed6")]
+    assert classifier_seeds == {0: 5}
+    plain = run("plain", "--seed", "6", "--data-seed", "5", *small)
+    assert classifier_seeds == {0: 5, 1: 5}
+    replay = run("replay", "--config", str(tmp_path / "cmp" / "attention_seed6" / "config.json"))
+    assert classifier_seeds == {0: 5, 1: 5, 2: 5}
+    for config, data, g_weights, d_weights in (plain, replay):
+        for section in ("model", "discriminator", "train"):
+            assert config[section] == arm[0][section], section
+        assert config["train"]["seed"] == 6 and config["train"]["data_seed"] == 5
+        np.testing.assert_array_equal(data.train, arm[1].train)
+        np.testing.assert_array_equal(data.test_labels, arm[1].test_labels)
+        for got, want in zip(g_weights + d_weights, arm[2] + arm[3]):
+            np.testing.assert_array_equal(got, want)
+    other = run("other", "--seed", "6", *small)
+    assert classifier_seeds[3] == 6 and other[0]["train"]["data_seed"] == 6
+    assert not np.array_equal(other[1].train, arm[1].train)
+    np.testing.assert_array_equal(other[2][0], arm[2][0])  # the models follow --seed alone
+
+
+@pytest.mark.slow
 def test_digits_converter_writes_an_image_dir_of_sklearn_digits(tmp_path, capsys):
     """python -m train.sagan.digits: the digits that ship with scikit-learn as a --image-dir
     folder (10 classes, 32x32); each image, block-averaged back to 8x8, is its digit."""

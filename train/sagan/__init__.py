@@ -166,7 +166,20 @@ def add_arguments(parser):
         help="progress output: auto (a bar on a terminal, else one line per epoch), 0 (one "
         "line per epoch), 1 (bar), 2 (one line per epoch)",
     )
-    add("--seed", type=int, default=0, help="random seed (models, noise, embedded data)")
+    add(
+        "--seed",
+        type=int,
+        default=0,
+        help="random seed of the models and noise, and of the data unless --data-seed is given",
+    )
+    add(
+        "--data-seed",
+        type=int,
+        default=None,
+        help="seed of the embedded data (or of the train/test split of other data) and of "
+        "the evaluation classifier (default: --seed); with it, --seed S reproduces the "
+        "--compare run of model seed S",
+    )
     add("--resume", action="store_true", help="continue the run in --out from its last checkpoint")
     add(
         "--compare",

@@ -270,5 +270,5 @@ def data_flags(args):
         "train_size": args.train_size,
         "test_size": args.test_size,
         "max_images": args.max_images,
-        "seed": args.seed,
+        "seed": args.seed if args.data_seed is None else args.data_seed,
     }

@@ -77,11 +77,13 @@ def _data_seed(train_cfg):
 def _train_config(args, data_seed=None):
     from train.sagan.images import data_flags
 
-    # data_seed: the seed the data were made or split with (--compare trains several
-    # model seeds on one data set).
+    # data_seed: the seed the data were made or split with (--data-seed, else --seed;
+    # --compare trains several model seeds on one data set).
+    flags = data_flags(args)
     return {
-        **data_flags(args),
-        "data_seed": args.seed if data_seed is None else data_seed,
+        **flags,
+        "seed": args.seed,
+        "data_seed": flags["seed"] if data_seed is None else data_seed,
         "epochs": DEFAULT_EPOCHS if args.epochs is None else args.epochs,
         "batch_size": args.batch_size,
         "n_dis": args.n_dis,
@@ -184,7 +186,7 @@ def get_classifier(out, data, train_cfg, classifier=None):
             flush=True,
         )
         classifier, report = train_classifier(
-            data, epochs=train_cfg["classifier_epochs"], seed=train_cfg["seed"]
+            data, epochs=train_cfg["classifier_epochs"], seed=_data_seed(train_cfg)
         )
     else:
         from train.sagan.fid_classifier import evaluate_real
@@ -762,6 +764,7 @@ def train_compare(args, data):
         args.max_minutes = DEFAULT_MAX_MINUTES
     train_cfg = _train_config(args)
     classifier, _ = get_classifier(args.out, data, train_cfg)
+    data_seed = _data_seed(train_cfg)
     rows = []
     for k in range(args.seeds):
         seed_args = copy.copy(args)
@@ -776,7 +779,7 @@ def train_compare(args, data):
                 run_dir,
                 attention=attention,
                 classifier=classifier,
-                data_seed=args.seed,
+                data_seed=data_seed,
             )
             rows.append(
                 {
