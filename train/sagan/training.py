@@ -74,16 +74,16 @@ def _data_seed(train_cfg):
     return train_cfg.get("data_seed", train_cfg["seed"])
 
 
-def _train_config(args, data_seed=None):
+def _train_config(args):
     from train.sagan.images import data_flags
 
     # data_seed: the seed the data were made or split with (--data-seed, else --seed;
-    # --compare trains several model seeds on one data set).
+    # --compare trains several model seeds on one data set); "seed" is the models'.
     flags = data_flags(args)
     return {
         **flags,
         "seed": args.seed,
-        "data_seed": flags["seed"] if data_seed is None else data_seed,
+        "data_seed": flags["seed"],
         "epochs": DEFAULT_EPOCHS if args.epochs is None else args.epochs,
         "batch_size": args.batch_size,
         "n_dis": args.n_dis,
@@ -228,15 +228,14 @@ def _resolve_budget(args, train_cfg):
     return True
 
 
-def train_one(args, data, out, attention=_FLAG, classifier=None, data_seed=None):
-    """One run; `attention` overrides --attention-resolution (None = no attention);
-    `data_seed` the seed `data` were made with when it is not --seed (--compare)."""
+def train_one(args, data, out, attention=_FLAG, classifier=None):
+    """One run; `attention` overrides --attention-resolution (None = no attention)."""
     import keras
 
     attention = args.attention if attention is _FLAG else attention
     keras.utils.set_random_seed(args.seed)
     model_cfg = _model_config(args, data, attention)
-    train_cfg = _train_config(args, data_seed)
+    train_cfg = _train_config(args)
     g, d, ema = _build(model_cfg, train_cfg)
     rundir.create_run_dir(out, "sagan")
     atomic.write_lines(os.path.join(out, "vocab", "classes.txt"), data.class_names)
@@ -764,11 +763,11 @@ def train_compare(args, data):
         args.max_minutes = DEFAULT_MAX_MINUTES
     train_cfg = _train_config(args)
     classifier, _ = get_classifier(args.out, data, train_cfg)
-    data_seed = _data_seed(train_cfg)
     rows = []
     for k in range(args.seeds):
         seed_args = copy.copy(args)
         seed_args.seed = args.seed + k
+        seed_args.data_seed = _data_seed(train_cfg)  # every run on the compare's data
         for arm, attention in (("attention", args.attention or "auto"), ("no_attention", None)):
             name = arm if args.seeds == 1 else f"{arm}_seed{seed_args.seed}"
             print(f"\n=== {name} ===", flush=True)
@@ -779,7 +778,6 @@ def train_compare(args, data):
                 run_dir,
                 attention=attention,
                 classifier=classifier,
-                data_seed=data_seed,
             )
             rows.append(
                 {
