@@ -91,12 +91,22 @@ def rest_bodies(endpoint):
     return instances, {"signature_name": endpoint.name, "inputs": columns}
 
 
+def _same_tensors(a, b):
+    return len(a) == len(b) and all(
+        x.dtype == y.dtype and np.array_equal(x.numpy(), y.numpy()) for x, y in zip(a, b)
+    )
+
+
 def _prove(tmp, endpoints):
     """Reloads the written SavedModel and checks every signature against its fn."""
     import tensorflow as tf
 
     loaded = tf.saved_model.load(tmp)
     outputs = {}
+    # Keras's outputs per (fn, example): two signatures of one function (seq2seq's
+    # serving_default and translate) on one example run it eagerly once, not twice (an
+    # eager greedy loop runs its Python body per token: seconds).
+    reference = {}
     for e in endpoints:
         if e.name not in loaded.signatures:
             raise ExportError(f"signature {e.name!r} missing from the written SavedModel")
@@ -105,7 +115,11 @@ def _prove(tmp, endpoints):
             s.name: tf.constant(warmup._as_array(e.example[s.name]), dtype=s.dtype) for s in e.specs
         }
         got = signature(**feed)
-        want = e.fn(*[feed[s.name] for s in e.specs])
+        args = [feed[s.name] for s in e.specs]
+        seen = reference.get(id(e.fn))
+        if seen is None or not _same_tensors(seen[0], args):
+            reference[id(e.fn)] = seen = (args, e.fn(*args))
+        want = seen[1]
         for name, value in want.items():
             a, b = np.asarray(value), np.asarray(got[name])
             if a.dtype.kind in "fc":
