@@ -103,9 +103,9 @@ def _prove(tmp, endpoints):
 
     loaded = tf.saved_model.load(tmp)
     outputs = {}
-    # Keras's outputs per (fn, example): two signatures of one function (seq2seq's
-    # serving_default and translate) on one example run it eagerly once, not twice (an
-    # eager greedy loop runs its Python body per token: seconds).
+    # Keras's outputs of each fn on its last example, reused when the next signature of
+    # that fn has an equal example: seq2seq's serving_default and translate run its eager
+    # greedy loop (a Python body per token: seconds) once, not twice.
     reference = {}
     for e in endpoints:
         if e.name not in loaded.signatures:
