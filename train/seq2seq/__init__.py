@@ -13,6 +13,7 @@ calibration.npz, vocab/, checkpoints/, logs/ (TensorBoard).
 import argparse
 import os
 
+from train.seq2seq import length
 from zoo.cli import UsageError
 
 ARCHS = ("transformer", "universal_transformer")
@@ -106,6 +107,7 @@ def add_arguments(parser):
         "--dev-sample", type=int, default=300, help="dev pairs decoded after each epoch (0 = none)"
     )
     e.add_argument("--verbose", default="auto", help="Keras progress output: auto, 0, 1, 2")
+    length.add_length_arguments(p)
 
 
 def _positive(name, value, allow_zero=False):
@@ -173,6 +175,8 @@ def validate(args):
 
 def run(args):
     validate(args)
+    if args.compare:
+        return length.run_compare(args)
     from train import rundir
 
     rundir.check_out_dir(args.out, resume=args.resume, kinds=("seq2seq", "universal_transformer"))
