@@ -138,7 +138,7 @@ def bench_sagan(cfg, steps, warmup, rng):
     import keras
 
     from train.sagan import build_trainer
-    from train.sagan.fit import R1_EVERY
+    from train.sagan.losses import R1_EVERY
 
     # G, D, EMA-G and the trainer as `python -m train sagan` builds them (its defaults).
     _, _, _, trainer, train_cfg = build_trainer(cfg["image_size"], 3, cfg["classes"], cfg["argv"])

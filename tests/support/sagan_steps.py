@@ -12,7 +12,7 @@ import sys
 
 import numpy as np
 
-STEPS = 4  # train.sagan.fit.R1_EVERY: the fourth D step is an R1 step
+STEPS = 4  # train.sagan.losses.R1_EVERY: the fourth D step is an R1 step
 ROWS = 4
 LATENT = 4
 CLASSES = 3

@@ -2,17 +2,8 @@
 under any `tf.distribute` strategy (one device, mirrored GPUs, several workers, TPU).
 
 One D step uses one real batch and one generated batch (concatenated, so D's
-spectral-norm vectors move once per step); every `n_dis` D steps, one G step.
-Losses (Lim and Ye, 2017; as in SAGAN):
-    L_D = E[relu(1 - D(x, y))] + E[relu(1 + D(G(z, y'), y'))] + c * CE(s(x), y)
-          [+ k * r/2 * E[|grad_x D(x, y)|^2] on every k-th D step]
-    L_G = -E[D(G(z, y'), y')] + c * CE(s(G(z, y')), y') + m * MS
-with y' drawn uniformly from the classes, s(.) D's projection class scores
-(`ProjectionHead.class_scores`, dual projection; c = `class_loss`), MS the
-mode-seeking term (`mode_seeking_loss`, weight m; G-step rows 2i and 2i+1 share a
-label) and the bracket the R1 penalty on real images (Mescheder et al., 2018; weight
-r = `r1`), applied lazily every k = `R1_EVERY` D steps with k times its weight
-(Karras et al., 2020), so the double backward pass costs a quarter of its price.
+spectral-norm vectors move once per step); every `n_dis` D steps, one G step. The
+losses are train/sagan/losses.py's, with y' drawn uniformly from the classes.
 Adam(beta_1=0, beta_2=0.9); the rates are the caller's (the CLI's defaults and why:
 train/sagan/__init__.py).
 
@@ -60,6 +51,8 @@ except ImportError:  # a JAX-only install: train/sagan/jax_fit.py builds its own
 from train import checkpoint
 from train.engine import _reduce_before_clipping, _split
 from train.rundir import read_json
+from train.sagan import losses
+from train.sagan.losses import R1_EVERY
 from zoo import atomic
 from zoo.cli import UsageError
 
@@ -69,7 +62,6 @@ STATE_PREV = "state.prev.npz"
 _STATE_KEY = "__state__"
 _BEST = "__best__/"
 _D_NOISE, _G_NOISE = 0, 1
-R1_EVERY = 4
 
 
 def _adam(lr, beta_1, beta_2):
@@ -236,23 +228,11 @@ class SaganTrainer:
         logits, trunk = self._d_both(inputs, training=True)
         return tf.cast(logits, tf.float32), self._class_scores(trunk)
 
-    def _class_term(self, scores, labels, global_batch):
-        ce = tf.nn.sparse_softmax_cross_entropy_with_logits(
-            labels=tf.cast(labels, tf.int32), logits=scores
-        )
-        return self.class_loss * tf.reduce_sum(ce) / global_batch
-
     def r1_due(self, d_steps_done):
         """Whether D step `d_steps_done` (0-based) carries the lazy R1 penalty."""
         return bool(self.r1) and (d_steps_done + 1) % R1_EVERY == 0
 
-    def _r1_term(self, real_grads, global_batch):
-        """R1_EVERY * r1 / 2 * sum of |grad_x D(x)|^2 over the real rows / global batch."""
-        squares = keras.ops.sum(keras.ops.square(keras.ops.cast(real_grads, "float32")))
-        return R1_EVERY * self.r1 / 2.0 * squares / global_batch
-
     def _d_replica(self, real, labels, noise, fake_labels, global_batch, r1=False):
-        batch = tf.shape(real)[0]
         fake = self.g(self._g_inputs(noise, fake_labels), training=True)
         images = tf.concat([real, tf.cast(fake, real.dtype)], axis=0)
         all_labels = tf.concat([labels, fake_labels], axis=0)
@@ -262,56 +242,23 @@ class SaganTrainer:
             with tf.GradientTape(watch_accessed_variables=False) as inputs_tape:
                 inputs_tape.watch(images)
                 logits, scores = self._d_forward(images, all_labels)
-                real_logits, fake_logits = logits[:batch], logits[batch:]
-                real_sum = tf.reduce_sum(real_logits)
-            loss = (
-                tf.reduce_sum(tf.nn.relu(1.0 - real_logits))
-                + tf.reduce_sum(tf.nn.relu(1.0 + fake_logits))
-            ) / global_batch
-            total = loss
-            if scores is not None:  # D learns the classes of real images only
-                total = total + self._class_term(scores[:batch], labels, global_batch)
-            if r1:
-                grads_x = inputs_tape.gradient(real_sum, images)
-                total = total + self._r1_term(grads_x[:batch], global_batch)
+                real_sum = tf.reduce_sum(logits[: tf.shape(real)[0]])
+            grads_x = inputs_tape.gradient(real_sum, images)[: tf.shape(real)[0]] if r1 else None
+            total, logs = losses.d_loss(self, logits, scores, labels, global_batch, grads_x)
             scaled = self.d_opt.scale_loss(total)
         grads = tape.gradient(scaled, self.d.trainable_variables)
         self._apply(self.d_opt, grads, self.d.trainable_variables)
-        return (
-            loss,
-            tf.reduce_sum(real_logits) / global_batch,
-            tf.reduce_sum(fake_logits) / global_batch,
-        )
-
-    @staticmethod
-    def mode_seeking_loss(fake, noise, global_batch):
-        """Mode seeking (Mao et al., 2019): rows 2i and 2i+1 share a label (train_batch);
-        each pair adds 1 / (mean|G(z1)-G(z2)| / mean|z1-z2| + eps), so a generator that
-        ignores its noise (one image per class) pays for it. Summed over pairs and divided
-        by the global number of pairs, as the hinge loss is, so replicas add up."""
-        n = (tf.shape(fake)[0] // 2) * 2
-        fake = tf.cast(fake, tf.float32)
-        images = tf.reduce_mean(tf.abs(fake[0:n:2] - fake[1:n:2]), axis=[1, 2, 3])
-        latents = tf.reduce_mean(tf.abs(noise[0:n:2] - noise[1:n:2]), axis=1)
-        return tf.reduce_sum(1.0 / (images / latents + 1e-5)) / (global_batch / 2.0)
+        return logs
 
     def _g_replica(self, noise, labels, global_batch):
         with tf.GradientTape() as tape:
             fake = self.g(self._g_inputs(noise, labels), training=True)
             logits, scores = self._d_forward(fake, labels)
-            loss = -tf.reduce_sum(logits) / global_batch
-            seeking = (
-                self.mode_seeking_loss(fake, noise, global_batch)
-                if self.mode_seeking
-                else tf.zeros(())
-            )
-            total = loss + self.mode_seeking * seeking
-            if scores is not None:  # G makes images D classifies as the label asked for
-                total = total + self._class_term(scores, labels, global_batch)
+            total, logs = losses.g_loss(self, logits, scores, fake, noise, labels, global_batch)
             scaled = self.g_opt.scale_loss(total)
         grads = tape.gradient(scaled, self.g.trainable_variables)
         self._apply(self.g_opt, grads, self.g.trainable_variables)
-        return loss, seeking
+        return logs
 
     def _sum(self, per_replica):
         return tf.nest.map_structure(
@@ -331,12 +278,10 @@ class SaganTrainer:
 
     def _ema_step(self, step):
         # Cross-replica context: one value per variable, assigned to every copy.
-        # Warm-up: early on the average follows G closely (decay ~ (1+t)/(10+t)).
-        step = tf.cast(step, tf.float32)
-        decay = tf.minimum(self.ema_decay, (1.0 + step) / (10.0 + step))
-        for target, source in zip(self.ema.variables, self.g.variables):
+        values = losses.ema_update(self.ema.variables, self.g.variables, step, self.ema_decay)
+        for target, value in zip(self.ema.variables, values):
             if "float" in str(target.dtype):
-                target.assign(decay * target + (1.0 - decay) * source)
+                target.assign(value)
 
     def train_batch(self, real, labels, d_steps_done):
         """One D step on the global batch (`real`, `labels`: NumPy, all rows), and a

@@ -19,22 +19,8 @@ from keras import ops
 from keras.src import backend as keras_backend
 
 from train.jax_engine import place_batch
+from train.sagan import losses
 from train.sagan.fit import _D_NOISE, _G_NOISE, SaganTrainer
-
-
-def _hinge_d(real_logits, fake_logits, global_batch):
-    return (
-        ops.sum(ops.relu(1.0 - real_logits)) + ops.sum(ops.relu(1.0 + fake_logits))
-    ) / global_batch
-
-
-def mode_seeking_loss(fake, noise, global_batch):
-    """`SaganTrainer.mode_seeking_loss` in keras.ops (the same formula)."""
-    n = (fake.shape[0] // 2) * 2
-    fake = ops.cast(fake, "float32")
-    images = ops.mean(ops.abs(fake[0:n:2] - fake[1:n:2]), axis=[1, 2, 3])
-    latents = ops.mean(ops.abs(noise[0:n:2] - noise[1:n:2]), axis=1)
-    return ops.sum(1.0 / (images / latents + 1e-5)) / (global_batch / 2.0)
 
 
 class JaxSaganTrainer(SaganTrainer):
@@ -91,12 +77,6 @@ class JaxSaganTrainer(SaganTrainer):
             variable.assign(value)
         return logits, scores, grads[:batch]
 
-    def _class_term_ops(self, scores, labels, global_batch):
-        ce = ops.sparse_categorical_crossentropy(
-            ops.cast(labels, "int32"), scores, from_logits=True
-        )
-        return self.class_loss * ops.sum(ce) / global_batch
-
     def _scaled(self, optimizer, opt_vals, loss):
         with keras_backend.StatelessScope(state_mapping=list(zip(optimizer.variables, opt_vals))):
             return optimizer.scale_loss(loss)
@@ -125,18 +105,9 @@ class JaxSaganTrainer(SaganTrainer):
                     )
                 else:
                     logits, scores = self._d_logits(images, all_labels)
-                real_logits, fake_logits = logits[:batch], logits[batch:]
-                loss = _hinge_d(real_logits, fake_logits, global_batch)
-                total = loss
-                if scores is not None:  # D learns the classes of real images only
-                    total = total + self._class_term_ops(scores[:batch], labels, global_batch)
-                if r1:
-                    total = total + self._r1_term(grads_x, global_batch)
-                means = (
-                    ops.sum(real_logits) / global_batch,
-                    ops.sum(fake_logits) / global_batch,
+                return losses.d_loss(
+                    self, logits, scores, labels, global_batch, grads_x if r1 else None
                 )
-                return total, (loss, *means)
 
             (total, logs), g_new, d_new = self._forward(
                 g_vals, self._with(d_vals, index, trained), run
@@ -155,16 +126,7 @@ class JaxSaganTrainer(SaganTrainer):
             def run():
                 fake = self.g(self._g_inputs(noise, labels), training=True)
                 logits, scores = self._d_logits(fake, labels)
-                loss = -ops.sum(logits) / global_batch
-                seeking = (
-                    mode_seeking_loss(fake, noise, global_batch)
-                    if self.mode_seeking
-                    else ops.zeros(())
-                )
-                total = loss + self.mode_seeking * seeking
-                if scores is not None:  # G makes images D classifies as the label asked for
-                    total = total + self._class_term_ops(scores, labels, global_batch)
-                return total, (loss, seeking)
+                return losses.g_loss(self, logits, scores, fake, noise, labels, global_batch)
 
             (total, logs), g_new, d_new = self._forward(
                 self._with(g_vals, index, trained), d_vals, run
@@ -177,13 +139,7 @@ class JaxSaganTrainer(SaganTrainer):
         return logs, self._with(g_new, index, trained), d_new, opt_vals
 
     def _ema_pure(self, ema_vals, g_vals, step):
-        # Warm-up: early on the average follows G closely (decay ~ (1+t)/(10+t)).
-        step = ops.cast(step, "float32")
-        decay = ops.minimum(self.ema_decay, (1.0 + step) / (10.0 + step))
-        return [
-            decay * e + (1.0 - decay) * g if "float" in str(e.dtype) else e
-            for e, g in zip(ema_vals, g_vals)
-        ]
+        return losses.ema_update(ema_vals, g_vals, step, self.ema_decay)
 
     # ------------------------------------------------------------ host side
     @staticmethod
