@@ -1,10 +1,12 @@
-"""Fuzzing (hypothesis): the data readers and the attention layers.
+"""Fuzzing (hypothesis): the data readers, the attention layers and the served models.
 
 Readers: random bytes and mutated valid files either parse or raise the project's own
 `DataError` (which the CLIs turn into one line and exit 2), never anything else.
 Layers: random shapes, masks, options and dtypes give finite outputs of the promised
 shapes, attention weights that respect the masks, and outputs that do not depend on
 masked-out keys.
+Served models: the tagger and seq2seq SavedModels on any batch of Unicode strings
+answer what the Keras model answers on the same input, or refuse in our own words.
 
 `make test` runs a few hundred examples of each reader fuzzer and the default profile's
 count for the (costlier) layer fuzzers; `make fuzz` (HYPOTHESIS_PROFILE=fuzz) runs many more.
@@ -391,6 +393,114 @@ def test_fuzz_cached_decoding_matches_full_causal_attention(
         steps.append(np.asarray(y))
     assume(len(steps) == length)
     np.testing.assert_allclose(np.concatenate(steps, axis=1), full, atol=1e-4, rtol=1e-4)
+
+
+# ---------------------------------------------------------------------------
+# Served models (#48): the tagger and seq2seq SavedModels on any Unicode text.
+
+SERVING_SETTINGS = settings(
+    max_examples=max(15, PROFILE_EXAMPLES // 4),
+    deadline=None,
+    suppress_health_check=[HealthCheck.too_slow],
+)
+# Any text (every code point but surrogates), and text of the embedded tasks' own
+# characters (the seq2seq run's vocabulary) with spaces, so tokens are also known ones.
+ANY_TEXT = st.one_of(
+    st.text(max_size=24), st.text(st.sampled_from(list("abcdefghij I saw the dog")), max_size=16)
+)
+
+
+@pytest.fixture(scope="module")
+def served(shared_runs):
+    """{kind: (Keras model, loaded SavedModel)}: the pages' tiny tagger and seq2seq runs
+    and their SavedModels (shared with the other tests)."""
+    import tensorflow as tf
+
+    import zoo
+    import zoo.models  # noqa: F401  (registers every class zoo model files name)
+    from tests.support import tiny
+
+    found = {}
+    for kind, out in (("tagger", "serving/tagger"), ("seq2seq", "serving/mt")):
+        run = shared_runs.command("train", tiny.PAGE_RUNS[kind])
+        base = shared_runs.command("export", ["savedmodel", run, "--out", out])
+        found[kind] = (zoo.load(run).model, tf.saved_model.load(f"{base}/1"))
+    return found
+
+
+def _ours(error, phrase):
+    """An InvalidArgumentError raised by one of our assertions, saying `phrase`."""
+    import tensorflow as tf
+
+    return isinstance(error, tf.errors.InvalidArgumentError) and phrase in str(error)
+
+
+@SERVING_SETTINGS
+@given(sentences=st.lists(ANY_TEXT, max_size=4))
+def test_fuzz_tagger_savedmodel_tags_any_text_as_keras(served, sentences):
+    """serving_default on any batch of strings: Tagger.tag's tokens and tags."""
+    import tensorflow as tf
+
+    model, loaded = served["tagger"]
+    try:
+        out = loaded.signatures["serving_default"](sentences=tf.constant(sentences, tf.string))
+    except Exception as e:
+        assert _ours(e, "more tokens than max_len"), repr(e)[:1000]
+        assert any(len(s.split()) > model.max_len for s in sentences)
+        return
+    want = model.tag(sentences)
+    lengths = out["lengths"].numpy().tolist()
+    assert lengths == [len(row) for row in want]
+    for r, row in enumerate(want):
+        tokens = [t.decode() for t in out["tokens"].numpy()[r][: lengths[r]]]
+        tags = [t.decode() for t in out["tags"].numpy()[r][: lengths[r]]]
+        assert list(zip(tokens, tags)) == row
+
+
+@SERVING_SETTINGS
+@given(rows=st.lists(st.lists(ANY_TEXT, max_size=5), max_size=4))
+def test_fuzz_tagger_savedmodel_tag_tokens_any_shape_as_keras(served, rows):
+    """tag_tokens on any [batch, time] of strings ("" is padding, anywhere): the Keras
+    model's tag ids on the same tokens, -1 at the padding."""
+    import tensorflow as tf
+
+    model, loaded = served["tagger"]
+    width = max([len(r) for r in rows], default=0)
+    tokens = np.array([r + [""] * (width - len(r)) for r in rows], dtype=object).reshape(
+        len(rows), width
+    )
+    out = loaded.signatures["tag_tokens"](tokens=tf.constant(tokens, tf.string))
+    got = out["tag_ids"].numpy()
+    present = tokens != ""
+    assert got.shape == tokens.shape
+    assert out["lengths"].numpy().tolist() == present.sum(axis=1).tolist()
+    assert (got[~present] == -1).all()
+    if tokens.size:
+        want = np.asarray(model.predict_ids(tf.constant(tokens, tf.string)))
+        np.testing.assert_array_equal(got[present], want[present])
+
+
+@SERVING_SETTINGS
+@given(texts=st.lists(ANY_TEXT, max_size=4))
+def test_fuzz_seq2seq_savedmodel_translates_any_text_as_keras(served, texts):
+    """translate on any batch of strings: the Keras model's greedy tokens on the
+    `sentencepiece` package's ids, and the package's decoded text."""
+    import sentencepiece as spm
+    import tensorflow as tf
+
+    from tests.export.test_serving_totality import keras_translate
+
+    model, loaded = served["seq2seq"]
+    try:
+        out = loaded.signatures["translate"](text=tf.constant(texts, tf.string))
+    except Exception as e:
+        assert _ours(e, "more tokens than max_source_length"), repr(e)[:1000]
+        sp = spm.SentencePieceProcessor(model_proto=bytes(model.tokenizer.proto))
+        assert any(len(sp.encode(t)) > model.max_source_length for t in texts)
+        return
+    want_text, want_ids = keras_translate(model, texts)
+    np.testing.assert_array_equal(out["token_ids"].numpy(), want_ids)
+    assert [t.decode() for t in out["translation"].numpy()] == want_text
 
 
 def test_fuzz_profiles_are_wired():

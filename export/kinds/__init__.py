@@ -44,25 +44,51 @@ def checked(tensor, *assertions):
         return tf.identity(tensor)
 
 
-def assert_ids_in_range(ids, size, name):
+def assert_ids_in_range(ids, size, name, limit="the size of the embedding table", padding=True):
     """Serving-time check that `ids` index a table of `size` rows; returns `ids`
     gated on it (use the returned tensor).
 
     Out-of-range ids would make a CPU gather fail with a message that names
     no input, and a GPU gather silently return zeros; TF Serving users get
     this message (naming the input and the range) instead. Runs inside the
-    SavedModel signature functions only, never in TFLite graphs."""
+    SavedModel signature functions only, never in TFLite graphs. `limit` says
+    what `size` is; `padding`: whether id 0 is padding (the message says so)."""
     import tensorflow as tf
 
+    low = f"{name} must be >= 0" + (" (0 is padding)" if padding else "")
     return checked(
         ids,
-        tf.debugging.assert_non_negative(ids, message=f"{name} must be >= 0 (0 is padding)"),
+        tf.debugging.assert_non_negative(ids, message=low),
         tf.debugging.assert_less(
-            ids,
-            tf.cast(size, ids.dtype),
-            message=f"{name} must be < {size}, the size of the model's table",
+            ids, tf.cast(size, ids.dtype), message=f"{name} must be < {size}, {limit}"
         ),
     )
+
+
+def pad_empty(tensor, axes=(0,)):
+    """`tensor` with one padding entry (0, or "" for strings) added along each of
+    `axes` that is empty; unchanged otherwise.
+
+    A signature runs its model on at least one row and position and cuts the
+    outputs back (`cut_to`): some CPU kernels fail, or return misshapen
+    outputs, on a dimension of 0 (an empty request batch), and an in-graph
+    argmax over an empty axis does."""
+    import tensorflow as tf
+
+    shape = tf.shape(tensor)
+    paddings = [[0, 0]] * tensor.shape.rank
+    for axis in axes:
+        paddings[axis] = [0, tf.cast(tf.equal(shape[axis], 0), tf.int32)]
+    return tf.pad(tensor, paddings)
+
+
+def cut_to(outputs, *sizes):
+    """`outputs` (a dict of tensors) cut to `sizes` along their first axes (the
+    real batch and time of an input `pad_empty` padded)."""
+    return {
+        name: value[tuple(slice(None, size) for size in sizes[: value.shape.rank])]
+        for name, value in outputs.items()
+    }
 
 
 @dataclasses.dataclass

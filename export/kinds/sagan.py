@@ -4,7 +4,9 @@ SavedModel signatures (TF Serving):
   serving_default(noise float32 [B, latent_dim], label int32 [B])
       -> image float32 [B, S, S, C] in [0, 1]      (the TFLite model's contract)
   generate(noise, label) -> image uint8 [B, S, S, C] (ready to display / encode)
-(`label` only for class-conditional generators.)
+(`label` only for class-conditional generators.) An empty batch gives no images;
+out-of-range labels, mismatched batches and non-finite noise are refused in our
+words (docs/deploy.md, "What a signature answers").
 
 TFLite: the float [0, 1] image; `--static-shape` gives batch 1 with every shape
 static, which is what the mobile GPU delegate needs. The uint8 output stays in
@@ -15,7 +17,7 @@ statistics at inference, so batch-1 output equals the batch output row for row.
 
 import numpy as np
 
-from export.kinds import Endpoint, ExportKind, assert_ids_in_range
+from export.kinds import Endpoint, ExportKind, assert_ids_in_range, checked, cut_to, pad_empty
 from zoo.cli import UsageError
 
 
@@ -76,14 +78,27 @@ class SaganKind(ExportKind):
         import tensorflow as tf
 
         specs = self.core_specs(source)
-        core = self.core_fn(source)
+        unchecked = self.core_fn(source)
         _, conditional, num_classes = self._dims(source)
-        if conditional:
-            unchecked = core
 
-            def core(noise, label):
+        def core(noise, label=None):
+            noise = tf.debugging.check_numerics(noise, "noise must be finite (no NaN or inf)")
+            if conditional:
                 # An out-of-range label would read past the class-embedding table.
-                return unchecked(noise, assert_ids_in_range(label, num_classes, "label"))
+                label = assert_ids_in_range(
+                    label, num_classes, "label", "the number of classes", padding=False
+                )
+                noise = checked(
+                    noise,
+                    tf.debugging.assert_equal(
+                        tf.shape(noise)[0],
+                        tf.shape(label)[0],
+                        message="noise and label must have the same number of rows",
+                    ),
+                )
+            # An empty batch runs as one row and is cut back (pad_empty says why).
+            inputs = [pad_empty(noise)] + ([pad_empty(label)] if conditional else [])
+            return cut_to(unchecked(*inputs), tf.shape(noise)[0])
 
         # Graph functions, so the proof compares the same optimised graph the SavedModel
         # runs: eager and graph float results can differ in the last bit, and a uint8

@@ -36,7 +36,7 @@ import sys
 
 import numpy as np
 
-from export.kinds import Endpoint, ExportKind, assert_ids_in_range, checked
+from export.kinds import Endpoint, ExportKind, assert_ids_in_range, checked, cut_to, pad_empty
 from zoo.cli import UsageError
 
 ALIASES = ("universal_transformer",)
@@ -101,9 +101,12 @@ class Seq2SeqKind(ExportKind):
         m = self.model(source)
         tok = m.tokenizer
         limit = int(m.max_source_length)
+        length = int(m.max_target_length)
+        vocabulary = int(m.vocabulary_size)
 
         def translate(text):
-            ids, counts = tok.encode_tf(text, limit)
+            # An empty batch runs as one "" row and is cut back (pad_empty says why).
+            ids, counts = tok.encode_tf(pad_empty(text), limit)
             ids = checked(
                 ids,
                 tf.debugging.assert_less_equal(
@@ -113,7 +116,7 @@ class Seq2SeqKind(ExportKind):
                 ),
             )
             out = decoding.greedy(m, ids)
-            return {"translation": tok.decode_tf(out), "token_ids": out}
+            return cut_to({"translation": tok.decode_tf(out), "token_ids": out}, tf.size(text))
 
         def translate_ids(source_ids):
             source_ids = checked(
@@ -124,8 +127,22 @@ class Seq2SeqKind(ExportKind):
                     message=f"source_ids has more positions than max_source_length ({limit})",
                 ),
             )
-            source_ids = assert_ids_in_range(source_ids, m.vocabulary_size, "source_ids")
-            return {"token_ids": decoding.greedy(m, source_ids)}
+            source_ids = assert_ids_in_range(source_ids, vocabulary, "source_ids")
+            out = decoding.greedy(m, pad_empty(source_ids, axes=(0, 1)))
+            return cut_to({"token_ids": out}, tf.shape(source_ids)[0])
+
+        step_encode, step_decode, specs = step_functions(m)
+
+        def encode(source_ids):
+            return step_encode(assert_ids_in_range(source_ids, vocabulary, "source_ids"))
+
+        def decode_step(token, position, cross_cache, encoder_mask, self_cache):
+            token = assert_ids_in_range(token, vocabulary, "token")
+            # A position past the cache would write nowhere and read stale keys.
+            position = assert_ids_in_range(
+                position, length, "position", "the self_cache length (max_target_length)", False
+            )
+            return step_decode(token, position, cross_cache, encoder_mask, self_cache)
 
         texts = self._example_texts(source)
         ids = np.zeros((len(texts), limit), "int32")
@@ -133,7 +150,6 @@ class Seq2SeqKind(ExportKind):
             ids[i, : min(limit, len(row))] = row[:limit]
         # The step signatures are steps.tflite's functions (source_ids [1, S], S =
         # max_source_length), so a client can run beam search or sampling itself.
-        encode, decode_step, specs = step_functions(m)
         source_row = ids[:1].copy()
         encoded = encode(tf.constant(source_row))
         step_example = {

@@ -7,7 +7,9 @@ SavedModel signatures (TF Serving):
          each sentence), tokens string [B, T], lengths int32 [B]
   predict_ids(word_ids int32 [B, T], char_ids int32 [B, T, max_chars])
       -> probabilities float32 [B, T, num_tags], tag_ids int32 [B, T]
-Token -> id rules are the Tagger's own `encode_tf` (one implementation).
+Token -> id rules are the Tagger's own `encode_tf` (one implementation). An empty
+batch, or no tokens, gives empty outputs; too long input and bad ids are refused in
+our words (docs/deploy.md, "What a signature answers").
 
 TFLite: the id-level core (word_ids, char_ids -> probabilities [+ tag_ids]).
 The static-shape (GPU) variant returns probabilities only: ARG_MAX is not a
@@ -19,7 +21,15 @@ import json
 import numpy as np
 
 from export import bundle
-from export.kinds import Endpoint, ExportKind, assert_ids_in_range, checked, fit_to_spec
+from export.kinds import (
+    Endpoint,
+    ExportKind,
+    assert_ids_in_range,
+    checked,
+    cut_to,
+    fit_to_spec,
+    pad_empty,
+)
 from zoo.cli import UsageError
 
 _LABEL_KEYS = ("tag_ids", "labels", "tags")
@@ -95,12 +105,15 @@ class TaggerKind(ExportKind):
                 tf.debugging.assert_less_equal(
                     tf.shape(tokens)[1],
                     max_len,
-                    message=f"a sentence has more tokens than this tagger's max_len ({max_len})",
+                    message=f"a sentence has more tokens than max_len ({max_len}), the most this tagger reads",
                 ),
             )
-            ids = m.encode_tf(tokens)
-            probs = m.core(ids, training=False)
+            # An empty batch or a batch of empty sentences: the model runs on one "" row
+            # or column, and the outputs are cut back (pad_empty says why).
+            padded = pad_empty(tokens, axes=(0, 1))
+            probs = m.core(m.encode_tf(padded), training=False)
             tag_ids = tf.argmax(probs, axis=-1, output_type=tf.int32)
+            tag_ids = cut_to({"tag_ids": tag_ids}, *tf.unstack(tf.shape(tokens)))["tag_ids"]
             tag_ids = tf.where(present, tag_ids, -1)
             names = tf.where(present, tf.gather(tags, tf.maximum(tag_ids, 0)), "")
             return {"tags": names, "tag_ids": tag_ids, "tokens": tokens, "lengths": lengths}
@@ -114,19 +127,13 @@ class TaggerKind(ExportKind):
             dense = tokens.to_tensor(default_value="", shape=tf.stack([batch, width]))
             return tag_dense(dense)
 
-        def tag_tokens(tokens):
-            tf.debugging.assert_greater(
-                tf.shape(tokens)[1], 0, message="tokens must have at least one column"
-            )
-            return tag_dense(tokens)
-
         def predict_ids(word_ids, char_ids):
             word_ids = checked(
                 word_ids,
                 tf.debugging.assert_less_equal(
                     tf.shape(word_ids)[1],
                     max_len,
-                    message=f"word_ids has more positions than this tagger's max_len ({max_len})",
+                    message=f"word_ids has more positions than max_len ({max_len}), the most this tagger reads",
                 ),
                 tf.debugging.assert_equal(
                     tf.shape(char_ids)[:2],
@@ -136,7 +143,10 @@ class TaggerKind(ExportKind):
             )
             word_ids = assert_ids_in_range(word_ids, len(m.words), "word_ids")
             char_ids = assert_ids_in_range(char_ids, len(m.chars), "char_ids")
-            return self.core_fn(source)(word_ids, char_ids)
+            out = self.core_fn(source)(
+                pad_empty(word_ids, axes=(0, 1)), pad_empty(char_ids, axes=(0, 1))
+            )
+            return cut_to(out, *tf.unstack(tf.shape(word_ids)))
 
         sentences = self._example_sentences(source)
         tokens = [s.split() for s in sentences]
@@ -154,7 +164,7 @@ class TaggerKind(ExportKind):
             ),
             Endpoint(
                 "tag_tokens",
-                tag_tokens,
+                tag_dense,
                 [tf.TensorSpec([None, None], tf.string, name="tokens")],
                 {"tokens": padded},
                 'tokens [batch, time] padded with "" -> tags',

@@ -292,7 +292,9 @@ def build(proto):
             if not isinstance(ids, tf.RaggedTensor):
                 ids = tf.RaggedTensor.from_tensor(tf.convert_to_tensor(ids))
             ids = tf.cast(ids, tf.int32)
-            dense = ids.to_tensor(default_value=-1)
+            # One absent (-1) column more: the argmax below needs a non-empty axis when
+            # every row is empty (an output that is EOS at once, an empty batch).
+            dense = tf.pad(ids.to_tensor(default_value=-1), [[0, 0], [0, 1]], constant_values=-1)
             present = dense >= 0
             safe = tf.maximum(dense, 0)
             kind = tf.gather(self._types, safe)
