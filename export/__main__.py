@@ -198,7 +198,7 @@ def _run(args):
             args.run_dir, savedmodel=args.savedmodel, tflite=args.tflite, samples=args.samples
         )
         print(json.dumps(report, indent=2) if args.json else format_report(report))
-        return 0
+        return 0 if report["ok"] else 1
     if args.command == "bench":
         from export.bench import bench, format_report
 

@@ -244,6 +244,12 @@ class Compiled:
             for k, (_, d) in self._io(signature)[0].items()
         }
 
+    def output_details(self, signature):
+        return {
+            k: {"shape": list(d["shape"]), "dtype": np.dtype(d["dtype"])}
+            for k, (_, d) in self._io(signature)[1].items()
+        }
+
     def _resize(self, signature, inputs):
         """Resizes dynamic inputs to the shapes of `inputs` (both accelerators
         take a new shape for a model with -1 dimensions; buffers are made anew)."""
@@ -322,16 +328,23 @@ class Compiled:
 
 
 def float_diff(reference, candidate):
-    """{output: max abs diff} over float outputs; NaN/inf where only one side has it counts as inf."""
+    """{output: max abs diff} over the reference's float outputs. An output the
+    candidate lacks or returns in another shape, and a NaN or inf on either side,
+    count as inf: they fail every tolerance."""
     out = {}
     for k, ref in reference.items():
         ref = np.asarray(ref)
-        if k not in candidate or not np.issubdtype(ref.dtype, np.floating):
+        if not np.issubdtype(ref.dtype, np.floating):
             continue
-        a, b = ref.astype(np.float64), np.asarray(candidate[k], np.float64)
-        bad = np.isfinite(a) != np.isfinite(b)
-        d = np.abs(np.where(np.isfinite(a) & np.isfinite(b), a - b, 0.0))
-        out[k] = float("inf") if bad.any() else (float(d.max()) if d.size else 0.0)
+        got = candidate.get(k)
+        if got is None or np.shape(got) != ref.shape:
+            out[k] = float("inf")
+            continue
+        a, b = ref.astype(np.float64), np.asarray(got, np.float64)
+        if not (np.isfinite(a).all() and np.isfinite(b).all()):
+            out[k] = float("inf")
+        else:
+            out[k] = float(np.abs(a - b).max()) if a.size else 0.0
     return out
 
 
@@ -595,17 +608,37 @@ def real_verdicts(paths, feeds=None):
 
 
 def _verdict(result, feeds):
+    """(accepted, why) of one `run_in_child` result, failing closed: the CPU
+    reference and the GPU both ran every row of every signature without an error,
+    and every reference output came back from the GPU within `tolerance_for`
+    (integer outputs equal)."""
     if result["crashed"]:
         return False, result["crashed"]
     gpu, cpu = result["gpu"], result["cpu"]
+    if not cpu.get("compiled"):
+        return False, f"LiteRT's CPU runtime (the reference) cannot run it: {cpu.get('error')}"
+    if cpu.get("run_error"):
+        return False, f"LiteRT's CPU runtime (the reference) failed to run it: {cpu['run_error']}"
     if not gpu["compiled"]:
         return False, gpu["error"]
     if not gpu["fully_accelerated"]:
         return False, "compiled but not fully accelerated"
     if gpu.get("run_error"):
         return False, f"compiled, then failed to run: {gpu['run_error']}"
-    for sig in feeds:
-        for r, (want, got) in enumerate(zip(cpu["outputs"][sig], gpu["outputs"][sig])):
+    compared = 0
+    for sig, rows in feeds.items():
+        wants, gots = cpu["outputs"].get(sig, []), gpu["outputs"].get(sig, [])
+        if not len(wants) == len(gots) == len(rows):
+            return False, (
+                f"{sig}: {len(rows)} rows fed, {len(wants)} came back from CPU, "
+                f"{len(gots)} from the GPU"
+            )
+        for want, got in zip(wants, gots):
+            if not want:
+                return False, f"{sig}: the CPU reference returned no outputs"
+            missing = sorted(set(want) - set(got))
+            if missing:
+                return False, f"{sig}: the GPU returned no {', '.join(map(repr, missing))}"
             diffs, tol = float_diff(want, got), tolerance_for(want)
             for k, d in diffs.items():
                 if not d <= tol[k]:
@@ -618,4 +651,7 @@ def _verdict(result, feeds):
                     v, got[k]
                 ):
                     return False, f"{sig} output {k!r} differs from CPU"
+            compared += 1
+    if not compared:
+        return False, "no rows were fed: nothing compared"
     return True, "fully accelerated, outputs match CPU"

@@ -50,8 +50,8 @@ def bench(target, run_dir=None, threads=None, runs=50, warmup=5, batches=(1, 32)
     if is_tflite and not target.endswith(".tflite"):
         raise UsageError(f"not a .tflite file or SavedModel directory: {target}")
     sidecar = {}
-    if is_tflite and os.path.exists(target + ".json"):
-        with open(target + ".json") as f:
+    if is_tflite and os.path.exists(runtime.sidecar_path(target)):
+        with open(runtime.sidecar_path(target)) as f:
             sidecar = json.load(f)
     run_dir = run_dir or sidecar.get("source")
     src = rundir.resolve(run_dir) if run_dir and os.path.exists(run_dir) else None

@@ -324,6 +324,9 @@ def check_model(content, target="gpu"):
                 reasons.append("dynamic (-1) dimensions in " + ", ".join(map(str, dynamic)))
             for r in dict.fromkeys(reasons):
                 problems.append(Problem(s, k, name, r, g.describe(op)))
+    if not any(sg.operators is not None and len(sg.operators) for sg in model.subgraphs or []):
+        # Fail closed: a model with nothing in it has passed no rule.
+        problems.append(Problem(0, 0, "-", "the model has no operators: nothing was checked", ""))
     return problems
 
 

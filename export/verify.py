@@ -115,11 +115,13 @@ def verify(run_dir, savedmodel=None, tflite=None, samples=64):
     if savedmodel is not None:
         saved_dir = resolve_version_dir(savedmodel)
         got = run_savedmodel_clean(saved_dir, inputs, kind.id_signature)
-        report["savedmodel"] = {
+        entry = {
             "path": saved_dir,
             "signature": kind.id_signature,
             **runtime.compare(want, got, kind.valid_mask(inputs), kind.class_output),
         }
+        # The same graph in TensorFlow: the float gates.
+        report["savedmodel"] = _verdict(entry, inputs, "none")
     if tflite is not None:
         if not os.path.isfile(tflite):
             raise UsageError(f"no such .tflite file: {tflite}")
@@ -133,8 +135,8 @@ def verify(run_dir, savedmodel=None, tflite=None, samples=64):
         t_want = keras_run(t_inputs)
         got = runtime.run(tflite, t_inputs)
         sidecar = {}
-        if os.path.exists(tflite + ".json"):
-            with open(tflite + ".json") as f:
+        if os.path.exists(runtime.sidecar_path(tflite)):
+            with open(runtime.sidecar_path(tflite)) as f:
                 sidecar = json.load(f)
         entry = {
             "path": tflite,
@@ -143,8 +145,23 @@ def verify(run_dir, savedmodel=None, tflite=None, samples=64):
         }
         entry["metric"] = kind.metric(src, t_inputs, got)
         entry["float_metric_same_inputs"] = kind.metric(src, t_inputs, t_want)
-        report["tflite"] = entry
+        report["tflite"] = _verdict(entry, t_inputs, entry["quantize"] or "none")
+    report["ok"] = all(report[k]["ok"] for k in ("savedmodel", "tflite") if k in report)
     return report
+
+
+def _verdict(entry, inputs, quantize):
+    """`entry` with its verdict: `export tflite`'s gates for `quantize` (a full-int8
+    classifier on argmax agreement), every output present, compared and finite."""
+    from export.tflite import TOLERANCES
+
+    max_diff, agreement = TOLERANCES.get(quantize, TOLERANCES["none"])
+    by_agreement = quantize == "int8"
+    fails = runtime.gate(entry, max_diff, agreement, by_agreement)
+    if not len(next(iter(inputs.values()), ())):
+        fails.insert(0, "no sample inputs")
+    entry.update(gate_max_abs_diff=max_diff, gate_agreement=agreement, fails=fails, ok=not fails)
+    return entry
 
 
 def format_report(report):
@@ -158,13 +175,15 @@ def format_report(report):
         e = report[key]
         diffs = ", ".join(f"{k} {v:.3g}" for k, v in e["max_abs_diff"].items())
         agree = "" if e["agreement"] is None else f"; argmax agreement {e['agreement']:.2%}"
-        lines.append(f"  {key:<11} max abs diff {diffs}{agree}  [{e['path']}]")
+        lines.append(f"  {key:<11} max abs diff {diffs or '-'}{agree}  [{e['path']}]")
         if e.get("metric"):
             name, value = e["metric"]
             fname, fvalue = e["float_metric_same_inputs"]
             lines.append(
                 f"  {'':<11} {name} {value:.4f} ({e.get('quantize')}) vs float {fvalue:.4f}"
             )
+        lines.append(f"  {'':<11} " + ("PASS" if e["ok"] else "FAIL: " + "; ".join(e["fails"])))
+    lines.append("  verdict: " + ("PASS" if report["ok"] else "FAIL"))
     return "\n".join(lines)
 
 
@@ -185,7 +204,10 @@ def _accelerator_target(target, tflite):
         raise UsageError(f"no such .tflite file: {path}")
     runtime.check_tflite_file(path)
     if run is None:
-        for side in (path + ".json", os.path.join(os.path.dirname(path), "seq2seq.tflite.json")):
+        for side in (
+            runtime.sidecar_path(path),
+            runtime.seq2seq_sidecar_path(os.path.dirname(path)),
+        ):
             if os.path.exists(side):
                 with open(side) as f:
                     source = json.load(f).get("source")
@@ -237,13 +259,34 @@ def _stack(results):
 
 
 def _compare(cpu_rows, gpu_rows, rows, kind):
+    """One signature's rows, CPU (the reference) vs GPU, failing closed: every row
+    and every reference output back from both, floats within `tolerance_for`,
+    integer outputs and the class output's argmax equal on >= 95%."""
     from export import accelerator
 
-    want, got = _stack(cpu_rows), _stack(gpu_rows)
+    entry = {"rows": len(cpu_rows), "max_abs_diff": {}, "tolerance": {}, "fails": []}
+    fails = entry["fails"]
+    if not len(cpu_rows) == len(gpu_rows) == len(rows) or not rows:
+        fails.append(
+            f"{len(rows)} rows fed, {len(cpu_rows)} came back from CPU, {len(gpu_rows)} from the GPU"
+        )
+    names = sorted(cpu_rows[0]) if cpu_rows else []
+    if cpu_rows and not names:
+        fails.append("the CPU reference returned no outputs")
+    for which, found in (("CPU", cpu_rows), ("GPU", gpu_rows)):
+        missing = sorted({k for r in found for k in names if k not in r})
+        if missing:
+            fails.append(f"{which} returned no {', '.join(map(repr, missing))} for some rows")
+    if fails:
+        entry.update(ok=False)
+        return entry
+    want, got = _stack(cpu_rows), _stack([{k: r[k] for k in names} for r in gpu_rows])
     diffs = accelerator.float_diff(want, got)
     tol = accelerator.tolerance_for(want)
-    entry = {"rows": len(cpu_rows), "max_abs_diff": diffs, "tolerance": {k: tol[k] for k in diffs}}
-    ok = all(diffs[k] <= tol[k] for k in diffs)
+    entry.update(max_abs_diff=diffs, tolerance={k: tol[k] for k in diffs})
+    fails += [
+        f"{k} off by {d:.3g} (tolerance {tol[k]:.2g})" for k, d in diffs.items() if not d <= tol[k]
+    ]
     class_output = getattr(kind, "class_output", None) if kind else None
     if class_output and class_output in want:
         inputs = {k: v.reshape((-1,) + v.shape[2:]) for k, v in _stack(rows).items()}
@@ -252,8 +295,9 @@ def _compare(cpu_rows, gpu_rows, rows, kind):
         same = same.reshape((same.shape[0] * same.shape[1],) + same.shape[2:])
         if mask is not None and same.shape == mask.shape:
             same = same[mask]
-        entry["agreement"] = float(same.mean()) if same.size else 1.0
-        ok = ok and entry["agreement"] >= 0.95
+        entry["agreement"] = float(same.mean()) if same.size else 0.0
+        if not entry["agreement"] >= 0.95:
+            fails.append(f"argmax agrees on {entry['agreement']:.1%} < 95%")
     exact = {
         k: float(np.mean(want[k] == got[k]))
         for k in want
@@ -261,7 +305,8 @@ def _compare(cpu_rows, gpu_rows, rows, kind):
     }
     if exact:
         entry["equal_fraction"] = exact
-    entry["ok"] = bool(ok)
+        fails += [f"{k} equal on {v:.1%} < 95%" for k, v in exact.items() if not v >= 0.95]
+    entry["ok"] = not fails
     return entry
 
 
@@ -339,10 +384,17 @@ def verify_accelerator(target, tflite=None, samples=8, runs=20):
     if not gpu["compiled"]:
         report.update(compiled=False, error=gpu["error"], log=gpu["log"], ok=False)
         return report
+    # A run error on either side voids the comparison: the verdict is FAIL.
+    errors = [
+        f"{side}: {r['run_error']}"
+        for side, r in (("cpu", cpu), ("gpu", gpu))
+        if r.get("run_error")
+    ]
     report.update(
         compiled=True,
         fully_accelerated=gpu["fully_accelerated"],
         delegate_log=list(dict.fromkeys(gpu["log"] + gpu["run_log"])),
+        run_errors=errors,
         signatures={},
     )
     for sig, rows in feeds.items():
@@ -354,7 +406,8 @@ def verify_accelerator(target, tflite=None, samples=8, runs=20):
             cpu["latency"].get(sig),
         )
         f32 = result.get("gpu_f32") or {}
-        if f32.get("compiled") and not f32.get("run_error"):
+        f32_rows = (f32.get("outputs") or {}).get(sig) or []
+        if entry["ok"] and not f32.get("run_error") and len(f32_rows) == entry["rows"]:
             # The same GPU computing in float32: a gap that vanishes here is precision.
             entry["max_abs_diff_gpu_f32"] = accelerator.float_diff(
                 _stack(cpu["outputs"][sig]), _stack(f32["outputs"][sig])
@@ -369,7 +422,8 @@ def verify_accelerator(target, tflite=None, samples=8, runs=20):
             2 * report["signatures"]["decode_step"]["max_abs_diff"].get("logits", 0.0),
         )
         mismatches, ties = [], 0
-        for i, (a, b) in enumerate(zip(cpu["greedy"], gpu["greedy"])):
+        cpu_greedy, gpu_greedy = cpu.get("greedy") or [], gpu.get("greedy") or []
+        for i, (a, b) in enumerate(zip(cpu_greedy, gpu_greedy)):
             if a == b:
                 continue
             k = next((j for j, (x, y) in enumerate(zip(a, b)) if x != y), min(len(a), len(b)))
@@ -385,17 +439,21 @@ def verify_accelerator(target, tflite=None, samples=8, runs=20):
                     "gpu": b[max(0, k - 2) : k + 4],
                 }
             )
-        same = len(cpu["greedy"]) - len(mismatches)
+        fed = len(greedy["rows"])
+        same = min(len(cpu_greedy), len(gpu_greedy)) - len(mismatches)
         report["signatures"]["greedy"] = {
-            "rows": len(cpu["greedy"]),
+            "rows": fed,
             "same_tokens": same,
             "near_ties": ties,
             "tie_margin": tie,
-            "ok": len(mismatches) == ties,
+            "ok": len(mismatches) == ties and fed > 0 and len(cpu_greedy) == len(gpu_greedy) == fed,
             "mismatches": mismatches[:3],
         }
     report["ok"] = bool(
-        gpu["fully_accelerated"] and all(e["ok"] for e in report["signatures"].values())
+        gpu["fully_accelerated"]
+        and not errors
+        and report["signatures"]
+        and all(e["ok"] for e in report["signatures"].values())
     )
     return report
 
@@ -429,6 +487,8 @@ def format_accelerator_report(report):
     )
     for line in report.get("delegate_log") or []:
         lines.append(f"  delegate: {line}")
+    for line in report.get("run_errors") or []:
+        lines.append(f"  run error: {line}")
     for sig, e in report["signatures"].items():
         if sig == "greedy":
             lines.append(
@@ -462,9 +522,10 @@ def format_accelerator_report(report):
             f"  {sig}: {e['rows']} rows, max abs diff vs CPU {diffs or '-'}{agree}{exact}; "
             + (
                 f"p50 gpu {e['gpu_latency']['p50_ms']:.3f} ms, cpu {e['cpu_latency']['p50_ms']:.3f} ms"
-                if e.get("gpu_latency")
+                if e.get("gpu_latency") and e.get("cpu_latency")
                 else "untimed"
             )
+            + "".join(f"; FAIL: {why}" for why in e.get("fails", []))
         )
     lines.append("  verdict: " + ("PASS" if report["ok"] else "FAIL"))
     return "\n".join(lines)

@@ -1,5 +1,5 @@
 """What every command line shares (python -m train / export / zoo.*): the error
-types and exit codes, the error boundary, input checks, quiet imports.
+types and exit codes, the error boundary, input checks, the runtimes' log filter.
 
 A `UsageError` is the user's fault (bad flag, missing or malformed file): one line
 on stderr naming the problem and the value, exit 2. Anything else is a bug or an
@@ -8,8 +8,8 @@ environment problem: exit 1 with a short message, the traceback only with --debu
 
 import argparse
 import contextlib
-import json
 import os
+import subprocess
 import sys
 
 EXIT_OK = 0
@@ -34,21 +34,6 @@ class DataError(UsageError):
     """A data file or data set that cannot be used (missing, malformed, empty)."""
 
 
-def read_sidecar(path, kind):
-    sidecar = path + ".json"
-    if not os.path.isfile(sidecar):
-        raise UsageError(f"missing sidecar vocabulary file for the TFLite model: {sidecar}")
-    try:
-        with open(sidecar, encoding="utf-8") as f:
-            meta = json.load(f)
-    except (OSError, ValueError) as e:
-        raise UsageError(f"unreadable sidecar file {sidecar}: {e}") from None
-    if not isinstance(meta, dict) or meta.get("kind") != kind:
-        found = meta.get("kind") if isinstance(meta, dict) else None
-        raise UsageError(f"{sidecar}: kind is {found!r}, not {kind!r}")
-    return meta
-
-
 def check_utf8(texts, what="argument"):
     """Command-line text that is not valid UTF-8 arrives with lone surrogates."""
     for i, text in enumerate(texts, 1):
@@ -63,14 +48,21 @@ def check_utf8(texts, what="argument"):
 def cli_boundary(body, argv=None):
     """Runs a CLI's `body()` and applies the project's error contract: a
     `UsageError` is one stderr line and exit 2; anything unexpected is one
-    line and exit 1, with the traceback only under `--debug`."""
+    line and exit 1, with the traceback only under `--debug`. The runtimes'
+    start-up lines are filtered meanwhile (`runtime_logs`)."""
+    argv = list(sys.argv[1:] if argv is None else argv)
+    with runtime_logs(verbose_flag(argv)):
+        return _boundary(body, argv)
+
+
+def _boundary(body, argv):
     try:
         return body()
     except UsageError as e:
         print(f"error: {e}", file=sys.stderr)
         return 2
     except Exception as e:  # noqa: BLE001  (CLI boundary)
-        if "--debug" in (argv if argv is not None else sys.argv):
+        if "--debug" in argv:
             raise
         first = str(e).strip().splitlines()[0] if str(e).strip() else ""
         print(
@@ -100,14 +92,133 @@ def verbosity(value):
 
 
 def import_keras_quietly():
-    """Imports keras (and TensorFlow under it) with fd 2 muted: TensorFlow's C++
-    runtime prints oneDNN INFO lines during the import, before absl logging is set
-    up, so TF_CPP_MIN_LOG_LEVEL cannot filter them, and the CLIs promise one line
-    on stderr for bad input. A failed import still raises its Python exception."""
+    """Imports keras (and TensorFlow under it) with fd 2 muted, unless a command
+    line's `runtime_logs` filter runs (it drops the start-up lines and keeps real
+    problems): TensorFlow's C++ runtime prints INFO lines during the import, before
+    absl logging is set up, so TF_CPP_MIN_LOG_LEVEL cannot filter them, and the
+    CLIs promise one line on stderr for bad input. A failed import still raises
+    its Python exception."""
     if "keras" in sys.modules:
         return
-    with quiet_stderr():
+    with quiet_stderr(not _FILTER):
         import keras  # noqa: F401
+
+
+# ---------------------------------------------------------------- runtime logs
+# The lines TensorFlow, absl, CUDA and LiteRT write to fd 2 at start-up on a
+# machine without a GPU (C++ code, past Python and, before absl's logging is
+# set up, past TF_CPP_MIN_LOG_LEVEL): dropped at the default verbosity.
+NOISE = (
+    r"All log messages before absl::InitializeLog\(\) is called are written to STDERR",
+    r"cudart_stub\.cc:\d+\] Could not find cuda drivers on your machine",
+    r"oneDNN custom operations are on",
+    r"cpu_feature_guard\.cc:\d+\]",
+    r"^To enable the following instructions: .* rebuild TensorFlow",
+    r"^INFO: Created TensorFlow Lite XNNPACK delegate for CPU",
+    r"^[IV]\d{4} [\d:. ]+\d+ \S+:\d+\] ",  # absl INFO / VLOG lines
+)
+# cuInit fails on every machine without a CUDA driver or device: noise there, a
+# real problem where NVIDIA's driver is loaded.
+NO_GPU = r"Could not find cuda drivers|CUDA_ERROR_NO_DEVICE|no CUDA-capable device"
+CUINIT = r"failed call to cuInit"
+
+_FILTER_CHILD = r"""
+import os, re, signal, sys
+signal.signal(signal.SIGINT, signal.SIG_IGN)  # drain to the end when the command is interrupted
+gpu_absent, *noise, no_gpu, cuinit = sys.argv[1:]
+noise, no_gpu, cuinit = re.compile("|".join(noise)), re.compile(no_gpu), re.compile(cuinit)
+prefix = re.compile(r"^[EWF]\d{4} [\d:. ]+\d+ \S+:\d+\] ")
+out, seen, gpu_absent = sys.stdout.buffer, set(), gpu_absent == "1"
+for raw in sys.stdin.buffer:
+    line = raw.decode("utf-8", "replace").rstrip("\n")
+    gpu_absent = gpu_absent or bool(no_gpu.search(line))
+    if noise.search(line) or (cuinit.search(line) and gpu_absent):
+        continue
+    if prefix.match(line):  # an absl warning or error: one line of ours, once
+        text = prefix.sub("", line)
+        if text in seen:
+            continue
+        seen.add(text)
+        line = "warning: TensorFlow runtime: " + text
+    out.write((line + "\n").encode("utf-8"))
+    out.flush()
+"""
+_FILTER = []
+
+
+def verbose_flag(argv):
+    """The `--verbose` value on a command line (0, 1 or 2; 1 when absent or unreadable)."""
+    for i, arg in enumerate(argv):
+        value = arg.split("=", 1)[1] if arg.startswith("--verbose=") else None
+        if arg == "--verbose" and i + 1 < len(argv):
+            value = argv[i + 1]
+        if value in ("0", "1", "2"):
+            return int(value)
+    return 1
+
+
+@contextlib.contextmanager
+def runtime_logs(verbose=1):
+    """A command line's run: at `verbose` 0 and 1 what C++ code writes to fd 2 goes
+    through a filter process that drops the runtimes' start-up lines (`NOISE`; a
+    cuInit failure where no GPU exists) and writes each absl warning or error
+    once, as one line of ours ("warning: TensorFlow runtime: ..."); a CUDA library
+    that fails to load, a GPU that cannot start, a crash's last words pass. Python's
+    own `sys.stderr` writes straight to the terminal, as before. At 2 nothing is
+    filtered. A process, not a thread: it drains what a crashing runtime wrote."""
+    if verbose >= 2 or _FILTER:
+        yield
+        return
+    sys.stderr.flush()
+    try:
+        saved = os.dup(2)
+        read, write = os.pipe()
+    except OSError:
+        yield
+        return
+    env = {k: v for k, v in os.environ.items() if not k.startswith("PYTHON")}
+    no_driver = "0" if os.path.exists("/proc/driver/nvidia/version") else "1"
+    try:
+        child = subprocess.Popen(
+            [sys.executable, "-I", "-S", "-c", _FILTER_CHILD, no_driver, *NOISE, NO_GPU, CUINIT],
+            stdin=read,
+            stdout=saved,
+            stderr=saved,
+            env=env,
+        )
+    except OSError:
+        os.close(read)
+        os.close(write)
+        os.close(saved)
+        yield
+        return
+    os.close(read)
+    stream = sys.stderr
+    direct = None
+    try:
+        if stream.fileno() == 2:  # Python's stderr keeps the terminal
+            direct = open(os.dup(saved), "w", encoding=stream.encoding, errors="backslashreplace")
+    except (AttributeError, OSError, ValueError):
+        pass
+    os.dup2(write, 2)
+    os.close(write)
+    if direct is not None:
+        sys.stderr = direct
+    _FILTER.append(child)
+    try:
+        yield
+    finally:
+        _FILTER.pop()
+        if direct is not None:
+            direct.flush()
+            sys.stderr = stream
+            direct.close()
+        os.dup2(saved, 2)  # closes the pipe's last write end here: the filter sees EOF
+        os.close(saved)
+        try:
+            child.wait(timeout=10)
+        except subprocess.TimeoutExpired:  # a child process of ours still holds the pipe
+            pass
 
 
 @contextlib.contextmanager

@@ -1,7 +1,8 @@
 """Generate images with a trained SAGAN: `python -m zoo.generate PATH --out grid.png`.
 
-PATH is a SAGAN run directory (its model.keras) or a .tflite file exported from
-one (with its sidecar `<file>.json`). `--class` picks the class (id or name from
+PATH is a SAGAN run directory (its model.keras, run with Keras) or a .tflite
+file exported from one (with its sidecar `<file>.json`; run with `zoo.lite`,
+no TensorFlow). `--class` picks the class (id or name from
 RUN_DIR/vocab/classes.txt) of a conditional generator; without it, a
 conditional generator draws one row per class. Writes a PNG grid and says so
 ("wrote ..."; `--verbose 0`: nothing but errors).
@@ -14,14 +15,13 @@ import sys
 
 import numpy as np
 
-from zoo import atomic, litert, run_lock
+from zoo import atomic, run_lock
 from zoo.cli import (
     OneLineParser,
     add_verbose_argument,
     cli_boundary,
     import_keras_quietly,
     quiet_stderr,
-    read_sidecar,
     verbosity,
 )
 from zoo.cli import UsageError as _Usage
@@ -47,14 +47,6 @@ def _keras_generator(run_dir):
         return load(run_dir)
     except model_file.ModelFileError as e:
         raise _Usage(str(e)) from None
-
-
-def _tflite_generator(path):
-    """An exported generator .tflite (noise [, label] in, image in [0, 1] out), run as
-    `zoo.load` runs it."""
-    from zoo.tasks import tflite_image_generator
-
-    return tflite_image_generator(read_sidecar(path, "sagan"), litert.interpreter(path))
 
 
 def grid(images, columns, pad=1):
@@ -137,11 +129,12 @@ def main(argv=None):
         if not os.path.isdir(args.path) and not args.path.endswith(".tflite"):
             raise _Usage(f"expected a run directory or a .tflite file: {args.path}")
         with quiet_stderr(level == 0):
-            generator = (
-                _keras_generator(args.path)
-                if os.path.isdir(args.path)
-                else _tflite_generator(args.path)
-            )
+            from zoo import lite
+
+            if lite.is_export(args.path):
+                generator = lite.load_file(args.path, "sagan")
+            else:
+                generator = _keras_generator(args.path)
             k = _class_id(args.class_, generator)
             if generator.num_classes and k is None:
                 labels = np.repeat(np.arange(generator.num_classes), args.num).astype(np.int32)

@@ -1,141 +1,195 @@
-"""A TensorFlow-free client for the zoo's TFLite exports.
+"""The zoo's task objects, and the TensorFlow-free client for its TFLite exports.
 
 `zoo.lite.load(path)` runs what `python -m export tflite` and
-`python -m export.kinds.seq2seq` write with `ai-edge-litert`, NumPy and
-`sentencepiece` only: it imports neither TensorFlow nor Keras (nor any module
-of this project but the Keras-free `zoo`, `zoo.cli`, `zoo.litert` and
-`zoo.tasks`), so it runs where they are not installed, e.g.
-`pip install ai-edge-litert numpy sentencepiece`
-on a small server or a Raspberry Pi. It reads the sidecar JSON files the
-exports write (`FILE.tflite.json`; `seq2seq.tflite.json` beside `steps.tflite`
-and `greedy.tflite`) and, for translation, the SentencePiece model (`spm.model`
-beside the files, else the sidecar's base64 copy).
+`python -m export.kinds.seq2seq` write with `ai-edge-litert`, NumPy,
+`sentencepiece` and Pillow only: it imports neither TensorFlow nor Keras (nor
+`layers`, `train` or `export`), so it runs where they are not installed,
+on a small server or a Raspberry Pi.
 
-`path` is a `.tflite` file or an export folder holding one model (a folder
-written by `python -m export.kinds.seq2seq`, or one `.tflite` file with its
-sidecar). The result:
+`path` is a `.tflite` file with its sidecar (`FILE.tflite.json`; the one
+`seq2seq.tflite.json` beside `steps.tflite` and `greedy.tflite`), or an export
+folder holding one model (a folder written by `python -m export.kinds.seq2seq`,
+or one `.tflite` file with its sidecar). The result is the object `zoo.load`
+gives for the same file (`zoo.load` also loads run directories, `.keras` files
+and SavedModels into these classes):
 
-- `LiteTagger.tag(sentences)`: a str or a list of str (split on whitespace)
-  or token lists -> per sentence, a list of (token, tag) pairs. The tagger's
-  token rules, as `zoo.tagger.encoding.TokenEncoder` writes them: word id =
-  index of the token lower-cased with every ASCII digit -> "0" (1 if unknown),
+- `TaggerTask.tag(sentences)`: a str (one sentence, split on whitespace) or a
+  list of str / token lists -> per sentence, a list of (token, tag) pairs. The
+  ids follow `zoo.tagger.encoding.TokenEncoder`'s rules: word id = index of
+  the token lower-cased with every ASCII digit -> "0" (1, `<unk>`, if unknown);
   character ids = index of each character as written (1 if unknown), cut to
   `max_chars`, 0-padded.
-- `LiteTranslator.translate(texts, beam_width=1, alpha=0.6, max_length=None)`:
-  the app loop over `steps.tflite` (`encode` once, then one `decode_step` per
-  token with the KV caches carried in NumPy): greedy, or beam search with the
-  GNMT length penalty exactly as `zoo.seq2seq.decoding.beam` ranks and stops.
-  Without `max_length` a text of n tokens stops after `2 * ceil8(n) + 10`
-  tokens (rounded up to 8, at most the export's length), as the Keras model's
-  `translate` does. A lone `greedy.tflite` decodes greedily only.
-- `generate(class_ids=None, seed=None, num_images=None)`: float32 images
-  `[N, S, S, C]` in [0, 1] from the noise
-  `numpy.random.default_rng(seed).standard_normal((N, latent_dim))`: the
-  `zoo.tasks.ImageGenerator` that `zoo.load` gives for the same file (it needs
-  only NumPy and LiteRT).
+- `Translator.translate(texts, beam_width=1, alpha=0.6, max_length=None)` and
+  `Translator.generate(texts, sampler=..., num_return_sequences=...,
+  return_scores=..., max_length=..., seed=...)`: from `steps.tflite`, the app
+  loop (`encode` once, one `decode_step` per token: `zoo.litert.StepModel`)
+  with every sampler; from a lone `greedy.tflite`, greedy decoding only.
+- `ImageGenerator.generate(class_ids=None, seed=None, num_images=None)`:
+  float32 images `[N, S, S, C]` in [0, 1] from the noise
+  `numpy.random.default_rng(seed).standard_normal((N, latent_dim))`.
+
+What every input gives (the same answer as the Keras model through
+`zoo.load(run)`):
+
+- Text is any str. Characters the training data never had (other scripts,
+  emoji, control characters) become the unknown id 1 (`<unk>`) on the way in;
+  an `<unk>` the model emits is left out of the output text. A text that
+  tokenizes to no ids (empty, whitespace only) translates to `""` (score 0.0)
+  without running the model; a sentence with no tokens tags to `[]`.
+- An empty batch gives an empty list; a batch gives what each of its inputs
+  would give in it. A translation batch decodes as the Keras model batches
+  it (inputs of similar length together, `zoo.litert.plan`): without
+  `max_length`, a batch stops after `2 * ceil8(n) + 10` tokens for its longest
+  input of n ids (at most the export's max_target_length).
+- Refused with a `ValueError` that names the input and the limit: a text of
+  more ids than the export's max_source_length, a sentence of more tokens than
+  the tagger's length, an empty token in a token list, a value that is not a
+  str, a str that is not valid Unicode (a lone surrogate), class ids outside
+  [0, num_classes).
+
+Thread safety: an object from `zoo.lite.load` runs one LiteRT interpreter,
+which is not thread-safe; each object serialises its calls with a lock, so it
+may be shared between threads (they take turns; load one object per thread to
+run in parallel).
 """
 
 import base64
 import json
 import os
 import re
+import threading
 
 import numpy as np
 
-PAD_ID, UNK_ID, BOS_ID, EOS_ID = 0, 1, 2, 3
-_NEG = np.float32(-1e9)
-SEQ2SEQ_SIDECAR = "seq2seq.tflite.json"
+from zoo import litert
+from zoo.cli import UsageError
 
 
 def load(path):
     """Loads a `.tflite` file or an export folder (see the module docstring)."""
     path = os.fspath(path)
     if not os.path.exists(path):
-        raise ValueError(f"`path` does not exist. Received: path={path!r}")
-    model_path, meta = _resolve(path)
+        raise UsageError(f"`path` does not exist. Received: path={path!r}")
+    model_path, meta = resolve(path)
+    return _from_file(model_path, meta)
+
+
+def load_file(path, kind=None):
+    """A `.tflite` file with its sidecar as a task object; `kind` (if given) is the
+    sidecar kind the caller needs ("tagger", "seq2seq", "sagan")."""
+    model_path, meta = resolve(path)
+    found = meta.get("kind")
+    if kind is not None and not (found == kind or {found, kind} <= SEQ2SEQ_KINDS):
+        raise UsageError(f"{litert.sidecar_path(model_path)}: kind is {found!r}, not {kind!r}")
+    return _from_file(model_path, meta)
+
+
+SEQ2SEQ_KINDS = {"seq2seq", "universal_transformer"}
+
+
+def _from_file(model_path, meta):
     kind = meta.get("kind")
     if kind == "tagger":
-        return LiteTagger(model_path, meta)
-    if kind in ("seq2seq", "universal_transformer"):
-        return LiteTranslator(model_path, meta)
+        tagger = LiteTagger(model_path, meta)
+        return TaggerTask(tagger, tags=list(tagger.tags), fmt="tflite", lock=True)
+    if kind in SEQ2SEQ_KINDS:
+        return _translator(model_path, meta)
     if kind == "sagan":
-        # zoo.load's TFLite generator: NumPy and LiteRT only already.
-        from zoo.tasks import tflite_image_generator
-
-        return tflite_image_generator(meta, _interpreter(model_path))
-    raise ValueError(
+        return tflite_image_generator(meta, litert.interpreter(model_path))
+    raise UsageError(
         f"{model_path}: sidecar kind {kind!r} is not one of 'tagger', 'seq2seq', 'sagan'"
     )
 
 
-def _read_json(path):
+def is_export(path):
+    """True for a `.tflite` file and for a folder that holds exports, not a run."""
+    if path.endswith(".tflite"):
+        return True
+    if not os.path.isdir(path) or os.path.isfile(os.path.join(path, "model.keras")):
+        return False
+    from zoo.rundir import is_run_dir
+
+    if is_run_dir(path):
+        return False
+    return any(n.endswith(".tflite") for n in os.listdir(path))
+
+
+def read_json(path):
     try:
         with open(path, encoding="utf-8") as f:
             data = json.load(f)
     except (OSError, ValueError) as e:
-        raise ValueError(f"unreadable sidecar {path}: {e}") from None
+        raise UsageError(f"unreadable sidecar file {path}: {e}") from None
     if not isinstance(data, dict):
-        raise ValueError(f"{path} does not hold a JSON object")
+        raise UsageError(f"unreadable sidecar file {path}: not a JSON object")
     return data
 
 
-def _resolve(path):
-    """(the .tflite file to run, its sidecar dict)."""
+def resolve(path):
+    """(the .tflite file to run, its sidecar dict) for a file or an export folder."""
+    path = os.fspath(path)
     if os.path.isdir(path):
-        shared = os.path.join(path, SEQ2SEQ_SIDECAR)
+        shared = litert.seq2seq_sidecar_path(path)
         if os.path.isfile(shared):
-            meta = _read_json(shared)
+            meta = read_json(shared)
             files = meta.get("files") or {}
             for key in ("steps", "greedy"):
                 if files.get(key) and os.path.isfile(os.path.join(path, files[key])):
                     return os.path.join(path, files[key]), meta
-            raise ValueError(f"{shared} names no .tflite file present in {path}")
+            raise UsageError(f"{shared} names no .tflite file present in {path}")
         found = sorted(
             n
             for n in os.listdir(path)
-            if n.endswith(".tflite") and os.path.isfile(os.path.join(path, n + ".json"))
+            if n.endswith(".tflite") and os.path.isfile(litert.sidecar_path(os.path.join(path, n)))
         )
         if len(found) != 1:
-            raise ValueError(
+            raise UsageError(
                 f"{path} must hold one .tflite file with its .json sidecar "
-                f"(or {SEQ2SEQ_SIDECAR}); found {found}"
+                f"(or {litert.SEQ2SEQ_SIDECAR}); found {found}"
             )
         path = os.path.join(path, found[0])
     if not path.endswith(".tflite"):
-        raise ValueError(
+        raise UsageError(
             f"`path` must be a .tflite file or an export folder. Received: path={path!r}"
         )
-    if os.path.isfile(path + ".json"):
-        return path, _read_json(path + ".json")
-    shared = os.path.join(os.path.dirname(os.path.abspath(path)), SEQ2SEQ_SIDECAR)
+    if os.path.isfile(litert.sidecar_path(path)):
+        return path, read_json(litert.sidecar_path(path))
+    shared = litert.seq2seq_sidecar_path(os.path.dirname(os.path.abspath(path)))
     if os.path.isfile(shared):
-        meta = _read_json(shared)
+        meta = read_json(shared)
         if os.path.basename(path) in (meta.get("files") or {}).values():
             return path, meta
-    raise ValueError(f"{path}: no sidecar {path}.json (nor {SEQ2SEQ_SIDECAR} naming it)")
+    raise UsageError(
+        f"missing sidecar vocabulary file for the TFLite model: {litert.sidecar_path(path)} "
+        f"(nor {litert.SEQ2SEQ_SIDECAR} naming it)"
+    )
 
 
-def _interpreter(path):
-    from zoo.litert import interpreter
+def _unicode(text, what):
+    """Refuses a str that UTF-8 cannot encode (a lone surrogate), naming `what`."""
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError as e:
+        raise ValueError(
+            f"{what} is not valid Unicode text (a lone surrogate at {e.start}): {text[:60]!r}"
+        ) from None
 
-    return interpreter(path)
 
-
-def _sentences(sentences):
-    if isinstance(sentences, str):
-        sentences = [sentences]
-    tokens = [s.split() if isinstance(s, str) else [str(t) for t in s] for s in sentences]
-    for i, row in enumerate(tokens):
-        if not row:
-            raise ValueError(f"sentence {i} is empty. Received: {sentences[i]!r}")
-    return tokens
+def _texts(texts):
+    """A str or a list of str -> (list, single); refuses anything else in our words."""
+    single = isinstance(texts, str)
+    items = [texts] if single else texts
+    if not isinstance(items, (list, tuple)) or not all(isinstance(t, str) for t in items):
+        raise ValueError(f"`texts` must be a str or a list of str. Received: {texts!r:.80}")
+    for i, text in enumerate(items):
+        _unicode(text, f"input {i}")
+    return list(items), single
 
 
 # ---------------------------------------------------------------- tagger
 class LiteTagger:
-    """Part-of-speech tagging with a tagger `.tflite` (see the module docstring)."""
-
-    kind = "tagger"
+    """A tagger `.tflite` (ids in, probabilities or tag ids out) run on tokens:
+    `tagger(token_lists)` -> per sentence, (token, tag) pairs."""
 
     def __init__(self, path, meta):
         try:
@@ -145,9 +199,11 @@ class LiteTagger:
             self._words = {w: i for i, w in enumerate(meta["words"]) if i >= 2}
             self._chars = {c: i for i, c in enumerate(meta["chars"]) if i >= 2}
         except (KeyError, TypeError, ValueError) as e:
-            raise ValueError(f"bad tagger sidecar for {path}: {type(e).__name__}: {e}") from None
+            raise UsageError(
+                f"bad sidecar file {litert.sidecar_path(path)}: {type(e).__name__}: {e}"
+            ) from None
         self.path = path
-        interpreter = _interpreter(path)
+        interpreter = litert.interpreter(path)
         self._runner = interpreter.get_signature_runner(
             next(iter(interpreter.get_signature_list()))
         )
@@ -156,12 +212,12 @@ class LiteTagger:
 
     def word_id(self, token):
         if token == "":
-            return PAD_ID
-        return self._words.get(re.sub("[0-9]", "0", token.lower()), UNK_ID)
+            return litert.PAD_ID
+        return self._words.get(re.sub("[0-9]", "0", token.lower()), litert.UNK_ID)
 
     def char_ids(self, token):
-        ids = [self._chars.get(c, UNK_ID) for c in token][: self.max_chars]
-        return ids + [PAD_ID] * (self.max_chars - len(ids))
+        ids = [self._chars.get(c, litert.UNK_ID) for c in token][: self.max_chars]
+        return ids + [litert.PAD_ID] * (self.max_chars - len(ids))
 
     def encode(self, tokens, width):
         """One sentence -> (word_ids int32 [1, width], char_ids int32 [1, width, max_chars])."""
@@ -170,14 +226,18 @@ class LiteTagger:
         chars = np.array([[self.char_ids(t) for t in padded]], np.int32)
         return words, chars
 
-    def tag(self, sentences):
-        results = []
-        for tokens in _sentences(sentences):
-            limit = self.static_length or self.max_len
+    def __call__(self, token_lists):
+        limit = self.static_length or self.max_len
+        for tokens in token_lists:
             if len(tokens) > limit:
                 raise ValueError(
                     f"sentence has {len(tokens)} tokens, more than the model's {limit}"
                 )
+        results = []
+        for tokens in token_lists:  # one at a time: a static export has batch 1
+            if not tokens:
+                results.append([])
+                continue
             words, chars = self.encode(tokens, self.static_length or len(tokens))
             out = self._runner(word_ids=words, char_ids=chars)
             tag_ids = (
@@ -186,203 +246,380 @@ class LiteTagger:
             results.append([(t, self.tags[int(i)]) for t, i in zip(tokens, tag_ids)])
         return results
 
+
+class TaggerTask:
+    """Part-of-speech tagging. `tag(sentences)`: a str (one sentence, split on
+    whitespace), or a list of str / token lists -> per sentence, a list of
+    (token, tag) pairs; a sentence without tokens gives `[]`."""
+
+    kind = "tagger"
+
+    def __init__(self, tag_tokens, tags, fmt, model=None, lock=False):
+        self._tag_tokens = tag_tokens
+        self.tags = tags
+        self.format = fmt
+        self.model = model
+        self._lock = threading.Lock() if lock else None
+
+    def tag(self, sentences):
+        if isinstance(sentences, str):
+            sentences = [sentences]
+        if not isinstance(sentences, (list, tuple)):
+            raise ValueError(
+                "`sentences` must be a str or a list of str / token lists. "
+                f"Received: {sentences!r:.80}"
+            )
+        token_lists = []
+        for i, s in enumerate(sentences):
+            if isinstance(s, str):
+                _unicode(s, f"sentence {i}")
+                token_lists.append(s.split())
+                continue
+            if not isinstance(s, (list, tuple)) or not all(isinstance(t, str) for t in s):
+                raise ValueError(
+                    f"sentence {i} must be a str or a list of str tokens. Received: {s!r:.80}"
+                )
+            for t in s:
+                _unicode(t, f"a token of sentence {i}")
+            if any(not t or t.isspace() for t in s):
+                raise ValueError(f"sentence {i} has an empty token. Received: {s!r:.80}")
+            token_lists.append(list(s))
+        if not any(token_lists):
+            return [[] for _ in token_lists]
+        filled = [tokens for tokens in token_lists if tokens]
+        try:
+            if self._lock is None:
+                tagged = self._tag_tokens(filled)
+            else:
+                with self._lock:
+                    tagged = self._tag_tokens(filled)
+        except UsageError as e:
+            raise ValueError(str(e)) from None
+        tagged = iter(tagged)
+        return [next(tagged) if tokens else [] for tokens in token_lists]
+
     def __repr__(self):
-        return f"<LiteTagger {os.path.basename(self.path)!r}>"
+        return f"<TaggerTask format={self.format!r}>"
 
 
 # ---------------------------------------------------------------- translator
-def _bucket(length, step=8):
-    return max(step, -(-length // step) * step)
+def _translator(path, meta):
+    """A translator over a seq2seq .tflite file: the step model (`encode`,
+    `decode_step`; every sampler, the loop run here as an app would) or the
+    one-file WHILE model (`source_ids` -> `tokens`; greedy only)."""
+    from zoo.seq2seq.tokenization import Tokenizer
 
-
-def _log_softmax(logits):
-    logits = np.asarray(logits, np.float32)
-    shifted = logits - logits.max(axis=-1, keepdims=True)
-    return shifted - np.log(np.exp(shifted).sum(axis=-1, keepdims=True))
-
-
-def _top_k(values, k):
-    """(values, indices) of the k largest, ties to the lower index (tf.math.top_k's order)."""
-    order = np.argsort(-values, kind="stable")[:k]
-    return values[order], order
-
-
-class LiteTranslator:
-    """Text to text with a seq2seq TFLite export (see the module docstring)."""
-
-    def __init__(self, path, meta):
-        import sentencepiece as spm
-
-        self.path = path
-        self.kind = meta.get("kind", "seq2seq")
-        beside = os.path.join(
-            os.path.dirname(os.path.abspath(path)), meta.get("tokenizer_file") or "spm.model"
+    beside = os.path.join(
+        os.path.dirname(os.path.abspath(path)), meta.get("tokenizer_file") or "spm.model"
+    )
+    if meta.get("tokenizer_file") and os.path.isfile(beside):
+        with open(beside, "rb") as f:
+            proto = f.read()
+    elif meta.get("tokenizer"):
+        proto = base64.b64decode(meta["tokenizer"])
+    else:
+        raise UsageError(
+            f"{path}: no tokenizer in its sidecar (and no spm.model beside it); re-export"
         )
-        if os.path.isfile(beside):
-            with open(beside, "rb") as f:
-                proto = f.read()
-        elif meta.get("tokenizer"):
-            proto = base64.b64decode(meta["tokenizer"])
-        else:
-            raise ValueError(
-                f"{path}: no spm.model beside it and no tokenizer in its sidecar; re-export"
-            )
-        self.sentencepiece = spm.SentencePieceProcessor(model_proto=proto)
-        interpreter = _interpreter(path)
-        signatures = interpreter.get_signature_list()
-        self.steps = "decode_step" in signatures
-        if self.steps:
-            self._encode = interpreter.get_signature_runner("encode")
-            self._step = interpreter.get_signature_runner("decode_step")
-            self.max_source_length = int(self._encode.get_input_details()["source_ids"]["shape"][1])
-            self._cache_shape = tuple(
-                int(d) for d in self._step.get_input_details()["self_cache"]["shape"]
-            )
-            self.max_target_length = self._cache_shape[1]
-            self.vocabulary_size = int(self._step.get_output_details()["logits"]["shape"][-1])
-        else:
-            self._greedy = interpreter.get_signature_runner(sorted(signatures)[0])
-            self.max_source_length = int(self._greedy.get_input_details()["source_ids"]["shape"][1])
-            self.max_target_length = int(meta.get("max_target_length") or 0) or None
+    tokenizer = Tokenizer(proto)
+    interpreter = litert.interpreter(path)
+    kind = meta.get("kind", "seq2seq")
+    signatures = interpreter.get_signature_list()
+    if "decode_step" in signatures:
+        steps = litert.StepModel.from_interpreter(interpreter)
+        return Translator(fmt="tflite", kind=kind, steps=steps, tokenizer=tokenizer, lock=True)
+    runner = interpreter.get_signature_runner(sorted(signatures)[0])
+    length = int(runner.get_input_details()["source_ids"]["shape"][1])
 
-    # ------------------------------------------------------------ text
-    def encode_text(self, texts):
-        ids = [list(row) for row in self.sentencepiece.encode(list(texts))]
+    def greedy(ids):
+        outputs = []
+        for row in ids:
+            source = np.zeros((1, length), np.int32)
+            source[0, : len(row)] = row
+            outputs.append(runner(source_ids=source)["tokens"][0].tolist())
+        return outputs
+
+    return Translator(
+        greedy_ids=greedy,
+        max_source_length=length,
+        fmt="tflite",
+        kind=kind,
+        tokenizer=tokenizer,
+        lock=True,
+        greedy_only=f"{os.path.basename(path)} decodes greedily inside one WHILE op "
+        "(the step model steps.tflite, written next to it by "
+        "`python -m export.kinds.seq2seq`, runs every sampler)",
+    )
+
+
+class Translator:
+    """Text to text. `generate(texts, sampler="greedy", num_return_sequences=1,
+    return_scores=False, max_length=None, seed=None)`: see
+    `Seq2SeqTransformer.generate`; the same samplers, scores and seeded draws
+    from a Keras file, from `steps.tflite` and from a SavedModel (their
+    `encode` / `decode_step` signatures driven by `zoo.litert.StepModel`;
+    outputs equal Keras's up to float rounding). A one-file `greedy.tflite`
+    and a SavedModel exported without those signatures decode greedily inside
+    their graphs: other samplers, scores and `max_length` raise `ValueError`
+    naming the sampler and the format.
+    `translate(texts, beam_width=1, alpha=0.6, max_length=None)`: greedy, or the
+    best of a beam search, as strings. See the module docstring for what each
+    input gives."""
+
+    def __init__(
+        self,
+        model=None,
+        greedy=None,
+        fmt="keras",
+        kind="seq2seq",
+        steps=None,
+        tokenizer=None,
+        greedy_only=None,
+        greedy_ids=None,
+        max_source_length=None,
+        lock=False,
+    ):
+        self.model = model
+        self._greedy = greedy  # texts -> strings (a graph with its own tokenizer)
+        self._greedy_ids = greedy_ids  # id lists -> output id lists
+        self._steps = steps
+        self._tokenizer = tokenizer if tokenizer is not None else getattr(model, "tokenizer", None)
+        self._greedy_only = greedy_only or f"a {fmt} translator decodes greedily inside its graph"
+        self.format = fmt
+        self.kind = kind
+        self._lock = threading.Lock() if lock else None
+        if max_source_length is None:
+            max_source_length = getattr(steps or model, "max_source_length", None)
+        self.max_source_length = max_source_length
+
+    def _source_ids(self, texts):
+        ids = self._tokenizer.encode(texts)
+        limit = self.max_source_length
         for i, row in enumerate(ids):
-            if len(row) > self.max_source_length:
+            if limit is not None and len(row) > limit:
                 raise ValueError(
-                    f"input {i} has {len(row)} tokens, more than the model's "
-                    f"{self.max_source_length}: {texts[i][:60]!r}"
+                    f"input {i} has {len(row)} tokens, more than the model's {limit}: "
+                    f"{texts[i][:60]!r}"
                 )
         return ids
 
-    def decode_text(self, rows):
+    def generate(
+        self,
+        texts,
+        sampler="greedy",
+        num_return_sequences=1,
+        return_scores=False,
+        max_length=None,
+        seed=None,
+    ):
+        from zoo.seq2seq import samplers
+
+        picked = samplers.get(sampler)
+        texts, single = _texts(texts)
+        greedy_one = isinstance(picked, samplers.Greedy) and num_return_sequences == 1
+        if self._steps is None and self.format != "keras":
+            if not greedy_one or return_scores or max_length is not None:
+                raise ValueError(
+                    f"{self._greedy_only}: only sampler='greedy' with one sequence, no "
+                    "scores and the default length; load the run directory (or steps.tflite) "
+                    f"for sampler={sampler!r}. Received: sampler={sampler!r}, "
+                    f"format={self.format!r}, num_return_sequences={num_return_sequences}, "
+                    f"return_scores={return_scores}, max_length={max_length}"
+                )
+        if self._tokenizer is None:  # a SavedModel's in-graph tokenizer only
+            out = self._run(self._greedy, texts)
+            return out[0] if single else out
+        ids = self._source_ids(texts)
+        todo = [i for i, row in enumerate(ids) if row]
+        empty = ("", 0.0)
+        found = [[empty] * num_return_sequences for _ in ids]
+        if todo:
+            done = self._run(
+                self._generate,
+                [texts[i] for i in todo],
+                [ids[i] for i in todo],
+                picked,
+                num_return_sequences,
+                max_length,
+                seed,
+            )
+            for i, row in zip(todo, done):
+                found[i] = row
+        out = [row if return_scores or num_return_sequences != 1 else row[0][0] for row in found]
+        return out[0] if single else out
+
+    def _run(self, fn, *args):
+        if self._lock is None:
+            return fn(*args)
+        with self._lock:
+            return fn(*args)
+
+    def _generate(self, texts, ids, sampler, n, max_length, seed):
+        """[(text, score)] * n per input, each input with at least one id."""
+        if self.format == "keras":
+            got = self.model.generate(
+                texts,
+                sampler=sampler,
+                num_return_sequences=n,
+                return_scores=True,
+                max_length=max_length,
+                seed=seed,
+            )
+            return [row if isinstance(row, list) else [row] for row in got]
+        if self._steps is not None:
+            candidates = self._steps.generate_ids(ids, sampler, n, max_length=max_length, seed=seed)
+        else:  # the graph decodes to its max_target_length: cut at the batch's limit
+            outs = self._greedy_ids(ids)
+            candidates = [None] * len(ids)
+            lengths = [len(row) for row in ids]
+            for chunk, _, _, limit in litert.plan(lengths, len(outs[0])):
+                for i in chunk:
+                    candidates[i] = [(litert.cut(outs[i][:limit]), 0.0)]
         out = []
-        for row in rows:
-            row = [int(i) for i in row]
-            if EOS_ID in row:
-                row = row[: row.index(EOS_ID)]
-            out.append(self.sentencepiece.decode([i for i in row if i > BOS_ID]))
+        for row in candidates:
+            decoded = self._tokenizer.decode([c[0] for c in row])
+            out.append([(text, score) for text, (_, score) in zip(decoded, row)])
         return out
 
     def translate(self, texts, beam_width=1, alpha=0.6, max_length=None):
-        """str or list of str -> str or list of str (greedy, or beam search)."""
-        single = isinstance(texts, str)
-        texts = [texts] if single else list(texts)
-        rows = [
-            self.decode_ids(ids, beam_width=beam_width, alpha=alpha, max_length=max_length)
-            for ids in self.encode_text(texts)
-        ]
-        out = self.decode_text(rows)
-        return out[0] if single else out
+        """str or list of str -> str or list of str: greedy, or the best of a beam
+        search of `beam_width` with length penalty `alpha`."""
+        from zoo.seq2seq import samplers
 
-    # ------------------------------------------------------------ ids
-    def _limit(self, n, max_length):
-        cap = self.max_target_length
-        if max_length is not None:
-            if (
-                isinstance(max_length, bool)
-                or not isinstance(max_length, (int, np.integer))
-                or max_length < 1
-            ):
-                raise ValueError(
-                    f"`max_length` must be a positive int. Received: max_length={max_length!r}"
-                )
-            if cap and max_length > cap:
-                raise ValueError(
-                    f"`max_length` exceeds the export's {cap}. Received: max_length={max_length}"
-                )
-            return int(max_length)
-        limit = _bucket(2 * _bucket(max(1, n)) + 10)
-        return min(cap, limit) if cap else limit
-
-    def decode_ids(self, ids, beam_width=1, alpha=0.6, max_length=None):
-        """Source ids (one row, no BOS/EOS) -> output ids, cut before EOS."""
-        limit = self._limit(len(ids), max_length)
-        source = np.zeros((1, self.max_source_length), np.int32)
-        source[0, : len(ids)] = ids
-        if not self.steps:
-            if beam_width != 1:
-                raise ValueError(
-                    f"{os.path.basename(self.path)} decodes greedily inside one WHILE op; "
-                    "load steps.tflite for beam search"
-                )
-            out = self._greedy(source_ids=source)["tokens"][0].tolist()[:limit]
-        elif beam_width == 1:
-            out = self._greedy_steps(source, limit)
-        else:
-            out = self._beam_steps(source, int(beam_width), float(alpha), limit)
-        return out[: out.index(EOS_ID)] if EOS_ID in out else out
-
-    def _run_step(self, token, position, encoded, cache):
-        out = self._step(
-            token=np.array([token], np.int32),
-            position=np.array(position, np.int32),
-            cross_cache=encoded["cross_cache"],
-            encoder_mask=encoded["encoder_mask"],
-            self_cache=cache,
-        )
-        return out["logits"][0], out["self_cache"]
-
-    def _greedy_steps(self, source, limit):
-        encoded = self._encode(source_ids=source)
-        cache = np.zeros(self._cache_shape, np.float32)
-        token, out = BOS_ID, []
-        for position in range(limit):
-            logits, cache = self._run_step(token, position, encoded, cache)
-            token = int(np.argmax(logits))
-            out.append(token)
-            if token == EOS_ID:
-                break
-        return out
-
-    def _beam_steps(self, source, k, alpha, limit):
-        """`zoo.seq2seq.decoding.beam_candidates` for one input, step by step."""
-        vocab = self.vocabulary_size
-        if k < 1 or 2 * k > vocab:
-            raise ValueError(f"`beam_width` must be in [1, {vocab // 2}]. Received: beam_width={k}")
-        encoded = self._encode(source_ids=source)
-        caches = np.zeros((k, *self._cache_shape), np.float32)
-        alive_logp = np.full(k, _NEG, np.float32)
-        alive_logp[0] = 0.0
-        alive_seq = np.zeros((k, limit), np.int32)
-        finished_seq = np.zeros((k, limit), np.int32)
-        finished_score = np.full(k, _NEG, np.float32)
-        current = np.full(k, BOS_ID, np.int32)
-        done = False
-        rank = np.arange(2 * k)
-        for i in range(limit):
-            if done:
-                break
-            logits = np.zeros((k, vocab), np.float32)
-            new_caches = caches.copy()
-            for r in range(k):
-                if alive_logp[r] > _NEG / 2:  # an empty slot is never among the 2k best
-                    logits[r], new_caches[r] = self._run_step(
-                        int(current[r]), i, encoded, caches[r]
-                    )
-            scores = (alive_logp[:, None] + _log_softmax(logits)).reshape(-1)
-            top_logp, top_index = _top_k(scores, 2 * k)
-            from_beam, token = top_index // vocab, (top_index % vocab).astype(np.int32)
-            candidates = alive_seq[from_beam].copy()
-            candidates[:, i] = token
-            is_eos = token == EOS_ID
-            live_logp, order = _top_k(np.where(is_eos, _NEG, top_logp).astype(np.float32), k)
-            alive_seq = candidates[order]
-            caches = new_caches[from_beam[order]]
-            current = token[order]
-            alive_logp = live_logp
-            penalty = np.power(
-                np.float32((5.0 + np.float32(i + 1)) / np.float32(6.0)), np.float32(alpha)
-            )
-            eos_score = np.where(is_eos & (rank < k), top_logp / penalty, _NEG).astype(np.float32)
-            all_score = np.concatenate([finished_score, eos_score])
-            all_seq = np.concatenate([finished_seq, candidates])
-            finished_score, order2 = _top_k(all_score, k)
-            finished_seq = all_seq[order2]
-            done = bool(finished_score[k - 1] >= live_logp[0] / penalty)
-        best = finished_seq[0] if finished_score[0] > _NEG / 2 else alive_seq[0]
-        return best.tolist()
+        if beam_width == 1 and not isinstance(beam_width, bool):
+            return self.generate(texts, max_length=max_length)
+        return self.generate(texts, sampler=samplers.Beam(beam_width, alpha), max_length=max_length)
 
     def __repr__(self):
-        return f"<LiteTranslator {os.path.basename(self.path)!r} kind={self.kind!r}>"
+        return f"<Translator kind={self.kind!r} format={self.format!r}>"
+
+
+# ---------------------------------------------------------------- generator
+def tflite_image_generator(meta, interpreter):
+    """An `ImageGenerator` over a SAGAN generator `.tflite` (its LiteRT `interpreter`
+    and sidecar `meta`). A static batch-1 file runs one image at a time."""
+    try:
+        runner = interpreter.get_signature_runner(meta.get("signature", "serving_default"))
+        latent_dim = int(meta["latent_dim"])
+    except (KeyError, TypeError, ValueError) as e:
+        raise UsageError(f"bad SAGAN sidecar: {type(e).__name__}: {e}") from None
+    conditional = bool(meta.get("num_classes"))
+    batch_one = runner.get_input_details()["noise"]["shape_signature"][0] == 1
+
+    def run(noise, labels):
+        def once(n, y):
+            feed = {"noise": n, "label": y} if conditional else {"noise": n}
+            return runner(**feed)["image"]
+
+        if batch_one:
+            return np.concatenate(
+                [once(noise[i : i + 1], labels[i : i + 1]) for i in range(len(noise))]
+            )
+        return once(noise, labels)
+
+    return ImageGenerator(
+        run,
+        latent_dim,
+        meta.get("num_classes"),
+        meta.get("class_names") or [],
+        fmt="tflite",
+        lock=True,
+    )
+
+
+class ImageGenerator:
+    """Class-conditional (or unconditional) image generation.
+    `generate(class_ids=None, seed=None, num_images=None)` -> float32 images
+    `[N, S, S, C]` in [0, 1]. `class_ids`: ids or class names (conditional
+    generators); `num_images`: how many (unconditional ones). The noise is
+    `numpy.random.default_rng(seed).standard_normal((N, latent_dim))`."""
+
+    kind = "sagan"
+
+    def __init__(
+        self,
+        run,
+        latent_dim,
+        num_classes,
+        class_names,
+        fmt,
+        model=None,
+        conditional=None,
+        lock=False,
+    ):
+        self._run = run
+        self.latent_dim = latent_dim
+        self.num_classes = num_classes
+        self.class_names = list(class_names)
+        self.conditional = bool(num_classes) if conditional is None else conditional
+        self.format = fmt
+        self.model = model
+        self._lock = threading.Lock() if lock else None
+
+    def _ids(self, class_ids):
+        ids = []
+        for value in class_ids:
+            if isinstance(value, str):
+                if value not in self.class_names:
+                    raise ValueError(
+                        f"`class_ids` names an unknown class; known: {self.class_names}. "
+                        f"Received: {value!r}"
+                    )
+                value = self.class_names.index(value)
+            if (
+                isinstance(value, bool)
+                or not isinstance(value, (int, np.integer))
+                or value < 0
+                or (self.num_classes and value >= self.num_classes)
+            ):
+                bound = f"[0, {self.num_classes})" if self.num_classes else ">= 0"
+                raise ValueError(
+                    f"`class_ids` must hold ints in {bound} or class names. Received: {value!r}"
+                )
+            ids.append(int(value))
+        return np.asarray(ids, np.int32)
+
+    def generate(self, class_ids=None, seed=None, num_images=None):
+        if self.conditional:
+            if class_ids is None or num_images is not None:
+                raise ValueError(
+                    "a class-conditional generator takes `class_ids` (not `num_images`). "
+                    f"Received: class_ids={class_ids!r}, num_images={num_images!r}"
+                )
+            labels = self._ids(
+                [class_ids] if isinstance(class_ids, (int, str, np.integer)) else class_ids
+            )
+        else:
+            if class_ids is not None:
+                raise ValueError(
+                    f"this generator is unconditional: pass `num_images`, not "
+                    f"`class_ids`. Received: class_ids={class_ids!r}"
+                )
+            if (
+                isinstance(num_images, bool)
+                or not isinstance(num_images, (int, np.integer))
+                or num_images < 1
+            ):
+                raise ValueError(
+                    f"`num_images` must be a positive int. Received: num_images={num_images!r}"
+                )
+            labels = np.zeros(int(num_images), np.int32)
+        if len(labels) == 0:
+            raise ValueError("`class_ids` is empty")
+        noise = (
+            np.random.default_rng(seed)
+            .standard_normal((len(labels), self.latent_dim))
+            .astype(np.float32)
+        )
+        return self.images(noise, labels)
+
+    def images(self, noise, labels):
+        """The images for this `noise` `[N, latent_dim]` and these class ids `[N]`
+        (ignored by an unconditional generator): float32 `[N, S, S, C]` in [0, 1]."""
+        if self._lock is None:
+            return np.asarray(self._run(noise, labels), np.float32)
+        with self._lock:
+            return np.asarray(self._run(noise, labels), np.float32)
+
+    def __repr__(self):
+        return f"<ImageGenerator format={self.format!r} num_classes={self.num_classes}>"

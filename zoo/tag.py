@@ -1,16 +1,17 @@
 """Tag sentences with a trained tagger: `python -m zoo.tag PATH "I saw a saw" [...]`.
 
-PATH is a run directory (its model.keras) or a .tflite file exported from one; a .tflite
-file needs its sidecar `<file>.json` ({"kind": "tagger", "words", "chars", "tags",
-"max_chars", "max_len"}). Both paths encode tokens with the same `TokenEncoder`.
-Prints one line per sentence: word/TAG pairs. Bad input: one line on stderr, exit 2.
-`--verbose 0`: the tagged lines and errors only (no runtime log lines).
+PATH is a run directory (its model.keras, run with Keras), or a .tflite file
+exported from one or its export folder (run with `zoo.lite`: LiteRT and NumPy,
+no TensorFlow); a .tflite file needs its sidecar `<file>.json` ({"kind":
+"tagger", "words", "chars", "tags", "max_chars", "max_len"}). Both apply the
+same token rules (`zoo.tagger.encoding.TokenEncoder`'s, written in NumPy by
+`zoo.lite`). Prints one line per sentence: word/TAG pairs. Bad input: one line
+on stderr, exit 2. `--verbose 0`: the tagged lines and errors only.
 """
 
 import os
 import sys
 
-from zoo import litert
 from zoo.cli import (
     OneLineParser,
     add_verbose_argument,
@@ -18,7 +19,6 @@ from zoo.cli import (
     cli_boundary,
     import_keras_quietly,
     quiet_stderr,
-    read_sidecar,
     verbosity,
 )
 from zoo.cli import UsageError as _Usage
@@ -43,59 +43,11 @@ def load_keras_tagger(run_dir):
     return model.tag
 
 
-class TFLiteTagger:
-    """Runs an exported tagger .tflite (ids in, probabilities / tag ids out) on tokens."""
-
-    def __init__(self, path):
-        from zoo.tagger.encoding import TokenEncoder
-
-        meta = read_sidecar(path, "tagger")
-        try:
-            self.tags = meta["tags"]
-            self.max_len = int(meta["max_len"])
-            self.encoder = TokenEncoder(meta["words"], meta["chars"], int(meta["max_chars"]))
-        except (KeyError, TypeError, ValueError) as e:
-            raise _Usage(f"bad sidecar file {path}.json: {type(e).__name__}: {e}") from None
-        self.interpreter = litert.interpreter(path)
-        signatures = self.interpreter.get_signature_list()
-        key = next(iter(signatures))
-        self.runner = self.interpreter.get_signature_runner(key)
-        details = self.runner.get_input_details()
-        shape = details["word_ids"]["shape_signature"]
-        self.static_length = int(shape[1]) if shape[1] > 0 else None
-        self.static_batch = shape[0] > 0
-
-    def __call__(self, token_lists):
-        import numpy as np
-
-        from zoo.tagger.model import pad_tokens
-
-        results = []
-        for tokens in token_lists:  # one at a time: exported models may have batch 1
-            if len(tokens) > (self.static_length or self.max_len):
-                raise _Usage(
-                    f"sentence has {len(tokens)} tokens, more than the model's "
-                    f"{self.static_length or self.max_len}"
-                )
-            width = self.static_length or max(len(tokens), 1)
-            padded = pad_tokens([list(tokens) + [""] * (width - len(tokens))])
-            ids = {k: v.numpy().astype(np.int32) for k, v in self.encoder.encode(padded).items()}
-            out = self.runner(**ids)
-            if "tag_ids" in out:
-                tag_ids = out["tag_ids"][0]
-            else:
-                tag_ids = np.argmax(out["probabilities"][0], axis=-1)
-            results.append([(t, self.tags[int(i)]) for t, i in zip(tokens, tag_ids)])
-        return results
-
-
 def main(argv=None):
-    import os as _os
-
-    _os.environ.setdefault("KERAS_BACKEND", "tensorflow")
-    _os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
+    os.environ.setdefault("KERAS_BACKEND", "tensorflow")
+    os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
     parser = OneLineParser(prog="python -m zoo.tag", description=__doc__.splitlines()[0])
-    parser.add_argument("path", help="run directory (model.keras) or exported .tflite file")
+    parser.add_argument("path", help="run directory (model.keras), .tflite file or export folder")
     parser.add_argument("sentences", nargs="+", help="sentences (split on whitespace)")
     add_verbose_argument(parser)
     parser.add_argument("--debug", action="store_true", help="show tracebacks")
@@ -113,16 +65,15 @@ def main(argv=None):
         if not os.path.isdir(args.path) and not args.path.endswith(".tflite"):
             raise _Usage(f"expected a run directory or a .tflite file: {args.path}")
         with quiet_stderr(quiet):
-            tagger = (
-                load_keras_tagger(args.path)
-                if os.path.isdir(args.path)
-                else TFLiteTagger(args.path)
-            )
+            from zoo import lite
+
+            if lite.is_export(args.path):
+                tagger = lite.load_file(args.path, "tagger")._tag_tokens
+            else:
+                tagger = load_keras_tagger(args.path)
             try:
                 tagged = tagger(token_lists)
-            except (
-                ValueError
-            ) as e:  # Tagger.tag: a sentence longer than max_len (documented: error)
+            except ValueError as e:  # a sentence longer than the model's length
                 raise _Usage(str(e)) from None
         for pairs in tagged:
             print(" ".join(f"{word}/{tag}" for word, tag in pairs))

@@ -1,7 +1,9 @@
-"""`python -m zoo.translate RUN_DIR "text" ["text" ...]`: translate with a trained run.
+"""`python -m zoo.translate PATH "text" ["text" ...]`: translate with a trained run.
 
-Reads RUN_DIR/model.keras (the SentencePiece tokenizer is inside the model),
-prints one output line per input. With no text arguments, translates stdin line
+PATH is a run directory (its model.keras, with the SentencePiece tokenizer
+inside; run with Keras) or a seq2seq export (`steps.tflite`, `greedy.tflite` or
+the folder `python -m export.kinds.seq2seq` wrote; run with `zoo.lite`, no
+TensorFlow). Prints one output line per input. With no text arguments, translates stdin line
 by line. `--beam-width N` uses beam search (length penalty `--alpha`).
 `--verbose 0`: the translations and errors only (no runtime log lines).
 Exit codes: 0 ok, 2 bad input (one line on stderr), 1 unexpected error.
@@ -39,59 +41,78 @@ def main(argv=None):
     os.environ.setdefault("KERAS_BACKEND", "tensorflow")
     os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
     parser = OneLineParser(prog="python -m zoo.translate", description=__doc__.splitlines()[0])
-    parser.add_argument("run_dir", help="run directory (or a .keras file) of a seq2seq run")
+    parser.add_argument(
+        "run_dir", help="seq2seq run directory, .keras file, .tflite file or export folder"
+    )
     parser.add_argument("text", nargs="*", help="input text (default: lines of stdin)")
     parser.add_argument("--beam-width", type=int, default=1)
     parser.add_argument("--alpha", type=float, default=0.6)
     add_verbose_argument(parser)
     parser.add_argument("--debug", action="store_true")
-    try:
-        args = parser.parse_args(argv)
-    except SystemExit as e:  # --help
-        return e.code
-    except UsageError as e:
-        print(f"error: {e}", file=sys.stderr)
-        return 2
 
     def body():
+        args = parser.parse_args(argv)
         quiet = verbosity(args.verbose) == 0
         path = args.run_dir
+        from zoo import lite
+
+        if lite.is_export(path):
+            if not os.path.exists(path):
+                raise UsageError(f"no model found: {path}")
+            return _print(_run(args, _texts(args), lambda: lite.load_file(path, "seq2seq"), quiet))
         if os.path.isdir(path):
             path = os.path.join(path, "model.keras")
         if not os.path.isfile(path):
             raise UsageError(f"no model found: {path}")
-        if args.beam_width < 1:
-            raise UsageError(f"--beam-width must be >= 1, got {args.beam_width}")
-        if not args.alpha >= 0:
-            raise UsageError(f"--alpha must be >= 0, got {args.alpha}")
-        texts = args.text or _stdin_lines()
-        check_utf8(texts, "input")
-        if not texts:
-            raise UsageError("no input text (give TEXT arguments or lines on stdin)")
-        empty = [i + 1 for i, t in enumerate(texts) if not t.strip()]
-        if empty:
-            raise UsageError(f"input {empty[0]} is empty: {texts[empty[0] - 1]!r}")
+        texts = _texts(args)
         kind = run_kind(args.run_dir) if os.path.isdir(args.run_dir) else None
         if kind not in (None, "seq2seq", "universal_transformer"):
             raise UsageError(f"{args.run_dir} is a {kind!r} run, not a seq2seq run")
-        with quiet_stderr(quiet):
+
+        def load():
             import_keras_quietly()
             from zoo import model_file
             from zoo.seq2seq.transformer import Seq2SeqTransformer
 
             try:
-                model = model_file.load(path, Seq2SeqTransformer)
+                return model_file.load(path, Seq2SeqTransformer)
             except model_file.ModelFileError as e:
                 raise UsageError(str(e)) from None
-            try:
-                outputs = model.translate(texts, beam_width=args.beam_width, alpha=args.alpha)
-            except ValueError as e:  # e.g. an input longer than max_source_length
-                raise UsageError(str(e)) from None
-        for line in outputs:
-            print(line)
-        return 0
+
+        return _print(_run(args, texts, load, quiet))
 
     return cli_boundary(body, argv)
+
+
+def _texts(args):
+    if args.beam_width < 1:
+        raise UsageError(f"--beam-width must be >= 1, got {args.beam_width}")
+    if not args.alpha >= 0:
+        raise UsageError(f"--alpha must be >= 0, got {args.alpha}")
+    texts = args.text or _stdin_lines()
+    check_utf8(texts, "input")
+    if not texts:
+        raise UsageError("no input text (give TEXT arguments or lines on stdin)")
+    empty = [i + 1 for i, t in enumerate(texts) if not t.strip()]
+    if empty:
+        raise UsageError(f"input {empty[0]} is empty: {texts[empty[0] - 1]!r}")
+    return texts
+
+
+def _run(args, texts, load, quiet):
+    """`load()`'s translations of `texts` (a Keras model or a `zoo.lite` translator)."""
+    with quiet_stderr(quiet):
+        model = load()
+        try:
+            return model.translate(texts, beam_width=args.beam_width, alpha=args.alpha)
+        except ValueError as e:  # e.g. an input longer than max_source_length
+            raise UsageError(str(e)) from None
+
+
+def _print(outputs):
+    for line in outputs:
+        print(line)
+    return 0
 
 
 if __name__ == "__main__":

@@ -26,7 +26,7 @@ TFLite (builtin ops only):
       exceeds rank 4, so `steps.tflite` passes `check --target gpu`.
       The encoder output enters decode_step as its per-layer projected keys and
       values (`cross_cache`, computed once by `encode`), so a step never
-      re-projects the source. `litert_greedy` below is the reference app loop.
+      re-projects the source. `zoo.litert.StepModel` is the reference app loop.
 """
 
 import contextlib
@@ -407,15 +407,15 @@ def convert_steps(model, source_length=None):
         shutil.rmtree(workdir, ignore_errors=True)
 
 
-def litert_greedy(tflite, source_ids, max_length, eos_id=3, bos_id=2, model=None, margins=None):
-    """Greedy decoding driven from Python, one `decode_step` call per token.
-
-    This is the loop an app writes (GPU delegates cannot run WHILE).
+def litert_greedy(tflite, source_ids, max_length, model=None, margins=None):
+    """Greedy decoding of one source on the step model, one `decode_step` call per
+    token (GPU delegates cannot run WHILE): `zoo.litert.StepModel.greedy`, the app
+    loop of docs/deploy.md.
 
     Args:
-        tflite: path or bytes of the steps model.
+        tflite: path or bytes of the steps model (unused with `model`).
         source_ids: int32 `[1, S]` (0-padded to the model's S).
-        max_length: the model's max_target_length (cache length).
+        max_length: the most tokens (the model's max_target_length).
         model: an `export.accelerator.Compiled` of the same file to run on
             (e.g. LiteRT's GPU accelerator); default: the CPU Interpreter.
         margins: None or a list that gets, per step, the gap between the
@@ -424,45 +424,28 @@ def litert_greedy(tflite, source_ids, max_length, eos_id=3, bos_id=2, model=None
     Returns:
         list of output ids, cut after EOS (EOS included if produced).
     """
-    from zoo.litert import interpreter
+    from zoo import litert
 
     if model is not None:
-        encode, step = model.runner("encode"), model.runner("decode_step")
-        cache_shape = model.input_details("decode_step")["self_cache"]["shape"]
-    else:
-        interp = interpreter(tflite)
-        encode = interp.get_signature_runner("encode")
-        step = interp.get_signature_runner("decode_step")
-        cache_shape = step.get_input_details()["self_cache"]["shape"]
-    enc = encode(source_ids=np.asarray(source_ids, np.int32))
-    cache = np.zeros(cache_shape, np.float32)
-    token, out = bos_id, []
-    for position in range(max_length):
-        result = step(
-            token=np.array([token], np.int32),
-            position=np.array(position, np.int32),
-            cross_cache=enc["cross_cache"],
-            encoder_mask=enc["encoder_mask"],
-            self_cache=cache,
+        steps = litert.StepModel(
+            model.runner("encode"),
+            model.runner("decode_step"),
+            model.input_details("encode")["source_ids"]["shape"][1],
+            model.input_details("decode_step")["self_cache"]["shape"],
+            model.output_details("decode_step")["logits"]["shape"][-1],
         )
-        cache = result["self_cache"]
-        token = int(np.argmax(result["logits"][0]))
-        if margins is not None:
-            top = np.sort(np.asarray(result["logits"][0], np.float64))[-2:]
-            margins.append(float(top[1] - top[0]))
-        out.append(token)
-        if token == eos_id:
-            break
-    return out
+    else:
+        steps = litert.StepModel.from_interpreter(litert.interpreter(tflite))
+    return steps.greedy(np.asarray(source_ids).reshape(-1), max_length, margins)[0]
 
 
 def export_all(run_dir, out_dir):
     """Writes OUT/steps.tflite, OUT/greedy.tflite, OUT/spm.model (the
-    SentencePiece model), OUT/seq2seq.tflite.json and the app bundle
+    SentencePiece model), their sidecar OUT/seq2seq.tflite.json and the app bundle
     (export/bundle.py: preprocessing.json, model_card.json, MODEL_CARD.md);
     checks both against Keras greedy decoding on calibration rows first."""
     from export import rundir, tflite
-    from zoo import atomic
+    from zoo import atomic, litert
     from zoo.seq2seq import decoding
 
     src = rundir.resolve(run_dir)
@@ -472,8 +455,6 @@ def export_all(run_dir, out_dir):
     steps = convert_steps(model)
     greedy_bytes, specs, _, _ = tflite.convert(src)
     rows = kind.sample_inputs(src, 4, specs=specs)["source_ids"]
-    from zoo.litert import run
-
     report = {"checked_rows": int(len(rows))}
     # One traced graph for the rows (eagerly, the loop runs its Python body once per
     # token, seconds a row), proven on the first row to give the eager loop's tokens.
@@ -485,7 +466,7 @@ def export_all(run_dir, out_dir):
         want = np.asarray(keras_greedy(row[None]))[0].tolist()
         want = want[: want.index(3) + 1] if 3 in want else want
         got_steps = litert_greedy(steps, row[None], model.max_target_length)
-        got_loop = run(greedy_bytes, {"source_ids": row[None]})["tokens"][0].tolist()
+        got_loop = litert.run(greedy_bytes, {"source_ids": row[None]})["tokens"][0].tolist()
         got_loop = got_loop[: got_loop.index(3) + 1] if 3 in got_loop else got_loop
         if got_steps != want or got_loop != want:
             raise RuntimeError(
@@ -515,14 +496,14 @@ def export_all(run_dir, out_dir):
         with atomic.building(os.path.join(out_dir, name)) as tmp:
             with open(tmp, "wb") as f:
                 f.write(content)
-    with atomic.building(os.path.join(out_dir, "seq2seq.tflite.json")) as tmp:
+    with atomic.building(litert.seq2seq_sidecar_path(out_dir)) as tmp:
         with open(tmp, "w") as f:
             json.dump(sidecar, f, indent=2)
     from export import bundle
 
     # The app bundle (export/bundle.py): preprocessing.json (pointing to the
     # spm.model above), model_card.json and MODEL_CARD.md.
-    shipped = ["steps.tflite", "greedy.tflite", "spm.model", "seq2seq.tflite.json"]
+    shipped = ["steps.tflite", "greedy.tflite", "spm.model", litert.SEQ2SEQ_SIDECAR]
     extras = bundle.files(
         src, kind, "tflite", shipped, parity=report, refs={"tokenizer": "spm.model"}
     )

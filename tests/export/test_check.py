@@ -47,6 +47,14 @@ def test_clean_static_model_passes():
     assert _reasons(content) == []
 
 
+def test_a_model_without_operators_fails():
+    """Fail closed: nothing checked is not "compatible"."""
+    content = _convert(lambda x: x, [tf.TensorSpec([4], tf.float32)])
+    assert op_counts(content) == {}
+    for target in ("gpu", "int8"):
+        assert _reasons(content, target) == ["-: the model has no operators: nothing was checked"]
+
+
 def test_five_d_tensor_fails():
     content = _convert(
         lambda x: tf.nn.relu(x * 2.0 + 1.0), [tf.TensorSpec([1, 2, 3, 4, 5], tf.float32)]

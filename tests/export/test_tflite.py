@@ -90,8 +90,9 @@ def test_zoo_load_tags_with_the_tflite_file_like_keras(tagger_run, cli_export):
     assert (tagger.kind, tagger.format, tagger.tags) == ("tagger", "tflite", TAGS)
     sentences = [" ".join(s) for s in SENTENCES]
     assert tagger.tag(sentences) == zoo.load(tagger_run).tag(sentences)
-    with pytest.raises(ValueError, match="empty"):
-        tagger.tag(["I saw", " "])
+    # A sentence without tokens tags to nothing (zoo.lite's contract), as from Keras.
+    assert tagger.tag(["I saw", " "]) == zoo.load(tagger_run).tag(["I saw", " "])
+    assert tagger.tag(["I saw", " "])[1] == []
 
 
 @pytest.mark.slow
@@ -126,7 +127,9 @@ def test_int8_classifier_is_gated_on_argmax_agreement(tagger_run, tmp_path):
     # The untrained fixture flips many argmaxes under int8: the refusal must
     # name the agreement gate (not max abs diff), and leave no file behind.
     path = tmp_path / "int8.tflite"
-    with pytest.raises(ExportError, match=r"argmax agrees with Keras on .*% < 95% \(int8\)"):
+    with pytest.raises(
+        ExportError, match=r"LiteRT differs from Keras: argmax agrees on .*% < 95\.0% \(int8\)"
+    ):
         tflite.export_tflite(str(tagger_run), str(path), quantize="int8", static_shape=True)
     assert not path.exists()
 

@@ -21,6 +21,8 @@ import keras
 import numpy as np
 from keras import ops
 
+from zoo.litert import cut as _cut
+from zoo.litert import plan
 from zoo.seq2seq.tokenization import BOS_ID, EOS_ID, PAD_ID
 
 _NEG = -1e9
@@ -318,7 +320,7 @@ def compiled(
     top_p=None,
 ):
     """A cached `tf.function` (XLA by default; `jax.jit` under the JAX backend; the plain
-    function for a model whose `eager_decoding` is true, `zoo.tasks.TFLiteSteps`) of one
+    function for a model whose `eager_decoding` is true) of one
     decoder for `model`: "greedy" and "beam" (ids), "beam_candidates" (`beam_candidates`'s
     four tensors), "sample" (called with the source ids and an int32 seed)."""
     max_length = _max_length(model, max_length)
@@ -341,7 +343,6 @@ def compiled(
                 "`kind` must be 'greedy', 'beam', 'beam_candidates' or 'sample'. "
                 f"Received: kind={kind!r}"
             )
-        # zoo.load's TFLite step model calls an interpreter from NumPy: no graph.
         if getattr(model, "eager_decoding", False):
             cache[key] = fn
         elif keras.backend.backend() == "jax":
@@ -355,28 +356,15 @@ def compiled(
     return cache[key]
 
 
-def _bucket(length, step=8):
-    return max(step, -(-length // step) * step)
-
-
-def _cut(row):
-    row = list(row)
-    return row[: row.index(EOS_ID)] if EOS_ID in row else row
-
-
 def _batches(model, ids, batch_size, max_length):
-    """Yields (input indices, padded int32 source array, decode length): batches
-    of similar lengths, padded to a fixed row count and to multiples of 8, so a
-    handful of XLA programs serve every input."""
-    order = sorted(range(len(ids)), key=lambda i: len(ids[i]))
-    for start in range(0, len(order), batch_size):
-        chunk = order[start : start + batch_size]
-        width = _bucket(max(1, max(len(ids[i]) for i in chunk)))
-        rows = batch_size if len(order) > batch_size else _bucket(len(chunk), 1)
+    """Yields (input indices, padded int32 source array, decode length): the batches
+    of `zoo.litert.plan` (similar lengths, a fixed row count, sources padded to
+    multiples of 8), so a handful of XLA programs serve every input."""
+    lengths = [len(row) for row in ids]
+    for chunk, width, rows, limit in plan(lengths, model.max_target_length, max_length, batch_size):
         array = np.zeros((rows, width), "int32")
         for r, i in enumerate(chunk):
             array[r, : len(ids[i])] = ids[i]
-        limit = max_length or min(int(model.max_target_length), _bucket(2 * width + 10))
         yield chunk, array, limit
 
 

@@ -1,8 +1,9 @@
 """Token -> id rules of the tagger, written once in TensorFlow ops.
 
-The same `TokenEncoder` runs eagerly in `Tagger.tag`, inside exported `tf.function`s
-(SavedModel serving raw text), and in front of a TFLite model (`python -m zoo.tag`), so
-training, serving and the phone agree on every id.
+The same `TokenEncoder` runs eagerly in `Tagger.tag` and inside exported `tf.function`s
+(SavedModel serving raw text); `zoo.lite.LiteTagger` applies its rules in NumPy in front
+of a TFLite model (`zoo.lite`, `python -m zoo.tag`), so training, serving and the phone
+agree on every id.
 """
 
 import keras
