@@ -12,6 +12,7 @@ once answers as it does serially.
 """
 
 import base64
+import functools
 import json
 import threading
 
@@ -189,18 +190,28 @@ def keras_translate(model, texts):
 
 
 def keras_greedy(model, ids):
+    """The Keras model's greedy decoding of `ids` [B, S] for max_target_length tokens."""
     if not len(ids):
         return np.zeros((0, model.max_target_length), "int32")
-    return decoding.compiled(model, "greedy", jit_compile=False)(tf.constant(ids, tf.int32))
+    return _greedy_graph(model)(tf.constant(ids, tf.int32))
+
+
+@functools.lru_cache(maxsize=None)
+def _greedy_graph(model):
+    # One trace for every batch and width, as the translate_ids signature has.
+    return tf.function(
+        lambda ids: decoding.greedy(model, ids),
+        input_signature=[tf.TensorSpec([None, None], tf.int32)],
+    )
 
 
 def _texts(values):
     return [v.decode("utf-8") for v in np.ravel(values)]
 
 
-def _cases(exports):
+def _tagger_cases(tagger):
     cases = []
-    tagger = exports["tagger"][0]
+    rng = np.random.default_rng(0)
     max_len, max_chars = int(tagger.max_len), int(tagger.max_chars)
 
     def tag_check(sentences):
@@ -292,7 +303,6 @@ def _cases(exports):
         )
     )
     words, chars = len(tagger.words), len(tagger.chars)
-    rng = np.random.default_rng(0)
     for b, t in ((2, 5), (0, 3), (2, 0), (0, 0), (1, max_len)):
         w = rng.integers(0, words, (b, t)).astype("int32")
         c = rng.integers(0, chars, (b, t, max_chars)).astype("int32")
@@ -306,15 +316,14 @@ def _cases(exports):
             )
         )
     good_w, good_c = np.ones((1, 3), "int32"), np.ones((1, 3, max_chars), "int32")
-    for name, w, c, refusal in (
-        ("word -1", [[1, -1, 2]], good_c, "word_ids must be >= 0"),
-        ("word V", [[1, words, 2]], good_c, f"word_ids must be < {words}"),
-        ("char -1", good_w, np.full((1, 3, max_chars), -1), "char_ids must be >= 0"),
-        ("char V", good_w, np.full((1, 3, max_chars), chars), f"char_ids must be < {chars}"),
-        ("time", good_w, np.ones((1, 4, max_chars)), "char_ids must be [batch, time, max_chars]"),
-        ("batch", good_w, np.ones((2, 3, max_chars)), "char_ids must be [batch, time, max_chars]"),
+    for w, c, refusal in (
+        ([[1, -1, 2]], good_c, "word_ids must be >= 0"),
+        ([[1, words, 2]], good_c, f"word_ids must be < {words}"),
+        (good_w, np.full((1, 3, max_chars), -1), "char_ids must be >= 0"),
+        (good_w, np.full((1, 3, max_chars), chars), f"char_ids must be < {chars}"),
+        (good_w, np.ones((1, 4, max_chars)), "char_ids must be [batch, time, max_chars]"),
+        (good_w, np.ones((2, 3, max_chars)), "char_ids must be [batch, time, max_chars]"),
         (
-            "long",
             np.ones((1, max_len + 1)),
             np.ones((1, max_len + 1, max_chars)),
             f"word_ids has more positions than max_len ({max_len})",
@@ -323,127 +332,132 @@ def _cases(exports):
         feed = {"word_ids": (w, "int32"), "char_ids": (c, "int32")}
         cases.append(Case("tagger", "predict_ids", feed, refusal))
 
-    for name in ("seq2seq", "eos"):
-        model = exports[name][0]
-        limit, length, vocab = (
-            int(model.max_source_length),
-            int(model.max_target_length),
-            int(model.vocabulary_size),
-        )
-        sp = spm.SentencePieceProcessor(model_proto=bytes(model.tokenizer.proto))
-        fits = [t for t in TEXTS if len(sp.encode(t)) <= limit]
-        too_long = [t for t in TEXTS if len(sp.encode(t)) > limit]
-        # One text of exactly max_source_length ids and one of one more.
-        piece = next(
-            sp.id_to_piece(i) for i in range(4, vocab) if len(sp.encode(sp.id_to_piece(i))) == 1
-        )
-        exact = next(
-            piece * n for n in range(limit, 4 * limit) if len(sp.encode(piece * n)) >= limit
-        )
-        if len(sp.encode(exact)) == limit:
-            fits.append(exact)
-        over = next(piece * n for n in range(1, 8 * limit) if len(sp.encode(piece * n)) > limit)
-        too_long.append(over)
+    return cases
 
-        def translate_check(texts, model=model):
-            def check(out):
-                want_text, want_ids = keras_translate(model, texts)
-                np.testing.assert_array_equal(out["token_ids"], want_ids)
-                assert _texts(out["translation"]) == want_text
-                if model is exports["eos"][0]:
-                    assert want_text == [""] * len(texts)
 
-            return check
+def _seq2seq_cases(name, model, answers_eos=False):
+    """The five signatures of a seq2seq SavedModel; `answers_eos`: every translation
+    of this model is empty (its output layer favours EOS)."""
+    cases = []
+    rng = np.random.default_rng(0)
+    limit, length, vocab = (
+        int(model.max_source_length),
+        int(model.max_target_length),
+        int(model.vocabulary_size),
+    )
+    sp = spm.SentencePieceProcessor(model_proto=bytes(model.tokenizer.proto))
+    fits = [t for t in TEXTS if len(sp.encode(t)) <= limit]
+    too_long = [t for t in TEXTS if len(sp.encode(t)) > limit]
+    # A text of exactly max_source_length ids (the char tokenizer of the embedded
+    # tasks: one id per letter) and one of one more.
+    assert len(sp.encode("a" * limit)) == limit
+    fits.append("a" * limit)
+    too_long.append("a" * (limit + 1))
 
-        for signature in ("serving_default", "translate"):
-            for batch in [[t] for t in fits] + [fits, [], ["abc", "", "zzz"] * 2]:
-                cases.append(
-                    Case(name, signature, {"text": (batch, "string")}, None, translate_check(batch))
-                )
+    def translate_check(texts):
+        def check(out):
+            want_text, want_ids = keras_translate(model, texts)
+            np.testing.assert_array_equal(out["token_ids"], want_ids)
+            assert _texts(out["translation"]) == want_text
+            if answers_eos:
+                assert want_text == [""] * len(texts)
+
+        return check
+
+    for signature in ("serving_default", "translate"):
+        for batch in [[t] for t in fits] + [fits, [], ["abc", "", "zzz"] * 2]:
+            cases.append(
+                Case(name, signature, {"text": (batch, "string")}, None, translate_check(batch))
+            )
+        cases.append(
+            Case(
+                name,
+                signature,
+                {"text": (MALFORMED, "string")},
+                None,
+                translate_check(MALFORMED),
+            )
+        )
+        for text in too_long:
             cases.append(
                 Case(
                     name,
                     signature,
-                    {"text": (MALFORMED, "string")},
-                    None,
-                    translate_check(MALFORMED),
+                    {"text": (["abc", text], "string")},
+                    f"an input has more tokens than max_source_length ({limit})",
                 )
             )
-            for text in too_long:
-                cases.append(
-                    Case(
-                        name,
-                        signature,
-                        {"text": (["abc", text], "string")},
-                        f"an input has more tokens than max_source_length ({limit})",
-                    )
-                )
 
-        def ids_translate_check(ids, model=model):
-            def check(out):
-                # Zero positions run as one padding position (pad_empty).
-                source = ids if ids.shape[1] else np.zeros((len(ids), 1), "int32")
-                want = np.asarray(keras_greedy(model, source))
-                np.testing.assert_array_equal(out["token_ids"], want)
+    def ids_translate_check(ids):
+        def check(out):
+            # Zero positions run as one padding position (pad_empty).
+            source = ids if ids.shape[1] else np.zeros((len(ids), 1), "int32")
+            want = np.asarray(keras_greedy(model, source))
+            np.testing.assert_array_equal(out["token_ids"], want)
 
-            return check
+        return check
 
-        for ids in (
-            rng.integers(0, vocab, (3, 7)),
-            np.zeros((2, 5)),
-            np.zeros((0, 5)),
-            np.zeros((2, 0)),
-            np.zeros((0, 0)),
-            rng.integers(4, vocab, (1, limit)),
-        ):
-            ids = np.asarray(ids, "int32")
-            cases.append(
-                Case(
-                    name,
-                    "translate_ids",
-                    {"source_ids": (ids, "int32")},
-                    None,
-                    ids_translate_check(ids),
-                )
+    for ids in (
+        rng.integers(0, vocab, (3, 7)),
+        np.zeros((2, 5)),
+        np.zeros((0, 5)),
+        np.zeros((2, 0)),
+        np.zeros((0, 0)),
+        rng.integers(4, vocab, (1, limit)),
+    ):
+        ids = np.asarray(ids, "int32")
+        cases.append(
+            Case(
+                name,
+                "translate_ids",
+                {"source_ids": (ids, "int32")},
+                None,
+                ids_translate_check(ids),
             )
-        for ids, refusal in (
-            ([[5, -1]], "source_ids must be >= 0"),
-            ([[5, vocab]], f"source_ids must be < {vocab}"),
-            (
-                np.ones((1, limit + 1)),
-                f"source_ids has more positions than max_source_length ({limit})",
-            ),
-        ):
-            cases.append(Case(name, "translate_ids", {"source_ids": (ids, "int32")}, refusal))
+        )
+    for ids, refusal in (
+        ([[5, -1]], "source_ids must be >= 0"),
+        ([[5, vocab]], f"source_ids must be < {vocab}"),
+        (
+            np.ones((1, limit + 1)),
+            f"source_ids has more positions than max_source_length ({limit})",
+        ),
+    ):
+        cases.append(Case(name, "translate_ids", {"source_ids": (ids, "int32")}, refusal))
 
-        row = np.zeros((1, limit), "int32")
-        row[0, :3] = [4, 5, 6]
-        for ids in (row, np.zeros((1, limit), "int32"), np.full((1, limit), vocab - 1, "int32")):
-            cases.append(Case(name, "encode", {"source_ids": (ids, "int32")}, None, _finite))
-        for value, refusal in (
-            (-1, "source_ids must be >= 0"),
-            (vocab, f"source_ids must be < {vocab}"),
-        ):
-            bad = row.copy()
-            bad[0, 1] = value
-            cases.append(Case(name, "encode", {"source_ids": (bad, "int32")}, refusal))
-        spec = model_step_specs(model)
-        for token, position, refusal in (
-            (2, 0, None),
-            (3, length - 1, None),
-            (0, 1, None),
-            (-1, 0, "token must be >= 0"),
-            (vocab, 0, f"token must be < {vocab}"),
-            (2, -1, "position must be >= 0"),
-            (2, length, f"position must be < {length}, the self_cache length"),
-            (2, 10**6, f"position must be < {length}"),
-        ):
-            feed = {k: (np.zeros(s, "float32"), "float32") for k, s in spec.items()}
-            feed["token"] = (np.array([token]), "int32")
-            feed["position"] = (np.array(position), "int32")
-            cases.append(Case(name, "decode_step", feed, refusal, None if refusal else _finite))
+    row = np.zeros((1, limit), "int32")
+    row[0, :3] = [4, 5, 6]
+    for ids in (row, np.zeros((1, limit), "int32"), np.full((1, limit), vocab - 1, "int32")):
+        cases.append(Case(name, "encode", {"source_ids": (ids, "int32")}, None, _finite))
+    for value, refusal in (
+        (-1, "source_ids must be >= 0"),
+        (vocab, f"source_ids must be < {vocab}"),
+    ):
+        bad = row.copy()
+        bad[0, 1] = value
+        cases.append(Case(name, "encode", {"source_ids": (bad, "int32")}, refusal))
+    spec = model_step_specs(model)
+    for token, position, refusal in (
+        (2, 0, None),
+        (3, length - 1, None),
+        (0, 1, None),
+        (-1, 0, "token must be >= 0"),
+        (vocab, 0, f"token must be < {vocab}"),
+        (2, -1, "position must be >= 0"),
+        (2, length, f"position must be < {length}, the self_cache length"),
+        (2, 10**6, f"position must be < {length}"),
+    ):
+        feed = {k: (np.zeros(s, "float32"), "float32") for k, s in spec.items()}
+        feed["token"] = (np.array([token]), "int32")
+        feed["position"] = (np.array(position), "int32")
+        cases.append(Case(name, "decode_step", feed, refusal, None if refusal else _finite))
 
-    generator = exports["sagan"][0]
+    return cases
+
+
+def _sagan_cases(generator):
+    cases = []
+    rng = np.random.default_rng(0)
     latent = int(generator.input["noise"].shape[-1])
     classes = int(generator.get_layer("up_8").num_classes)
 
@@ -517,7 +531,12 @@ def _finite(out):
 
 @pytest.fixture(scope="module")
 def answers(exports, tmp_path_factory):
-    cases = _cases(exports)
+    cases = (
+        _tagger_cases(exports["tagger"][0])
+        + _seq2seq_cases("seq2seq", exports["seq2seq"][0])
+        + _seq2seq_cases("eos", exports["eos"][0], answers_eos=True)
+        + _sagan_cases(exports["sagan"][0])
+    )
     dirs = {name: path for name, (_, path) in exports.items()}
     path = tmp_path_factory.mktemp("cases") / "cases.json"
     path.write_text(json.dumps([dirs, [c.wire() for c in cases]]))
@@ -555,7 +574,9 @@ def test_detokenize_of_empty_outputs_equals_sentencepiece():
     graph = sentencepiece_graph.build(proto)
     for rows in ([[]], [[], []], [[0, 2, 3]], [[], [5, 6], [1]], []):
         ragged = tf.ragged.constant(rows, dtype=tf.int32, ragged_rank=1)
-        assert [s.decode() for s in graph.detokenize(ragged).numpy()] == sp.decode(rows)
+        assert [s.decode() for s in graph.detokenize(ragged).numpy()] == [
+            sp.decode(r) for r in rows
+        ]
     assert graph.detokenize(tf.zeros([2, 0], tf.int32)).numpy().tolist() == [b"", b""]
 
 
