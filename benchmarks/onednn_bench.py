@@ -60,6 +60,7 @@ def sagan_child(repeats):
     """In the child: the default SAGAN's D, R1 D and G steps, seconds each (median)."""
     import numpy as np
 
+    from train.engine import At
     from train.sagan import build_trainer
 
     # The defaults on the embedded data's shape, at batch 32 (the default until session
@@ -70,7 +71,7 @@ def sagan_child(repeats):
     real = rng.uniform(-1, 1, (batch, 32, 32, 3)).astype("float32")
     labels = rng.integers(0, 4, batch).astype("int32")
     for step in range(8):  # traces every step function (the 4th D step carries R1)
-        trainer.train_batch(real, labels, step)
+        trainer.train((real, labels), At(step, 0.0))
     import tensorflow as tf
 
     rows = tf.constant(float(batch))

@@ -3,7 +3,7 @@
     python -m benchmarks.throughput_bench [--quick] [tagger] [seq2seq]
 
 For the tagger (embedded grammar) and the seq2seq Transformer (the `sort` task, lengths
-1..max), each configuration trains on the same examples through `train.engine.Engine`
+1..max), each configuration trains on the same examples through `train.model_step.TfModelStep`
 (the loop every `python -m train` command uses), one device:
   bucketed    the run code's batches: similar lengths together, widths rounded up to 8
   unbucketed  random batches, every one padded to the longest example of the data
@@ -131,20 +131,21 @@ def _seq2seq(quick):
 
 
 def _measure(build, batches, tokens, pad_id, jit, passes):
-    from train import engine, loss_terms
+    from train import loss_terms
+    from train.model_step import TfModelStep
 
     model = build()
     terms = loss_terms.masked_mean_terms(model.loss, pad_id) if pad_id is not None else None
-    runner = engine.Engine(model, loss_terms=terms, jit_compile=jit)
-    runner.build(batches[0])
+    step = TfModelStep(model, loss_terms=terms, jit_compile=jit)
+    step.build(batches[0])
     started = time.perf_counter()
     for b in batches:
-        runner.train_batch(b)
+        step.train(b)
     warmup = time.perf_counter() - started
     started = time.perf_counter()
     for _ in range(passes):
         for b in batches:
-            loss, _ = runner.train_batch(b)
+            loss = step.train(b)["loss"][0]
     seconds = time.perf_counter() - started
     shapes = len({tuple(np.shape(b[1])) for b in batches})
     padded = sum(int(np.prod(np.shape(b[1]))) for b in batches)

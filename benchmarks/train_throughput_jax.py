@@ -1,7 +1,7 @@
 """Training throughput under Keras's JAX backend, the steps `python -m train MODEL
 --backend jax` runs: tokens/s of the tagger's and seq2seq's training steps
-(`train.jax_engine.JaxEngine`) and images/s of SAGAN's D+G steps
-(`train.sagan.jax_fit.JaxSaganTrainer`).
+(`train.jax_step.JaxModelStep`) and images/s of SAGAN's D+G steps
+(`train.sagan.jax_fit.JaxSaganStep`).
 
     KERAS_BACKEND=jax python -m benchmarks.train_throughput_jax [--smoke] [--out PREFIX]
         [--dtype float32|mixed_bfloat16] [--steps N]
@@ -66,7 +66,7 @@ def _timed(step, batches, warmup):
 def bench_tagger(cfg, steps, warmup, rng):
     import keras
 
-    from train.jax_engine import JaxEngine
+    from train.jax_step import JaxModelStep
     from train.tagger.fit import compile_tagger
     from zoo.tagger.archs import build_core
     from zoo.tagger.config import ARCH_DEFAULTS, DEFAULTS
@@ -91,9 +91,9 @@ def bench_tagger(cfg, steps, warmup, rng):
         )
         for _ in range(total)
     ]
-    engine = JaxEngine(model)
-    engine.build(batches[0])
-    seconds = _timed(engine.train_batch, batches, warmup)
+    step = JaxModelStep(model)
+    step.build(batches[0])
+    seconds = _timed(step.train, batches, warmup)
     keras.backend.clear_session()
     return {"unit": "tokens/s", "value": steps * shape[0] * shape[1] / seconds}
 
@@ -101,7 +101,7 @@ def bench_tagger(cfg, steps, warmup, rng):
 def bench_seq2seq(cfg, steps, warmup, rng):
     import keras
 
-    from train.jax_engine import JaxEngine
+    from train.jax_step import JaxModelStep
     from train.loss_terms import masked_mean_terms
     from train.seq2seq.config import TEXT_MODEL
     from train.seq2seq.fit import compile_seq2seq
@@ -127,9 +127,9 @@ def bench_seq2seq(cfg, steps, warmup, rng):
                 target,
             )
         )
-    engine = JaxEngine(model, loss_terms=masked_mean_terms(model.loss, 0))
-    engine.build(batches[0])
-    seconds = _timed(engine.train_batch, batches, warmup)
+    step = JaxModelStep(model, loss_terms=masked_mean_terms(model.loss, 0))
+    step.build(batches[0])
+    seconds = _timed(step.train, batches, warmup)
     keras.backend.clear_session()
     return {"unit": "target tokens/s", "value": steps * b * cfg["target"] / seconds}
 
@@ -137,11 +137,12 @@ def bench_seq2seq(cfg, steps, warmup, rng):
 def bench_sagan(cfg, steps, warmup, rng):
     import keras
 
+    from train.engine import At
     from train.sagan import build_trainer
     from train.sagan.losses import R1_EVERY
 
-    # G, D, EMA-G and the trainer as `python -m train sagan` builds them (its defaults).
-    _, _, _, trainer, train_cfg = build_trainer(cfg["image_size"], 3, cfg["classes"], cfg["argv"])
+    # G, D, EMA-G and the step as `python -m train sagan` builds them (its defaults).
+    _, _, _, step, train_cfg = build_trainer(cfg["image_size"], 3, cfg["classes"], cfg["argv"])
     # Whole cycles of R1_EVERY D steps (one of them carries R1), warm-up and timed: every
     # step function compiles untimed, and the timed steps hold R1 in its share.
     warmup, steps = (-(-n // R1_EVERY) * R1_EVERY for n in (warmup, steps))
@@ -150,7 +151,7 @@ def bench_sagan(cfg, steps, warmup, rng):
     labels = rng.integers(0, cfg["classes"], b).astype("int32")
     step_index = iter(range(10**9))
     seconds = _timed(
-        lambda _: trainer.train_batch(images, labels, next(step_index)),
+        lambda _: step.train((images, labels), At(next(step_index), 0.0)),
         list(range(steps + warmup)),
         warmup,
     )

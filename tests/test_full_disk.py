@@ -1,6 +1,6 @@
 """A failed write (ENOSPC, simulated by patching the writer) leaves no partial file and
-the previous version intact: step checkpoints, the SAGAN state, model.keras, the best
-weights, SavedModel versions, .tflite files and their sidecars."""
+the previous version intact: step and best checkpoints (SAGAN's too), model.keras,
+SavedModel versions, .tflite files and their sidecars."""
 
 import errno
 import hashlib
@@ -62,75 +62,59 @@ def disk_fills(monkeypatch):
     return lambda: monkeypatch.setattr(os, "fdopen", fdopen)
 
 
-def test_step_checkpoint_on_a_full_disk(tmp_path, disk_fills):
+@pytest.mark.parametrize("name", ["step", "best"])
+def test_checkpoint_on_a_full_disk(tmp_path, disk_fills, name):
     from tests.train.test_checkpoint import _two_layer
     from train import checkpoint
 
     model = _two_layer()
-    checkpoint.save(
-        str(tmp_path), model, model.optimizer, {"step": 2, "epoch": 0, "batches_done": 2}
-    )
+    groups = {"model": model.variables}
+    checkpoint.save(str(tmp_path), groups, {"step": 2}, name=name, keep=2)
+    checkpoint.save(str(tmp_path), groups, {"step": 3}, name=name, keep=2)
     before = _state(tmp_path)
     disk_fills()
     with pytest.raises(OSError, match="No space left"):
-        checkpoint.save(
-            str(tmp_path), model, model.optimizer, {"step": 4, "epoch": 0, "batches_done": 4}
-        )
-    assert _state(tmp_path) == before  # no step-4 file, no temporary
-    assert checkpoint.latest(tmp_path)[1]["step"] == 2
+        checkpoint.save(str(tmp_path), groups, {"step": 4}, name=name, keep=2)
+    assert _state(tmp_path) == before  # no step-4 file, no temporary, none pruned
+    assert checkpoint.latest(tmp_path, name)[1]["step"] == 3
 
 
-def test_sagan_state_on_a_full_disk(tmp_path, disk_fills):
-    from tests.train.test_sagan_checkpoint import _trainer
+def test_sagan_checkpoint_on_a_full_disk(tmp_path, disk_fills):
+    from tests.train.test_sagan_distributed import _tiny_trainer
+    from train import checkpoint
 
-    trainer = _trainer()
-    trainer.save(str(tmp_path), {"epoch": 1})
-    trainer.save(str(tmp_path), {"epoch": 2})
+    trainer = _tiny_trainer(with_ema=True)
+    for step in (1, 2):
+        checkpoint.save(str(tmp_path), trainer.variables(), {"step": step}, refs=trainer.refs())
     before = _state(tmp_path)
     disk_fills()
     with pytest.raises(OSError, match="No space left"):
-        trainer.save(str(tmp_path), {"epoch": 3})
-    after = _state(tmp_path)
-    # state.npz is untouched; state.prev.npz may now be a second copy of it, never partial.
-    assert after["state.npz"] == before["state.npz"] and after["state.json"] == before["state.json"]
-    assert set(after) == set(before)
-    assert after["state.prev.npz"] in (before["state.prev.npz"], before["state.npz"])
-    assert trainer.restore(str(tmp_path)) == {"epoch": 2}
+        checkpoint.save(str(tmp_path), trainer.variables(), {"step": 3}, refs=trainer.refs())
+    assert _state(tmp_path) == before
+    path, record, _ = checkpoint.latest(tmp_path)
+    assert record == {"step": 2}
+    checkpoint.restore(path, _tiny_trainer(with_ema=True).variables(), refs=trainer.refs())
 
 
-def test_model_keras_and_best_weights_on_a_full_disk(tmp_path, monkeypatch):
+def test_model_keras_on_a_full_disk(tmp_path, monkeypatch):
     from tests.train.test_checkpoint import _tiny_classifier
-    from train.callbacks import BEST, RunCheckpoint
 
     model = _tiny_classifier()
     model(np.zeros((1, 4), "float32"))
     path = str(tmp_path / "model.keras")
     atomic.save_model(model, path)
-    callback = RunCheckpoint(
-        str(tmp_path), {"epoch": 0, "best_val_acc": None, "best_epoch": None, "train_seconds": 0.0}
-    )
-    callback.set_model(model)
-    callback.on_train_begin()
-    callback.on_epoch_end(0, {"val_acc": 0.5})
     before = _state(tmp_path)
-    assert BEST in before and "last.keras" in before
-    save_model, save_weights = keras.Model.save, keras.Model.save_weights
+    save_model = keras.Model.save
 
-    def partial(real):
-        def write(self, filepath, *args, **kwargs):
-            real(self, filepath, *args, **kwargs)
-            with open(filepath, "r+b") as f:  # what landed before the disk filled up
-                f.truncate(os.path.getsize(filepath) // 2)
-            _full_disk()
+    def partial(self, filepath, *args, **kwargs):
+        save_model(self, filepath, *args, **kwargs)
+        with open(filepath, "r+b") as f:  # what landed before the disk filled up
+            f.truncate(os.path.getsize(filepath) // 2)
+        _full_disk()
 
-        return write
-
-    monkeypatch.setattr(keras.Model, "save", partial(save_model))
-    monkeypatch.setattr(keras.Model, "save_weights", partial(save_weights))
+    monkeypatch.setattr(keras.Model, "save", partial)
     with pytest.raises(OSError, match="No space left"):
         atomic.save_model(model, path)
-    with pytest.raises(OSError, match="No space left"):
-        callback.on_epoch_end(1, {"val_acc": 0.9})  # a better epoch: writes best weights first
     assert _state(tmp_path) == before
     monkeypatch.setattr(keras.Model, "save", save_model)
     keras.models.load_model(path)  # the previous model.keras still loads
@@ -185,52 +169,3 @@ def test_tflite_and_sidecar_on_a_full_disk(dense, monkeypatch):
     with pytest.raises(OSError, match="No space left"):
         tflite.export_tflite(model, str(out), quantize="fp16")
     assert _state(out.parent) == before
-
-
-@pytest.mark.parametrize("fails", ["file", "record"])
-def test_checked_files_on_a_full_disk(tmp_path, monkeypatch, fails):
-    """last.keras / best.weights.h5 / classifier.keras (train.checkpoint.save_checked):
-    the disk fills while the new file or its checksum record is written. The file in
-    place and its record are untouched and still match; the previous copy is either
-    unchanged or the same pair; no temporary file is left."""
-    import pathlib
-
-    from train import checkpoint
-
-    path = str(tmp_path / "last.keras")
-    for i in (1, 2):
-        checkpoint.save_checked(
-            path, lambda tmp, i=i: pathlib.Path(tmp).write_bytes(bytes([i]) * 500), meta={"i": i}
-        )
-    before = _state(tmp_path)
-    if fails == "file":
-
-        def write(tmp):
-            with _FillingFile(open(tmp, "wb")) as f:
-                f.write(bytes([3]) * 500)
-    else:
-
-        def write(tmp):
-            pathlib.Path(tmp).write_bytes(bytes([3]) * 500)
-
-        write_with = atomic.write_with
-        monkeypatch.setattr(
-            atomic,
-            "write_with",
-            lambda p, w, mode="wb": (
-                _full_disk() if p.endswith(".sha256") else write_with(p, w, mode)
-            ),
-        )
-    with pytest.raises(OSError, match="No space left"):
-        checkpoint.save_checked(path, write, meta={"i": 3})
-    after = _state(tmp_path)
-    assert set(after) == set(before)  # no temporary file
-    assert (
-        after["last.keras"] == before["last.keras"]
-        and after["last.keras.sha256"] == before["last.keras.sha256"]
-    )
-    assert (after["last.prev.keras"], after["last.prev.keras.sha256"]) in (
-        (before["last.prev.keras"], before["last.prev.keras.sha256"]),
-        (before["last.keras"], before["last.keras.sha256"]),
-    )
-    assert checkpoint.recover(path) == ({"i": 2}, False)

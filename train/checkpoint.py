@@ -1,33 +1,31 @@
-"""Step checkpoints of the training engine: one atomic file per checkpoint.
+"""The one checkpoint format of `python -m train`: an atomic .npz per checkpoint.
 
-`checkpoints/step-00001234.npz` holds every model variable (weights, and the dropout
-seed-generator states: the model's RNG), every optimizer variable (slots, iteration
-count, loss scale), and a JSON record: global step, epoch, batches done in that epoch
-(the data position; the epoch's batch order is a function of the seed and the epoch),
-and whether the epoch is complete. It is written to a temporary name in the same
-directory and renamed, so a file with the final name is always complete.
+`checkpoints/NAME-00001234.npz` (NAME `step` for the training state at global step 1234,
+`best` for the weights kept as the run's result, `classifier` for SAGAN's evaluation
+classifier) holds groups of variables (`model`, `optimizer`; SAGAN's `g`, `d`, `ema`,
+`g_opt`, `d_opt`, ...), a manifest and a JSON record (the training position and the
+run's state: train.engine writes them). It is written to a temporary name in the same
+directory and renamed, so a file with the final name is always complete; the newest
+`keep` of each NAME are kept, so a damaged newest one falls back to the one before.
 
 Values are keyed by variable path (Keras's `variable.path`, e.g.
-`encoder_0/attention/query/kernel`), not by position: a restore checks that every
-variable of the model has a value of its shape under its own path and that the
-checkpoint holds nothing else, and refuses with one line naming the first variable
-that differs. The file also records a hash of the model's configuration (a change that
-adds no variable, e.g. another activation or dropout rate, is refused too) and a
-SHA-256 of all its values: a truncated or damaged file is detected and `latest` falls
-back to the previous good checkpoint (the last `KEEP` are kept).
+`encoder_0/attention/query/kernel`; an optimizer slot by the variable it updates and its
+slot, `dense/kernel:momentum`), not by position: a restore checks that every variable
+has a value of its shape under its own key and that the file holds nothing else, and
+refuses with one line naming the first variable that differs. The file also records a
+hash of the models' configurations (a change that adds no variable, e.g. another
+activation or dropout rate, is refused too) and a SHA-256 of all its members: a
+truncated or damaged file is detected and `latest` falls back to the previous good one.
 
 Keras numbers automatically named objects per process (`seed_generator_11`, `adam_2`),
-so the same model built twice in one process has other paths. When the paths of the
-file and the model are not the same set, both sides are matched on canonical paths, in
+so the same model built twice in one process has other paths. When the keys of the
+file and the model are not the same set, both sides are matched on canonical keys, in
 which every `NAME_<n>` / `NAME` component is renumbered by order of first appearance
-among its siblings; a fresh process (every CLI --resume) matches exact paths.
-
-Checkpoints of the first, positional format (`model/0`, `model/1`, ...) still restore,
-by position with counts and shapes checked, and say so on stderr.
+among its siblings; a fresh process (every CLI --resume) matches exact keys.
 
 Values are stored per variable, not per device, so a checkpoint written under any
 strategy restores under any other (2 workers -> 1 process, CPU -> GPU, ...). Only the
-chief writes (`train.strategy.is_chief`); the other workers write into their scratch copy.
+chief writes; the other workers write into their scratch copy of the run.
 """
 
 import glob
@@ -36,8 +34,6 @@ import io
 import json
 import os
 import re
-import shutil
-import sys
 import zipfile
 import zlib
 
@@ -46,10 +42,10 @@ import numpy as np
 from zoo import atomic
 from zoo.cli import UsageError
 
-PATTERN = re.compile(r"^step-(\d{8,})\.npz$")
 KEEP = 3
-FORMAT = 2
+FORMAT = 3
 MANIFEST = "__manifest__"
+RECORD = "__record__"
 CHECKSUM = "__sha256__"
 _DROP_FROM_CONFIG = {"name", "dtype", "dtype_policy", "trainable"}
 
@@ -58,8 +54,8 @@ class DamagedCheckpoint(UsageError):
     """A checkpoint file that cannot be read back whole (truncated, corrupted)."""
 
 
-def path_for(directory, step):
-    return os.path.join(directory, f"step-{int(step):08d}.npz")
+def path_for(directory, step, name="step"):
+    return os.path.join(directory, f"{name}-{int(step):08d}.npz")
 
 
 # ------------------------------------------------------------------ keys and hashes
@@ -112,7 +108,7 @@ def _normalised(obj, numbering):
     return obj
 
 
-def config_hash(*models):
+def config_hash(models):
     """A short hash of the models' configurations (names and dtypes left out: they
     change with the process and the precision policy, not with the architecture)."""
     configs = []
@@ -135,7 +131,6 @@ def _digest(arrays):
     return h.hexdigest()
 
 
-# ------------------------------------------------------------------ packing
 def _keys(variables, refs=None):
     """(exact keys, canonical keys) of `variables`. With `refs` (the trainable
     variables an optimizer updates), an optimizer variable named after its model
@@ -166,10 +161,16 @@ def _keys(variables, refs=None):
     return _unique(exact), _unique(canon)
 
 
-def pack(groups, refs=None, config=None, extra=None):
-    """npz members for `groups` ({group: variables}), a manifest (format, every
-    group's exact and canonical keys, config hash) and a SHA-256 over every member
-    (`extra` included). `refs`: {optimizer group: the variables it updates}."""
+def _json_member(value):
+    return np.frombuffer(json.dumps(value).encode("utf-8"), dtype=np.uint8)
+
+
+# ------------------------------------------------------------------ writing
+def save(directory, groups, record, *, name="step", keep=KEEP, refs=None, models=()):
+    """Writes `groups` ({group: variables}) and `record` (JSON; its "step" numbers the
+    file) atomically as `NAME-<step>.npz`; keeps the newest `keep` files of NAME.
+    `refs`: {optimizer group: the variables it updates}; `models`: whose configs the
+    file's config hash covers. Returns the path."""
     arrays, keys = {}, {}
     for group, variables in groups.items():
         variables = list(variables)
@@ -177,43 +178,39 @@ def pack(groups, refs=None, config=None, extra=None):
         keys[group] = {"exact": exact, "canonical": canon}
         for key, v in zip(exact, variables):
             arrays[f"{group}/{key}"] = np.asarray(v.numpy())
-    manifest = {"format": FORMAT, "groups": keys, "config_hash": config}
-    arrays[MANIFEST] = np.frombuffer(json.dumps(manifest).encode("utf-8"), dtype=np.uint8)
-    arrays.update(extra or {})
+    arrays[MANIFEST] = _json_member(
+        {"format": FORMAT, "groups": keys, "config_hash": config_hash(models)}
+    )
+    arrays[RECORD] = _json_member(record)
     arrays[CHECKSUM] = np.frombuffer(_digest(arrays).encode("ascii"), dtype=np.uint8)
-    return arrays
-
-
-def _keep_as(path, previous):
-    """`previous` becomes what `path` holds now (a hard link, else a copy, renamed into
-    place: `previous` is never partial)."""
-    tmp = previous + ".link-tmp"
-    try:
-        try:
-            os.link(path, tmp)
-        except OSError:
-            shutil.copyfile(path, tmp)
-        os.replace(tmp, previous)
-    finally:
-        if os.path.exists(tmp):
-            os.unlink(tmp)
-
-
-def write_npz(path, arrays, previous=None):
-    """Writes `arrays` atomically to `path`. With `previous`, the file `path` held so
-    far is kept as `previous` (a hard link, else a copy, made before the new file is
-    renamed into place: there is no moment without a complete `path`)."""
     buffer = io.BytesIO()
     np.savez(buffer, **arrays)
-    if previous and os.path.exists(path):
-        _keep_as(path, previous)
+    os.makedirs(directory, exist_ok=True)
+    path = path_for(directory, record["step"], name)
     atomic.write_bytes(path, buffer.getvalue())
+    for old in list_checkpoints(directory, name)[:-keep]:
+        try:
+            os.unlink(old)
+        except OSError:
+            pass
+    return path
 
 
-def load_verified(path):
-    """Every member of the .npz at `path`, checked against its SHA-256 (files of the
-    positional format have none: the zip CRCs still catch damaged members).
-    Raises DamagedCheckpoint."""
+# ------------------------------------------------------------------ reading
+def list_checkpoints(directory, name="step"):
+    """Complete checkpoint files of NAME, oldest first (temporary files never match)."""
+    pattern = re.compile(rf"^{re.escape(name)}-(\d{{8,}})\.npz$")
+    found = []
+    for path in glob.glob(os.path.join(glob.escape(str(directory)), f"{name}-*.npz")):
+        match = pattern.match(os.path.basename(path))
+        if match:
+            found.append((int(match.group(1)), path))
+    return [p for _, p in sorted(found)]
+
+
+def load(path):
+    """Every member of the checkpoint at `path`, checked against its SHA-256.
+    Raises DamagedCheckpoint; a file of another format is refused in one line."""
     try:
         with np.load(path, allow_pickle=False) as saved:
             arrays = {k: saved[k] for k in saved.files}
@@ -221,17 +218,38 @@ def load_verified(path):
         reason = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
         raise DamagedCheckpoint(f"checkpoint {path} cannot be read ({reason})") from None
     stored = arrays.pop(CHECKSUM, None)
-    if stored is not None and bytes(stored).decode("ascii", "replace") != _digest(arrays):
+    if stored is None or MANIFEST not in arrays or RECORD not in arrays:
+        raise DamagedCheckpoint(
+            f"checkpoint {path} is not of this version's format (written by an earlier "
+            f"version of the project?); start the run again"
+        )
+    if bytes(stored).decode("ascii", "replace") != _digest(arrays):
         raise DamagedCheckpoint(f"checkpoint {path} fails its SHA-256 checksum (damaged)")
-    if stored is None and MANIFEST in arrays:
-        raise DamagedCheckpoint(f"checkpoint {path} has no checksum")
     return arrays
 
 
-def manifest(arrays):
-    if MANIFEST not in arrays:
-        return None
-    return json.loads(bytes(arrays[MANIFEST]).decode("utf-8"))
+def _member(arrays, key):
+    return json.loads(bytes(arrays[key]).decode("utf-8"))
+
+
+def read_record(path):
+    return _member(load(path), RECORD)
+
+
+def latest(directory, name="step", accept=None):
+    """(path, record, damaged) of the newest checkpoint of NAME that reads back whole
+    and passes its checksum (and whose record `accept` takes, if given); `damaged`
+    lists the (path, reason) of newer ones skipped as damaged."""
+    damaged = []
+    for path in reversed(list_checkpoints(directory, name)):
+        try:
+            record = read_record(path)
+        except (UsageError, ValueError, KeyError) as e:  # damaged: try the previous one
+            damaged.append((path, str(e)))
+            continue
+        if accept is None or accept(record):
+            return path, record, damaged
+    return None, None, damaged
 
 
 def _mismatch(path, group, message):
@@ -255,13 +273,12 @@ def _match(path, group, saved, variables, refs):
     return _mismatch(path, group, f"{extra!r} is in the checkpoint but not in this model")
 
 
-def unpack(path, arrays, groups, refs=None, config=None, optional=()):
+def restore(path, groups, *, refs=None, models=(), optional=()):
     """Checks every group's keys and shapes (and the config hash) before assigning
-    anything; then assigns. `optional`: groups that may be absent on either side.
-    Raises UsageError naming the first differing variable."""
-    info = manifest(arrays)
-    if info is None:
-        return _unpack_positional(path, arrays, groups, optional)
+    anything, then assigns; returns the record. `optional`: groups that may be absent
+    on either side. Raises UsageError naming the first differing variable."""
+    arrays = load(path)
+    info = _member(arrays, MANIFEST)
     plan = []
     for group, variables in groups.items():
         variables = list(variables)
@@ -284,240 +301,17 @@ def unpack(path, arrays, groups, refs=None, config=None, optional=()):
                     f"{key!r} has shape {tuple(value.shape)} there, {tuple(v.shape)} here",
                 )
             plan.append((v, value))
-    missing = sorted(set(info["groups"]) - set(groups) - set(optional))
-    if missing:
+    extra = sorted(set(info["groups"]) - set(groups) - set(optional))
+    if extra:
         raise UsageError(
-            f"checkpoint {path} does not fit this model: it holds {missing[0]} "
+            f"checkpoint {path} does not fit this model: it holds {extra[0]} "
             f"variables this model lacks"
         )
-    saved_hash = info.get("config_hash")
-    if config is not None and saved_hash is not None and saved_hash != config:
+    if models and info["config_hash"] != config_hash(models):
         raise UsageError(
             f"checkpoint {path} was written for another model configuration "
-            f"(config hash {saved_hash} there, {config} here)"
+            f"(config hash {info['config_hash']} there, {config_hash(models)} here)"
         )
     for v, value in plan:
         v.assign(value)
-
-
-def _unpack_positional(path, arrays, groups, optional):
-    plan = []
-    for group, variables in groups.items():
-        variables = list(variables)
-        count = sum(1 for k in arrays if k.startswith(group + "/"))
-        if count == 0 and group in optional:
-            continue
-        if count != len(variables):
-            raise UsageError(
-                f"checkpoint {path} holds {count} {group} variables, "
-                f"the {group} here has {len(variables)}"
-            )
-        for i, v in enumerate(variables):
-            value = arrays[f"{group}/{i}"]
-            if tuple(value.shape) != tuple(v.shape):
-                raise UsageError(
-                    f"checkpoint {path}: {group} variable {v.path} has shape "
-                    f"{tuple(value.shape)} there, {tuple(v.shape)} here"
-                )
-            plan.append((v, value))
-    for v, value in plan:
-        v.assign(value)
-    print(
-        f"note: {os.path.basename(path)} is a positional checkpoint (an older format): "
-        f"restored by position, counts and shapes checked",
-        file=sys.stderr,
-    )
-
-
-# ------------------------------------------------------------------ engine checkpoints
-def save(directory, model, optimizer, record, keep=KEEP):
-    """Writes model + optimizer variables and `record` atomically; prunes old ones."""
-    record_bytes = np.frombuffer(json.dumps(record).encode("utf-8"), dtype=np.uint8)
-    arrays = pack(
-        {"model": model.variables, "optimizer": optimizer.variables},
-        refs={"optimizer": model.trainable_variables},
-        config=config_hash(model),
-        extra={"record": record_bytes},
-    )
-    path = path_for(directory, record["step"])
-    os.makedirs(directory, exist_ok=True)
-    write_npz(path, arrays)
-    for old in list_checkpoints(directory)[:-keep] if keep else []:
-        try:
-            os.unlink(old)
-        except OSError:
-            pass
-    return path
-
-
-def list_checkpoints(directory):
-    """Complete checkpoint files, oldest first (temporary files never match)."""
-    found = []
-    for path in glob.glob(os.path.join(directory, "step-*.npz")):
-        match = PATTERN.match(os.path.basename(path))
-        if match:
-            found.append((int(match.group(1)), path))
-    return [p for _, p in sorted(found)]
-
-
-def _record(arrays):
-    return json.loads(bytes(arrays["record"]).decode("utf-8"))
-
-
-def read_record(path):
-    return _record(load_verified(path))
-
-
-def latest_good(directory, accept=None):
-    """(path, record, damaged) of the newest checkpoint that reads back whole and
-    passes its checksum (and whose record `accept` takes, if given); `damaged` lists
-    the (path, reason) of newer ones skipped as damaged."""
-    damaged = []
-    for path in reversed(list_checkpoints(directory)):
-        try:
-            record = read_record(path)
-        except (UsageError, ValueError, KeyError) as e:  # damaged: try the previous one
-            damaged.append((path, str(e)))
-            continue
-        if accept is None or accept(record):
-            return path, record, damaged
-    return None, None, damaged
-
-
-def latest(directory):
-    """(path, record) of the newest good checkpoint, or (None, None)."""
-    path, record, _ = latest_good(directory)
-    return path, record
-
-
-def restore(path, model, optimizer):
-    """Assigns the saved values to `model` and `optimizer` (built under any strategy)
-    after checking every key and shape; returns the record."""
-    arrays = load_verified(path)
-    unpack(
-        path,
-        arrays,
-        {"model": model.variables, "optimizer": optimizer.variables},
-        refs={"optimizer": model.trainable_variables},
-        config=config_hash(model),
-    )
-    return _record(arrays)
-
-
-# ------------------------------------------------------------------ checked files
-# Files that --resume reads but that are not .npz checkpoints (the tagger's and
-# seq2seq's last.keras and best.weights.h5, the SAGAN's classifier.keras): each is
-# written with a record `NAME.sha256` (JSON: the file's SHA-256, its size, and what
-# the caller wants to know about that copy, e.g. the training state it belongs to),
-# and the copy it replaces is kept as `STEM.prev.EXT` with its record. Order of the
-# writes: the previous pair is linked aside, the new file is written to a temporary
-# name, its record is written, the file is renamed into place. A crash at any point
-# leaves at least one pair that matches; a file that does not match its record
-# (truncated, corrupted, or its record is) is replaced by the previous good copy,
-# saying so, and when there is none --resume refuses with one line (exit 2).
-RECORD = ".sha256"
-
-
-def previous_name(path):
-    """`last.keras` -> `last.prev.keras`, `best.weights.h5` -> `best.prev.weights.h5`."""
-    head, name = os.path.split(path)
-    stem, dot, ext = name.partition(".")
-    return os.path.join(head, f"{stem}.prev.{ext}" if dot else f"{name}.prev")
-
-
-def file_sha256(path):
-    h = hashlib.sha256()
-    with open(path, "rb") as f:
-        for chunk in iter(lambda: f.read(1 << 20), b""):
-            h.update(chunk)
-    return h.hexdigest()
-
-
-def save_checked(path, write, meta=None, keep_previous=True):
-    """`write(tmp_path)` writes the file; it becomes `path` with its record (`meta`
-    included). With `keep_previous`, the pair `path` held so far is kept as
-    `previous_name(path)` first. A failed write leaves `path` and its record as they
-    were, and no temporary file."""
-    directory = os.path.dirname(os.path.abspath(path))
-    os.makedirs(directory, exist_ok=True)
-    tmp = os.path.join(directory, f".tmp-{os.getpid()}-{os.path.basename(path)}")
-    try:
-        write(tmp)
-        record = {"sha256": file_sha256(tmp), "bytes": os.path.getsize(tmp), "meta": meta}
-        if keep_previous and os.path.exists(path) and os.path.exists(path + RECORD):
-            previous = previous_name(path)
-            _keep_as(path, previous)
-            _keep_as(path + RECORD, previous + RECORD)
-        atomic.write_text(path + RECORD, json.dumps(record) + "\n")
-        os.replace(tmp, path)
-    finally:
-        if os.path.exists(tmp):
-            os.unlink(tmp)
-
-
-def _read_record(path):
-    with open(path + RECORD, encoding="utf-8") as f:
-        record = json.load(f)
-    if not isinstance(record, dict) or not isinstance(record.get("sha256"), str):
-        raise ValueError("not a checksum record")
-    return record
-
-
-def check_file(path):
-    """(record, None) when `path` matches its record, else (None, why: one line)."""
-    if not os.path.exists(path):
-        return None, f"{path} is missing"
-    try:
-        record = _read_record(path)
-    except (OSError, ValueError, UnicodeDecodeError):
-        return (
-            None,
-            f"{path}: its checksum record {os.path.basename(path) + RECORD} cannot be read (damaged)",
-        )
-    size = os.path.getsize(path)
-    if record.get("bytes") is not None and size != record["bytes"]:
-        return None, f"{path} is truncated or damaged ({size} bytes, {record['bytes']} written)"
-    if file_sha256(path) != record["sha256"]:
-        return None, f"{path} fails its SHA-256 checksum (damaged)"
-    return record, None
-
-
-def checked(path):
-    """What --resume may read at `path`: (meta, why). `path` matches its record:
-    (its meta, None). It does not and the previous copy does: (the previous copy's
-    meta, why `path` is not used); `fall_back(path, why)` then puts that copy in place.
-    Neither: DamagedCheckpoint (one line, exit 2). Files of runs written before the
-    records (no record on either copy) and absent files: (None, None), as they are."""
-    previous = previous_name(path)
-    if not any(os.path.exists(p + RECORD) for p in (path, previous)):
-        return None, None
-    record, why = check_file(path)
-    if record is not None:
-        return record.get("meta"), None
-    good = check_file(previous)[0] if os.path.exists(previous) else None
-    if good is None:
-        raise DamagedCheckpoint(f"{why}; no earlier good copy to fall back to")
-    return good.get("meta"), why
-
-
-def fall_back(path, why):
-    """The previous pair copied back into place (the damaged file kept as
-    NAME.damaged; the record first: a crash in between leaves `path` not matching,
-    and the previous pair still there), and one line on stderr saying so."""
-    previous = previous_name(path)
-    if os.path.exists(path):
-        os.replace(path, path + ".damaged")
-    # Copies, not links: the two stay independent copies until the next save.
-    for source, target in ((previous + RECORD, path + RECORD), (previous, path)):
-        with open(source, "rb") as f:
-            data = f.read()
-        atomic.write_bytes(target, data)
-    print(f"{why}; falling back to {os.path.basename(previous)}", file=sys.stderr)
-
-
-def recover(path):
-    """`checked(path)`, then the fallback if needed: (meta, fell_back)."""
-    meta, why = checked(path)
-    if why is not None:
-        fall_back(path, why)
-    return meta, why is not None
+    return _member(arrays, RECORD)

@@ -1,44 +1,44 @@
-"""The one training loop of `python -m train`: a custom loop on `tf.distribute` that runs
-unchanged under every strategy (one device, mirrored GPUs, several workers, TPU), and,
-under Keras's JAX backend, the same loop around a jitted stateless step
-(`train.jax_engine.JaxEngine`, `keras.distribution.DataParallel` for several devices).
+"""The one training loop of `python -m train`: `fit` drives every model through the small
+step interface `Step` (docs/architecture.md): the tagger, seq2seq and the Universal
+Transformer through train.model_step's compiled-model steps, SAGAN through its own
+(train/sagan/fit.py, jax_fit.py), each under TensorFlow (`tf.distribute`: one device,
+mirrored GPUs, several workers, TPU) and JAX (a jitted stateless step).
 
-Keras 3's `fit` fails under `MultiWorkerMirroredStrategy` (keras-team/keras#20585), so
-`fit` here replaces `model.fit` for compiled models, keeping what the run code relies on:
-Keras callbacks (progress bar, TensorBoard, the run's checkpoint and time-limit
-callbacks, `model.stop_training`), `validation_data`, `initial_epoch`, `steps_per_epoch`,
-and the compiled loss, optimizer and metrics.
-
-What it does differently, on purpose:
-- Every global batch (the data code's batch, `--batch-size` rows) is split row-wise
-  across all replicas of all workers; each worker builds the same global batches from
-  the same seed and feeds its replicas their slices (explicit sharding).
-- The loss is the SUM of per-example (per-token) losses divided by the GLOBAL count
-  of real examples (padding has weight 0 and does not count), so replicas' gradients
-  add up to the single-device gradient whatever the number of replicas.
-- Metrics are Keras metrics updated on each replica; their variables sum across replicas.
-- Batch order of epoch e depends only on (seed, e), so a run resumed from a mid-epoch
-  checkpoint sees exactly the batches the uninterrupted run would have seen.
-- Checkpoints (train.checkpoint) every `--checkpoint-every` steps and at each epoch end,
-  written by the chief only, atomically. A non-finite loss stops the run before
-  anything else is written (`NonFiniteLoss`); the last good checkpoint stays.
-- `--mixed-precision` with float16 scales the loss (`keras.optimizers.LossScaleOptimizer`,
-  which `compile` installs); `--jit-compile` XLA-compiles the forward and backward pass.
+What the loop does, once for every model:
+- Batch order of epoch e depends only on (seed, e) (the caller's `source(e)`), so a run
+  resumed from a mid-epoch checkpoint sees exactly the batches the uninterrupted run
+  would have seen; batches are built on a background thread while the step runs.
+- Checkpoints (train.checkpoint) every `checkpoint_every` steps and at each epoch end,
+  written by the chief only, atomically; the record holds the position (epoch, batches
+  done, the epoch's running log sums) and the run's state (epochs, steps, training
+  seconds, per-epoch history, best epoch). `--resume` restores the newest good one.
+- The best epoch's weights (by `Plan.best`, evaluated on the averaged weights) are a
+  `best` checkpoint, restored into the model when training ends.
+- A time budget (`--max-minutes`) counts the time of the training steps (not the
+  epoch-end evaluation) on one clock: the budget fraction the chief has used, agreed by
+  every worker after every step (train.preemption), which also gives SAGAN's
+  learning-rate decay its progress, so workers never disagree.
+- SIGTERM / SIGINT: the step finishes, a checkpoint is written, the command exits 143 /
+  130; several workers stop after one step (train.preemption).
+- A non-finite loss stops the run before anything else is written (`NonFiniteLoss`,
+  exit 2); the last good checkpoint stays.
+- Progress bars (Keras's `ProgbarLogger`: `--verbose` 1 a bar, 2 a line per epoch) and
+  TensorBoard scalars of every epoch log (RUN_DIR/logs).
 """
 
 import contextlib
+import dataclasses
 import math
 import os
 import sys
 import time
+import typing
 
 import keras
 import numpy as np
 
 from train import checkpoint, preemption
 from train import strategy as dist
-from train.engine_base import EngineBase, host_numpy
-from train.loss_terms import host_count, unpack
 from zoo.cli import UsageError
 
 
@@ -46,25 +46,71 @@ class NonFiniteLoss(UsageError):
     """The loss became NaN or Inf; nothing was saved after the last good checkpoint."""
 
 
-def _rows(batch):
-    return int(keras.tree.flatten(batch)[0].shape[0])
+class At(typing.NamedTuple):
+    """Where a training step runs: `step` steps done before it (the whole run's), and
+    `progress`, the fraction of the budget done (steps of the planned epochs or time of
+    the time budget, whichever is further)."""
+
+    step: int
+    progress: float
 
 
-def _split(strategy, batch):
-    """Per-replica slices of a global batch: replica r of R gets rows [r*B/R, (r+1)*B/R)."""
-    import tensorflow as tf
+class Step:
+    """What `fit` drives. A model's step holds its models, optimizers and metrics."""
 
-    replicas = strategy.num_replicas_in_sync
-    if replicas == 1:
-        return batch
-    total = _rows(batch)
-    bounds = [round(r * total / replicas) for r in range(replicas + 1)]
+    models = ()  # the models whose configurations checkpoints are bound to
+    optional = ()  # checkpoint groups that may be absent on either side
 
-    def value_fn(ctx):
-        r = ctx.replica_id_in_sync_group
-        return tf.nest.map_structure(lambda a: tf.constant(a[bounds[r] : bounds[r + 1]]), batch)
+    def build(self, batch):
+        """Creates every variable (before a checkpoint is restored into them)."""
 
-    return strategy.experimental_distribute_values_from_function(value_fn)
+    def train(self, batch, at):
+        """One step on a global batch at `At`. Returns {name: (value, weight)}: the
+        epoch's log of each name is the weighted mean of its values."""
+        raise NotImplementedError
+
+    def evaluate(self, batches):
+        """Logs on held-out `batches` (the validation data of `Plan`)."""
+        return {}
+
+    def reset_metrics(self):
+        """Called as each epoch begins."""
+
+    def metric_results(self):
+        """Stateful metrics of the epoch so far, added to its logs."""
+        return {}
+
+    def variables(self):
+        """{group: variables} of a step checkpoint (all the training state)."""
+        raise NotImplementedError
+
+    def refs(self):
+        """{optimizer group: the variables it updates} (checkpoint keys name them)."""
+        return {}
+
+    def best_variables(self):
+        """{group: variables} kept as the `best` checkpoint (read in `averaged()`)."""
+        return {}
+
+    def averaged(self):
+        """A context in which the models hold the weights evaluated and kept as best."""
+        return contextlib.nullcontext()
+
+
+@dataclasses.dataclass
+class Plan:
+    """How `fit` trains, and what it writes."""
+
+    epochs: int
+    steps_per_epoch: typing.Optional[int] = None  # None: one pass over source(epoch)
+    max_minutes: float = 0.0  # time of the training steps (0: no limit)
+    checkpoint_dir: typing.Optional[str] = None  # None: no checkpoints, no resume
+    checkpoint_every: int = 0  # also every N steps within an epoch
+    log_dir: typing.Optional[str] = None  # TensorBoard
+    verbose: object = "auto"  # auto: a bar on a terminal, else a line per epoch
+    validation: object = None  # batches evaluated at each epoch end (as val_*)
+    best: typing.Optional[typing.Callable] = None  # logs -> sort key (lower wins) or None
+    hooks: tuple = ()  # hook(epoch, logs) at each epoch end, before best and checkpoint
 
 
 class EpochData:
@@ -93,9 +139,7 @@ class EpochData:
             return
         if self._pass_len is None:
             self._pass_len = max(1, len(self.source(0)))
-        start = epoch * self.steps_per_epoch + skip
-        end = (epoch + 1) * self.steps_per_epoch
-        index = start
+        index, end = epoch * self.steps_per_epoch + skip, (epoch + 1) * self.steps_per_epoch
         while index < end:
             p, offset = divmod(index, self._pass_len)
             for i, batch in enumerate(self.source(p)):
@@ -147,157 +191,6 @@ def _prefetched(iterator, size=2):
         stop.set()  # the consumer stopped early (time limit, NaN): let the producer end
 
 
-def _reduce_before_clipping(optimizer):
-    """Keras's TF optimizer clips (clipnorm, global_clipnorm) and decays each replica's
-    LOCAL gradient and only then sums gradients across replicas, so a clipped run on
-    R replicas differs from one device. The engine sums first (in the replica step) and
-    turns the optimizer's own summation off, so clipping sees the global gradient."""
-    for opt in (optimizer, getattr(optimizer, "inner_optimizer", None)):
-        if opt is not None and hasattr(opt, "_all_reduce_sum_gradients"):
-            opt._all_reduce_sum_gradients = lambda grads_and_vars: list(grads_and_vars)
-
-
-# ------------------------------------------------------------------ the loop
-class Engine(EngineBase):
-    def __init__(self, model, loss_terms=None, jit_compile=None, strategy=None, terms_kind=None):
-        super().__init__(model, loss_terms, terms_kind)
-        self.strategy = strategy or dist.get()
-        self.jit_compile = dist.jit_compile() if jit_compile is None else bool(jit_compile)
-
-    def build(self, batch):
-        """Creates every variable (model, compiled metrics, optimizer slots) under the
-        strategy's scope, before any step runs in a replica context."""
-        x, y, w = unpack(host_numpy(batch))
-        sample = keras.tree.map_structure(lambda a: a[:1], (x, y) if w is None else (x, y, w))
-        with self.strategy.scope():
-            self.model._symbolic_build(data_batch=sample)
-            if not self.optimizer.built:
-                self.optimizer.build(self.model.trainable_variables)
-
-    def _make_train_fn(self):
-        import tensorflow as tf
-
-        model, optimizer, terms = self.model, self.optimizer, self.terms
-        replicas = self.strategy.num_replicas_in_sync
-        metrics = self._metrics()
-
-        def forward_backward(x, y, w, global_count):
-            with tf.GradientTape() as tape:
-                y_pred = model(x, training=True)
-                loss_sum, _ = terms(y, y_pred, w)
-                loss = loss_sum / global_count
-                if model.losses:
-                    loss = loss + tf.cast(tf.add_n(model.losses), tf.float32) / replicas
-                scaled = optimizer.scale_loss(loss)
-            grads = tape.gradient(scaled, model.trainable_variables)
-            return loss, grads, y_pred
-
-        compiled = tf.function(
-            forward_backward, jit_compile=self.jit_compile, reduce_retracing=True
-        )
-
-        if replicas > 1:
-            _reduce_before_clipping(optimizer)
-
-        def replica_step(x, y, w, global_count):
-            loss, grads, y_pred = compiled(x, y, w, global_count)
-            if replicas > 1:
-                grads = tf.distribute.get_replica_context().all_reduce(
-                    tf.distribute.ReduceOp.SUM, grads
-                )
-            optimizer.apply(grads, model.trainable_variables)
-            for m in metrics:
-                m.update_state(y, y_pred, w)
-            return loss
-
-        def train_fn(x, y, w, global_count):
-            per_replica = self.strategy.run(replica_step, args=(x, y, w, global_count))
-            return self.strategy.reduce(tf.distribute.ReduceOp.SUM, per_replica, axis=None)
-
-        return train_fn
-
-    def _make_eval_fn(self):
-        import tensorflow as tf
-
-        model, terms = self.model, self.terms
-        metrics = self._metrics()
-
-        def replica_step(x, y, w, global_count):
-            y_pred = model(x, training=False)
-            loss_sum, _ = terms(y, y_pred, w)
-            for m in metrics:
-                m.update_state(y, y_pred, w)
-            return loss_sum / global_count
-
-        def eval_fn(x, y, w, global_count):
-            per_replica = self.strategy.run(replica_step, args=(x, y, w, global_count))
-            return self.strategy.reduce(tf.distribute.ReduceOp.SUM, per_replica, axis=None)
-
-        return eval_fn
-
-    def _graph(self, fn, x, y, w):
-        """One trace for every batch shape on one replica (dynamic dimensions; XLA still
-        compiles per shape); several replicas: traces generalised after the first shapes."""
-        import tensorflow as tf
-
-        if self.strategy.num_replicas_in_sync > 1:
-            return tf.function(fn, reduce_retracing=True)
-
-        def spec(a):
-            return tf.TensorSpec([None] * np.ndim(a), tf.as_dtype(np.asarray(a).dtype))
-
-        xs, ys = tf.nest.map_structure(spec, x), tf.nest.map_structure(spec, y)
-        count = tf.TensorSpec([], tf.float32)
-        if w is None:
-            graph = tf.function(
-                lambda x_, y_, c: fn(x_, y_, None, c), input_signature=[xs, ys, count]
-            )
-            return lambda x_, y_, w_, c: graph(x_, y_, c)
-        return tf.function(fn, input_signature=[xs, ys, spec(w), count])
-
-    def _run(self, fn, batch):
-        import tensorflow as tf
-
-        batch = host_numpy(batch)
-        x, y, w = unpack(batch)
-        count = host_count(y, w, self.terms_kind, self.pad_id)
-        if count <= 0:
-            return None, 0.0
-        if fn == "train":
-            if self._train_fn is None:
-                self._train_fn = self._graph(self._make_train_fn(), x, y, w)
-            fn = self._train_fn
-        elif fn == "eval":
-            if self._eval_fn is None:
-                self._eval_fn = self._graph(self._make_eval_fn(), x, y, w)
-            fn = self._eval_fn
-        parts = (x, y) if w is None else (x, y, w)
-        split = _split(self.strategy, parts)
-        if w is None:
-            dx, dy = split
-            dw = None
-        else:
-            dx, dy, dw = split
-        loss = fn(dx, dy, dw, tf.constant(count, tf.float32))
-        return float(loss), count
-
-
-def make_engine(model, **kwargs):
-    """The step runner of `fit` for Keras's backend: `Engine` (tf.distribute) under
-    TensorFlow, `train.jax_engine.JaxEngine` (jitted stateless step) under JAX."""
-    if keras.backend.backend() == "jax":
-        from train.jax_engine import JaxEngine
-
-        return JaxEngine(model, **kwargs)
-    return Engine(model, **kwargs)
-
-
-def _averaging_optimizer(model):
-    optimizer = getattr(model, "optimizer", None)
-    inner = getattr(optimizer, "inner_optimizer", optimizer)
-    return inner if getattr(inner, "use_ema", False) and inner.built else None
-
-
 @contextlib.contextmanager
 def _restoring(variables):
     """Puts `variables` back to their current values when the block ends."""
@@ -313,238 +206,348 @@ def _restoring(variables):
 def averaged_weights(model):
     """Context in which the model holds its optimizer's moving averages of the weights
     (`use_ema=True`) instead of the raw weights, which come back on exit. Evaluation
-    and the best-on-dev weights see the averages; training and its checkpoints keep
-    the raw weights, so a resumed run continues exactly. A no-op without `use_ema`."""
-    optimizer = _averaging_optimizer(model)
-    if optimizer is None:
+    and the best weights see the averages; training and its checkpoints keep the raw
+    weights, so a resumed run continues exactly. A no-op without `use_ema`."""
+    optimizer = getattr(model, "optimizer", None)
+    inner = getattr(optimizer, "inner_optimizer", optimizer)
+    if not (getattr(inner, "use_ema", False) and inner.built):
         yield
         return
     variables = model.trainable_variables
     with _restoring(variables):
-        optimizer.finalize_variable_values(variables)
+        inner.finalize_variable_values(variables)
         yield
 
 
-def seconds_per_step(model, batches, warmup=1):
-    """Mean wall time of one training step of the compiled `model`, over `batches`
-    (a list of global batches; the first `warmup` are run untimed, tracing included).
-    The mean, not the median: an epoch lasts the sum of its steps, and length-bucketed
-    steps are skewed towards the long batches (median 86 ms, mean 101 ms on one run).
+def _all_variables(step):
+    return [v for group in step.variables().values() for v in group]
 
-    Every model and optimizer variable (dropout seed states too) is put back
-    afterwards, so the run that follows starts exactly as if nothing had run."""
-    engine = make_engine(model)
-    engine.build(batches[0])
+
+def seconds_per_step(step, batches, warmup=1):
+    """Mean wall time of one training step over `batches` (a list of global batches;
+    the first `warmup` are run untimed, tracing included). The mean, not the median: an
+    epoch lasts the sum of its steps, and length-bucketed steps are skewed towards the
+    long batches (median 86 ms, mean 101 ms on one run).
+
+    Every variable of the step (dropout seed states too) is put back afterwards, so the
+    run that follows starts exactly as if nothing had run."""
+    step.build(batches[0])
     times = []
     try:
-        with _restoring(list(model.variables) + list(engine.optimizer.variables)):
+        with _restoring(_all_variables(step)):
             for i, batch in enumerate(batches):
-                if i >= warmup and getattr(engine, "compiles_per_shape", False):
-                    engine.train_batch(batch)  # JAX: a new shape compiles; time the run only
+                if i >= warmup and getattr(step, "compiles_per_shape", False):
+                    step.train(batch, At(i, 0.0))  # JAX: a new shape compiles; time the run only
                 start = time.perf_counter()
-                engine.train_batch(batch)
+                step.train(batch, At(i, 0.0))
                 if i >= warmup:
                     times.append(time.perf_counter() - start)
     finally:
-        engine.reset_metrics()
+        step.reset_metrics()
     return float(np.mean(times)) if times else 0.0
 
 
-def _check_finite(loss, epoch, step, checkpoint_dir):
-    if loss is not None and not math.isfinite(loss):
-        kept = checkpoint.latest(checkpoint_dir)[0] if checkpoint_dir else None
-        where = f"kept the last good checkpoint {kept}" if kept else "no checkpoint was written"
-        raise NonFiniteLoss(
-            f"training stopped: the loss became {loss} at epoch {epoch + 1}, step {step}; "
-            f"{where} (lower --learning-rate, or check the data)"
+def _verbosity(verbose):
+    if verbose in (None, "auto"):
+        return 1 if sys.stdout.isatty() else 2
+    return int(verbose)
+
+
+def _numbers(logs):
+    return {
+        k: float(v)
+        for k, v in logs.items()
+        if isinstance(v, (int, float, np.floating)) and not isinstance(v, bool)
+    }
+
+
+class _Board:
+    """TensorBoard: every epoch's numeric logs as scalars."""
+
+    def __init__(self, log_dir):
+        self.dir, self.writer = log_dir, None
+
+    def write(self, epoch, logs):
+        if not self.dir:
+            return
+        import tensorflow as tf
+
+        if self.writer is None:
+            self.writer = tf.summary.create_file_writer(self.dir)
+        with self.writer.as_default(step=epoch):
+            for key, value in _numbers(logs).items():
+                tf.summary.scalar(key, value)
+        self.writer.flush()
+
+
+class _Training:
+    """One `fit`: the epochs from the restored position, the stop checks after each step
+    and the epoch ends (see the module docstring)."""
+
+    def __init__(self, step, data, plan, state):
+        self.step, self.data, self.plan, self.state = step, data, plan, state
+        self.steps = data.steps()
+        self.chief = dist.is_chief()
+        self.limit = (plan.max_minutes or 0.0) * 60.0
+        self.sums = {}  # name -> [weighted sum, weight] of the epoch so far
+        self.seconds = state["train_seconds"]  # this worker's clock of the training steps
+        # The fraction of the time budget used, on the chief's clock and budget (agreed).
+        self.used = self.seconds / self.limit if self.limit else 0.0
+        self.stopped_by_time = False
+        verbose = _verbosity(plan.verbose)
+        self.bar = keras.callbacks.CallbackList(
+            add_history=False,
+            add_progbar=verbose != 0,
+            verbose=verbose,
+            epochs=plan.epochs,
+            steps=self.steps,
+        )
+        self.board = _Board(plan.log_dir)
+        # Several workers agree on the step to stop after and on the clock.
+        self.stops = preemption.StepStops(*dist.worker())
+
+    # ------------------------------------------------------------ checkpoints
+    def save(self, epoch, done):
+        if not (self.plan.checkpoint_dir and self.chief):
+            return
+        checkpoint.save(
+            self.plan.checkpoint_dir,
+            self.step.variables(),
+            {
+                "step": self.state["step"],
+                "epoch": epoch,
+                "batches_done": done,
+                "partial": self.sums,
+                "strategy": dist.describe(),
+                "state": self.state,
+            },
+            refs=self.step.refs(),
+            models=self.step.models,
         )
 
+    def written(self):
+        """What a stop wrote, for its one line (several workers stop at the same step:
+        the chief wrote it)."""
+        directory = self.plan.checkpoint_dir
+        if not directory:
+            return "no checkpoint directory, nothing written"
+        if not self.chief:
+            return "the chief wrote the checkpoint"
+        return f"wrote {checkpoint.path_for(directory, self.state['step'])}"
 
-def _written(checkpoint_dir, chief, step, cluster=None):
-    """What the stop wrote, for its one line (several workers stop at the same step:
-    the chief wrote it)."""
-    if not checkpoint_dir:
-        return "no checkpoint directory, nothing written"
-    if not chief:
-        return (
-            "the chief wrote the checkpoint"
-            if cluster is not None
-            else "not the chief, nothing written"
+    # ------------------------------------------------------------ steps
+    def time_up(self):
+        return self.used >= 1.0
+
+    def progress(self):
+        return max(self.state["step"] / max(1, self.steps * self.plan.epochs), self.used)
+
+    def _check_finite(self, logs, epoch):
+        for name, (value, _) in logs.items():
+            if not math.isfinite(value):
+                kept = None
+                if self.plan.checkpoint_dir:
+                    kept = checkpoint.latest(self.plan.checkpoint_dir)[0]
+                where = (
+                    f"kept the last good checkpoint {kept}" if kept else "no checkpoint was written"
+                )
+                raise NonFiniteLoss(
+                    f"training stopped: the {name} became {value} at epoch {epoch + 1}, step "
+                    f"{self.state['step']}; {where} (lower the learning rate, or check the data)"
+                )
+
+    def logs(self):
+        means = {k: s / w for k, (s, w) in self.sums.items() if w}
+        return {**means, **self.step.metric_results()}
+
+    def epoch(self, epoch, skip):
+        """Trains epoch `epoch` from batch `skip`; True when it ran to its end."""
+        self.step.reset_metrics()
+        self.bar.on_epoch_begin(epoch)
+        base, started, done = self.seconds, time.perf_counter(), skip
+        every = self.plan.checkpoint_every
+        for batch in _prefetched(self.data.batches(epoch, skip)):
+            logs = self.step.train(batch, At(self.state["step"], self.progress()))
+            self.state["step"] += 1
+            done += 1
+            self._check_finite(logs, epoch)
+            for name, (value, weight) in logs.items():
+                total = self.sums.setdefault(name, [0.0, 0.0])
+                total[0] += value * weight
+                total[1] += weight
+            self.seconds = base + time.perf_counter() - started
+            used = self.seconds / self.limit if self.limit else 0.0
+            self.used = self.stops.clock(self.state["step"], used)
+            self.bar.on_train_batch_end(done - 1, self.logs())
+            if every and self.state["step"] % every == 0 and done < self.steps:
+                self.save(epoch, done)
+            if self.stops.signalled(self.state["step"]):
+                # The step is finished: save it (within the epoch, so that the resumed run
+                # still closes the epoch), then leave with the signal's exit code.
+                self.state["train_seconds"] = self.seconds
+                self.save(epoch, done)
+                preemption.stop(f"{self.written()} at epoch {epoch + 1}, batch {done}")
+            if self.time_up():
+                self.stopped_by_time = True
+                break
+        return done
+
+    def end_epoch(self, epoch, done):
+        """Validation, the hooks, history, the best weights, TensorBoard and the
+        checkpoint of the epoch's end (an epoch the time limit ended is closed too)."""
+        plan, state = self.plan, self.state
+        state["train_seconds"] = self.seconds
+        logs = self.logs()
+        if plan.validation is not None:
+            with self.step.averaged():
+                logs.update({f"val_{k}": v for k, v in self.step.evaluate(plan.validation).items()})
+        for hook in plan.hooks:
+            hook(epoch, logs)
+        entry = {"epoch": epoch + 1, "steps": done, **_numbers(logs)}
+        state["history"].append({k: round(v, 5) for k, v in entry.items()})
+        state["epoch"] = epoch + 1
+        key = plan.best(logs) if plan.best and plan.checkpoint_dir else None
+        if key is not None and (state.get("best") is None or list(key) < state["best"]["key"]):
+            best = {"epoch": epoch + 1, "step": state["step"], "key": list(key), "logs": entry}
+            state["best"] = best
+            with self.step.averaged():
+                checkpoint.save(
+                    plan.checkpoint_dir,
+                    self.step.best_variables(),
+                    best,
+                    name="best",
+                    keep=2,
+                    models=self.step.models,
+                )
+        self.bar.on_epoch_end(epoch, {k: v for k, v in logs.items() if v is not None})
+        self.board.write(epoch + 1, logs)
+        self.sums = {}
+        self.save(epoch + 1, 0)
+
+    def run(self, epoch, skip):
+        self.bar.on_train_begin()
+        with preemption.listening():
+            try:
+                while epoch < self.plan.epochs:
+                    if self.time_up():
+                        self.stopped_by_time = True
+                        break
+                    done = self.epoch(epoch, skip)
+                    self.end_epoch(epoch, done)
+                    if self.stops.cluster is None and preemption.requested() is not None:
+                        preemption.stop(f"{self.written()} at the end of epoch {epoch + 1}")
+                    epoch, skip = epoch + 1, 0
+                    if self.stopped_by_time:
+                        break
+                if self.stops.finish():  # a signal after the last step
+                    preemption.stop(f"{self.written()} at the end of epoch {epoch}")
+            finally:
+                self.stops.close()
+                self.bar.on_train_end()
+
+
+def _fallback_line(damaged, path):
+    for bad, reason in damaged:
+        print(f"{reason}; falling back to {os.path.basename(path)}", file=sys.stderr)
+
+
+def _restore(step, plan, state):
+    """Restores the newest good step checkpoint into `step` and `state`: (epoch, batches
+    done, the epoch's log sums, the file's name), or (0, 0, {}, None) when there is none.
+    Checks that the best checkpoint the state names can be read (else the previous best,
+    saying so)."""
+    directory = plan.checkpoint_dir
+    if not directory or not checkpoint.list_checkpoints(directory):
+        return 0, 0, {}, None
+    path, record, damaged = checkpoint.latest(directory)
+    if path is None:
+        raise checkpoint.DamagedCheckpoint(
+            f"{damaged[0][1]}; no earlier checkpoint to fall back to"
         )
-    return f"wrote {os.path.join(checkpoint_dir, os.path.basename(checkpoint.path_for(checkpoint_dir, step)))}"
-
-
-def fit(
-    model,
-    train_data,
-    *,
-    epochs,
-    initial_epoch=0,
-    validation_data=None,
-    callbacks=(),
-    verbose="auto",
-    steps_per_epoch=None,
-    checkpoint_dir=None,
-    checkpoint_every=None,
-    loss_terms=None,
-    jit_compile=None,
-    resume=True,
-    announce=None,
-    epochs_done=None,
-):
-    """Trains a compiled `model` like `model.fit`, under `train.strategy.get()`.
-
-    train_data: `epoch -> sized iterable of global batches` ((x, y) or (x, y, weights),
-        NumPy or tensors), or one sized iterable reused every epoch.
-    checkpoint_dir: where step checkpoints go (None: none). With `resume`, a checkpoint
-        there that is at or after `initial_epoch` is restored first and its epoch
-        continues from the batch after the one it saved.
-    announce: a line for stderr, printed once the checkpoint is restored (so that a
-        checkpoint refused as not fitting the model is the only line).
-    epochs_done: the epochs whose ends the callbacks' own state has recorded (the run's
-        last.keras: after it fell back to its previous copy, fewer than the newest step
-        checkpoints passed); a step checkpoint past them is not restored, so no epoch
-        end is skipped. None: no bound.
-    With `resume`, when every step checkpoint is damaged: falls back to the model as
-    given if `initial_epoch` > 0 (an epoch-end state), else refuses (DamagedCheckpoint).
-    Returns the `keras.callbacks.History`.
-    """
-    engine = make_engine(model, loss_terms=loss_terms, jit_compile=jit_compile)
-    data = EpochData(train_data, steps_per_epoch)
-    steps = data.steps()
-    every = dist.checkpoint_every() if checkpoint_every is None else checkpoint_every
-    chief = dist.is_chief()
-    verbose = 1 if verbose == "auto" else verbose
-    history = keras.callbacks.History()
-    cbs = keras.callbacks.CallbackList(
-        list(callbacks) + [history],
-        add_history=False,
-        add_progbar=verbose != 0,
-        verbose=verbose,
-        epochs=epochs,
-        steps=steps,
-        model=model,
+    checkpoint.restore(
+        path, step.variables(), refs=step.refs(), models=step.models, optional=step.optional
     )
-    first = next(iter(data.batches(initial_epoch)), None)
+    _fallback_line(damaged, path)
+    state.clear()
+    state.update(record["state"])
+    if state.get("best") is not None:
+        best, best_record, damaged = checkpoint.latest(
+            directory, "best", accept=lambda r: r["step"] <= state["step"]
+        )
+        if best is None:
+            reason = damaged[0][1] if damaged else f"the best checkpoint of {directory} is missing"
+            raise checkpoint.DamagedCheckpoint(f"{reason}; no earlier good copy to fall back to")
+        _fallback_line(damaged, best)
+        state["best"] = best_record
+    return record["epoch"], record["batches_done"], record["partial"], os.path.basename(path)
+
+
+def restore_best(step, plan, state):
+    """Puts the best checkpoint's weights into the step's models (no-op without one)."""
+    if state.get("best") is None or not plan.checkpoint_dir:
+        return
+    path, _, _ = checkpoint.latest(
+        plan.checkpoint_dir, "best", accept=lambda r: r["step"] == state["best"]["step"]
+    )
+    if path is None:
+        raise checkpoint.DamagedCheckpoint(
+            f"the best checkpoint of step {state['best']['step']} cannot be read"
+        )
+    checkpoint.restore(path, step.best_variables(), models=step.models)
+
+
+def fit(step, source, plan, state=None, name=None):
+    """Trains `step` by `plan` on `source` and returns the run's state (`state`, updated
+    in place: epoch, step, train_seconds, history, best, stopped_by_time_limit, and any
+    keys of the caller's, which checkpoints carry too).
+
+    source: `epoch -> sized iterable of global batches`, or one sized iterable reused
+        every epoch.
+    name: the run, for the line a resumed run prints ("resuming NAME at epoch ...").
+    A checkpoint in `plan.checkpoint_dir` is restored first (with its state); a damaged
+    newest one falls back to the previous, saying so, and none good is refused
+    (`checkpoint.DamagedCheckpoint`). With `plan.best`, the best weights are restored
+    into the models at the end.
+    """
+    data = EpochData(source, plan.steps_per_epoch)
+    first = next(iter(data.batches(0)), None)
     if first is None:
         raise UsageError("no training batches")
-    engine.build(first)
-
-    epoch, skip = initial_epoch, 0
-    partial, total, count = (0.0, 0.0), 0.0, 0.0
-    restored = None
-    if checkpoint_dir and resume:
-        within = None
-        if epochs_done is not None:
-
-            def within(record):
-                return record["epoch"] + bool(record.get("epoch_complete")) <= epochs_done
-
-        path, record, damaged = checkpoint.latest_good(checkpoint_dir, accept=within)
-        for bad, reason in damaged:
-            if path:
-                instead = f"falling back to {os.path.basename(path)}"
-            elif initial_epoch > 0:
-                instead = f"falling back to the state at the end of epoch {initial_epoch}"
-            else:
-                raise checkpoint.DamagedCheckpoint(
-                    f"{reason}; no earlier checkpoint to fall back to"
-                )
-            print(f"{reason}; {instead}", file=sys.stderr)
-        if record is not None and record["epoch"] >= initial_epoch:
-            checkpoint.restore(path, model, engine.optimizer)
-            epoch, skip = record["epoch"], record["batches_done"]
-            if record.get("epoch_complete"):
-                epoch, skip = record["epoch"] + 1, 0
-            else:
-                partial = tuple(record.get("partial_loss", partial))
-            restored = f"restored {os.path.basename(path)}: epoch {epoch + 1}, batch {skip}"
+    step.build(first)
+    state = state if state is not None else {}
+    for key, value in (("epoch", 0), ("step", 0), ("train_seconds", 0.0), ("history", [])):
+        state.setdefault(key, value)
+    epoch, skip, partial, restored = _restore(step, plan, state)
     # After the restore: a checkpoint that does not fit is the run's one line on stderr.
-    dist.announce()
-    for line in (announce, restored):
-        if line:
-            print(line, file=sys.stderr)
-    global_step = int(engine.optimizer.iterations.numpy())
-
-    def save(epoch_, done, complete):
-        if not (checkpoint_dir and chief):
-            return
-        # partial_loss: the epoch's running loss sum and count, so that a resumed epoch
-        # reports the mean over all its batches (an epoch resumed after its last batch
-        # has a loss too).
-        checkpoint.save(
-            checkpoint_dir,
-            model,
-            engine.optimizer,
-            {
-                "step": global_step,
-                "epoch": epoch_,
-                "batches_done": done,
-                "epoch_complete": complete,
-                "steps_per_epoch": steps,
-                "partial_loss": [total, count],
-                "strategy": dist.describe(),
-            },
+    dist.announce(getattr(step, "runtime", None))
+    if restored:
+        where = f"at epoch {epoch + 1}, batch {skip}" if skip else f"after epoch {epoch}"
+        print(
+            f"resuming {name or plan.checkpoint_dir} {where} of {plan.epochs} from {restored}",
+            file=sys.stderr,
         )
+    training = _Training(step, data, plan, state)
+    training.sums = {k: list(v) for k, v in partial.items()}
+    training.run(epoch, skip)
+    state["stopped_by_time_limit"] = training.stopped_by_time
+    if plan.best:
+        restore_best(step, plan, state)
+    return state
 
-    def stop_for_signal(epoch_, done):
-        # The step is finished: save it (as an incomplete epoch, so that the resumed run
-        # still validates and closes the epoch), then leave with the signal's exit code.
-        save(epoch_, done, False)
-        preemption.stop(
-            f"{_written(checkpoint_dir, chief, global_step, cluster)} at epoch {epoch_ + 1}, batch {done}"
-        )
 
-    model.stop_training = False
-    cbs.on_train_begin()
-    logs = {}
-    # Several workers agree on the step to stop after (one was signalled, all stop).
-    stops = preemption.StepStops(*dist.worker())
-    cluster = stops.cluster
-    with preemption.listening(), contextlib.ExitStack() as cleanup:
-        cleanup.callback(stops.close)
-        while epoch < epochs and not model.stop_training:
-            engine.reset_metrics()
-            cbs.on_epoch_begin(epoch)
-            (total, count), done = partial, skip
-            partial = (0.0, 0.0)
-            if count:
-                logs = {"loss": total / count}
-            for batch in _prefetched(data.batches(epoch, skip)):
-                cbs.on_train_batch_begin(done)
-                loss, n = engine.train_batch(batch)
-                global_step += 1
-                done += 1
-                _check_finite(loss, epoch, global_step, checkpoint_dir)
-                if loss is not None:
-                    total += loss * n
-                    count += n
-                logs = {"loss": total / count if count else 0.0, **engine.metric_results()}
-                cbs.on_train_batch_end(done - 1, logs)
-                if every and global_step % every == 0 and done < steps:
-                    save(epoch, done, False)
-                if stops.signalled(global_step):
-                    stop_for_signal(epoch, done)
-                # The chief's wish to stop (time limit) holds for all workers, at one step.
-                model.stop_training = stops.time_up(model.stop_training, global_step, chief)
-                if model.stop_training:
-                    break
-            epoch_logs = dict(logs)
-            if validation_data is not None:
-                with averaged_weights(model):
-                    val = engine.evaluate(validation_data)
-                epoch_logs.update({f"val_{k}": v for k, v in val.items()})
-            cbs.on_epoch_end(epoch, epoch_logs)
-            save(epoch, done, done >= steps)
-            if cluster is None and stops.signalled(global_step):  # several: at their next step
-                preemption.stop(
-                    f"{_written(checkpoint_dir, chief, global_step)} at the end of epoch {epoch + 1}"
-                )
-            logs = epoch_logs
-            epoch, skip = epoch + 1, 0
-        if stops.finish():  # a signal after the last step
-            preemption.stop(
-                f"{_written(checkpoint_dir, chief, global_step, cluster)} at the end of epoch {epoch}"
-            )
-    cbs.on_train_end(logs)
-    return history
+def run_plan(out, epochs, max_minutes, **kwargs):
+    """The `Plan` of a run directory: checkpoints/ and logs/ in `out`, checkpoints every
+    --checkpoint-every steps too."""
+    return Plan(
+        epochs=epochs,
+        max_minutes=max_minutes or 0.0,
+        checkpoint_dir=os.path.join(out, "checkpoints"),
+        checkpoint_every=dist.checkpoint_every(),
+        log_dir=os.path.join(out, "logs"),
+        **kwargs,
+    )
+
+
+def highest(key):
+    """`Plan.best` keeping the epoch with the highest log `key` (e.g. "val_acc")."""
+    return lambda logs: None if logs.get(key) is None else [-float(logs[key])]

@@ -1,5 +1,5 @@
-"""The loss terms and batch helpers both training engines share (train.engine's
-tf.distribute step and train.jax_engine's jitted step): a loss as (sum, count) over the
+"""The loss terms and batch helpers both compiled-model steps share (train.model_step's
+tf.distribute step and train.jax_step's jitted step): a loss as (sum, count) over the
 global batch, counted on the host, so every replica or device divides by the same
 global count."""
 
@@ -38,13 +38,13 @@ def masked_mean_terms(loss, pad_id=0):
     return terms
 
 
-def host_count(y, w, terms_kind, pad_id):
-    """The global normaliser, computed on the host from the whole global batch (each
-    worker holds it), so no collective is needed inside the compiled step."""
+def host_count(y, w, terms):
+    """The global normaliser of `terms`, computed on the host from the whole global batch
+    (each worker holds it), so no collective is needed inside the compiled step."""
     if w is not None:
         return float(np.sum(np.asarray(w, np.float64)))
-    if terms_kind == "masked":
-        return float(np.sum(np.asarray(y) != pad_id))
+    if getattr(terms, "kind", None) == "masked":
+        return float(np.sum(np.asarray(y) != terms.pad_id))
     return float(np.prod(np.shape(y)))
 
 

@@ -22,8 +22,9 @@ No worker can finish step N+2 without it, so each one reads the target at its po
 after step N+1 at the latest, and all stop there. At the end of the loop the workers
 exchange their flags once more (a signal after the last poll).
 
-A time limit (`--max-minutes`) is agreed the same way: only the chief's clock counts
-(`request_end`), and every worker ends after the step it names (`ended`).
+The clock of the training steps (time budget, SAGAN's learning-rate decay) is agreed
+the same way: after each step the chief publishes its clock, and every other worker
+reads it (`clock`), so all decide the same at the same step.
 """
 
 import contextlib
@@ -105,18 +106,10 @@ def listening():
         listen(False)
 
 
-def done_listening(saved):
-    """Ends a `listen()` region; a signal that came after the loop's last poll (during
-    its final epoch-end work, after the last checkpoint) stops the command here."""
-    listen(False)
-    if _state["requested"] is not None:
-        stop(saved)
-
-
 def requested():
     """The signal received while listening, or None: this process's own, or a peer's
-    once `ClusterStop` agreed on it. Under several workers a loop polls
-    `ClusterStop.poll` instead (engine.fit, train/sagan/training.py), which shares it."""
+    once `ClusterStop` agreed on it. Under several workers train.engine polls
+    `ClusterStop.poll` instead, which shares it."""
     return _state["requested"]
 
 
@@ -152,7 +145,6 @@ class ClusterStop:
         self.prefix = f"attention_zoo/stop/{next(_sessions)}"
         self.target = None  # (step, signum) published by the signalled worker
         self.claimed = False
-        self.end_target, self._end_claimed = None, False  # the chief's time limit
         self._closing = threading.Event()
         self._thread = threading.Thread(
             target=self._watch, daemon=True, name=f"zoo-stop-watcher-{self.index}"
@@ -160,30 +152,23 @@ class ClusterStop:
         self._thread.start()
 
     def _watch(self):
-        # Two keys: the signalled worker's stop target, and the chief's end (time limit).
-        pending = ["target", "end"]
-        while pending and not self._closing.is_set():
-            for key in list(pending):
-                started = time.monotonic()
-                try:
-                    value = self.ctx.get_config_key_value(f"{self.prefix}/{key}", 250)
-                except Exception:  # noqa: BLE001  (not set yet: DeadlineExceeded; look again)
-                    if time.monotonic() - started < 0.1:  # an error, not the timeout: no busy loop
-                        time.sleep(0.1)
-                    continue
-                pending.remove(key)
-                if key == "target":
-                    step, signum = (int(v) for v in value.split(":"))
-                    self.target = (step, signum)
-                else:
-                    self.end_target = int(value)
-                try:
-                    self.ctx.set_config_key_value(f"{self.prefix}/{key}_ack/{self.index}", "1")
-                except Exception as e:  # noqa: BLE001
-                    print(
-                        f"warning: cannot acknowledge the stop to the other workers: {e}",
-                        file=sys.stderr,
-                    )
+        while self.target is None and not self._closing.is_set():
+            started = time.monotonic()
+            try:
+                value = self.ctx.get_config_key_value(f"{self.prefix}/target", 250)
+            except Exception:  # noqa: BLE001  (not set yet: DeadlineExceeded; look again)
+                if time.monotonic() - started < 0.1:  # an error, not the timeout: no busy loop
+                    time.sleep(0.1)
+                continue
+            step, signum = (int(v) for v in value.split(":"))
+            self.target = (step, signum)
+            try:
+                self.ctx.set_config_key_value(f"{self.prefix}/target_ack/{self.index}", "1")
+            except Exception as e:  # noqa: BLE001
+                print(
+                    f"warning: cannot acknowledge the stop to the other workers: {e}",
+                    file=sys.stderr,
+                )
 
     def _wait_for_acks(self, key):
         try:
@@ -192,30 +177,34 @@ class ClusterStop:
         except Exception:  # noqa: BLE001  (a worker that does not answer is gone: stop anyway)
             pass
 
-    def request_end(self, step):
-        """The chief's time limit: every worker ends after step+1 (each worker's own clock
-        would end it at a different step, and the others would wait in a collective)."""
-        if self.end_target is not None or self._end_claimed:
-            return
-        self._end_claimed = True
-        try:
-            self.ctx.set_config_key_value(self.prefix + "/end", str(step + 1))
-        except Exception:  # noqa: BLE001
-            return
-        self.end_target = self.end_target or step + 1
-        self._wait_for_acks("end")
-
-    def ended(self, step):
-        """Whether the agreed end (`request_end`) is reached at `step`."""
-        return self.end_target is not None and step >= self.end_target
+    def clock(self, step, seconds):
+        """The chief's clock (`seconds`: any float) after `step`, on every worker (the
+        chief publishes it, the others wait for it: they would wait for the chief in the
+        next step anyway)."""
+        key = f"{self.prefix}/clock/{step}"
+        if self.index == 0:
+            self.ctx.set_config_key_value(key, repr(float(seconds)))
+            if step > 1:  # every worker read it before the step the chief just finished
+                self.ctx.delete_config_key_value(f"{self.prefix}/clock/{step - 1}")
+            return seconds
+        return float(self.ctx.get_config_key_value(key, self.ACK_TIMEOUT_MS))
 
     def _claim(self, step, signum):
-        """Publishes 'stop after step+1' and waits for every worker's acknowledgement."""
-        self.claimed = True
+        """Publishes 'stop after step+1' and waits for every worker's acknowledgement.
+        Claimed once published, or once another worker's claim is there; any other
+        failure is said and tried again at the next step."""
         try:
             self.ctx.set_config_key_value(self.prefix + "/target", f"{step + 1}:{int(signum)}")
-        except Exception:  # noqa: BLE001  (AlreadyExists: another worker claimed first)
+        except Exception as e:  # noqa: BLE001
+            if "exist" not in str(e).lower() and "AlreadyExists" not in type(e).__name__:
+                print(
+                    f"warning: cannot tell the other workers to stop ({e}); trying again",
+                    file=sys.stderr,
+                )
+                return
+            self.claimed = True  # another worker claimed first: the watcher reads its target
             return
+        self.claimed = True
         self.target = self.target or (step + 1, int(signum))
         self._wait_for_acks("target")
 
@@ -251,10 +240,10 @@ class ClusterStop:
 
 
 class StepStops:
-    """A training loop's two stop checks after each step, on one process or several
-    workers: a signal (`signalled`) and the time limit (`time_up`). One worker polls
-    the process flag and its own clock; several agree through a `ClusterStop`
-    (`cluster`, None on one worker). engine.fit and the SAGAN loop use it."""
+    """A training loop's checks after each step, on one process or several workers:
+    a signal (`signalled`) and the clock (`clock`). One worker polls the process flag
+    and its own clock; several agree through a `ClusterStop` (`cluster`, None on one
+    worker)."""
 
     def __init__(self, index, workers):
         self.cluster = ClusterStop(index, workers) if workers > 1 else None
@@ -265,14 +254,9 @@ class StepStops:
             return self.cluster.poll(step)
         return requested() is not None
 
-    def time_up(self, over, step, chief):
-        """Whether to end after `step`; `over`: this process's clock says so. Several
-        workers: the chief's clock decides and all end after one step."""
-        if self.cluster is None:
-            return over
-        if over and chief:
-            self.cluster.request_end(step)
-        return self.cluster.ended(step)
+    def clock(self, step, seconds):
+        """This worker's `seconds` after `step`; several workers: the chief's."""
+        return seconds if self.cluster is None else self.cluster.clock(step, seconds)
 
     def finish(self):
         """After the loop: True when a signal after the last poll must stop it."""

@@ -83,3 +83,20 @@ def create_run_dir(path, kind):
 def read_json(path):
     with open(path, encoding="utf-8") as f:
         return json.load(f)
+
+
+def resumable_config(out, kinds, what):
+    """The config.json of the run `out` to --resume, once it is known to hold step
+    checkpoints; `kinds` are the run kinds the command continues, `what` names them."""
+    from train import checkpoint
+
+    config_path = os.path.join(out, "config.json")
+    ckpt_dir = os.path.join(out, "checkpoints")
+    if not os.path.exists(config_path) or not checkpoint.list_checkpoints(ckpt_dir):
+        raise UsageError(
+            f"--resume: no checkpoint to resume in {out} (missing config.json or checkpoints/)"
+        )
+    config = read_json(config_path)
+    if config.get("kind") not in kinds:
+        raise UsageError(f"--resume: {out} is not a {what} run (kind={config.get('kind')!r})")
+    return config

@@ -70,6 +70,7 @@ def run():
 
     import zoo
     from train import engine
+    from train.model_step import make_step
     from train.tagger import embedded
     from train.tagger.data import Batches, build_vocab
     from train.tagger.fit import compile_tagger
@@ -100,36 +101,31 @@ def run():
     encoded = _encode(model, data)
     index, _ = distribute.worker()
 
-    class Dump(keras.callbacks.Callback):
-        def on_epoch_end(self, epoch, logs=None):
+    def dump(epoch, logs):
+        np.savez(
+            os.path.join(args.out, f"weights-e{epoch + 1}-w{index}.npz"),
+            *[np.asarray(v.numpy()) for v in model.trainable_variables],
+        )
+        with engine.averaged_weights(model):
             np.savez(
-                os.path.join(args.out, f"weights-e{epoch + 1}-w{index}.npz"),
+                os.path.join(args.out, f"averaged-e{epoch + 1}-w{index}.npz"),
                 *[np.asarray(v.numpy()) for v in model.trainable_variables],
             )
-            with engine.averaged_weights(model):
-                np.savez(
-                    os.path.join(args.out, f"averaged-e{epoch + 1}-w{index}.npz"),
-                    *[np.asarray(v.numpy()) for v in model.trainable_variables],
-                )
-            print(f"epoch {epoch + 1} loss {logs['loss']:.6f}", flush=True)
+        print(f"epoch {epoch + 1} loss {logs['loss']:.6f}", flush=True)
 
     os.makedirs(args.out, exist_ok=True)
-    ckpt = os.path.join(args.out, "checkpoints")
-    initial = 0
-    if args.resume:
-        from train import checkpoint
-
-        initial = checkpoint.latest(ckpt)[1]["epoch"]
-    engine.fit(
-        model,
-        lambda e: Batches(encoded["train"], GLOBAL_BATCH, shuffle=True, seed=[0, e]),
-        validation_data=Batches(encoded["dev"], 8),
+    plan = engine.Plan(
         epochs=args.epochs,
-        initial_epoch=initial,
-        callbacks=[Dump()],
+        checkpoint_dir=os.path.join(args.out, "checkpoints"),
+        checkpoint_every=2,
         verbose=0,
-        checkpoint_dir=ckpt,
-        resume=args.resume,
+        validation=Batches(encoded["dev"], 8),
+        hooks=(dump,),
+    )
+    engine.fit(
+        make_step(model),
+        lambda e: Batches(encoded["train"], GLOBAL_BATCH, shuffle=True, seed=[0, e]),
+        plan,
     )
     print("replicas", distribute.get().num_replicas_in_sync, flush=True)
 

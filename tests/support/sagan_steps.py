@@ -31,6 +31,28 @@ def build():
     return g, d, ema
 
 
+def recipe(**overrides):
+    """The training settings of these steps (`SaganStep`'s recipe)."""
+    import types
+
+    settings = dict(
+        num_classes=CLASSES,
+        latent_dim=LATENT,
+        lr_g=1e-4,
+        lr_d=4e-4,
+        beta1=0.0,
+        beta2=0.9,
+        n_dis=1,
+        ema=0.999,
+        seed=0,
+        mode_seeking=0.1,
+        class_loss=1.0,
+        r1=10.0,
+        lr_decay_from=1.0,
+    )
+    return types.SimpleNamespace(**{**settings, **overrides})
+
+
 def variables(g, d):
     return list(g.variables) + list(d.variables)
 
@@ -40,26 +62,15 @@ def run(weights, r1=10.0):
     with R1 weight `r1` and returns the variables' values after them."""
     import keras
 
-    if keras.backend.backend() == "jax":
-        from train.sagan.jax_fit import JaxSaganTrainer as Trainer
-    else:
-        from train.sagan.fit import SaganTrainer as Trainer
+    from train.engine import At
+    from train.sagan.fit import make_step
 
     g, d, ema = build()
     for v, value in zip(variables(g, d), weights):
         v.assign(value)
     ema.set_weights(g.get_weights())
-    trainer = Trainer(
-        g,
-        d,
-        ema=ema,
-        num_classes=CLASSES,
-        latent_dim=LATENT,
-        mode_seeking=0.1,
-        class_loss=1.0,
-        r1=r1,
-        jit_compile=None,  # TensorFlow: a plain tf.function; JAX: jitted (its default)
-    )
+    # TensorFlow: a plain tf.function; JAX: jitted (its default).
+    trainer = make_step((g, d, ema), recipe(r1=r1), jit_compile=None)
     # Plain SGD instead of the trainer's Adam: Adam divides by each gradient's RMS, so
     # rounding in a near-zero gradient (G's biases before a batch norm have one) becomes
     # a whole step, where SGD keeps it at rounding size.
@@ -71,7 +82,7 @@ def run(weights, r1=10.0):
     real = rng.uniform(-1, 1, (ROWS, 32, 32, 3)).astype(np.float32)
     labels = rng.integers(0, CLASSES, ROWS).astype(np.int32)
     for step in range(STEPS):
-        trainer.train_batch(real, labels, step)
+        trainer.train((real, labels), At(step, 0.0))
     return [keras.ops.convert_to_numpy(v.value) for v in variables(g, d)]
 
 

@@ -1,4 +1,5 @@
-"""Nothing lost: step checkpoints, SIGKILL then --resume, NaN stops cleanly, mixed precision."""
+"""Nothing lost: step and best checkpoints, SIGKILL then --resume, NaN stops cleanly,
+mixed precision."""
 
 import json
 import os
@@ -18,6 +19,7 @@ from tests.support import paths, tiny
 from tests.support.runs import training_env
 from train import checkpoint, engine
 from train import strategy as distribute
+from train.model_step import TfModelStep
 from train.rundir import read_json
 from train.tagger import embedded
 
@@ -42,6 +44,42 @@ def _tiny_classifier():
     return model
 
 
+def _fit(model, batches, epochs=1, checkpoint_dir=None, every=0, **plan):
+    """engine.fit of a compiled model; returns the run's state."""
+    plan = engine.Plan(
+        epochs=epochs,
+        checkpoint_dir=None if checkpoint_dir is None else str(checkpoint_dir),
+        checkpoint_every=every,
+        verbose=0,
+        **plan,
+    )
+    return engine.fit(TfModelStep(model), batches, plan)
+
+
+def _state(directory):
+    """The run's state as its newest step checkpoint records it."""
+    return checkpoint.latest(directory)[1]["state"]
+
+
+def _save(directory, model, step=1):
+    return checkpoint.save(
+        str(directory),
+        {"model": model.variables, "optimizer": model.optimizer.variables},
+        {"step": step},
+        refs={"optimizer": model.trainable_variables},
+        models=(model,),
+    )
+
+
+def _restore(path, model):
+    return checkpoint.restore(
+        path,
+        {"model": model.variables, "optimizer": model.optimizer.variables},
+        refs={"optimizer": model.trainable_variables},
+        models=(model,),
+    )
+
+
 def _batches(n, nan_at=None, seed=0):
     rng = np.random.default_rng(seed)
     out = []
@@ -58,14 +96,7 @@ def test_nan_loss_stops_and_keeps_the_last_good_checkpoint(tmp_path):
     model = _tiny_classifier()
     ckpt = tmp_path / "checkpoints"
     with pytest.raises(engine.NonFiniteLoss) as info:
-        engine.fit(
-            model,
-            _batches(8, nan_at=4),
-            epochs=2,
-            verbose=0,
-            checkpoint_dir=str(ckpt),
-            checkpoint_every=2,
-        )
+        _fit(model, _batches(8, nan_at=4), epochs=2, checkpoint_dir=ckpt, every=2)
     message = str(info.value)
     assert "loss became nan" in message and "step 5" in message and "step-00000004.npz" in message
     assert [os.path.basename(p) for p in checkpoint.list_checkpoints(ckpt)] == [
@@ -75,9 +106,9 @@ def test_nan_loss_stops_and_keeps_the_last_good_checkpoint(tmp_path):
     # The weights in memory are ruined; the checkpoint holds the last finite ones.
     assert not all(np.isfinite(v.numpy()).all() for v in model.trainable_variables)
     fresh = _tiny_classifier()
-    engine.Engine(fresh).build(_batches(1)[0])
-    record = checkpoint.restore(checkpoint.path_for(ckpt, 4), fresh, fresh.optimizer)
-    assert record == {**record, "step": 4, "epoch": 0, "batches_done": 4, "epoch_complete": False}
+    TfModelStep(fresh).build(_batches(1)[0])
+    record = _restore(checkpoint.path_for(ckpt, 4), fresh)
+    assert record == {**record, "step": 4, "epoch": 0, "batches_done": 4}
     assert all(np.isfinite(v.numpy()).all() for v in fresh.variables)
     assert int(fresh.optimizer.iterations.numpy()) == 4
 
@@ -92,7 +123,7 @@ def test_loss_is_summed_per_example_over_the_global_count(tmp_path):
         optimizer=keras.optimizers.SGD(0.5), loss=keras.losses.SparseCategoricalCrossentropy()
     )
     kernel, bias = [v.numpy().copy() for v in model.trainable_variables]
-    engine.fit(model, [(x, y, w)], epochs=1, verbose=0)
+    _fit(model, [(x, y, w)])
     logits = x @ kernel + bias
     p = np.exp(logits - logits.max(1, keepdims=True))
     p /= p.sum(1, keepdims=True)
@@ -107,13 +138,11 @@ def test_loss_is_summed_per_example_over_the_global_count(tmp_path):
 
 def test_damaged_newest_checkpoint_falls_back_to_the_previous(tmp_path):
     model = _tiny_classifier()
-    engine.fit(
-        model, _batches(4), epochs=1, verbose=0, checkpoint_dir=str(tmp_path), checkpoint_every=2
-    )
+    _fit(model, _batches(4), checkpoint_dir=tmp_path, every=2)
     paths = checkpoint.list_checkpoints(tmp_path)
     assert [os.path.basename(p) for p in paths] == ["step-00000002.npz", "step-00000004.npz"]
     pathlib.Path(paths[-1]).write_bytes(pathlib.Path(paths[-1]).read_bytes()[:100])
-    path, record = checkpoint.latest(tmp_path)
+    path, record, _ = checkpoint.latest(tmp_path)
     assert path == paths[0] and record["batches_done"] == 2
 
 
@@ -205,8 +234,8 @@ def test_sigkill_mid_epoch_then_resume_equals_an_uninterrupted_run(
     deadline = time.monotonic() + 240
     try:
         while time.monotonic() < deadline and killed.poll() is None:
-            _, record = checkpoint.latest(ckpt) if ckpt.exists() else (None, None)
-            if record and record["epoch"] == kill_epoch and not record["epoch_complete"]:
+            record = checkpoint.latest(ckpt)[1] if ckpt.exists() else None
+            if record and record["epoch"] == kill_epoch and record["batches_done"]:
                 killed.send_signal(signal.SIGKILL)
                 break
             time.sleep(0.05)
@@ -219,23 +248,22 @@ def test_sigkill_mid_epoch_then_resume_equals_an_uninterrupted_run(
         capsys.readouterr()
         assert _main(_cli(tmp_path / "killed", files, "--resume")[3:]) == 0
         err = capsys.readouterr().err
-        assert "restored step-" in err and f": epoch {kill_epoch + 1}, batch " in err, err
+        assert f"resuming {tmp_path / 'killed'} at epoch {kill_epoch + 1}, batch " in err, err
         wait()
     finally:
         if killed.poll() is None:
             killed.kill()
             killed.wait()
-    state = read_json(tmp_path / "killed" / "checkpoints" / "state.json")
+    state = _state(tmp_path / "killed" / "checkpoints")
+    want = _state(full / "checkpoints")
     assert [h["epoch"] for h in state["history"]] == [1, 2, 3]  # none redone, none lost
+    assert state["step"] == want["step"] == 3 * 30
+    # The step checkpoints carry the dropout generators' state: the resumed run ends
+    # with the uninterrupted run's weights, and so its metrics.
     a = read_json(full / "metrics.json")
     b = read_json(tmp_path / "killed" / "metrics.json")
-    for key in ("test_accuracy", "dev_accuracy", "test_unseen_accuracy"):
-        assert abs(a[key] - b[key]) <= 0.01, (key, a[key], b[key])
-    steps = keras.models.load_model(full / "checkpoints" / "last.keras").optimizer.iterations
-    again = keras.models.load_model(
-        tmp_path / "killed" / "checkpoints" / "last.keras"
-    ).optimizer.iterations
-    assert int(steps.numpy()) == int(again.numpy()) == 3 * 30
+    for key in ("test_accuracy", "dev_accuracy", "test_unseen_accuracy", "best_epoch"):
+        assert a[key] == b[key], (key, a[key], b[key])
 
 
 @pytest.mark.slow
@@ -263,7 +291,7 @@ def test_mixed_precision_tagger_and_seq2seq_train_without_nans(tmp_path):
         resume=False,
     )
     train_one(args, data, "attention", str(tmp_path / "tagger"), verbose=0)
-    history = read_json(tmp_path / "tagger" / "checkpoints" / "state.json")["history"]
+    history = _state(tmp_path / "tagger" / "checkpoints")["history"]
     assert np.isfinite(history[0]["loss"]) and np.isfinite(history[0]["val_loss"])
     model = keras.models.load_model(tmp_path / "tagger" / "model.keras")
     assert any(layer.dtype_policy.name == "mixed_bfloat16" for layer in model.core.layers)
@@ -301,7 +329,7 @@ def test_mixed_precision_tagger_and_seq2seq_train_without_nans(tmp_path):
         == 0
     )
     assert keras.config.dtype_policy().name == "mixed_bfloat16"
-    history = read_json(out / "checkpoints" / "state.json")["history"]
+    history = _state(out / "checkpoints")["history"]
     assert np.isfinite(history[0]["loss"]) and np.isfinite(history[0]["val_loss"])
 
 
@@ -344,12 +372,10 @@ def _randomise(model, seed):
 def test_restore_goes_by_path_not_position(tmp_path):
     a = _two_layer(("first", "second"))
     _randomise(a, 0)
-    path = checkpoint.save(
-        str(tmp_path), a, a.optimizer, {"step": 1, "epoch": 0, "batches_done": 1}
-    )
+    path = _save(tmp_path, a)
     b = _two_layer(("second", "first"))  # same layers, created in the other order
     assert "second/" in b.trainable_variables[0].path and "first/" in a.trainable_variables[0].path
-    checkpoint.restore(path, b, b.optimizer)
+    _restore(path, b)
     for name in ("first", "second"):
         for x, y in zip(getattr(a, name).weights, getattr(b, name).weights):
             np.testing.assert_array_equal(x.numpy(), y.numpy())
@@ -359,25 +385,21 @@ def test_restore_goes_by_path_not_position(tmp_path):
 
 def test_a_renamed_variable_is_refused_naming_it_and_nothing_is_assigned(tmp_path):
     a = _two_layer()
-    path = checkpoint.save(
-        str(tmp_path), a, a.optimizer, {"step": 1, "epoch": 0, "batches_done": 1}
-    )
+    path = _save(tmp_path, a)
     b = _two_layer(names={"second": "third"})
     before = [v.numpy().copy() for v in b.variables]
     with pytest.raises(
         checkpoint.UsageError,
         match=r"model variable '[a-z_0-9]*/?third/kernel' is not in the checkpoint",
     ):
-        checkpoint.restore(path, b, b.optimizer)
+        _restore(path, b)
     assert all(np.array_equal(x, v.numpy()) for x, v in zip(before, b.variables))
 
 
 def test_a_changed_shape_is_refused_naming_the_variable(tmp_path):
     a = _tiny_classifier()
-    engine.Engine(a).build(_batches(1)[0])
-    path = checkpoint.save(
-        str(tmp_path), a, a.optimizer, {"step": 1, "epoch": 0, "batches_done": 1}
-    )
+    TfModelStep(a).build(_batches(1)[0])
+    path = _save(tmp_path, a)
     b = keras.Sequential([keras.Input((5,)), keras.layers.Dense(3, activation="softmax")])
     b.compile(optimizer=keras.optimizers.Adam(1e-2), loss="mse")
     b.optimizer.build(b.trainable_variables)
@@ -385,42 +407,30 @@ def test_a_changed_shape_is_refused_naming_the_variable(tmp_path):
         checkpoint.UsageError,
         match=r"'[a-z_0-9/]*dense(_\d+)?/kernel' has shape \(4, 3\) there, \(5, 3\) here",
     ):
-        checkpoint.restore(path, b, b.optimizer)
+        _restore(path, b)
 
 
 def test_another_model_configuration_is_refused(tmp_path):
     a = _two_layer(activation="relu")
-    path = checkpoint.save(
-        str(tmp_path), a, a.optimizer, {"step": 1, "epoch": 0, "batches_done": 1}
-    )
+    path = _save(tmp_path, a)
     b = _two_layer(activation="tanh")  # same variables, another function
     with pytest.raises(checkpoint.UsageError, match="another model configuration"):
-        checkpoint.restore(path, b, b.optimizer)
+        _restore(path, b)
     c = _two_layer(activation="relu")  # control: the same configuration restores
-    checkpoint.restore(path, c, c.optimizer)
+    _restore(path, c)
 
 
-def _positional_save(path, model, optimizer, record):
-    """The first checkpoint format, as it was written before the keys were paths."""
-    arrays = {f"model/{i}": np.asarray(v.numpy()) for i, v in enumerate(model.variables)}
-    arrays.update(
-        {f"optimizer/{i}": np.asarray(v.numpy()) for i, v in enumerate(optimizer.variables)}
-    )
-    arrays["record"] = np.frombuffer(json.dumps(record).encode("utf-8"), dtype=np.uint8)
-    np.savez(path, **arrays)
-
-
-def test_a_positional_checkpoint_still_restores_and_says_so(tmp_path, capsys):
+def test_a_checkpoint_of_another_format_is_refused_in_one_line(tmp_path):
+    """A file of an earlier format (here the first one, keyed by position) is refused
+    with one line saying so, not read by guesswork."""
     a = _two_layer()
-    _randomise(a, 2)
+    arrays = {f"model/{i}": np.asarray(v.numpy()) for i, v in enumerate(a.variables)}
+    arrays["record"] = np.frombuffer(json.dumps({"step": 1}).encode("utf-8"), dtype=np.uint8)
     path = str(tmp_path / "step-00000001.npz")
-    _positional_save(path, a, a.optimizer, {"step": 1, "epoch": 0, "batches_done": 1})
-    assert checkpoint.latest(tmp_path)[0] == path
-    b = _two_layer()
-    record = checkpoint.restore(path, b, b.optimizer)
-    assert record["step"] == 1
-    assert all(np.array_equal(x.numpy(), y.numpy()) for x, y in zip(a.variables, b.variables))
-    assert "positional checkpoint" in capsys.readouterr().err
+    np.savez(path, **arrays)
+    with pytest.raises(checkpoint.DamagedCheckpoint, match="not of this version's format"):
+        _restore(path, _two_layer())
+    assert checkpoint.latest(tmp_path)[0] is None
 
 
 def test_a_member_changed_behind_the_zip_crc_fails_the_checksum(tmp_path):
@@ -428,9 +438,7 @@ def test_a_member_changed_behind_the_zip_crc_fails_the_checksum(tmp_path):
     import zipfile
 
     a = _two_layer()
-    path = checkpoint.save(
-        str(tmp_path), a, a.optimizer, {"step": 1, "epoch": 0, "batches_done": 1}
-    )
+    path = _save(tmp_path, a)
     with np.load(path) as saved:
         arrays = {k: saved[k] for k in saved.files}
     key = next(k for k in arrays if k.endswith("first/kernel"))
@@ -439,14 +447,12 @@ def test_a_member_changed_behind_the_zip_crc_fails_the_checksum(tmp_path):
     with zipfile.ZipFile(path) as z:
         assert z.testzip() is None
     with pytest.raises(checkpoint.DamagedCheckpoint, match="SHA-256"):
-        checkpoint.restore(path, a, a.optimizer)
+        _restore(path, a)
 
 
 def test_resume_falls_back_past_a_damaged_checkpoint_and_says_so(tmp_path, capsys):
     model = _tiny_classifier()
-    engine.fit(
-        model, _batches(6), epochs=1, verbose=0, checkpoint_dir=str(tmp_path), checkpoint_every=2
-    )
+    _fit(model, _batches(6), checkpoint_dir=tmp_path, every=2)
     paths = checkpoint.list_checkpoints(tmp_path)
     assert [os.path.basename(p) for p in paths] == [
         "step-00000002.npz",
@@ -457,12 +463,10 @@ def test_resume_falls_back_past_a_damaged_checkpoint_and_says_so(tmp_path, capsy
     pathlib.Path(paths[-1]).write_bytes(data[: len(data) * 3 // 5])
     capsys.readouterr()
     resumed = _tiny_classifier()
-    engine.fit(
-        resumed, _batches(6), epochs=1, verbose=0, checkpoint_dir=str(tmp_path), checkpoint_every=2
-    )
+    _fit(resumed, _batches(6), checkpoint_dir=tmp_path, every=2)
     err = capsys.readouterr().err
     assert "step-00000006.npz" in err and "falling back to step-00000004.npz" in err
-    assert "restored step-00000004.npz: epoch 1, batch 4" in err
+    assert "at epoch 1, batch 4 of 1 from step-00000004.npz" in err
     # It retrained batches 5 and 6 into equal weights (same data, same optimizer state).
     for x, y in zip(model.variables, resumed.variables):
         np.testing.assert_allclose(x.numpy(), y.numpy(), atol=1e-6)
@@ -488,24 +492,21 @@ def test_resume_into_a_changed_model_is_refused_with_one_line_and_exit_2(
     out = tmp_path / "run"
     argv = _cli(out, files)[3:]
     calls = []
-    train_batch = engine.Engine.train_batch
+    train = TfModelStep.train
 
-    def signalling(self, batch):
+    def signalling(self, batch, at):
         calls.append(1)
         if len(calls) == 3:
             os.kill(os.getpid(), signal.SIGINT)
-        return train_batch(self, batch)
+        return train(self, batch, at)
 
-    monkeypatch.setattr(engine.Engine, "train_batch", signalling)
+    monkeypatch.setattr(TfModelStep, "train", signalling)
     try:
         assert main(argv) == 130
     finally:
         distribute.reset()
-    monkeypatch.setattr(engine.Engine, "train_batch", train_batch)
-    assert (
-        not (out / "checkpoints" / "last.keras").exists()
-        and checkpoint.latest(out / "checkpoints")[0]
-    )
+    monkeypatch.setattr(TfModelStep, "train", train)
+    assert checkpoint.latest(out / "checkpoints")[1]["state"]["epoch"] == 0
     config = read_json(out / "config.json")
     config["model"]["hidden_dim"] = 24
     (out / "config.json").write_text(json.dumps(config, indent=2) + "\n")
@@ -534,68 +535,90 @@ def test_resume_into_a_changed_model_is_refused_with_one_line_and_exit_2(
 
 
 # ---------------------------------------------------------------------------
-# The Keras-format files --resume reads (last.keras, best.weights.h5): checksum
-# records, the previous copy kept, fallback or a one-line refusal.
+# The best checkpoint (the weights a run keeps) and damaged checkpoints on --resume:
+# the previous copy, said in one line, or a one-line refusal.
 
 
 def _damage(path, how):
+    """Truncated, or one byte of the largest member's values changed (same size)."""
+    import zipfile
+
     data = pathlib.Path(path).read_bytes()
     if how == "truncated":
         pathlib.Path(path).write_bytes(data[: len(data) // 2])
-    else:  # one byte changed in the middle: same size, another SHA-256
-        middle = len(data) // 2
-        pathlib.Path(path).write_bytes(
-            data[:middle] + bytes([data[middle] ^ 0xFF]) + data[middle + 1 :]
-        )
+        return
+    with zipfile.ZipFile(path) as z:
+        info = max(z.infolist(), key=lambda i: i.file_size)
+    header = (
+        30
+        + len(info.filename.encode())
+        + int.from_bytes(data[info.header_offset + 28 : info.header_offset + 30], "little")
+    )
+    at = info.header_offset + header + info.file_size - 1  # the last value byte
+    pathlib.Path(path).write_bytes(data[:at] + bytes([data[at] ^ 0xFF]) + data[at + 1 :])
+
+
+def _scored_fit(model, ckpt, scores, kept):
+    """len(scores) epochs; epoch e's logs get score scores[e]; `kept[e]`: its weights."""
+
+    def score(epoch, logs):
+        logs["score"] = scores[epoch]
+        kept[epoch + 1] = [v.numpy().copy() for v in model.trainable_variables]
+
+    return _fit(
+        model,
+        _batches(4),
+        epochs=len(scores),
+        checkpoint_dir=ckpt,
+        best=engine.highest("score"),
+        hooks=(score,),
+    )
+
+
+def test_the_best_epoch_is_kept_with_its_predecessor_and_restored_at_the_end(tmp_path):
+    model, kept = _tiny_classifier(), {}
+    state = _scored_fit(model, tmp_path, [0.5, 0.9, 0.7], kept)
+    assert state["best"]["epoch"] == 2 and state["best"]["logs"]["score"] == 0.9
+    assert [os.path.basename(p) for p in checkpoint.list_checkpoints(tmp_path, "best")] == [
+        "best-00000004.npz",
+        "best-00000008.npz",
+    ]
+    for got, want in zip(model.trainable_variables, kept[2]):  # not epoch 3's, the last
+        np.testing.assert_array_equal(got.numpy(), want)
+    assert not all(np.array_equal(a, b) for a, b in zip(kept[2], kept[3]))
 
 
 @pytest.mark.parametrize("how", ["truncated", "corrupted"])
-def test_checked_file_falls_back_to_its_previous_copy(tmp_path, capsys, how):
-    path = str(tmp_path / "last.keras")
-    for i in (1, 2):
-        checkpoint.save_checked(
-            path,
-            lambda tmp, i=i: pathlib.Path(tmp).write_bytes(bytes([i]) * 1000),
-            meta={"epoch": i},
-        )
-    assert sorted(os.listdir(tmp_path)) == [
-        "last.keras",
-        "last.keras.sha256",
-        "last.prev.keras",
-        "last.prev.keras.sha256",
-    ]
-    assert checkpoint.recover(path) == ({"epoch": 2}, False)
-    _damage(path, how)
+def test_a_damaged_best_falls_back_to_the_previous_one_and_the_state_follows(tmp_path, capsys, how):
+    model, kept = _tiny_classifier(), {}
+    _scored_fit(model, tmp_path, [0.5, 0.9, 0.7], kept)
+    _damage(tmp_path / "best-00000008.npz", how)
     capsys.readouterr()
-    assert checkpoint.recover(path) == ({"epoch": 1}, True)
-    err = capsys.readouterr().err.strip().splitlines()
-    assert (
-        len(err) == 1
-        and err[0].startswith(path)
-        and err[0].endswith("; falling back to last.prev.keras")
-    )
-    assert pathlib.Path(path).read_bytes() == bytes([1]) * 1000 and os.path.exists(
-        path + ".damaged"
-    )
-    assert checkpoint.recover(path) == ({"epoch": 1}, False)  # the copy in place is good now
-    _damage(path, how)
-    _damage(str(tmp_path / "last.prev.keras"), how)
-    with pytest.raises(checkpoint.DamagedCheckpoint, match="no earlier good copy to fall back to"):
-        checkpoint.recover(path)
+    # Resumed for a fourth epoch scoring 0.6: better than epoch 1's 0.5, the best left.
+    state = _scored_fit(_tiny_classifier(), tmp_path, [0.5, 0.9, 0.7, 0.6], {})
+    err = capsys.readouterr().err.splitlines()
+    assert [line for line in err if "falling back" in line] == [
+        next(line for line in err if "best-00000008.npz" in line)
+    ]
+    assert err[0].endswith("; falling back to best-00000004.npz"), err
+    assert state["best"]["epoch"] == 4 and state["best"]["logs"]["score"] == 0.6
 
 
-def test_a_damaged_checksum_record_is_a_damaged_copy(tmp_path):
-    path = str(tmp_path / "best.weights.h5")
-    for i in (1, 2):
-        checkpoint.save_checked(
-            path,
-            lambda tmp, i=i: pathlib.Path(tmp).write_bytes(bytes([i]) * 10),
-            meta={"best_epoch": i},
-        )
-    assert os.path.exists(tmp_path / "best.prev.weights.h5")
-    pathlib.Path(path + ".sha256").write_text('{"sha2')
-    assert checkpoint.checked(path)[0] == {"best_epoch": 1}
-    assert "checksum record best.weights.h5.sha256 cannot be read" in checkpoint.checked(path)[1]
+def test_no_good_best_is_refused(tmp_path):
+    _scored_fit(_tiny_classifier(), tmp_path, [0.5, 0.9], {})
+    for path in checkpoint.list_checkpoints(tmp_path, "best"):
+        _damage(path, "corrupted")
+    with pytest.raises(checkpoint.DamagedCheckpoint, match="no earlier good copy to fall back"):
+        _scored_fit(_tiny_classifier(), tmp_path, [0.5, 0.9, 0.7], {})
+
+
+def test_every_step_checkpoint_damaged_is_refused(tmp_path):
+    """Nothing good to resume from: refused, not silently started again from scratch."""
+    _fit(_tiny_classifier(), _batches(4), checkpoint_dir=tmp_path, every=2)
+    for path in checkpoint.list_checkpoints(tmp_path):
+        pathlib.Path(path).write_bytes(pathlib.Path(path).read_bytes()[:100])
+    with pytest.raises(checkpoint.DamagedCheckpoint, match="no earlier checkpoint to fall back to"):
+        _fit(_tiny_classifier(), _batches(4), checkpoint_dir=tmp_path)
 
 
 def _tagger_files(tmp_path):
@@ -619,96 +642,82 @@ def _main(argv):
 @pytest.fixture(scope="module")
 def stopped_in_epoch_3(tmp_path_factory, uninterrupted):
     """A 3-epoch tagger run (30 steps an epoch) uninterrupted (the kill tests' run), and
-    the same run stopped by SIGINT in epoch 3 (last.keras of epoch 2, last.prev.keras of
-    epoch 1). Returns (folder holding "stopped" and "pristine", the uninterrupted run,
-    the data flags)."""
+    the same run stopped by SIGINT at step 65 (epoch 3). Returns (folder holding
+    "stopped" and "pristine", the uninterrupted run, the data flags)."""
     import shutil
 
     start, wait = uninterrupted
     files, full = start()
-    base = tmp_path_factory.mktemp("checked_files")
+    base = tmp_path_factory.mktemp("damaged")
     distribute.reset()
-    train_batch = engine.Engine.train_batch
+    train = TfModelStep.train
     calls = []
 
-    def signalling(self, batch):
+    def signalling(self, batch, at):
         calls.append(1)
         if len(calls) == 65:
             os.kill(os.getpid(), signal.SIGINT)
-        return train_batch(self, batch)
+        return train(self, batch, at)
 
-    engine.Engine.train_batch = signalling
+    TfModelStep.train = signalling
     try:
         assert _main(_cli(base / "stopped", files)[3:]) == 130
     finally:
-        engine.Engine.train_batch = train_batch
+        TfModelStep.train = train
     ckpt = base / "stopped" / "checkpoints"
-    assert read_json(ckpt / "state.json")["epoch"] == 2
-    assert {
-        "last.keras",
-        "last.keras.sha256",
-        "last.prev.keras",
-        "last.prev.keras.sha256",
-        "best.weights.h5",
-        "best.weights.h5.sha256",
-    } <= set(os.listdir(ckpt))
+    assert _state(ckpt)["epoch"] == 2
+    names = [os.path.basename(p) for p in checkpoint.list_checkpoints(ckpt)]
+    assert names == ["step-00000062.npz", "step-00000064.npz", "step-00000065.npz"]
+    assert checkpoint.list_checkpoints(ckpt, "best")
     shutil.copytree(base / "stopped", base / "pristine")
     wait()
     return base, full, files
 
 
 @pytest.mark.slow
-def test_resume_past_a_damaged_last_keras_falls_back_to_the_previous_epoch(
+def test_resume_past_a_damaged_newest_checkpoint_ends_where_the_uninterrupted_run_ends(
     stopped_in_epoch_3, tmp_path, capsys
 ):
-    """last.keras truncated: --resume says so in one line and continues from
-    last.prev.keras (the end of epoch 1; the step checkpoints of epochs 2 and 3 are past
-    it and left alone, so no epoch end is skipped): epochs 2 and 3 are trained again, to
-    the uninterrupted run's step count. (Not to its weights: last.keras does not carry
-    the dropout generators' state that step checkpoints carry.)"""
+    """The newest step checkpoint truncated: --resume says so in one line, continues
+    from the one before (step 64) and ends with the uninterrupted run's state, best
+    epoch and metrics."""
     import shutil
 
     base, full, files = stopped_in_epoch_3
     out = tmp_path / "run"
     shutil.copytree(base / "pristine", out)
-    _damage(out / "checkpoints" / "last.keras", "truncated")
+    _damage(out / "checkpoints" / "step-00000065.npz", "truncated")
     capsys.readouterr()
     assert _main(_cli(out, files, "--resume")[3:]) == 0
     err = capsys.readouterr().err
     lines = [line for line in err.splitlines() if "falling back" in line]
     assert len(lines) == 1 and re.fullmatch(
-        r"\S+last\.keras is truncated or damaged \(\d+ bytes, \d+ written\); "
-        r"falling back to last\.prev\.keras",
+        r"checkpoint \S+step-00000065\.npz cannot be read \(.*\); "
+        r"falling back to step-00000064\.npz",
         lines[0],
     ), err
-    assert "resuming" in err and "at epoch 1 of 3" in err and "restored step-" not in err
-    state = read_json(out / "checkpoints" / "state.json")
-    want = read_json(full / "checkpoints" / "state.json")
+    assert f"resuming {out} at epoch 3, batch 4 of 3 from step-00000064.npz" in err
+    state, want = _state(out / "checkpoints"), _state(full / "checkpoints")
     assert [h["epoch"] for h in state["history"]] == [1, 2, 3]  # none twice, none lost
-    assert state["history"][0] == want["history"][0]
-    assert read_json(out / "metrics.json")["epochs"] == 3
-    steps = keras.models.load_model(out / "checkpoints" / "last.keras").optimizer.iterations
-    assert int(steps.numpy()) == 3 * 30
+    assert state["step"] == want["step"] == 3 * 30
+    assert state["best"]["epoch"] == want["best"]["epoch"]
+    a, b = read_json(full / "metrics.json"), read_json(out / "metrics.json")
+    for key in ("test_accuracy", "dev_accuracy", "epochs", "best_epoch"):
+        assert a[key] == b[key], (key, a[key], b[key])
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("name", ["last", "best"])
+@pytest.mark.parametrize("name", ["step", "best"])
 def test_resume_refuses_when_no_copy_is_good(stopped_in_epoch_3, tmp_path, capsys, name):
-    """Both copies damaged (or the only one): exit 2, one line, nothing touched."""
+    """Every copy damaged: exit 2, one line, nothing touched."""
     import hashlib
     import shutil
 
     base, full, files = stopped_in_epoch_3
     out = tmp_path / "run"
     shutil.copytree(base / "pristine", out)
-    ckpt = out / "checkpoints"
-    target = {"last": ["last.keras", "last.prev.keras"], "best": ["best.weights.h5"]}[name]
-    for file in target:
-        _damage(ckpt / file, "corrupted")
-    if name == "best":
-        for file in ("best.prev.weights.h5", "best.prev.weights.h5.sha256"):
-            if (ckpt / file).exists():
-                (ckpt / file).unlink()
+    for path in checkpoint.list_checkpoints(out / "checkpoints", name):
+        _damage(path, "corrupted")
 
     def snapshot():
         return {
@@ -722,68 +731,10 @@ def test_resume_refuses_when_no_copy_is_good(stopped_in_epoch_3, tmp_path, capsy
     assert _main(_cli(out, files, "--resume")[3:]) == 2
     err = [line for line in capsys.readouterr().err.splitlines() if line.strip()]
     assert len(err) == 1, err
+    want = {"step": "no earlier checkpoint", "best": "no earlier good copy"}[name]
     assert re.fullmatch(
-        rf"error: \S+{target[0].replace('.', '[.]')} fails its SHA-256 checksum \(damaged\); "
-        r"no earlier good copy to fall back to",
+        rf"error: checkpoint \S+{name}-\d+\.npz (fails its SHA-256 checksum \(damaged\)|"
+        rf"cannot be read \(.*\)); {want} to fall back to",
         err[0],
     ), err[0]
     assert snapshot() == before
-
-
-@pytest.mark.slow
-def test_every_step_checkpoint_damaged_and_no_epoch_end_state_is_refused(tmp_path, capsys):
-    """Nothing good to resume from (a run stopped in its first epoch): refused, not
-    silently started again from scratch; with an epoch-end state (initial_epoch > 0) the
-    run continues from it, saying so."""
-    model = _tiny_classifier()
-    engine.fit(
-        model, _batches(4), epochs=1, verbose=0, checkpoint_dir=str(tmp_path), checkpoint_every=2
-    )
-    for path in checkpoint.list_checkpoints(tmp_path):
-        pathlib.Path(path).write_bytes(pathlib.Path(path).read_bytes()[:100])
-    with pytest.raises(checkpoint.DamagedCheckpoint, match="no earlier checkpoint to fall back to"):
-        engine.fit(
-            _tiny_classifier(), _batches(4), epochs=1, verbose=0, checkpoint_dir=str(tmp_path)
-        )
-    capsys.readouterr()
-    engine.fit(
-        _tiny_classifier(),
-        _batches(4),
-        epochs=2,
-        initial_epoch=1,
-        verbose=0,
-        checkpoint_dir=str(tmp_path),
-    )
-    assert "falling back to the state at the end of epoch 1" in capsys.readouterr().err
-
-
-def test_recover_repairs_state_json_and_follows_the_best_weights_copy(tmp_path, capsys):
-    """RunCheckpoint's files: state.json damaged is written again from last.keras's
-    record; best.weights.h5 damaged falls back to the previous best, and the state's
-    best epoch and accuracy follow the weights in place."""
-    from train.callbacks import BEST, STATE, RunCheckpoint, read_state, recover
-
-    model = _tiny_classifier()
-    model(np.zeros((1, 4), "float32"))
-    callback = RunCheckpoint(
-        str(tmp_path), {"epoch": 0, "best_val_acc": None, "best_epoch": None, "train_seconds": 0.0}
-    )
-    callback.set_model(model)
-    callback.on_train_begin()
-    callback.on_epoch_end(0, {"val_acc": 0.5, "loss": 1.0})
-    callback.on_epoch_end(1, {"val_acc": 0.9, "loss": 0.5})
-    want = read_state(str(tmp_path))
-    assert (want["epoch"], want["best_epoch"], want["best_val_acc"]) == (2, 2, 0.9)
-    (tmp_path / STATE).write_text('{"epoch": 2, "hist')
-    recover(str(tmp_path))
-    assert read_state(str(tmp_path)) == want and capsys.readouterr().err == ""
-    _damage(tmp_path / BEST, "corrupted")
-    recover(str(tmp_path))
-    assert (
-        capsys.readouterr()
-        .err.strip()
-        .endswith("fails its SHA-256 checksum (damaged); falling back to best.prev.weights.h5")
-    )
-    state = read_state(str(tmp_path))
-    assert (state["epoch"], state["best_epoch"], state["best_val_acc"]) == (2, 1, 0.5)
-    model.load_weights(tmp_path / BEST)  # the copy in place loads

@@ -23,6 +23,7 @@ import pytest
 from tests.support import paths, tiny
 from tests.support.backends import jax_env
 from tests.support.runs import training_env
+from train import checkpoint
 
 SENTENCES = [["I", "saw", "a", "saw", "."], ["they", "can", "can", "the", "fish"]]
 TEXTS = ["abcde", "edcab"]
@@ -390,8 +391,7 @@ def test_data_parallel_on_two_devices_trains_as_one_device(tmp_path, jax_run):
                 check=False,
             )
             assert proc.returncode == 0, proc.stderr[-3000:]
-        with open(os.path.join(run, "checkpoints", "state.json")) as f:
-            histories.append(json.load(f)["history"])
+        histories.append(checkpoint.latest(os.path.join(run, "checkpoints"))[1]["state"]["history"])
         with open(os.path.join(run, "metrics.json")) as f:
             runtime = json.load(f)["runtime"]
         assert runtime["devices"] == (2 if extra else 1), runtime
@@ -429,8 +429,7 @@ def test_resume_under_jax_ends_where_the_uninterrupted_run_ends(jax_runs):
 
     def history(name):
         run, _, stderr = jax_runs[name]
-        with open(os.path.join(run, "checkpoints", "state.json")) as f:
-            return json.load(f)["history"], stderr
+        return checkpoint.latest(os.path.join(run, "checkpoints"))[1]["state"]["history"], stderr
 
     (whole, _), (resumed, stderr) = history("whole"), history("resumed")
     assert "resuming" in stderr, stderr[-2000:]

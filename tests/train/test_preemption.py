@@ -123,8 +123,8 @@ def test_sigterm_mid_epoch_writes_a_checkpoint_and_resume_ends_like_an_uninterru
     deadline = time.monotonic() + 240
     try:
         while time.monotonic() < deadline and proc.poll() is None:
-            _, record = checkpoint.latest(ckpt) if ckpt.exists() else (None, None)
-            if record and record["epoch"] == 1 and not record["epoch_complete"]:
+            record = checkpoint.latest(ckpt)[1] if ckpt.exists() else None
+            if record and record["epoch"] == 1 and record["batches_done"]:
                 proc.send_signal(signal.SIGTERM)
                 break
             time.sleep(0.05)
@@ -137,7 +137,10 @@ def test_sigterm_mid_epoch_writes_a_checkpoint_and_resume_ends_like_an_uninterru
         capsys.readouterr()
         assert _main(_tagger(out, files, "--resume")[3:]) == 0
         err = capsys.readouterr().err
-        assert f"restored {os.path.basename(path)}: epoch 2, batch {record['batches_done']}" in err
+        assert (
+            f"at epoch 2, batch {record['batches_done']} of {EPOCHS} from "
+            f"{os.path.basename(path)}" in err
+        )
         assert full.wait(timeout=240) == 0, full.stderr.read()[-3000:]
     finally:
         for p in (full, proc):
@@ -154,9 +157,9 @@ def _check_stop_line(line, name, ckpt, epoch=2):
         line,
     )
     assert match, line
-    path, record = checkpoint.latest(ckpt)
+    path, record, _ = checkpoint.latest(ckpt)
     assert path == match.group(1) and record["step"] == int(match.group(2))
-    assert record["batches_done"] == int(match.group(3)) and not record["epoch_complete"]
+    assert record["batches_done"] == int(match.group(3)) > 0
     # The signal came after a checkpoint every 2 steps; the stop wrote its own at once.
     return path, record
 
@@ -165,11 +168,11 @@ def _check_same_end(full, stopped, keys):
     a, b = read_json(full / "metrics.json"), read_json(stopped / "metrics.json")
     for key in keys:
         assert abs(a[key] - b[key]) <= 0.01, (key, a[key], b[key])
-    history = read_json(stopped / "checkpoints" / "state.json")["history"]
+    history = checkpoint.latest(stopped / "checkpoints")[1]["state"]["history"]
     assert [h["epoch"] for h in history] == list(range(1, EPOCHS + 1))  # none redone, none lost
     # The stopped epoch's training loss is the mean over all its batches, before and
     # after the stop (the checkpoint carries the running sum).
-    want = read_json(full / "checkpoints" / "state.json")["history"]
+    want = checkpoint.latest(full / "checkpoints")[1]["state"]["history"]
     for a_, b_ in zip(want, history):
         assert abs(a_["loss"] - b_["loss"]) <= 1e-3 * max(1.0, abs(a_["loss"])), (a_, b_)
 
@@ -179,9 +182,9 @@ def test_sigint_in_the_first_epoch_seq2seq_in_process(tmp_path, monkeypatch, cap
     after its 5th training step (the CLI's handler, as in a real process). Stopped in
     the first epoch, the run has no model file yet: --resume rebuilds the model from
     config.json and vocab/spm.model and restores the step checkpoint into it."""
-    from train import engine
     from train import strategy as dist
     from train.cli import main
+    from train.model_step import TfModelStep
 
     def run(out, *extra):
         try:
@@ -190,17 +193,17 @@ def test_sigint_in_the_first_epoch_seq2seq_in_process(tmp_path, monkeypatch, cap
             dist.reset()
 
     assert run(tmp_path / "full") == 0
-    train_batch = engine.Engine.train_batch
+    train = TfModelStep.train
     calls = []
 
-    def signalling(self, batch):
-        result = train_batch(self, batch)
+    def signalling(self, batch, at):
+        result = train(self, batch, at)
         calls.append(1)
         if len(calls) == 5:
             os.kill(os.getpid(), signal.SIGINT)
         return result
 
-    monkeypatch.setattr(engine.Engine, "train_batch", signalling)
+    monkeypatch.setattr(TfModelStep, "train", signalling)
     capsys.readouterr()
     stopped = tmp_path / "stopped"
     assert run(stopped) == 130
@@ -208,10 +211,11 @@ def test_sigint_in_the_first_epoch_seq2seq_in_process(tmp_path, monkeypatch, cap
     path, record = _check_stop_line(
         err.strip().splitlines()[-1], "SIGINT", stopped / "checkpoints", epoch=1
     )
-    assert record["batches_done"] == 5 and not (stopped / "checkpoints" / "last.keras").exists()
-    monkeypatch.setattr(engine.Engine, "train_batch", train_batch)
+    assert record["batches_done"] == 5 and record["state"]["epoch"] == 0
+    monkeypatch.setattr(TfModelStep, "train", train)
     assert run(stopped, "--resume") == 0
-    assert f"restored {os.path.basename(path)}: epoch 1, batch 5" in capsys.readouterr().err
+    err = capsys.readouterr().err
+    assert f"at epoch 1, batch 5 of {EPOCHS} from {os.path.basename(path)}" in err
     _check_same_end(tmp_path / "full", stopped, ("test_exact_match",))
 
 
@@ -292,12 +296,12 @@ def test_sigterm_to_one_of_two_workers_stops_both_and_resumes_in_one_process(
                 p.kill()
                 p.wait()
     assert [p.returncode for p in workers] == [143, 143], [o[-3000:] for o in outputs]
-    path, record = checkpoint.latest(ckpt)
+    path, record, _ = checkpoint.latest(ckpt)
     assert record["epoch"] < epochs - 1, "the run ended before the signal"
     where = (
         f"at epoch {record['epoch'] + 1}, batch {record['batches_done']}"
-        if not record["epoch_complete"]
-        else f"at the end of epoch {record['epoch'] + 1}"
+        if record["batches_done"]
+        else f"at the end of epoch {record['epoch']}"
     )
     lines = [o.strip().splitlines()[-1] for o in outputs]
     how = ["SIGTERM on another worker", "SIGTERM on another worker"]
@@ -308,7 +312,7 @@ def test_sigterm_to_one_of_two_workers_stops_both_and_resumes_in_one_process(
         == f"stopped by {how[1]}: the chief wrote the checkpoint {where}; continue with --resume"
     ), lines
     (out,) = _finish([_start(tmp_path / "multi", "default", epochs=epochs, resume=True)])
-    assert "replicas 1" in out and f"restored {os.path.basename(path)}" in out
+    assert "replicas 1" in out and f"from {os.path.basename(path)}" in out
     single = finish_single()
     for kind in ("weights", "averaged"):
         _assert_same(
@@ -381,19 +385,18 @@ def test_sigterm_to_one_of_two_sagan_workers_stops_both_at_one_step(tmp_path):
 
     epochs = 12  # 4 D steps each: far more than the first checkpoint needs
     out = tmp_path / "run"
-    state = out / "checkpoints" / "state.json"
+    ckpt = out / "checkpoints"
     workers = _sagan_workers(out, [["--epochs", str(epochs), "--checkpoint-every", "2"]] * 2)
-    errors = _wait_all(workers, TIMEOUT, signal_when=state)
+    errors = _wait_all(workers, TIMEOUT, signal_when=ckpt / "step-00000002.npz")
     assert [p.returncode for p in workers] == [143, 143], [e[-3000:] for e in errors]
-    saved = read_json(state)
+    npz, saved, _ = checkpoint.latest(ckpt)
     assert saved["epoch"] < epochs - 1, "the run ended before the signal"
     lines = [e.strip().splitlines()[-1] for e in errors]
     where = (
         f"at epoch {saved['epoch'] + 1}, batch {saved['batches_done']}"
-        if saved.get("batches_done")
+        if saved["batches_done"]
         else f"at the end of epoch {saved['epoch']}"
     )
-    npz = out / "checkpoints" / "state.npz"
     assert (
         lines[0]
         == f"stopped by SIGTERM on another worker: wrote {npz} {where}; continue with --resume"
@@ -409,16 +412,16 @@ def test_sigterm_to_one_of_two_sagan_workers_stops_both_at_one_step(tmp_path):
         _main(["sagan", "--out", str(out), "--resume", "--epochs", str(until), "--verbose", "0"])
         == 0
     )
-    final = read_json(state)
-    assert final["epoch"] == until and final["d_steps"] == until * 4
+    final = checkpoint.latest(ckpt)[1]["state"]
+    assert final["epoch"] == until and final["step"] == until * 4
 
 
 def test_two_sagan_workers_end_at_one_step_when_the_chief_runs_out_of_time(tmp_path):
     """--max-minutes under two workers: each worker's own clock would end it at another
-    step and take down or stall the other's collective; the chief's clock decides and
-    both end after the same step (ClusterStop.request_end), exit 0. The skew is made
-    certain here: the other worker's budget is two thirds of the chief's (18 s and 12 s,
-    both past the first steps' tracing, ~10 s)."""
+    step and take down or stall the other's collective; the chief's clock and budget
+    decide and both end after the same step (ClusterStop.clock), exit 0. The skew is
+    made certain here: the other worker's budget is two thirds of the chief's (18 s and
+    12 s, both past the first steps' tracing, ~10 s)."""
     from tests.train.test_distributed import TIMEOUT
 
     epochs = 400  # never reached: the time limit ends the run

@@ -14,6 +14,7 @@ import pytest
 import zoo.models  # noqa: F401  (registers every class zoo model files name)
 from tests.support import tiny
 from tests.support.paths import ROOT
+from train import checkpoint
 from train.sagan.fid import frechet_distance, kernel_inception_distance
 from zoo import atomic
 
@@ -106,12 +107,11 @@ def test_mode_seeking_loss_is_the_pairwise_formula():
 
 def _r1_trainer(r1, **kwargs):
     from tests.support import sagan_steps
-    from train.sagan.fit import SaganTrainer
+    from train.sagan.fit import TfSaganStep
 
     g, d, _ = sagan_steps.build()
-    trainer = SaganTrainer(
-        g, d, num_classes=sagan_steps.CLASSES, latent_dim=sagan_steps.LATENT, r1=r1, **kwargs
-    )
+    recipe = sagan_steps.recipe(r1=r1, class_loss=0.0, mode_seeking=0.0, **kwargs)
+    trainer = TfSaganStep((g, d, None), recipe)
     return trainer, g, d
 
 
@@ -120,9 +120,11 @@ def test_r1_penalty_falls_on_every_fourth_d_step_only():
     calls = []
     trainer.d_step = lambda *args: calls.append("plain") or (0.0, 0.0, 0.0)
     trainer.d_step_r1 = lambda *args: calls.append("r1") or (0.0, 0.0, 0.0)
+    from train.engine import At
+
     real = np.zeros((2, 32, 32, 3), np.float32)
     for step in range(8):
-        trainer.train_batch(real, np.zeros(2, np.int32), step)
+        trainer.train((real, np.zeros(2, np.int32)), At(step, 0.0))
     assert calls == ["plain", "plain", "plain", "r1"] * 2
     off, _, _ = _r1_trainer(0.0)
     assert not any(off.r1_due(step) for step in range(12))
@@ -312,6 +314,11 @@ def tiny_run(tmp_path_factory):
 _TINY_RUN_MINUTES = {}  # tiny_run's wall time, minutes
 
 
+def _state(run_dir):
+    """The run's state as its newest step checkpoint records it."""
+    return checkpoint.latest(os.path.join(run_dir, "checkpoints"))[1]["state"]
+
+
 def test_default_budget_is_twelve_minutes_or_what_is_left_of_the_run():
     from train.sagan.training import default_budget
 
@@ -333,7 +340,7 @@ def test_tiny_run_losses_finite_fid_falls_and_contract(tiny_run):
     metrics = json.load(open(os.path.join(tiny_run, "metrics.json")))
     for key in ("fid", "kid", "fid_floor", "class_accuracy"):
         assert metrics[key] is not None and np.isfinite(metrics[key]), key
-    state = json.load(open(os.path.join(tiny_run, "checkpoints", "state.json")))
+    state = _state(tiny_run)
     for entry in state["history"]:
         assert np.isfinite(entry["d_loss"]) and np.isfinite(entry["g_loss"])
     # The per-epoch signal: FID, class accuracy and consistency after every epoch, plotted.
@@ -412,7 +419,7 @@ def test_learning_rates_fall_linearly_over_the_second_half_of_the_budget(tiny_ru
     """--lr-decay-from 0.5 (TINY): constant rates for the first half of the steps, then
     linear to 0. The checkpoint holds the rates of the last step, D step 15 of 16
     (2 epochs of 256 // 32 batches; the time limit is far away): lr * (1/16) / 0.5."""
-    saved = np.load(os.path.join(tiny_run, "checkpoints", "state.npz"))
+    saved = np.load(checkpoint.latest(os.path.join(tiny_run, "checkpoints"))[0])
     train_cfg = json.load(open(os.path.join(tiny_run, "config.json")))["train"]
     total = 2 * (256 // 32)
     for name, lr in (("g_opt", train_cfg["lr_g"]), ("d_opt", train_cfg["lr_d"])):
@@ -445,15 +452,15 @@ def _expected_kept(metrics):
 
 
 def test_keep_best_prefers_epochs_that_draw_every_class():
-    from train.sagan.training import _improves
+    from train.sagan.training import best_key
 
-    def kept(entries, state=None, start=1):
-        state = dict(state or {})
-        for epoch, (fid, worst) in enumerate(entries, start=start):
-            entry = {"fid_quick": fid, "class_min_quick": worst}
-            if _improves(entry, state):
-                state.update(best_epoch=epoch, best_fid_quick=fid, best_class_min=worst)
-        return state.get("best_epoch")
+    def kept(entries):
+        best = None
+        for epoch, (fid, worst) in enumerate(entries, start=1):
+            key = best_key({"fid_quick": fid, "class_min_quick": worst})
+            if key is not None and (best is None or key < best[1]):
+                best = (epoch, key)  # as train.engine keeps the best
+        return best[0]
 
     # Epoch 4 has the lowest FID but lost a class; epoch 3 is the best that draws all.
     history = [(300.0, 0.95), (200.0, 0.5), (250.0, 0.92), (150.0, 0.8), (260.0, 0.99)]
@@ -464,11 +471,8 @@ def test_keep_best_prefers_epochs_that_draw_every_class():
     assert kept([(300.0, 0.5), (150.0, 0.2), (200.0, 0.89)]) == 2
     # Unconditional runs have no classes: the lowest FID.
     assert kept([(300.0, None), (150.0, None), (200.0, None)]) == 2
-    # A best checkpointed before class_min existed counts as drawing every class: a later
-    # epoch replaces it only with a lower FID that draws every class too.
-    old = {"best_epoch": 1, "best_fid_quick": 100.0}
-    assert kept([(90.0, 0.95)], old, start=2) == 2
-    assert kept([(90.0, 0.5), (120.0, 0.95)], old, start=2) == 1
+    # An epoch without a quick FID (--epoch-eval-samples 0) is never kept.
+    assert best_key({"fid_quick": None, "class_min_quick": 1.0}) is None
 
 
 @pytest.mark.slow
@@ -511,12 +515,9 @@ def test_resume_continues_from_the_checkpoint(tiny_run, tmp_path):
     copy = str(tmp_path / "run")
     shutil.copytree(tiny_run, copy)
     assert main(["sagan", "--out", copy, "--resume", "--epochs", "3"]) == 0
-    state = json.load(open(os.path.join(copy, "checkpoints", "state.json")))
-    assert state["epoch"] == 3 and len(state["history"]) == 3 and state["d_steps"] == 24
-    assert (
-        state["history"][:2]
-        == json.load(open(os.path.join(tiny_run, "checkpoints", "state.json")))["history"]
-    )
+    state = _state(copy)
+    assert state["epoch"] == 3 and len(state["history"]) == 3 and state["step"] == 24
+    assert state["history"][:2] == _state(tiny_run)["history"]
     # The kept generator travels in the checkpoint: the best of all three epochs is kept.
     metrics = json.load(open(os.path.join(copy, "metrics.json")))
     assert metrics["kept_epoch"] == _expected_kept(metrics)
@@ -716,9 +717,10 @@ def _stub_training(monkeypatch, metrics):
     """--compare's orchestration without training: each run writes metrics(config, has_attention)."""
     import train.sagan.training as sagan_run
 
-    def fake_fit(out, config, data, g, d, ema, *rest, **kwargs):
+    def fake_fit(run, resuming):
+        g = run.models[0]
         has_attention = any(layer.name == "self_attention" for layer in g.layers)
-        atomic.write_json(os.path.join(out, "metrics.json"), metrics(config, has_attention))
+        atomic.write_json(os.path.join(run.out, "metrics.json"), metrics(run.config, has_attention))
         return 0
 
     monkeypatch.setattr(sagan_run, "_fit_and_finish", fake_fit)
@@ -845,10 +847,16 @@ def test_data_seed_reproduces_one_compare_run(tmp_path, monkeypatch):
 
     seen, classifier_seeds = {}, {}
 
-    def fake_fit(out, config, data, g, d, ema, *rest, **kwargs):
-        seen[os.path.relpath(out, tmp_path)] = (config, data, g.get_weights(), d.get_weights())
+    def fake_fit(run, resuming):
+        g, d, _ = run.models
+        seen[os.path.relpath(run.out, tmp_path)] = (
+            run.config,
+            run.data,
+            g.get_weights(),
+            d.get_weights(),
+        )
         metrics = {"fid": 1.0, "fid_floor": 0.1, "class_accuracy": 1.0, "consistent": 0.5}
-        atomic.write_json(os.path.join(out, "metrics.json"), {**metrics, "kid": 1.0})
+        atomic.write_json(os.path.join(run.out, "metrics.json"), {**metrics, "kid": 1.0})
         return 0
 
     def fake_classifier(data, epochs, seed, **kwargs):

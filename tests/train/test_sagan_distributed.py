@@ -16,7 +16,6 @@ python -m tests.train.test_sagan_distributed --logical-cpus 2 --cbn-check FILE
 
 import argparse
 import json
-import os
 import pathlib
 import re
 import shutil
@@ -67,7 +66,7 @@ def _cbn_check(strategy, path):
     import tensorflow as tf
 
     from layers import ConditionalBatchNormalization
-    from train.engine import _split
+    from train.model_step import split
 
     rng = np.random.default_rng(5)
     x = (rng.normal(size=(8, 3, 3, 4)) * 2 + 1).astype("float32")
@@ -93,7 +92,7 @@ def _cbn_check(strategy, path):
             return y, tape.gradient(loss, x_)
 
         step = tf.function(lambda *parts, replica=replica: strategy.run(replica, args=parts))
-        y, grad = step(*_split(strategy, (x, labels, weights)))
+        y, grad = step(*split(strategy, (x, labels, weights)))
         tag = "sync" if synchronized else "local"
         out[f"{tag}_y"] = np.concatenate(
             [t.numpy() for t in strategy.experimental_local_results(y)]
@@ -162,8 +161,8 @@ def worker_main(argv):
     cli = args.cli[1:] if args.cli[:1] == ["--"] else args.cli
     _adam_epsilon_one()
     trainers = []
-    make_trainer = sagan_run._trainer
-    sagan_run._trainer = lambda *a, **k: trainers.append(make_trainer(*a, **k)) or trainers[-1]
+    make_step = sagan_run._step
+    sagan_run._step = lambda *a, **k: trainers.append(make_step(*a, **k)) or trainers[-1]
     assert main(cli) == 0
     out = pathlib.Path(cli[cli.index("--out") + 1])
     print("replicas", trainers[-1].replicas, "spread", _replica_spread(trainers[-1]), flush=True)
@@ -198,6 +197,23 @@ def _state(path):
 
     with np.load(path) as f:
         return {k: f[k] for k in f.files}
+
+
+def _newest(run_dir):
+    from train import checkpoint
+
+    return checkpoint.latest(run_dir / "checkpoints")[0]
+
+
+def _snapshot(step):
+    """A SAGAN step's checkpoint variables as the checkpoint keys them (group/path)."""
+    import numpy as np
+
+    return {
+        f"{group}/{v.path}": np.array(v.numpy())
+        for group, variables in step.variables().items()
+        for v in variables
+    }
 
 
 # Biases that feed straight into a batch norm (every conv of an up-block: each is
@@ -271,9 +287,9 @@ def runs(tmp_path_factory):
     """The mirrored process (epoch 1 on 2 replicas, then epoch 2 on 1 device) and, at the
     same time in this process, the one-device run of 2 epochs (state kept per epoch)."""
     import train.sagan.fit as sagan_fit
+    from train import checkpoint
     from train import strategy as dist
     from train.cli import main
-    from train.sagan.fit import SaganTrainer
 
     base = tmp_path_factory.mktemp("sagan_dist")
     env = training_env()
@@ -301,15 +317,15 @@ def runs(tmp_path_factory):
     log = open(base / "mirrored.log", "w")  # a file, not a pipe: the child never blocks on output
     proc = subprocess.Popen(cmd, cwd=ROOT, env=env, stdout=log, stderr=subprocess.STDOUT)
     try:
-        save = SaganTrainer.save
+        save = checkpoint.save
 
-        def keep_each_epoch(self, directory, state):
-            save(self, directory, state)
-            shutil.copy(
-                os.path.join(directory, "state.npz"), base / f"single-e{state['epoch']}.npz"
-            )
+        def keep_each_epoch(directory, groups, record, **kwargs):
+            path = save(directory, groups, record, **kwargs)
+            if kwargs.get("name", "step") == "step" and not record["batches_done"]:
+                shutil.copy(path, base / f"single-e{record['epoch']}.npz")
+            return path
 
-        SaganTrainer.save = keep_each_epoch
+        checkpoint.save = keep_each_epoch
         make_adam = _adam_epsilon_one()
         try:
             assert (
@@ -328,7 +344,7 @@ def runs(tmp_path_factory):
                 == 0
             )
         finally:
-            SaganTrainer.save = save
+            checkpoint.save = save
             sagan_fit._adam = make_adam
             dist.reset()
         proc.wait(timeout=TIMEOUT)
@@ -368,9 +384,7 @@ def _assert_equals_single(base, state_path, single_name):
 def test_mirrored_two_replicas_equal_one_device(runs):
     base, output = runs
     assert "replicas 2" in output
-    single = _assert_equals_single(
-        base, base / "mirrored" / "checkpoints" / "state.npz", "single-e1.npz"
-    )
+    single = _assert_equals_single(base, _newest(base / "mirrored"), "single-e1.npz")
     # ... and training moved the weights (not a comparison of initial values)
     assert _moved(single, _state(base / "single-e2.npz")) > 1e-3
     metrics = json.loads((base / "mirrored" / "metrics.json").read_text())
@@ -400,11 +414,11 @@ def test_replicas_hold_identical_copies(runs):
 def test_mirrored_checkpoint_resumes_on_one_device(runs):
     base, output = runs
     assert "resumed replicas 1" in output
-    _assert_equals_single(
-        base, base / "mirrored_resumed" / "checkpoints" / "state.npz", "single-e2.npz"
-    )
-    state = json.loads((base / "mirrored_resumed" / "checkpoints" / "state.json").read_text())
-    assert state["epoch"] == 2 and state["d_steps"] == 8
+    from train import checkpoint
+
+    _assert_equals_single(base, _newest(base / "mirrored_resumed"), "single-e2.npz")
+    state = checkpoint.latest(base / "mirrored_resumed" / "checkpoints")[1]["state"]
+    assert state["epoch"] == 2 and state["step"] == 8
 
 
 @pytest.mark.slow
@@ -437,9 +451,10 @@ def test_synchronized_conditional_batch_norm_is_the_global_batch_norm(runs):
     assert np.max(np.abs(c["local_y"] - c["sync_y"])) > 1e-2
 
 
-def _tiny_trainer(seed=0, attention=None, with_ema=False, **trainer_kwargs):
+def _tiny_trainer(attention=None, with_ema=False, jit_compile=False, **recipe):
     import zoo
-    from train.sagan.fit import SaganTrainer
+    from tests.support import sagan_steps
+    from train.sagan.fit import TfSaganStep
 
     kwargs = {
         "image_size": 32,
@@ -454,8 +469,19 @@ def _tiny_trainer(seed=0, attention=None, with_ema=False, **trainer_kwargs):
     if with_ema:
         ema = zoo.build("sagan_generator", latent_dim=8, **kwargs)
         ema.set_weights(g.get_weights())
-    trainer_kwargs = {"n_dis": 1, **trainer_kwargs}
-    return SaganTrainer(g, d, num_classes=4, latent_dim=8, seed=seed, ema=ema, **trainer_kwargs)
+    settings = {"num_classes": 4, "latent_dim": 8, "mode_seeking": 0.0, "class_loss": 0.0}
+    return TfSaganStep(
+        (g, d, ema),
+        sagan_steps.recipe(**{**settings, "r1": 0.0, **recipe}),
+        jit_compile=jit_compile,
+    )
+
+
+def _train(step, real, labels, d_step):
+    from train.engine import At
+
+    logs = step.train((real, labels), At(d_step, 0.0))
+    return {k: v for k, (v, _) in logs.items()}
 
 
 @pytest.mark.slow
@@ -472,7 +498,7 @@ def test_float16_scales_the_loss_and_its_checkpoint_restores_in_float32(tmp_path
     assert isinstance(trainer.g_opt, keras.optimizers.LossScaleOptimizer)
     before = [np.array(v.numpy()) for v in trainer.d.trainable_variables]
     for step in range(3):
-        logs = trainer.train_batch(real, labels, step)
+        logs = _train(trainer, real, labels, step)
         assert all(np.isfinite(v) for v in logs.values()), logs
     # Steps whose scaled float16 gradients overflow are skipped (the scale halves); the
     # others update D.
@@ -481,11 +507,13 @@ def test_float16_scales_the_loss_and_its_checkpoint_restores_in_float32(tmp_path
     assert any(
         np.max(np.abs(a - v.numpy())) > 0 for a, v in zip(before, trainer.d.trainable_variables)
     )
-    trainer.save(str(tmp_path), {"epoch": 1})
+    from train import checkpoint
+
+    path = checkpoint.save(str(tmp_path), trainer.variables(), {"step": 3}, refs=trainer.refs())
     keras.config.set_dtype_policy("float32")
     restored = _tiny_trainer()
     assert not isinstance(restored.d_opt, keras.optimizers.LossScaleOptimizer)
-    restored.restore(str(tmp_path))
+    checkpoint.restore(path, restored.variables(), refs=restored.refs(), optional=restored.optional)
     for a, b in zip(
         trainer.g.variables + trainer.d_opt.inner_optimizer.variables,
         restored.g.variables + restored.d_opt.variables,
@@ -514,36 +542,28 @@ def test_jit_compiled_steps_equal_the_uncompiled_steps(tmp_path):
         )
         assert trainer.jit_compile is jit
         trainer.d_opt.epsilon = trainer.g_opt.epsilon = 1.0
-        trainer.save(str(tmp_path / "initial"), {})
+        initial = _snapshot(trainer)
         for step in range(6):
-            logs = trainer.train_batch(real, labels, step)
+            logs = _train(trainer, real, labels, step)
             assert all(np.isfinite(v) for v in logs.values()), logs
-        trainer.save(str(tmp_path / str(jit)), {})
-        states[jit] = _state(tmp_path / str(jit) / "state.npz")
+        states[jit] = _snapshot(trainer)
     exact, null = _max_diffs(states[True], states[False], [v.path for v in trainer.g.variables])
     assert exact < 1e-5 and null < 1e-5, (exact, null)
     # XLA's fused kernels round differently from TensorFlow's: a difference of exactly 0
     # would mean the compiled step never ran.
     assert exact > 0
-    assert _moved(_state(tmp_path / "initial" / "state.npz"), states[False]) > 1e-3
+    assert _moved(initial, states[False]) > 1e-3
 
 
 @pytest.mark.slow
 def test_jit_compile_flag_reaches_the_sagan_trainer():
     import train.sagan.training as sagan_run
+    from tests.support import sagan_steps
     from train import strategy as dist
 
     trainer = _tiny_trainer()
     model_cfg = {"num_classes": 4, "latent_dim": 8}
-    train_cfg = {
-        "lr_g": 1e-4,
-        "lr_d": 4e-4,
-        "beta1": 0.0,
-        "beta2": 0.9,
-        "n_dis": 1,
-        "ema": 0,
-        "seed": 0,
-    }
+    train_cfg = {k: v for k, v in vars(sagan_steps.recipe()).items() if k not in model_cfg}
     try:
         for flag in (True, False, None):
             dist.configure(
@@ -551,7 +571,7 @@ def test_jit_compile_flag_reaches_the_sagan_trainer():
                 command="sagan",
             )
             want = dist.device_kind() in ("gpu", "tpu") if flag is None else flag
-            made = sagan_run._trainer(trainer.g, trainer.d, None, model_cfg, train_cfg)
+            made = sagan_run._step((trainer.g, trainer.d, None), model_cfg, train_cfg)
             assert made.jit_compile is want, flag
     finally:
         dist.reset()

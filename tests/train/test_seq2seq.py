@@ -68,10 +68,13 @@ def test_tiny_run_learns_copy_and_writes_the_contract(copy_run):
         "vocab/spm.model",
         "vocab/pieces.txt",
         "calibration.npz",
-        "checkpoints/last.keras",
         "logs",
     ):
         assert os.path.exists(os.path.join(copy_run, name)), name
+    from train import checkpoint
+
+    state = checkpoint.latest(os.path.join(copy_run, "checkpoints"))[1]["state"]
+    assert state["epoch"] == 8 and state["best"]["epoch"] == metrics["best_epoch"]
     with np.load(os.path.join(copy_run, "calibration.npz")) as calib:
         assert calib["source_ids"].shape[1] == config["model"]["max_source_length"]
 
@@ -397,7 +400,8 @@ def test_xla_training_steps_equal_the_plain_steps():
     """`--jit-compile` / `--xla` compiles the same training step: without dropout (whose
     random masks XLA draws differently) five steps under XLA end where five steps
     without it do, and the loss of every step agrees."""
-    from train import engine, loss_terms
+    from train import loss_terms
+    from train.model_step import TfModelStep
     from train.seq2seq.fit import compile_seq2seq
 
     rng = np.random.default_rng(0)
@@ -418,12 +422,13 @@ def test_xla_training_steps_equal_the_plain_steps():
             dropout=0.0,
         )
         compile_seq2seq(model, 1e-3, 10, 0.1, jit_compile=jit)
-        runner = engine.Engine(
+        runner = TfModelStep(
             model, loss_terms=loss_terms.masked_mean_terms(model.loss, 0), jit_compile=jit
         )
         assert runner.jit_compile is jit
+        runner.build(batch)
         initial = [v.numpy() for v in model.trainable_variables]
-        losses = [runner.train_batch(batch)[0] for _ in range(5)]
+        losses = [runner.train(batch)["loss"][0] for _ in range(5)]
         runs[jit] = losses, [v.numpy() for v in model.trainable_variables]
     np.testing.assert_allclose(runs[True][0], runs[False][0], rtol=0, atol=1e-5)
     moved = max(float(np.max(np.abs(a - b))) for a, b in zip(initial, runs[False][1]))

@@ -12,6 +12,8 @@ import pytest
 
 import zoo.models  # noqa: F401  (registers every class zoo model files name)
 from tests.support import paths, tiny
+from train import checkpoint
+from train.model_step import make_step
 from train.rundir import read_json
 from train.tagger import embedded
 from train.tagger.training import resume_run, train_one
@@ -21,6 +23,11 @@ pytestmark = pytest.mark.slow  # seconds per test: make test-fast leaves the fil
 ROOT = pathlib.Path(paths.ROOT)
 FIXTURES = ROOT / "tests" / "fixtures" / "tagger"
 TINY = tiny.TAGGER_MODEL
+
+
+def _state(run):
+    """The run's state as its newest step checkpoint records it."""
+    return checkpoint.latest(run / "checkpoints")[1]["state"]
 
 
 def make_args(**overrides):
@@ -54,7 +61,7 @@ def test_attention_learns_context_that_fc_cannot(tmp_path, tiny_data, capsys):
         out = tmp_path / arch
         train_one(make_args(epochs=5, learning_rate=3e-3), tiny_data, arch, str(out))
         results[arch] = read_json(out / "metrics.json")
-        history = read_json(out / "checkpoints" / "state.json")["history"]
+        history = _state(out)["history"]
         assert history[-1]["loss"] < 0.7 * history[0]["loss"], history
     fc, att = results["fc"], results["attention"]
     assert att["test_accuracy"] > fc["test_accuracy"]
@@ -65,8 +72,7 @@ def test_attention_learns_context_that_fc_cannot(tmp_path, tiny_data, capsys):
 def test_resume_continues_epochs_and_optimizer_state(tmp_path, tiny_data):
     out = tmp_path / "run"
     train_one(make_args(epochs=1), tiny_data, "fc", str(out))
-    first = keras.models.load_model(out / "checkpoints" / "last.keras")
-    steps = int(first.optimizer.iterations.numpy())
+    steps = _state(out)["step"]
     assert steps > 0
     # resume_run re-reads the data from config.json; give it the same small data there.
     config = read_json(out / "config.json")
@@ -79,10 +85,12 @@ def test_resume_continues_epochs_and_optimizer_state(tmp_path, tiny_data):
         resume_run(make_args(epochs=2, out=str(out), resume=True))
     finally:
         run_module.load_data = original
-    state = read_json(out / "checkpoints" / "state.json")
+    path, record, _ = checkpoint.latest(out / "checkpoints")
+    state = record["state"]
     assert state["epoch"] == 2 and [h["epoch"] for h in state["history"]] == [1, 2]
-    resumed = keras.models.load_model(out / "checkpoints" / "last.keras")
-    assert int(resumed.optimizer.iterations.numpy()) == 2 * steps
+    assert state["step"] == 2 * steps
+    with np.load(path) as saved:  # the optimizer's own count, restored and continued
+        assert int(saved["optimizer/iteration"]) == 2 * steps
 
 
 def test_timing_probe_leaves_weights_and_optimizer_untouched(tiny_data, monkeypatch):
@@ -99,10 +107,10 @@ def test_timing_probe_leaves_weights_and_optimizer_untouched(tiny_data, monkeypa
     }
     compile_tagger(model, 1e-3, total_steps=100, warmup_steps=10, weight_decay=1e-4)
     batches = Batches(encoded["train"], 16)
-    seconds = engine.seconds_per_step(model, [batches[i] for i in range(4)])
+    seconds = engine.seconds_per_step(make_step(model), [batches[i] for i in range(4)])
     before = [v.numpy().copy() for v in model.variables]
     assert seconds > 0
-    engine.seconds_per_step(model, [batches[i] for i in range(4)])
+    engine.seconds_per_step(make_step(model), [batches[i] for i in range(4)])
     for a, v in zip(before, model.variables):
         np.testing.assert_array_equal(a, v.numpy())
     assert int(model.optimizer.iterations.numpy()) == 0
@@ -118,7 +126,7 @@ def test_timing_probe_leaves_weights_and_optimizer_untouched(tiny_data, monkeypa
     monkeypatch.setattr(
         engine,
         "seconds_per_step",
-        lambda model, probe, warmup: (
+        lambda step, probe, warmup: (
             1e-3 * float(np.mean([b[0]["word_ids"].size for b in probe[warmup:]]))
         ),
     )
@@ -191,7 +199,7 @@ def test_cli_writes_the_run_directory_contract(cli_run):
     assert int(real.sum()) == metrics["test_tokens"]
     accuracy = float((np.argmax(probs, -1)[real] == held["tag_ids"][real]).mean())
     assert abs(accuracy - metrics["test_accuracy"]) < 1e-6
-    assert (out / "checkpoints" / "last.keras").exists()
+    assert checkpoint.latest(out / "checkpoints")[1]["state"]["epoch"] == metrics["epochs"]
     assert any((out / "logs").rglob("events.out.tfevents.*"))
     model = keras.models.load_model(out / "model.keras")
     assert list(model.tags) == tags and list(model.words) == words

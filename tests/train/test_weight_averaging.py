@@ -6,17 +6,20 @@ import numpy as np
 import pytest
 
 from train import engine
+from train.model_step import TfModelStep
 
 pytestmark = pytest.mark.slow  # seconds per test: make test-fast leaves the file out
 
 
-class _Record(keras.callbacks.Callback):
-    def __init__(self):
-        super().__init__()
-        self.weights = []
-
-    def on_train_batch_end(self, batch, logs=None):
-        self.weights.append([v.numpy().copy() for v in self.model.trainable_variables])
+def _train(model, batches):
+    """The engine's step on each batch; returns the raw weights after every step."""
+    step = TfModelStep(model)
+    step.build(batches[0])
+    weights = []
+    for i, batch in enumerate(batches):
+        step.train(batch, engine.At(i, 0.0))
+        weights.append([v.numpy().copy() for v in model.trainable_variables])
+    return weights
 
 
 def _model(use_ema):
@@ -35,13 +38,13 @@ def test_averaged_weights_are_the_moving_average_and_raw_weights_come_back():
         (rng.normal(size=(4, 3)).astype("float32"), rng.normal(size=(4, 2)).astype("float32"))
         for _ in range(6)
     ]
-    model, record = _model(True), _Record()
-    engine.fit(model, batches, epochs=1, callbacks=[record], verbose=0)
+    model = _model(True)
+    weights = _train(model, batches)
     # Keras's EMA: the first step copies the weights, then avg = m * avg + (1 - m) * w.
-    expected = record.weights[0]
-    for step in record.weights[1:]:
+    expected = weights[0]
+    for step in weights[1:]:
         expected = [0.8 * a + 0.2 * w for a, w in zip(expected, step)]
-    raw = record.weights[-1]
+    raw = weights[-1]
     assert max(float(np.max(np.abs(a - w))) for a, w in zip(expected, raw)) > 1e-3
     with engine.averaged_weights(model):
         inside = [v.numpy() for v in model.trainable_variables]
@@ -53,9 +56,7 @@ def test_averaged_weights_are_the_moving_average_and_raw_weights_come_back():
 
 def test_without_ema_the_context_changes_nothing():
     model = _model(False)
-    engine.fit(
-        model, [(np.ones((2, 3), "float32"), np.zeros((2, 2), "float32"))], epochs=1, verbose=0
-    )
+    _train(model, [(np.ones((2, 3), "float32"), np.zeros((2, 2), "float32"))])
     before = [v.numpy() for v in model.trainable_variables]
     with engine.averaged_weights(model):
         inside = [v.numpy() for v in model.trainable_variables]

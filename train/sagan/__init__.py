@@ -277,13 +277,13 @@ def build_trainer(image_size=32, channels=3, num_classes=4, argv=()):
     add_arguments(parser)
     args = parser.parse_args(list(argv))
     _validate(args)
-    from train.sagan.training import _build, _model_config, _train_config, _trainer
+    from train.sagan.training import _build, _model_config, _step, _train_config
 
     data = types.SimpleNamespace(image_size=image_size, channels=channels, num_classes=num_classes)
     model_cfg = _model_config(args, data, args.attention)
     train_cfg = _train_config(args)
     g, d, ema = _build(model_cfg, train_cfg)
-    return g, d, ema, _trainer(g, d, ema, model_cfg, train_cfg), train_cfg
+    return g, d, ema, _step((g, d, ema), model_cfg, train_cfg), train_cfg
 
 
 def run(args):

@@ -11,10 +11,10 @@ Trained on the run's real training images only and saved with the run
 The trunk keeps positions (stride-2 convs down to 4x4, then flatten), the
 `features` layer (128 ReLU units) is the FID feature space.
 
-The run keeps it as a cache (`save_cached`, `load_cached`): `classifier.keras` with a
-SHA-256 record (train.checkpoint's checked files) that also holds its test report. A
-cached classifier that is damaged (truncated, corrupted) is trained again, from the
-same data and seed, saying so in one line.
+The run keeps it (`RUN_DIR/classifier.keras`) and caches it for --resume as its
+`classifier` checkpoint (train.checkpoint, its test report in the record). A cached
+classifier that is damaged (truncated, corrupted) is trained again, from the same data
+and seed, saying so in one line.
 """
 
 import os
@@ -25,6 +25,7 @@ import numpy as np
 FEATURES = "features"
 CACHE = "classifier.keras"
 REPORT = "classifier.json"
+CHECKPOINT = "classifier"
 
 
 def to_float(images):
@@ -145,46 +146,34 @@ def features_and_outputs(model, images, batch_size=256):
 
 
 def save_cached(model, report, out):
-    """`RUN_DIR/classifier.keras` with its record (the report in it), and classifier.json."""
+    """The classifier as the run's `classifier` checkpoint (its test report in the
+    record), classifier.keras and classifier.json."""
     from train import checkpoint
     from zoo import atomic
 
-    checkpoint.save_checked(
-        os.path.join(out, CACHE), model.save, meta={"report": report}, keep_previous=False
+    checkpoint.save(
+        os.path.join(out, "checkpoints"),
+        {"model": model.variables},
+        {"step": 0, "report": report},
+        name=CHECKPOINT,
+        keep=1,
+        models=(model,),
     )
+    atomic.save_model(model, os.path.join(out, CACHE))
     atomic.write_json(os.path.join(out, REPORT), report)
 
 
-def load_cached(out):
+def load_cached(out, data, seed):
     """(classifier, report) cached in the run, or None: none cached, or the cached one is
     damaged (one line on stderr: the caller trains it again)."""
-    import keras
-
     from train import checkpoint
-    from train.rundir import read_json
 
-    path = os.path.join(out, CACHE)
-    has_record = os.path.exists(path + checkpoint.RECORD)
-    if not os.path.exists(path) and not has_record:
+    path, record, damaged = checkpoint.latest(os.path.join(out, "checkpoints"), CHECKPOINT)
+    if path is None:
+        if damaged:
+            print(f"{damaged[0][1]}; training the evaluation classifier again", file=sys.stderr)
         return None
-    record, why = checkpoint.check_file(path) if has_record else (None, None)
-    if has_record and record is None:
-        print(f"{why}; training the evaluation classifier again", file=sys.stderr)
-        return None
-    try:
-        model = keras.models.load_model(path, compile=False)
-    except Exception as e:  # noqa: BLE001  (a cache of the older format, unchecked: damaged)
-        reason = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
-        print(
-            f"{path} cannot be read ({reason}); training the evaluation classifier again",
-            file=sys.stderr,
-        )
-        return None
+    model = build_classifier(data.image_size, data.channels, data.num_classes, seed)
+    checkpoint.restore(path, {"model": model.variables}, models=(model,))
     model.trainable = False
-    report = (record.get("meta") or {}).get("report") if record else None
-    if report is None:
-        try:
-            report = read_json(os.path.join(out, REPORT))
-        except (OSError, ValueError, UnicodeDecodeError):
-            report = {}
-    return model, report
+    return model, record["report"]

@@ -8,15 +8,14 @@ RUN_DIR/metrics.json         fid, kid, fid_floor, kid_floor, class_accuracy, ...
 RUN_DIR/calibration.npz      noise (and label) rows for int8 calibration of the export
 RUN_DIR/vocab/classes.txt    class names, one per line (label id = line number)
 RUN_DIR/samples/epoch_NNN.png, samples.png, attention.png, logs/ (TensorBoard),
-RUN_DIR/checkpoints/         state.npz + state.json (resume), at epoch ends and, with
-                             --checkpoint-every N, every N D steps (recording the
-                             batches done in the epoch and their losses, so --resume
-                             continues with the next batch of that epoch)
+RUN_DIR/checkpoints/         step and best checkpoints (train.checkpoint: resume), and
+                             the classifier's
 """
 
 import os
 import sys
 import time
+import typing
 
 import numpy as np
 
@@ -65,13 +64,6 @@ def _model_config(args, data, attention):
 
 def _d_config(model_cfg):
     return {k: v for k, v in model_cfg.items() if k not in ("latent_dim", "class_embedding")}
-
-
-def _data_seed(train_cfg):
-    # The seed the data were made or split with; the real images FID is measured against
-    # follow it too (not the model seed), so the runs of --compare share one floor.
-    # Runs written before data_seed existed used --seed for both.
-    return train_cfg.get("data_seed", train_cfg["seed"])
 
 
 def _train_config(args):
@@ -173,7 +165,7 @@ def get_classifier(out, data, train_cfg, classifier=None):
     """The run's frozen classifier: given (compare), already in the run, or trained now."""
     from train.sagan.fid_classifier import load_cached, save_cached
 
-    cached = load_cached(out) if classifier is None else None  # checked; damaged: None, said
+    cached = load_cached(out, data, train_cfg["data_seed"]) if classifier is None else None
     if cached is not None:
         return cached
     report = {}
@@ -186,7 +178,7 @@ def get_classifier(out, data, train_cfg, classifier=None):
             flush=True,
         )
         classifier, report = train_classifier(
-            data, epochs=train_cfg["classifier_epochs"], seed=_data_seed(train_cfg)
+            data, epochs=train_cfg["classifier_epochs"], seed=train_cfg["data_seed"]
         )
     else:
         from train.sagan.fid_classifier import evaluate_real
@@ -236,14 +228,13 @@ def train_one(args, data, out, attention=_FLAG, classifier=None):
     keras.utils.set_random_seed(args.seed)
     model_cfg = _model_config(args, data, attention)
     train_cfg = _train_config(args)
-    g, d, ema = _build(model_cfg, train_cfg)
+    models = _build(model_cfg, train_cfg)
     rundir.create_run_dir(out, "sagan")
     atomic.write_lines(os.path.join(out, "vocab", "classes.txt"), data.class_names)
-    d_cfg = _d_config(model_cfg)
     config = {
         "kind": "sagan",
         "model": model_cfg,
-        "discriminator": d_cfg,
+        "discriminator": _d_config(model_cfg),
         "train": train_cfg,
         "data": data.source,
         "class_names": list(data.class_names),
@@ -253,27 +244,17 @@ def train_one(args, data, out, attention=_FLAG, classifier=None):
     classifier, report = get_classifier(out, data, train_cfg, classifier)
     if _resolve_budget(args, train_cfg):
         atomic.write_json(os.path.join(out, "config.json"), config)  # resume reads it
-    state = {"epoch": 0, "d_steps": 0, "train_seconds": 0.0, "history": []}
-    return _fit_and_finish(out, config, data, g, d, ema, classifier, report, state)
+    run = _Run(out, config, data, models, classifier, report)
+    return _fit_and_finish(run, resuming=False)
 
 
 def resume_run(args):
     out = args.out
-    config_path = os.path.join(out, "config.json")
-    ckpt = os.path.join(out, "checkpoints")
-    from train.sagan.fit import has_checkpoint
-
-    if not os.path.exists(config_path) or not has_checkpoint(ckpt):
-        raise UsageError(
-            f"--resume: no checkpoint to resume in {out} (missing config.json or checkpoints/)"
-        )
-    config = rundir.read_json(config_path)
-    if config.get("kind") != "sagan":
-        raise UsageError(f"--resume: {out} is not a sagan run (kind={config.get('kind')!r})")
+    config = rundir.resumable_config(out, ("sagan",), "sagan")
     train_cfg = config["train"]
     if args.epochs is not None:
         train_cfg["epochs"] = args.epochs
-    if train_cfg.get("max_minutes") is None:  # stopped before its budget was set
+    if train_cfg["max_minutes"] is None:  # stopped before its budget was set
         train_cfg["max_minutes"] = DEFAULT_MAX_MINUTES
     train_cfg["verbose"] = str(args.verbose)
     check_replicas(train_cfg["batch_size"])
@@ -283,62 +264,34 @@ def resume_run(args):
         k: train_cfg[k]
         for k in ("dataset", "image_dir", "image_size", "train_size", "test_size", "max_images")
     }
-    data = load_images(**flags, seed=_data_seed(train_cfg))
+    data = load_images(**flags, seed=train_cfg["data_seed"])
     import keras
 
     keras.utils.set_random_seed(train_cfg["seed"])
-    g, d, ema = _build(config["model"], train_cfg)
+    models = _build(config["model"], train_cfg)
     classifier, report = get_classifier(out, data, train_cfg)
     config["train"] = train_cfg
     config["runtime"] = dist.runtime()  # where the resumed part trains
-    atomic.write_json(config_path, config)
-    trainer = _trainer(g, d, ema, config["model"], train_cfg)
-    state = trainer.restore(ckpt)
-    keras.utils.set_random_seed(train_cfg["seed"] + state["epoch"])
-    within = f", batch {state['batches_done']}" if state.get("batches_done") else ""
-    print(
-        f"resuming {out} at epoch {state['epoch']}{within} of {train_cfg['epochs']}",
-        file=sys.stderr,
+    atomic.write_json(os.path.join(out, "config.json"), config)
+    return _fit_and_finish(_Run(out, config, data, models, classifier, report), resuming=True)
+
+
+def _step(models, model_cfg, train_cfg):
+    import types
+
+    from train.sagan.fit import make_step
+
+    recipe = types.SimpleNamespace(
+        **train_cfg, num_classes=model_cfg["num_classes"], latent_dim=model_cfg["latent_dim"]
     )
-    return _fit_and_finish(out, config, data, g, d, ema, classifier, report, state, trainer)
-
-
-def _trainer(g, d, ema, model_cfg, train_cfg):
-    import keras
-
-    from train import strategy as dist
-
-    if keras.backend.backend() == "jax":
-        from train.sagan.jax_fit import JaxSaganTrainer as SaganTrainer
-    else:
-        from train.sagan.fit import SaganTrainer
-
-    trainer = SaganTrainer(
-        g,
-        d,
-        num_classes=model_cfg["num_classes"],
-        latent_dim=model_cfg["latent_dim"],
-        lr_g=train_cfg["lr_g"],
-        lr_d=train_cfg["lr_d"],
-        beta_1=train_cfg["beta1"],
-        beta_2=train_cfg["beta2"],
-        n_dis=train_cfg["n_dis"],
-        ema=ema,
-        ema_decay=train_cfg["ema"],
-        seed=train_cfg["seed"],
-        strategy=dist.get(),
-        jit_compile=dist.jit_compile(),
-        mode_seeking=train_cfg.get("mode_seeking", 0.0),
-        class_loss=train_cfg.get("class_loss", 0.0),
-        r1=train_cfg.get("r1", 0.0),
-    )
-    if dist.jit_compile() and not trainer.jit_compile:
+    step = make_step(models, recipe, dist.get(), dist.jit_compile())
+    if dist.jit_compile() and not step.jit_compile:
         print(
-            f"XLA: off for sagan on {trainer.replicas} replicas (an XLA computation runs on one "
+            f"XLA: off for sagan on {step.replicas} replicas (an XLA computation runs on one "
             f"device; docs/distributed.md)",
             file=sys.stderr,
         )
-    return trainer
+    return step
 
 
 CLASS_FLOOR = 0.9
@@ -346,40 +299,20 @@ CLASS_FLOOR = 0.9
 
 def _draws_every_class(class_min):
     """Whether the worst class was recognised in >= CLASS_FLOOR of its images (None:
-    unconditional, or a best checkpointed before class_min existed: counts as yes)."""
+    unconditional, counts as yes)."""
     return class_min is None or class_min >= CLASS_FLOOR
 
 
-def _rank(fid, class_min):
-    """Sort key of a sampler (lower is better): the samplers that draw every class
-    first, then the lowest FID."""
-    return (0 if _draws_every_class(class_min) else 1, fid)
-
-
-def _improves(entry, state):
-    """Whether this epoch's sampler is the best so far: among the epochs that draw every
-    class (the worst class recognised in >= 90% of 1,000 images of fresh noise), the
-    lowest quick FID; until one does, the lowest quick FID. The final evaluation draws
-    other noise. GAN runs swing late, and FID alone kept epochs that had lost one class
+def best_key(logs):
+    """`Plan.best` of --keep best: among the epochs that draw every class (the worst
+    class recognised in >= 90% of 1,000 images of fresh noise), the lowest quick FID;
+    until one does, the lowest quick FID. The final evaluation draws other noise. GAN
+    runs swing late, and FID alone kept epochs that had lost one class
     (benchmarks/sagan.md); this keeps a good epoch instead of the last."""
-    fid = entry.get("fid_quick")
+    fid = logs.get("fid_quick")
     if fid is None:
-        return False
-    if state.get("best_fid_quick") is None:
-        return True
-    # A best checkpointed before class_min existed has None: it counts as drawing every class.
-    return _rank(fid, entry.get("class_min_quick")) < _rank(
-        state["best_fid_quick"], state.get("best_class_min")
-    )
-
-
-def lr_scale(progress, decay_from):
-    """The learning rates' factor at `progress` (the budget's fraction done: steps of
-    --epochs or minutes of --max-minutes, whichever is further): 1 until `decay_from`,
-    then linear to 0 at the end. Runs that swung late in the budget settle (#16)."""
-    if decay_from >= 1.0 or progress <= decay_from:
-        return 1.0
-    return max(0.0, (1.0 - progress) / (1.0 - decay_from))
+        return None
+    return [0 if _draws_every_class(logs.get("class_min_quick")) else 1, fid]
 
 
 def _fixed_latents(model_cfg, seed, rows=None):
@@ -398,247 +331,139 @@ def _fixed_latents(model_cfg, seed, rows=None):
     return feed
 
 
-def _fit_and_finish(
-    out, config, data, g, d, ema, classifier, classifier_report, state, trainer=None
-):
-    from train import preemption  # SIGTERM / SIGINT: save the step, then stop (#23)
-    from train import strategy as dist
+class _Run(typing.NamedTuple):
+    """What one SAGAN run trains and evaluates with."""
 
-    model_cfg, train_cfg = config["model"], config["train"]
-    trainer = trainer or _trainer(g, d, ema, model_cfg, train_cfg)
+    out: str
+    config: dict
+    data: object
+    models: tuple  # (G, D, EMA-G or None)
+    classifier: object
+    report: dict
+
+
+class _Batches:
+    """The real images of one epoch, in the order (seed, epoch) gives, as batches of
+    (images in [-1, 1], labels); the last partial batch is dropped."""
+
+    def __init__(self, data, batch, order, conditional):
+        self.data, self.batch, self.order, self.conditional = data, batch, order, conditional
+
+    def __len__(self):
+        return max(1, len(self.data.train) // self.batch)
+
+    def __iter__(self):
+        for i in range(len(self)):
+            idx = self.order[i * self.batch : (i + 1) * self.batch]
+            real = self.data.train[idx].astype(np.float32) / 127.5 - 1.0
+            labels = self.data.train_labels[idx] if self.conditional else np.zeros(len(idx))
+            yield real, labels.astype(np.int32)
+
+
+class _EpochEnd:
+    """The engine's epoch-end hook: the quick evaluation (its values join the epoch's
+    logs, which pick the best epoch), the epoch's sample grid and progress.png."""
+
+    def __init__(self, run, sampling, state):
+        from train.sagan.evaluation import Evaluator
+
+        self.run, self.sampling, self.state = run, sampling, state
+        self.model_cfg, self.train_cfg = run.config["model"], run.config["train"]
+        self.samples_dir = os.path.join(run.out, "samples")
+        os.makedirs(self.samples_dir, exist_ok=True)
+        self.quick = None
+        if self.train_cfg["epoch_eval_samples"]:
+            self.quick = Evaluator(
+                run.classifier,
+                run.data,
+                self.train_cfg["epoch_eval_samples"],
+                seed=self.train_cfg["data_seed"],
+            )
+        self.fixed = _fixed_latents(self.model_cfg, self.train_cfg["seed"])
+
+    def quick_eval(self):
+        if self.quick is None:
+            return {"fid_quick": None}
+        return self.quick.progress(
+            self.sampling.refresh(),
+            self.model_cfg["latent_dim"],
+            self.model_cfg["num_classes"],
+            seed=self.train_cfg["seed"] + 7,
+        )
+
+    def __call__(self, epoch, logs):
+        from train.sagan.figures import save_progress_figure, save_sample_grid
+
+        logs.update(self.quick_eval())
+        images = np.asarray(self.sampling.refresh().predict_on_batch(self.fixed))
+        path = os.path.join(self.samples_dir, f"epoch_{epoch + 1:03d}.png")
+        save_sample_grid(images, GRID_COLUMNS, path)
+        if dist.is_chief():
+            history = self.state["history"] + [{"epoch": epoch + 1, **logs}]
+            save_progress_figure(history, os.path.join(self.run.out, "progress.png"))
+
+
+def _fit_and_finish(run, resuming):
+    from train import engine
+
+    g, d, ema = run.models
+    train_cfg = run.config["train"]
+    step = _step(run.models, run.config["model"], train_cfg)
     # What the steps really run with: SAGAN's are not XLA-compiled on several replicas
     # even when --jit-compile (or a GPU's default) asks for it.
-    runtime = {**dist.runtime(), "jit_compile": trainer.jit_compile}
-    if config.get("runtime") != runtime:
-        config["runtime"] = runtime
-        atomic.write_json(os.path.join(out, "config.json"), config)
-    dist.announce(runtime)
-    loop = _Loop(out, config, data, trainer, state, ema if ema is not None else g, classifier)
-    sampler = loop.sampler
-    try:
-        stopped = loop.run()
-        if loop.stops.finish():  # a signal after the last step
-            preemption.stop(f"{loop.where} at the end of epoch {state['epoch']}")
-    finally:
-        loop.stops.close()
-    preemption.done_listening(f"{loop.where} at the end of epoch {state['epoch']}")
-    loop.sampling.refresh()
-    if train_cfg.get("keep", "last") == "best" and trainer.apply_best(sampler):
-        worst = state.get("best_class_min")
+    step.runtime = {**dist.runtime(), "jit_compile": step.jit_compile}
+    if run.config.get("runtime") != step.runtime:
+        run.config["runtime"] = step.runtime
+        atomic.write_json(os.path.join(run.out, "config.json"), run.config)
+    sampling = _Sampler(ema if ema is not None else g, run.config["model"])
+    state = {}
+    epoch_end = _EpochEnd(run, sampling, state)
+    if not resuming:  # a resumed run's checkpoint holds it
+        state["initial_fid"] = epoch_end.quick_eval()["fid_quick"]
+    verbose = train_cfg["verbose"]
+    plan = engine.run_plan(
+        run.out,
+        train_cfg["epochs"],
+        train_cfg["max_minutes"],
+        verbose="auto" if verbose == "auto" else int(verbose),
+        best=best_key if train_cfg["keep"] == "best" else None,
+        hooks=(epoch_end,),
+    )
+    seed, batch = train_cfg["seed"], train_cfg["batch_size"]
+    conditional = bool(run.config["model"]["num_classes"])
+
+    def source(epoch):
+        order = np.random.default_rng(seed + epoch).permutation(len(run.data.train))
+        return _Batches(run.data, batch, order, conditional)
+
+    engine.fit(step, source, plan, state, name=run.out)
+    sampler = sampling.refresh()
+    best = state.get("best")
+    if best is not None:
+        worst = best["logs"].get("class_min_quick")
         which = (
             f"every class >= {CLASS_FLOOR:.0%}, the lowest FID of such epochs"
             if worst is not None and _draws_every_class(worst)
             else "the lowest of the run"
         )
         print(
-            f"keeping the generator of epoch {state['best_epoch']} (quick FID "
-            f"{state['best_fid_quick']}, {which})",
+            f"keeping the generator of epoch {best['epoch']} (quick FID "
+            f"{best['logs']['fid_quick']}, {which})",
             file=sys.stderr,
             flush=True,
         )
-    distribution = {**dist.describe(), "jit_compile": trainer.jit_compile}
-    return _finish(
-        out,
-        config,
-        data,
-        g,
-        d,
-        sampler,
-        classifier,
-        classifier_report,
-        state,
-        stopped,
-        distribution,
-    )
+    distribution = {**dist.describe(), "jit_compile": step.jit_compile}
+    return _finish(run, sampler, state, distribution)
 
 
-class _Loop:
-    """One run's training epochs (until --epochs or --max-minutes): the steps, the
-    per-epoch evaluation, sample grid, TensorBoard logs and checkpoint, and the stop
-    checks after each step (a signal, the time limit; several workers agree on both).
-    `run()` returns True when the time limit ended the run."""
-
-    def __init__(self, out, config, data, trainer, state, source, classifier):
-        import tensorflow as tf
-
-        from train import preemption
-        from train import strategy as dist
-        from train.sagan.evaluation import Evaluator
-
-        self.out, self.data, self.trainer, self.state = out, data, trainer, state
-        self.model_cfg, self.train_cfg = config["model"], config["train"]
-        verbose = str(self.train_cfg.get("verbose", "auto"))
-        self.show_bar = verbose == "1" or (verbose == "auto" and sys.stderr.isatty())
-        self.sampling = _Sampler(source, self.model_cfg)
-        self.sampler = self.sampling.model
-        self.chief = dist.is_chief()
-        self.ckpt = os.path.join(out, "checkpoints")
-        self.samples_dir = os.path.join(out, "samples")
-        os.makedirs(self.samples_dir, exist_ok=True)
-        self.writer = tf.summary.create_file_writer(os.path.join(out, "logs"))
-        self.quick = None
-        if self.train_cfg["epoch_eval_samples"]:
-            self.quick = Evaluator(
-                classifier,
-                data,
-                self.train_cfg["epoch_eval_samples"],
-                seed=_data_seed(self.train_cfg),
-            )
-        if "initial_fid" not in state:  # a step checkpoint of epoch 1 already holds it
-            state["initial_fid"] = self.quick_eval()["fid_quick"]
-        self.fixed = _fixed_latents(self.model_cfg, self.train_cfg["seed"])
-        # A step checkpoint: the batches of state["epoch"] already trained, and their logs.
-        self.skip = state.pop("batches_done", 0)
-        self.sums = state.pop("partial_logs", {})
-        preemption.listen()
-        # Several workers agree on the step to stop after (one was signalled, all stop).
-        self.stops = preemption.StepStops(*dist.worker())
-        self.where = (
-            f"wrote {os.path.join(self.ckpt, 'state.npz')}"
-            if self.chief
-            else "the chief wrote the checkpoint"
-        )
-
-    def quick_eval(self):
-        if self.quick is None:
-            return {"fid_quick": None}
-        self.sampling.refresh()
-        return self.quick.progress(
-            self.sampler,
-            self.model_cfg["latent_dim"],
-            self.model_cfg["num_classes"],
-            seed=self.train_cfg["seed"] + 7,
-        )
-
-    def _save_step(self, done, sums, started):
-        self.trainer.save(
-            self.ckpt,
-            {
-                **self.state,
-                "batches_done": done,
-                "partial_logs": sums,
-                "train_seconds": self.state["train_seconds"] + time.perf_counter() - started,
-            },
-        )
-
-    def run(self):
-        import keras
-
-        from train import preemption
-        from train import strategy as dist
-
-        trainer, state, data = self.trainer, self.state, self.data
-        train_cfg, model_cfg = self.train_cfg, self.model_cfg
-        batch = train_cfg["batch_size"]
-        steps = max(1, len(data.train) // batch)
-        limit = train_cfg["max_minutes"] * 60.0
-        total_steps = max(1, steps * train_cfg["epochs"])
-        every = dist.checkpoint_every()
-        skip, sums = self.skip, self.sums
-        stopped = False
-        for epoch in range(state["epoch"], train_cfg["epochs"]):
-            if self.stops.time_up(
-                bool(limit) and state["train_seconds"] >= limit, state["d_steps"], self.chief
-            ):
-                stopped = True
-                break
-            started = time.perf_counter()
-            order = np.random.default_rng(train_cfg["seed"] + epoch).permutation(len(data.train))
-            print(f"epoch {epoch + 1}/{train_cfg['epochs']}", file=sys.stderr, flush=True)
-            bar = keras.utils.Progbar(
-                steps,
-                stateful_metrics=["d_loss", "g_loss", "d_real", "d_fake", "mode_seeking"],
-                verbose=1 if self.show_bar else 0,
-            )
-            done = skip
-            for i in range(skip, steps):
-                idx = order[i * batch : (i + 1) * batch]
-                elapsed = state["train_seconds"] + time.perf_counter() - started
-                trainer.set_lr_scale(
-                    lr_scale(
-                        max(state["d_steps"] / total_steps, elapsed / limit if limit else 0.0),
-                        train_cfg.get("lr_decay_from", 1.0),
-                    )
-                )
-                real = data.train[idx].astype(np.float32) / 127.5 - 1.0
-                labels = (
-                    data.train_labels[idx]
-                    if model_cfg["num_classes"]
-                    else np.zeros(len(idx), np.int32)
-                )
-                logs = trainer.train_batch(real, labels.astype(np.int32), state["d_steps"])
-                state["d_steps"] += 1
-                for k, v in logs.items():
-                    if not np.isfinite(v):
-                        raise FloatingPointError(
-                            f"{k} became {v} at epoch {epoch + 1}, step {i + 1}"
-                        )
-                    sums.setdefault(k, []).append(v)
-                bar.update(i + 1, [(k, v) for k, v in logs.items()])
-                done = i + 1
-                if every and state["d_steps"] % every == 0 and done < steps and self.chief:
-                    self._save_step(done, sums, started)
-                if self.stops.signalled(state["d_steps"]):
-                    if self.chief:
-                        self._save_step(done, sums, started)
-                    preemption.stop(f"{self.where} at epoch {epoch + 1}, batch {done}")
-                over = state["train_seconds"] + time.perf_counter() - started >= limit
-                if self.stops.time_up(bool(limit) and over, state["d_steps"], self.chief):
-                    stopped = True
-                    break
-            state["train_seconds"] += time.perf_counter() - started
-            self._end_epoch(epoch, done, sums)
-            skip, sums = 0, {}
-            if stopped:
-                break
-        return stopped
-
-    def _end_epoch(self, epoch, done, sums):
-        import tensorflow as tf
-
-        from train.sagan.figures import save_progress_figure, save_sample_grid
-
-        state = self.state
-        means = {k: round(float(np.mean(v)), 5) for k, v in sums.items()}
-        entry = {"epoch": epoch + 1, "steps": done, **means, **self.quick_eval()}
-        state["history"].append(entry)
-        state["epoch"] = epoch + 1
-        if self.train_cfg.get("keep", "last") == "best" and _improves(entry, state):
-            self.trainer.remember_best(self.sampler)  # quick_eval refreshed it
-            state["best_epoch"], state["best_fid_quick"] = epoch + 1, entry["fid_quick"]
-            state["best_class_min"] = entry.get("class_min_quick")
-        images = np.asarray(self.sampling.refresh().predict_on_batch(self.fixed))
-        save_sample_grid(
-            images, GRID_COLUMNS, os.path.join(self.samples_dir, f"epoch_{epoch + 1:03d}.png")
-        )
-        with self.writer.as_default(step=epoch + 1):
-            for k, v in entry.items():
-                if k not in ("epoch", "steps") and v is not None:
-                    tf.summary.scalar(k, v)
-            tf.summary.image("samples", (images[:16] + 1.0) / 2.0, max_outputs=16)
-        self.writer.flush()
-        if self.chief:
-            self.trainer.save(self.ckpt, state)
-        print(
-            f"  d_loss {means.get('d_loss')}  g_loss {means.get('g_loss')}  "
-            f"FID {entry['fid_quick']}  class acc {entry.get('class_accuracy_quick')}  "
-            f"consistent {entry.get('consistent_quick')}",
-            file=sys.stderr,
-            flush=True,
-        )
-        if self.chief:
-            save_progress_figure(state["history"], os.path.join(self.out, "progress.png"))
-
-
-def _finish(
-    out, config, data, g, d, sampler, classifier, classifier_report, state, stopped, distribution
-):
+def _finish(run, sampler, state, distribution):
     from train.sagan.evaluation import Evaluator
     from train.sagan.figures import save_attention_figure, save_sample_grid
     from zoo.sagan.model import attention_scores
 
-    model_cfg, train_cfg = config["model"], config["train"]
-    evaluator = Evaluator(classifier, data, train_cfg["eval_samples"], seed=_data_seed(train_cfg))
+    out, data = run.out, run.data
+    (g, d, _), model_cfg, train_cfg = run.models, run.config["model"], run.config["train"]
+    evaluator = Evaluator(run.classifier, data, train_cfg["eval_samples"], train_cfg["data_seed"])
     metrics = evaluator.evaluate(
         sampler,
         model_cfg["latent_dim"],
@@ -646,30 +471,28 @@ def _finish(
         seed=train_cfg["seed"] + 1,
         class_names=data.class_names,
     )
-    seconds = state["train_seconds"]
+    seconds, history = state["train_seconds"], state["history"]
     metrics.update(
-        classifier_report,
+        run.report,
         initial_fid_quick=state.get("initial_fid"),
-        fid_quick_history=[h.get("fid_quick") for h in state["history"]],
-        class_accuracy_history=[h.get("class_accuracy_quick") for h in state["history"]],
-        class_min_history=[h.get("class_min_quick") for h in state["history"]],
-        consistent_history=[h.get("consistent_quick") for h in state["history"]],
-        d_loss=state["history"][-1].get("d_loss") if state["history"] else None,
-        g_loss=state["history"][-1].get("g_loss") if state["history"] else None,
+        fid_quick_history=[h.get("fid_quick") for h in history],
+        class_accuracy_history=[h.get("class_accuracy_quick") for h in history],
+        class_min_history=[h.get("class_min_quick") for h in history],
+        consistent_history=[h.get("consistent_quick") for h in history],
+        d_loss=history[-1].get("d_loss") if history else None,
+        g_loss=history[-1].get("g_loss") if history else None,
         epochs=state["epoch"],
-        d_steps=state["d_steps"],
+        d_steps=state["step"],
         train_seconds=round(seconds, 1),
-        images_per_second=round(state["d_steps"] * train_cfg["batch_size"] / seconds, 1)
+        images_per_second=round(state["step"] * train_cfg["batch_size"] / seconds, 1)
         if seconds
         else None,
-        stopped_by_time_limit=bool(stopped),
-        keep=train_cfg.get("keep", "last"),
-        kept_epoch=state.get("best_epoch", state["epoch"])
-        if train_cfg.get("keep") == "best"
-        else state["epoch"],
+        stopped_by_time_limit=state["stopped_by_time_limit"],
+        keep=train_cfg["keep"],
+        kept_epoch=(state.get("best") or {}).get("epoch", state["epoch"]),
         attention_resolution=model_cfg["attention_resolution"],
         distribution=distribution,
-        runtime=config["runtime"],  # set by _fit_and_finish: XLA as the steps ran
+        runtime=run.config["runtime"],  # set by _fit_and_finish: XLA as the steps ran
         params_g=int(g.count_params()),
         params_d=int(d.count_params()),
         ema=train_cfg["ema"],
@@ -767,7 +590,7 @@ def train_compare(args, data):
     for k in range(args.seeds):
         seed_args = copy.copy(args)
         seed_args.seed = args.seed + k
-        seed_args.data_seed = _data_seed(train_cfg)  # every run on the compare's data
+        seed_args.data_seed = train_cfg["data_seed"]  # every run on the compare's data
         for arm, attention in (("attention", args.attention or "auto"), ("no_attention", None)):
             name = arm if args.seeds == 1 else f"{arm}_seed{seed_args.seed}"
             print(f"\n=== {name} ===", flush=True)

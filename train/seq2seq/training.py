@@ -18,12 +18,12 @@ import keras
 import numpy as np
 
 import zoo.models  # noqa: F401  (registers every class zoo model files name)
-from train import loss_terms, rundir
+from train import engine, loss_terms, rundir
 from train import strategy as distribute
-from train.callbacks import LAST, fit_resumable, read_state, resumable_config
+from train.model_step import make_step
 from train.progress import markdown_table
 from train.seq2seq.data import Batches, Encoded, load_data, train_tokenizer
-from train.seq2seq.fit import DevScore, compile_seq2seq
+from train.seq2seq.fit import compile_seq2seq
 from zoo import atomic
 from zoo.cli import UsageError
 from zoo.seq2seq import decoding
@@ -115,15 +115,14 @@ def train_new(args, data):
         compile_seq2seq(
             model, args.learning_rate, args.warmup_steps, args.label_smoothing, jit_compile=args.xla
         )
-    state = read_state(os.path.join(out, "checkpoints"))
-    return _fit_and_finish(model, data, encoded, out, train_cfg, state, args.verbose)
+    return _fit_and_finish(model, data, encoded, out, train_cfg, args.verbose)
 
 
 def _rebuild(out, config, train_cfg):
-    """The run's untrained, compiled model from config.json and vocab/spm.model, for a
-    run stopped before its first epoch ended: its step checkpoint then restores the
-    weights and the optimizer (and checks they fit)."""
-    with open(os.path.join(out, config.get("tokenizer", "vocab/spm.model")), "rb") as f:
+    """The run's untrained, compiled model from config.json and vocab/spm.model
+    (--resume: the step checkpoint then restores the weights and the optimizer, and
+    checks they fit)."""
+    with open(os.path.join(out, config["tokenizer"]), "rb") as f:
         proto = f.read()
     with distribute.scope():
         model = zoo.build(config["kind"], tokenizer=encode_proto(proto), **config["model"])
@@ -132,59 +131,45 @@ def _rebuild(out, config, train_cfg):
             train_cfg["learning_rate"],
             train_cfg["warmup_steps"],
             train_cfg["label_smoothing"],
-            jit_compile=train_cfg.get("xla"),
+            jit_compile=train_cfg["xla"],
         )
     return model
 
 
 def resume_run(args):
     out = args.out
-    config = resumable_config(out, ("seq2seq", "universal_transformer"), "seq2seq")
-    config_path = os.path.join(out, "config.json")
-    ckpt_dir = os.path.join(out, "checkpoints")
-    last = os.path.join(ckpt_dir, LAST)
+    config = rundir.resumable_config(out, ("seq2seq", "universal_transformer"), "seq2seq")
     train_cfg = config["train"]
     if args.epochs is not None:
         train_cfg["epochs"] = args.epochs
-    stored = argparse.Namespace(**train_cfg)
-    data = load_data(stored)
-    import train.seq2seq.fit  # noqa: F401  (registers the loss, metric and schedule)
-
-    if os.path.exists(last):
-        with distribute.scope():
-            model = keras.models.load_model(last)
-    else:  # stopped in the first epoch: only step checkpoints exist
-        model = _rebuild(out, config, train_cfg)
-    encoded = _encode_all(model.tokenizer, data, model, train_cfg.get("truncate", False))
+    data = load_data(argparse.Namespace(**train_cfg))
+    model = _rebuild(out, config, train_cfg)
+    encoded = _encode_all(model.tokenizer, data, model, train_cfg["truncate"])
     config["train"] = train_cfg
     config["runtime"] = distribute.runtime()  # where the resumed part trains
-    atomic.write_json(config_path, config)
-    state = read_state(os.path.join(out, "checkpoints"))
-    keras.utils.set_random_seed(train_cfg["seed"] + state["epoch"])
-    announce = f"resuming {out} at epoch {state['epoch']} of {train_cfg['epochs']}"
-    return _fit_and_finish(
-        model, data, encoded, out, train_cfg, state, args.verbose, announce=announce
-    )
+    atomic.write_json(os.path.join(out, "config.json"), config)
+    return _fit_and_finish(model, data, encoded, out, train_cfg, args.verbose, name=out)
 
 
-def _dev_scorer(model, data, encoded, train_cfg, out):
+def _dev_scorer(model, data, encoded, train_cfg):
+    """An epoch-end hook logging the task metric of a decoded dev sample (BLEU or exact
+    match) as val_bleu / val_exact_match, so a run shows it rising; None without one."""
     n = min(train_cfg["dev_sample"], len(encoded["dev"]))
     if not n:
         return None
     ids = encoded["dev"].sources[:n]
     refs = [t for _, t in data.dev[:n]]
+    name = "val_bleu" if data.task == "text" else "val_exact_match"
 
-    def score():
+    def score(epoch, logs):
         hyps = model.tokenizer.decode(decoding.decode_ids(model, ids, beam_width=1))
-        return _bleu(hyps, refs) if data.task == "text" else 100.0 * _exact(hyps, refs)
+        logs[name] = _bleu(hyps, refs) if data.task == "text" else 100.0 * _exact(hyps, refs)
 
-    return DevScore(
-        score, "bleu" if data.task == "text" else "exact_match", os.path.join(out, "logs")
-    )
+    return score
 
 
-def _fit_and_finish(model, data, encoded, out, train_cfg, state, verbose, announce=None):
-    dev_score = _dev_scorer(model, data, encoded, train_cfg, out)
+def _fit_and_finish(model, data, encoded, out, train_cfg, verbose, name=None):
+    dev_score = _dev_scorer(model, data, encoded, train_cfg)
 
     def train_batches(epoch):  # the batch order of an epoch depends on (seed, epoch) only
         return Batches(
@@ -194,35 +179,41 @@ def _fit_and_finish(model, data, encoded, out, train_cfg, state, verbose, announ
             seed=train_cfg["seed"] * 1000 + epoch,
         )
 
-    state, stopped_early = fit_resumable(
-        model,
-        train_batches,
-        Batches(encoded["dev"], 128),
+    plan = engine.run_plan(
         out,
-        train_cfg,
-        state,
-        verbose,
-        announce,
-        first=() if dev_score is None else (dev_score,),
-        steps_per_epoch=train_cfg.get("steps_per_epoch"),
-        loss_terms=loss_terms.masked_mean_terms(model.loss, PAD_ID),
-        jit_compile=True if train_cfg.get("xla") else None,
+        train_cfg["epochs"],
+        train_cfg["max_minutes"],
+        steps_per_epoch=train_cfg["steps_per_epoch"],
+        verbose=verbose,
+        validation=Batches(encoded["dev"], 128),
+        best=engine.highest("val_acc"),
+        hooks=() if dev_score is None else (dev_score,),
     )
+    step = make_step(
+        model,
+        loss_terms.masked_mean_terms(model.loss, PAD_ID),
+        jit_compile=True if train_cfg["xla"] else None,
+    )
+    state = engine.fit(step, train_batches, plan, name=name)
     metrics = evaluate(model, data, encoded, train_cfg)
+    best = state.get("best") or {}
     metrics.update(
         arch=train_cfg["arch"],
         params=int(model.count_params()),
         epochs=state["epoch"],
-        best_epoch=state["best_epoch"],
-        dev_acc=state["best_val_acc"],
+        best_epoch=best.get("epoch"),
+        dev_acc=(best.get("logs") or {}).get("val_acc"),
         train_seconds=round(state["train_seconds"], 1),
-        stopped_by_time_limit=bool(stopped_early),
+        stopped_by_time_limit=state["stopped_by_time_limit"],
         train_pairs=len(data.train),
         train_target_tokens_per_second=_train_speed(encoded["train"], train_cfg, state),
         runtime=distribute.runtime(),
     )
-    if dev_score is not None and dev_score.history:
-        metrics["dev_history"] = dev_score.history
+    key = "val_bleu" if data.task == "text" else "val_exact_match"
+    if dev_score is not None:
+        metrics["dev_history"] = [
+            {"epoch": h["epoch"], key[4:]: h[key]} for h in state["history"] if key in h
+        ]
     atomic.save_model(model, os.path.join(out, "model.keras"))
     atomic.write_json(os.path.join(out, "metrics.json"), metrics)
     _write_calibration(out, encoded["train"], model, train_cfg["seed"])
@@ -237,7 +228,7 @@ def _train_speed(encoded, train_cfg, state):
     if not state["train_seconds"]:
         return None
     passes = state["epoch"]
-    if train_cfg.get("steps_per_epoch"):
+    if train_cfg["steps_per_epoch"]:
         passes *= min(
             1.0, train_cfg["steps_per_epoch"] * train_cfg["batch_size"] / max(1, len(encoded))
         )

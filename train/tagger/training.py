@@ -9,7 +9,7 @@ import numpy as np
 import zoo.models  # noqa: F401  (registers every class zoo model files name)
 from train import engine, rundir
 from train import strategy as distribute
-from train.callbacks import LAST, fit_resumable, read_state, resumable_config
+from train.model_step import make_step
 from train.progress import markdown_table
 from train.tagger.data import Batches, Encoded, build_vocab, load_data, word_tag_stats
 from train.tagger.fit import compile_tagger
@@ -46,14 +46,6 @@ def _data_flags(args):
 
 def _default_epochs(data):
     return 5 if data.source.get("name") == "embedded" else 40
-
-
-def _verbosity(requested=None):
-    # --verbose 0/1/2 as asked; by default progress bars on a terminal, one line
-    # per epoch in logs and pipes.
-    if requested not in (None, "auto"):
-        return int(requested)
-    return 1 if sys.stdout.isatty() else 2
 
 
 def train_one(args, data, arch, out, vocab=None, verbose=None):
@@ -110,10 +102,9 @@ def train_one(args, data, arch, out, vocab=None, verbose=None):
             train_cfg.update(epochs=fitted, planned_epochs=epochs)
             _compile(model, encoded, train_cfg)
             atomic.write_json(os.path.join(out, "config.json"), config)
-    state = read_state(os.path.join(out, "checkpoints"))
     if verbose is None:
-        verbose = _verbosity(getattr(args, "verbose", None))
-    return _fit_and_finish(model, data, encoded, out, train_cfg, state, verbose)
+        verbose = getattr(args, "verbose", None)
+    return _fit_and_finish(model, data, encoded, out, train_cfg, verbose)
 
 
 def _epochs_within_budget(model, encoded, train_cfg, probe_steps=12, margin=0.9):
@@ -126,7 +117,8 @@ def _epochs_within_budget(model, encoded, train_cfg, probe_steps=12, margin=0.9)
         len(batches), size=min(len(batches), probe_steps + 1), replace=False
     )
     warmup = 1  # the first probe step traces the function and is not timed
-    step = engine.seconds_per_step(model, [batches[int(i)] for i in picked], warmup=warmup)
+    probe = [batches[int(i)] for i in picked]
+    step = engine.seconds_per_step(make_step(model), probe, warmup=warmup)
     # A step's time grows with its padded size, and a dozen random batches are not the
     # epoch's average: scale the timed steps' mean to the epoch's mean padded size (on
     # 12k sentences the plain median step planned 30 epochs of ~35 s; they took ~40 s).
@@ -159,8 +151,8 @@ def _compile(model, encoded, train_cfg):
 
 
 def _rebuild(out, config):
-    """The run's untrained model from config.json and vocab/, for a run killed before
-    its first epoch ended: its step checkpoint then restores the weights and optimizer."""
+    """The run's untrained model from config.json and vocab/ (--resume: the step
+    checkpoint then restores the weights and the optimizer)."""
     model_cfg = {k: v for k, v in config["model"].items() if k != "vocab"}
     vocab = []
     for name in ("words", "chars", "tags"):
@@ -173,10 +165,7 @@ def _rebuild(out, config):
 
 def resume_run(args):
     out = args.out
-    config = resumable_config(out, ("tagger",), "tagger")
-    config_path = os.path.join(out, "config.json")
-    ckpt_dir = os.path.join(out, "checkpoints")
-    last = os.path.join(ckpt_dir, LAST)
+    config = rundir.resumable_config(out, ("tagger",), "tagger")
     train_cfg = config["train"]
     if args.epochs is not None:
         train_cfg["epochs"] = args.epochs
@@ -188,28 +177,14 @@ def resume_run(args):
         train_cfg["seed"],
     )
     keras.utils.set_random_seed(train_cfg["seed"] + 1)
-    if os.path.exists(last):
-        with distribute.scope():
-            model = keras.models.load_model(last)
-        encoded = _encode(model, data)
-    else:  # killed in the first epoch: only step checkpoints exist
-        model = _rebuild(out, config)
-        encoded = _encode(model, data)
-        _compile(model, encoded, train_cfg)
+    model = _rebuild(out, config)
+    encoded = _encode(model, data)
+    _compile(model, encoded, train_cfg)
     config["train"] = train_cfg
     config["runtime"] = distribute.runtime()  # where the resumed part trains
-    atomic.write_json(config_path, config)
-    state = read_state(ckpt_dir)
-    announce = f"resuming {out} at epoch {state['epoch']} of {train_cfg['epochs']}"
+    atomic.write_json(os.path.join(out, "config.json"), config)
     return _fit_and_finish(
-        model,
-        data,
-        encoded,
-        out,
-        train_cfg,
-        state,
-        _verbosity(getattr(args, "verbose", None)),
-        announce=announce,
+        model, data, encoded, out, train_cfg, getattr(args, "verbose", None), name=out
     )
 
 
@@ -220,16 +195,22 @@ def _encode(model, data):
     }
 
 
-def _fit_and_finish(model, data, encoded, out, train_cfg, state, verbose, announce=None):
+def _fit_and_finish(model, data, encoded, out, train_cfg, verbose, name=None):
     def train_batches(epoch):  # the batch order of an epoch depends on (seed, epoch) only
         return Batches(
             encoded["train"], train_cfg["batch_size"], shuffle=True, seed=[train_cfg["seed"], epoch]
         )
 
-    state, stopped_early = fit_resumable(
-        model, train_batches, Batches(encoded["dev"], 64), out, train_cfg, state, verbose, announce
+    plan = engine.run_plan(
+        out,
+        train_cfg["epochs"],
+        train_cfg["max_minutes"],
+        verbose=verbose,
+        validation=Batches(encoded["dev"], 64),
+        best=engine.highest("val_acc"),
     )
-    metrics = _evaluate(model, data, encoded, state, train_cfg, stopped_early)
+    state = engine.fit(make_step(model), train_batches, plan, name=name)
+    metrics = _evaluate(model, data, encoded, state)
     metrics["runtime"] = distribute.runtime()
     atomic.save_model(model, os.path.join(out, "model.keras"))
     atomic.write_json(os.path.join(out, "metrics.json"), metrics)
@@ -247,7 +228,7 @@ def _fit_and_finish(model, data, encoded, out, train_cfg, state, verbose, announ
     return 0
 
 
-def _evaluate(model, data, encoded, state, train_cfg, stopped_early):
+def _evaluate(model, data, encoded, state):
     word_tags = word_tag_stats(data)
     metrics = {"arch": model.arch}
     for split in ("test", "dev"):
@@ -260,9 +241,9 @@ def _evaluate(model, data, encoded, state, train_cfg, stopped_early):
         params=int(model.count_params()),
         train_seconds=round(seconds, 1),
         epochs=state["epoch"],
-        best_epoch=state["best_epoch"],
+        best_epoch=(state.get("best") or {}).get("epoch"),
         tokens_per_second=round(train_tokens * state["epoch"] / seconds, 1) if seconds else None,
-        stopped_by_time_limit=bool(stopped_early),
+        stopped_by_time_limit=state["stopped_by_time_limit"],
         train_sentences=len(data.train),
         train_tokens=train_tokens,
     )

@@ -1,0 +1,238 @@
+"""The training step of a compiled Keras model (the tagger, seq2seq, the Universal
+Transformer) for `train.engine.fit`: `TfModelStep` on `tf.distribute` (one device,
+mirrored GPUs, several workers, TPU) and `train.jax_step.JaxModelStep` (a jitted
+stateless step) under Keras's JAX backend; `make_step` picks the one of the backend.
+
+The model's compile config gives the optimizer, the loss and the metrics; the loss is the
+SUM of per-example (per-token) losses divided by the GLOBAL count of real examples,
+counted on the host (padding has weight 0 and does not count), so replicas' gradients
+add up to the single-device gradient whatever the number of replicas. Every global batch
+is split row-wise across all replicas of all workers; each worker builds the same global
+batches from the same seed and feeds its replicas their slices (explicit sharding).
+`--mixed-precision` with float16 scales the loss (`keras.optimizers.LossScaleOptimizer`,
+which `compile` installs); `--jit-compile` XLA-compiles the forward and backward pass.
+"""
+
+import keras
+import numpy as np
+
+from train import strategy as dist
+from train.engine import Step, averaged_weights
+from train.loss_terms import host_count, unpack, weighted_terms
+
+
+def host_numpy(batch):
+    """A batch (tensors, arrays, None) as NumPy arrays on the host."""
+    return keras.tree.map_structure(
+        lambda a: None if a is None else np.asarray(a.numpy() if hasattr(a, "numpy") else a),
+        batch,
+    )
+
+
+def compiled_metrics(model):
+    """Fresh copies of the metrics `model` was compiled with: [(metric, weighted)]."""
+    config = model.get_compile_config() or {}
+    return [
+        (keras.metrics.get(m), key == "weighted_metrics")
+        for key in ("metrics", "weighted_metrics")
+        for m in config.get(key) or []
+    ]
+
+
+def split(strategy, batch):
+    """Per-replica slices of a global batch: replica r of R gets rows [r*B/R, (r+1)*B/R)."""
+    import tensorflow as tf
+
+    replicas = strategy.num_replicas_in_sync
+    if replicas == 1:
+        return batch
+    total = int(keras.tree.flatten(batch)[0].shape[0])
+    bounds = [round(r * total / replicas) for r in range(replicas + 1)]
+
+    def value_fn(ctx):
+        r = ctx.replica_id_in_sync_group
+        return tf.nest.map_structure(lambda a: tf.constant(a[bounds[r] : bounds[r + 1]]), batch)
+
+    return strategy.experimental_distribute_values_from_function(value_fn)
+
+
+def apply_global(optimizer, grads, variables, replicas):
+    """Applies the gradient of the whole global batch from a replica context.
+
+    Keras's TF optimizer clips (clipnorm, global_clipnorm, clipvalue) each replica's
+    LOCAL gradient and then sums gradients across replicas itself, and its loss scale
+    checks the local gradients for Inf/NaN, so replicas could disagree. Here the replica
+    sums first, clips the global gradient as the optimizer would, and hands the optimizer
+    1/R of it: its own clipping then changes nothing and its sum gives the global
+    gradient back (tests/train/test_distributed.py: mirrored == one device)."""
+    import tensorflow as tf
+
+    if replicas > 1:
+        grads = tf.distribute.get_replica_context().all_reduce(tf.distribute.ReduceOp.SUM, grads)
+        inner = getattr(optimizer, "inner_optimizer", optimizer)
+        scale = optimizer.dynamic_scale if inner is not optimizer else 1.0
+        if inner.clipnorm:
+            grads = [tf.clip_by_norm(g, inner.clipnorm * scale) for g in grads]
+        elif inner.global_clipnorm:
+            grads = tf.clip_by_global_norm(grads, inner.global_clipnorm * scale)[0]
+        elif inner.clipvalue:
+            bound = inner.clipvalue * scale
+            grads = [tf.clip_by_value(g, -bound, bound) for g in grads]
+        grads = [g / replicas for g in grads]
+    optimizer.apply(grads, variables)
+
+
+class ModelStep(Step):
+    """What both backends share: the model, its optimizer, loss terms and metrics, the
+    batch accounting, evaluation, and the variables a checkpoint holds. Subclasses
+    define `_run(mode, x, y, w, count)` -> loss, mode "train" or "eval"."""
+
+    def __init__(self, model, loss_terms=None, jit_compile=None, strategy=None):
+        self.model = model
+        self.models = (model,)
+        self.optimizer = model.optimizer
+        self.terms = loss_terms or weighted_terms(model.loss)
+        self.strategy = strategy or dist.get()
+        self.jit_compile = dist.jit_compile() if jit_compile is None else bool(jit_compile)
+        with self.strategy.scope():
+            self.metrics = compiled_metrics(model)
+        self._fns = {}
+
+    def build(self, batch):
+        """Creates every variable (model, optimizer slots) under the strategy's scope,
+        before any step runs in a replica context."""
+        x, _, _ = unpack(host_numpy(batch))
+        with self.strategy.scope():
+            self.model(keras.tree.map_structure(lambda a: a[:1], x), training=False)
+            if not self.optimizer.built:
+                self.optimizer.build(self.model.trainable_variables)
+
+    def variables(self):
+        return {"model": self.model.variables, "optimizer": self.optimizer.variables}
+
+    def refs(self):
+        return {"optimizer": self.model.trainable_variables}
+
+    def best_variables(self):
+        return {"model": self.model.variables}
+
+    def averaged(self):
+        return averaged_weights(self.model)
+
+    def _update_metrics(self, y, y_pred, w):
+        for metric, weighted in self.metrics:
+            metric.update_state(y, y_pred, w if weighted else None)
+
+    def reset_metrics(self):
+        for metric, _ in self.metrics:
+            metric.reset_state()
+
+    def metric_results(self):
+        return {m.name: float(m.result()) for m, _ in self.metrics}
+
+    def _batch(self, mode, batch):
+        x, y, w = unpack(host_numpy(batch))
+        count = host_count(y, w, self.terms)
+        if count <= 0:
+            return None, 0.0
+        return self._run(mode, x, y, w, count), count
+
+    def train(self, batch, at=None):
+        loss, count = self._batch("train", batch)
+        return {} if loss is None else {"loss": (loss, count)}
+
+    def evaluate(self, batches):
+        self.reset_metrics()
+        total, count = 0.0, 0.0
+        for batch in batches:
+            loss, n = self._batch("eval", batch)
+            if loss is not None:
+                total += loss * n
+                count += n
+        return {"loss": total / count if count else float("nan"), **self.metric_results()}
+
+
+class TfModelStep(ModelStep):
+    def _make_train_fn(self):
+        import tensorflow as tf
+
+        model, optimizer, terms = self.model, self.optimizer, self.terms
+        replicas = self.strategy.num_replicas_in_sync
+
+        def forward_backward(x, y, w, global_count):
+            with tf.GradientTape() as tape:
+                y_pred = model(x, training=True)
+                loss_sum, _ = terms(y, y_pred, w)
+                loss = loss_sum / global_count
+                if model.losses:
+                    loss = loss + tf.cast(tf.add_n(model.losses), tf.float32) / replicas
+                scaled = optimizer.scale_loss(loss)
+            grads = tape.gradient(scaled, model.trainable_variables)
+            return loss, grads, y_pred
+
+        compiled = tf.function(
+            forward_backward, jit_compile=self.jit_compile, reduce_retracing=True
+        )
+
+        def replica_step(x, y, w, global_count):
+            loss, grads, y_pred = compiled(x, y, w, global_count)
+            apply_global(optimizer, grads, model.trainable_variables, replicas)
+            self._update_metrics(y, y_pred, w)
+            return loss
+
+        return replica_step
+
+    def _make_eval_fn(self):
+        model, terms = self.model, self.terms
+
+        def replica_step(x, y, w, global_count):
+            y_pred = model(x, training=False)
+            loss_sum, _ = terms(y, y_pred, w)
+            self._update_metrics(y, y_pred, w)
+            return loss_sum / global_count
+
+        return replica_step
+
+    def _graph(self, replica_step, x, y, w):
+        """One trace for every batch shape on one replica (dynamic dimensions; XLA still
+        compiles per shape); several replicas: traces generalised after the first shapes."""
+        import tensorflow as tf
+
+        def fn(x, y, w, count):
+            per_replica = self.strategy.run(replica_step, args=(x, y, w, count))
+            return self.strategy.reduce(tf.distribute.ReduceOp.SUM, per_replica, axis=None)
+
+        if self.strategy.num_replicas_in_sync > 1:
+            return tf.function(fn, reduce_retracing=True)
+
+        def spec(a):
+            return tf.TensorSpec([None] * np.ndim(a), tf.as_dtype(np.asarray(a).dtype))
+
+        xs, ys = tf.nest.map_structure(spec, x), tf.nest.map_structure(spec, y)
+        count = tf.TensorSpec([], tf.float32)
+        if w is None:
+            graph = tf.function(
+                lambda x_, y_, c: fn(x_, y_, None, c), input_signature=[xs, ys, count]
+            )
+            return lambda x_, y_, w_, c: graph(x_, y_, c)
+        return tf.function(fn, input_signature=[xs, ys, spec(w), count])
+
+    def _run(self, mode, x, y, w, count):
+        import tensorflow as tf
+
+        if mode not in self._fns:
+            make = self._make_train_fn if mode == "train" else self._make_eval_fn
+            self._fns[mode] = self._graph(make(), x, y, w)
+        parts = split(self.strategy, (x, y) if w is None else (x, y, w))
+        dx, dy, dw = (*parts, None) if w is None else parts
+        return float(self._fns[mode](dx, dy, dw, tf.constant(count, tf.float32)))
+
+
+def make_step(model, loss_terms=None, jit_compile=None):
+    """The step of Keras's backend for a compiled `model`: `TfModelStep` under TensorFlow,
+    `train.jax_step.JaxModelStep` under JAX."""
+    if keras.backend.backend() == "jax":
+        from train.jax_step import JaxModelStep
+
+        return JaxModelStep(model, loss_terms, jit_compile)
+    return TfModelStep(model, loss_terms, jit_compile)
