@@ -4,7 +4,10 @@ Built with `keras.export.ExportArchive`; each kind supplies named signatures.
 The version directory is built under a temporary name beside it, proven
 (reloaded and every signature called on its example, outputs compared with
 the live functions), and only then renamed into place, with the app bundle
-(export/bundle.py: preprocessing.json, labels, model card) inside it.
+(export/bundle.py: preprocessing.json, labels, model card) inside it. Every
+signature checks its inputs' shapes first (the stock model server feeds what a
+client sends, unchecked), then the kind's own checks run (docs/deploy.md, "What
+a signature answers").
 """
 
 import json
@@ -52,8 +55,18 @@ def build_archive(source, kind):
     for resource in kind.resources(source):
         archive.track(resource)
     for e in endpoints:
-        archive.add_endpoint(e.name, e.fn, input_signature=list(e.specs))
+        archive.add_endpoint(e.name, _shape_checked(e), input_signature=list(e.specs))
     return archive, endpoints
+
+
+def _shape_checked(endpoint):
+    """`endpoint.fn` with every input's shape checked against its spec first
+    (kinds.assert_shape): the stock model server feeds what a client sends."""
+
+    def fn(*args):
+        return endpoint.fn(*[kinds.assert_shape(a, s) for a, s in zip(args, endpoint.specs)])
+
+    return fn
 
 
 def _spec_json(spec):

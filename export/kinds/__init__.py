@@ -65,6 +65,31 @@ def assert_ids_in_range(ids, size, name, limit="the size of the embedding table"
     )
 
 
+def assert_shape(tensor, spec):
+    """`tensor` gated on a check, at run time, that its shape is `spec`'s: its rank and
+    every dimension the spec fixes (use the returned tensor).
+
+    The stock model server checks no shapes: a request of another rank or size would
+    fail in whichever kernel met it first, or be answered wrongly. The shape is read
+    through an op of unknown shape, so graph optimisation cannot fold the check into
+    the declared static shape."""
+    import tensorflow as tf
+
+    dims = [None if d is None else int(d) for d in spec.shape]
+    unknown = tf.compat.v1.placeholder_with_default(tensor, None)
+    # With a leading 1 (one more axis): a scalar's shape is "1", not the empty string,
+    # which an empty pattern failed to refuse in the served graph.
+    actual = tf.strings.reduce_join(
+        tf.strings.as_string(tf.shape(tf.expand_dims(unknown, 0))), separator=","
+    )
+    pattern = ",".join(["1"] + ["[0-9]+" if d is None else str(d) for d in dims])
+    shown = "[" + ", ".join("?" if d is None else str(d) for d in dims) + "]"
+    message = f"{spec.name} must have shape {shown} (? any size); it has"
+    ok = tf.strings.regex_full_match(actual, pattern)
+    shape = tf.strings.regex_replace(actual, "^1,?", "")
+    return checked(tensor, tf.debugging.Assert(ok, [message, shape]))
+
+
 def pad_empty(tensor, axes=(0,)):
     """`tensor` with one padding entry (0, or "" for strings) added along each of
     `axes` that is empty; unchanged otherwise.

@@ -60,28 +60,52 @@ sys.meta_path.insert(0, Block())
 import numpy as np
 import tensorflow as tf
 
-def tensor(dtype, shape, values):
+def array(dtype, shape, values):
     if dtype == "string":
-        array = np.empty(len(values), object)
-        array[:] = [base64.b64decode(v) for v in values]
-        return tf.constant(array.reshape(shape), tf.string)
-    return tf.constant(np.asarray(values, dtype).reshape(shape), dtype)
+        out = np.empty(len(values), object)
+        out[:] = [base64.b64decode(v) for v in values]
+        return out.reshape(shape)
+    return np.asarray(values, dtype).reshape(shape)
 
 def plain(value):
-    array = value.numpy()
-    flat = array.reshape(-1).tolist()
-    if value.dtype == tf.string:
+    value = np.asarray(value)
+    flat = value.reshape(-1).tolist()
+    if value.dtype == object:
         flat = [base64.b64encode(v).decode() for v in flat]
-    return [value.dtype.name, list(array.shape), flat]
+    return ["string" if value.dtype == object else value.dtype.name, list(value.shape), flat]
+
+sessions = {}
+
+# As the model server runs a request: the C++ Session::Run of the signature's graph,
+# with no shape check between the client and the graph (Python's signature call and
+# Session.run check shapes first).
+def served(model, signature, feed):
+    if model not in sessions:
+        graph = tf.Graph()
+        with graph.as_default():
+            session = tf.compat.v1.Session(graph=graph)
+            meta = tf.compat.v1.saved_model.load(session, ["serve"], dirs[model])
+        sessions[model] = graph, session, meta
+    graph, session, meta = sessions[model]
+    signature = meta.signature_def[signature]
+    tensor = lambda info: graph.get_tensor_by_name(info.name)._as_tf_output()
+    feeds = {tensor(signature.inputs[k]): v for k, v in feed.items()}
+    names = sorted(signature.outputs)
+    fetches = [tensor(signature.outputs[k]) for k in names]
+    return dict(zip(names, session._call_tf_sessionrun(None, feeds, fetches, [], None)))
 
 with open(sys.argv[1]) as f:
     dirs, cases = json.load(f)
 loaded = {name: tf.saved_model.load(path) for name, path in dirs.items()}
 results = []
-for model, signature, feed in cases:
-    fn = loaded[model].signatures[signature]
+for model, signature, feed, raw in cases:
+    feed = {k: array(*v) for k, v in feed.items()}
     try:
-        out = fn(**{k: tensor(*v) for k, v in feed.items()})
+        if raw:
+            out = served(model, signature, feed)
+        else:
+            fn = loaded[model].signatures[signature]
+            out = {k: v.numpy() for k, v in fn(**{k: tf.constant(v) for k, v in feed.items()}).items()}
         results.append({"ok": {k: plain(v) for k, v in out.items()}})
     except Exception as e:  # the test tells ours from others by type and message
         results.append({"error": [type(e).__name__, str(e)[:3000]]})
@@ -124,14 +148,16 @@ def _strings(rows):
 class Case:
     """One request: `model` (a key of the exports), `signature`, `feed` {name: (value,
     dtype)}, and either `refusal` (a phrase of our message) or `check(outputs)`, which
-    compares the answer with the Keras model's on the same input."""
+    compares the answer with the Keras model's on the same input. `raw`: sent as the
+    model server sends it, unchecked by Python's signature call (another shape)."""
 
-    def __init__(self, model, signature, feed, refusal=None, check=None):
+    def __init__(self, model, signature, feed, refusal=None, check=None, raw=False):
         self.model, self.signature, self.feed = model, signature, feed
-        self.refusal, self.check = refusal, check
+        self.refusal, self.check, self.raw = refusal, check, raw
 
     def wire(self):
-        return [self.model, self.signature, {k: _wire(v, d) for k, (v, d) in self.feed.items()}]
+        feed = {k: _wire(v, d) for k, (v, d) in self.feed.items()}
+        return [self.model, self.signature, feed, self.raw]
 
     def __repr__(self):
         shapes = {k: np.shape(np.asarray(v, object)) for k, (v, _) in self.feed.items()}
@@ -331,6 +357,30 @@ def _tagger_cases(tagger):
     ):
         feed = {"word_ids": (w, "int32"), "char_ids": (c, "int32")}
         cases.append(Case("tagger", "predict_ids", feed, refusal))
+    # As the model server feeds them: other ranks and sizes, refused before the model.
+    wide = np.ones((1, 3, max_chars + 4))
+    for signature, feed, refusal in (
+        (
+            "serving_default",
+            {"sentences": ([["I saw"]], "string")},
+            "sentences must have shape [?]",
+        ),
+        ("serving_default", {"sentences": ("I saw", "string")}, "sentences must have shape [?]"),
+        ("tag_tokens", {"tokens": (["I", "saw"], "string")}, "tokens must have shape [?, ?]"),
+        (
+            "predict_ids",
+            {"word_ids": (good_w, "int32"), "char_ids": (wide, "int32")},
+            f"char_ids must have shape [?, ?, {max_chars}]",
+        ),
+        (
+            "predict_ids",
+            {"word_ids": ([1, 2, 3], "int32"), "char_ids": (good_c, "int32")},
+            "word_ids must have shape [?, ?]",
+        ),
+    ):
+        cases.append(Case("tagger", signature, feed, refusal, raw=True))
+    feed = {"sentences": (TEXTS, "string")}
+    cases.append(Case("tagger", "serving_default", feed, None, tag_check(TEXTS), raw=True))
 
     return cases
 
@@ -451,7 +501,27 @@ def _seq2seq_cases(name, model, answers_eos=False):
         feed["token"] = (np.array([token]), "int32")
         feed["position"] = (np.array(position), "int32")
         cases.append(Case(name, "decode_step", feed, refusal, None if refusal else _finite))
-
+    feed_ok = {k: (np.zeros(s, "float32"), "float32") for k, s in spec.items()}
+    feed_ok.update(token=(np.array([2]), "int32"), position=(np.array(0), "int32"))
+    # As the model server feeds them: other ranks and sizes, refused before the model.
+    cases.append(
+        Case(name, "translate", {"text": (fits, "string")}, None, translate_check(fits), raw=True)
+    )
+    cases.append(Case(name, "decode_step", feed_ok, None, _finite, raw=True))
+    for signature, name_, value, dtype, shape in (
+        ("translate", "text", [["abc"]], "string", "[?]"),
+        ("translate", "text", "abc", "string", "[?]"),
+        ("translate_ids", "source_ids", [4, 5], "int32", "[?, ?]"),
+        ("encode", "source_ids", np.ones((1, limit - 1)), "int32", f"[1, {limit}]"),
+        ("encode", "source_ids", np.ones((2, limit)), "int32", f"[1, {limit}]"),
+        ("decode_step", "token", [2, 3], "int32", "[1]"),
+        ("decode_step", "position", [0], "int32", "[]"),
+        *(("decode_step", k, np.zeros((1, *v)), "float32", str(list(v))) for k, v in spec.items()),
+    ):
+        feed = dict(feed_ok) if signature == "decode_step" else {}
+        feed[name_] = (value, dtype)
+        refusal = f"{name_} must have shape {shape}"
+        cases.append(Case(name, signature, feed, refusal, raw=True))
     return cases
 
 
@@ -508,6 +578,20 @@ def _sagan_cases(generator):
                 "label": (feed.get("label", [0]), "int32"),
             }
             cases.append(Case("sagan", signature, full, refusal))
+    # As the model server feeds them: other ranks and sizes, refused before the model.
+    noise, labels = rng.standard_normal((2, latent)).astype("float32"), np.array([0, 1], "int32")
+    feed = {"noise": (noise, "float32"), "label": (labels, "int32")}
+    cases.append(Case("sagan", "generate", feed, None, image_check(noise, labels, True), raw=True))
+    for feed, refusal in (
+        ({"noise": np.zeros((1, latent + 1))}, f"noise must have shape [?, {latent}]"),
+        ({"noise": np.zeros(latent)}, f"noise must have shape [?, {latent}]"),
+        ({"label": [[0]]}, "label must have shape [?]"),
+    ):
+        full = {
+            "noise": (feed.get("noise", np.zeros((1, latent))), "float32"),
+            "label": (feed.get("label", [0]), "int32"),
+        }
+        cases.append(Case("sagan", "serving_default", full, refusal, raw=True))
     return cases
 
 
