@@ -33,6 +33,10 @@ class SinusoidalPositionEncoding(keras.layers.Layer):
     length works. The layer has no weights and returns the encoding, not the
     sum: the caller adds it to its inputs (as KerasHub does).
 
+    Positions are `start_index, start_index + 1, ...` by default; `positions`
+    gives each example its own (any real values, e.g. the sorted random
+    positions of Ruoss et al., 2023, or positions counted from the end).
+
     Args:
         max_wavelength: positive number, the longest wavelength (the base
             `10000` of the paper).
@@ -44,6 +48,8 @@ class SinusoidalPositionEncoding(keras.layers.Layer):
             is used.
         start_index: Python int or scalar integer tensor, the position of the
             first element (used while decoding with a cache). Defaults to 0.
+        positions: optional `[batch, sequence]` tensor (integer or float), the
+            position of every element; replaces `start_index`.
 
     Returns:
         A tensor of the shape of `inputs` and the layer's compute dtype.
@@ -57,9 +63,13 @@ class SinusoidalPositionEncoding(keras.layers.Layer):
     (2, 5, 8)
     >>> float(encoding[0, 0, 1])  # cos(0)
     1.0
+    >>> own = SinusoidalPositionEncoding()(x, positions=np.array([[0, 3, 9, 10, 40]] * 2))
+    >>> bool(np.allclose(own[0, 1], SinusoidalPositionEncoding()(x, start_index=3)[0, 0]))
+    True
 
     References:
         - [Vaswani et al., 2017](https://arxiv.org/abs/1706.03762)
+        - [Ruoss et al., 2023](https://arxiv.org/abs/2305.16843) (random positions)
     """
 
     def __init__(self, max_wavelength=10000, **kwargs):
@@ -71,16 +81,20 @@ class SinusoidalPositionEncoding(keras.layers.Layer):
 
     def encoding(self, length, features, start_index=0):
         """Float32 encoding of shape `[length, features]`."""
-        positions = position_range(length, start_index)
+        return self.encode_positions(position_range(length, start_index), features)
+
+    def encode_positions(self, positions, features):
+        """Float32 encoding `[..., features]` of positions of any shape `[...]`."""
+        positions = ops.cast(positions, "float32")
         # Features 2k and 2k + 1 share the frequency max_wavelength^(-2k/D).
         index = np.arange(features)
         exponents = (2 * (index // 2)).astype("float32") / np.float32(features)
         inverse_freq = np.power(np.float32(self.max_wavelength), -exponents).astype("float32")
-        angles = ops.expand_dims(positions, -1) * inverse_freq[None, :]
-        is_cos = (index % 2).astype("float32")[None, :]
+        angles = ops.expand_dims(positions, -1) * inverse_freq
+        is_cos = (index % 2).astype("float32")
         return ops.sin(angles) * (1.0 - is_cos) + ops.cos(angles) * is_cos
 
-    def call(self, inputs, start_index=0):
+    def call(self, inputs, start_index=0, positions=None):
         check_input_rank(inputs.shape, (3,), "SinusoidalPositionEncoding")
         check_start_index(start_index, None, None, name=self.name)
         shape = ops.shape(inputs)
@@ -90,6 +104,14 @@ class SinusoidalPositionEncoding(keras.layers.Layer):
                 "SinusoidalPositionEncoding needs a known feature size. "
                 f"Received: inputs.shape={tuple(inputs.shape)}"
             )
+        if positions is not None:
+            if len(positions.shape) != 2:
+                raise ValueError(
+                    "`positions` must be `[batch, sequence]`. "
+                    f"Received: positions.shape={tuple(positions.shape)}"
+                )
+            encoding = ops.cast(self.encode_positions(positions, features), self.compute_dtype)
+            return ops.broadcast_to(encoding, shape)
         encoding = self.encoding(shape[1], features, start_index)
         encoding = ops.cast(encoding, self.compute_dtype)
         # reshape, not expand_dims: EXPAND_DIMS is not a mobile-GPU op.

@@ -87,3 +87,36 @@ def test_negative_start_index():
 def test_wrong_rank():
     with pytest.raises(ValueError, match=r"rank 3.*\(2, 4\)"):
         SinusoidalPositionEncoding()(np.zeros((2, 4), "float32"))
+
+
+def paper_formula_at(positions, dim, base=10000.0):
+    """The paper's PE at arbitrary (per-example, possibly fractional) positions."""
+    positions = np.asarray(positions, "float64")
+    out = np.zeros(positions.shape + (dim,))
+    for j in range(dim):
+        angle = positions / base ** (2 * (j // 2) / dim)
+        out[..., j] = np.sin(angle) if j % 2 == 0 else np.cos(angle)
+    return out
+
+
+@pytest.mark.parametrize("dim", [8, 5])
+def test_explicit_positions_match_paper_formula_per_example(dim):
+    positions = np.array([[0, 3, 17, 200], [0, 1, 2, 3.5]], "float32")
+    x = np.zeros((2, 4, dim), "float32")
+    out = np.asarray(SinusoidalPositionEncoding()(x, positions=positions))
+    np.testing.assert_allclose(out, paper_formula_at(positions, dim), atol=1e-4)
+    # Integer positions work too, and 0, 1, 2, ... is the default encoding.
+    counted = np.asarray(SinusoidalPositionEncoding()(x, positions=np.tile(np.arange(4), (2, 1))))
+    np.testing.assert_allclose(counted, np.asarray(SinusoidalPositionEncoding()(x)), atol=1e-6)
+
+
+def test_encode_positions_any_shape():
+    positions = np.array([[[0.0, 9.0]], [[4.0, 1.0]]], "float32")  # [2, 1, 2]
+    out = np.asarray(SinusoidalPositionEncoding(max_wavelength=100).encode_positions(positions, 6))
+    assert out.shape == (2, 1, 2, 6)
+    np.testing.assert_allclose(out, paper_formula_at(positions, 6, 100.0), atol=1e-5)
+
+
+def test_positions_of_wrong_rank():
+    with pytest.raises(ValueError, match=r"positions.shape=\(4,\)"):
+        SinusoidalPositionEncoding()(np.zeros((1, 4, 4), "float32"), positions=np.arange(4))

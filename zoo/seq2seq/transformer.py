@@ -21,10 +21,12 @@ from layers import (
     TransformerEncoderBlock,
 )
 from layers.attention_ops import without_keras_mask
+from layers.sinusoidal_position_encoding import position_range
 from zoo.seq2seq import objectives  # noqa: F401  (registers what trained models' compile configs name)
 from zoo.seq2seq.tokenization import BOS_ID, EOS_ID, PAD_ID, Tokenizer, decode_proto
 
 POSITIONS = ("sinusoidal", "learned")
+SOURCE_POSITIONS = ("start", "both_ends")
 
 
 def _check_positive(name, value, allow_none=False):
@@ -55,6 +57,16 @@ class Seq2SeqTransformer(keras.Model):
         max_target_length: int, longest output including EOS (cache size).
         window: `None` or int, local attention window of the encoder
             (`|i - j| <= window`) for long inputs.
+        random_positions: `None` or int `M`: while training, each example's
+            positions are a sorted random subset of `0..M-1` that starts at 0,
+            one draw shared by its source and target (Ruoss et al., 2023), so
+            that positions of strings up to `M` long are seen in training;
+            inference counts `0, 1, 2, ...` as usual. Sinusoidal positions only.
+        source_positions: `"start"` or `"both_ends"`: the source's positions
+            are counted from its start, or half the features count from the
+            start and half from the end (the target's two halves both count
+            from the start), so "the t-th from the end" is as easy to align
+            with as "the t-th". Sinusoidal positions only.
         activation: feed-forward activation.
         label_smoothing: float, stored for training (the loss reads it).
         tokenizer: `None` or base64 SentencePiece model (`zoo.seq2seq.tokenization`).
@@ -96,6 +108,8 @@ class Seq2SeqTransformer(keras.Model):
         max_source_length=128,
         max_target_length=128,
         window=None,
+        random_positions=None,
+        source_positions="start",
         activation="relu",
         label_smoothing=0.1,
         tokenizer=None,
@@ -125,6 +139,20 @@ class Seq2SeqTransformer(keras.Model):
         self.max_source_length = _check_positive("max_source_length", max_source_length)
         self.max_target_length = _check_positive("max_target_length", max_target_length)
         self.window = _check_positive("window", window, allow_none=True)
+        self.random_positions = _check_positive(
+            "random_positions", random_positions, allow_none=True
+        )
+        if source_positions not in SOURCE_POSITIONS:
+            raise ValueError(
+                f"`source_positions` must be one of {SOURCE_POSITIONS}. "
+                f"Received: source_positions={source_positions!r}"
+            )
+        self.source_positions = source_positions
+        if position == "learned" and (random_positions or source_positions != "start"):
+            raise ValueError(
+                "`random_positions` and `source_positions='both_ends'` need "
+                "position='sinusoidal'. Received: position='learned'"
+            )
         self.activation = activation
         if not isinstance(label_smoothing, (int, float)) or not 0 <= label_smoothing < 1:
             raise ValueError(
@@ -150,6 +178,8 @@ class Seq2SeqTransformer(keras.Model):
             self.source_position = SinusoidalPositionEncoding(name="source_position")
             self.target_position = self.source_position
         self.embedding_dropout = keras.layers.Dropout(self.dropout)
+        if self.random_positions:
+            self.position_seed = keras.random.SeedGenerator(0, name="position_seed")
         self._make_blocks()
         if self.norm_first:
             self.encoder_norm = LayerNorm(name="encoder_norm")
@@ -191,37 +221,99 @@ class Seq2SeqTransformer(keras.Model):
         self.built = True
 
     # ------------------------------------------------------------ pieces
-    def _embed(self, table, position_layer, ids, start_index=0):
-        x = table(ids) * ops.cast(math.sqrt(self.hidden_dim), self.compute_dtype)
-        return x + position_layer(x, start_index=start_index)
+    def _embed(self, table, ids):
+        return table(ids) * ops.cast(math.sqrt(self.hidden_dim), self.compute_dtype)
 
-    def encode(self, source_ids, training=False):
-        """source ids `[B, S]` -> (encoder output `[B, S, D]`, mask `[B, S]` bool)."""
+    def _sample_positions(self, batch, length):
+        """`[batch, length]` sorted random positions in `0..random_positions-1`,
+        the first 0 (where inference starts too). Each example draws its span
+        `K` uniformly from `length..random_positions`, then a sorted random
+        subset of `0..K-1`: from consecutive positions (as at inference) to
+        spread over the whole range, so that both neighbours and far positions
+        are told apart in training."""
+        span = self.random_positions
+        rest = ops.cast(length - 1, "float32")
+        spans = rest + keras.random.uniform((batch, 1), seed=self.position_seed) * (span - rest)
+        candidates = ops.arange(1, span, dtype="float32")[None, :]
+        scores = keras.random.uniform((batch, span - 1), seed=self.position_seed)
+        scores = ops.where(candidates <= spans, scores, -1.0)
+        picked = ops.argsort(-scores, axis=-1)[:, : length - 1] + 1
+        picked = ops.sort(ops.cast(picked, "float32"), axis=-1)
+        return ops.concatenate([ops.zeros((batch, 1), "float32"), picked], axis=1)
+
+    def _halves(self, layer, first, second, features):
+        half = features // 2
+        return ops.concatenate(
+            [
+                layer.encode_positions(first, features - half),
+                layer.encode_positions(second, half),
+            ],
+            axis=-1,
+        )
+
+    def _source_encoding(self, x, mask, positions=None):
+        """Position encoding `[B, S, D]` of the source (`positions`: `[B, >= S]`)."""
+        layer = self.source_position
+        if self.source_positions == "start":
+            if positions is None:
+                return layer(x, start_index=0)
+            return layer(x, positions=positions[:, : ops.shape(x)[1]])
+        length = ops.shape(x)[1]
+        index = ops.arange(length, dtype="int32")[None, :]
+        count = ops.sum(ops.cast(mask, "int32"), axis=1, keepdims=True)
+        from_end = ops.maximum(count - 1 - index, 0)  # padding: 0 (masked anyway)
+        if positions is None:
+            start = ops.cast(ops.broadcast_to(index, ops.shape(from_end)), "float32")
+            end = ops.cast(from_end, "float32")
+        else:
+            start = positions[:, :length]
+            end = ops.take_along_axis(positions, from_end, axis=1)
+        encoding = self._halves(layer, start, end, x.shape[-1])
+        return ops.cast(encoding, x.dtype)
+
+    def _target_encoding(self, y, start_index=0, positions=None):
+        """Position encoding `[B, T, D]` of decoder inputs starting at `start_index`."""
+        layer = self.target_position
+        if self.source_positions == "start" or self.position == "learned":
+            if positions is None:
+                return layer(y, start_index=start_index)
+            return layer(y, positions=positions[:, : ops.shape(y)[1]])
+        if positions is None:
+            start = ops.reshape(position_range(ops.shape(y)[1], start_index), (1, -1))
+            encoding = self._halves(layer, start, start, y.shape[-1])
+            return ops.broadcast_to(ops.cast(encoding, y.dtype), ops.shape(y))
+        start = positions[:, : ops.shape(y)[1]]
+        return ops.cast(self._halves(layer, start, start, y.shape[-1]), y.dtype)
+
+    def encode(self, source_ids, training=False, positions=None):
+        """source ids `[B, S]` -> (encoder output `[B, S, D]`, mask `[B, S]` bool).
+        `positions` (`[B, >= S]`) replaces `0, 1, 2, ...` (training draws them)."""
         source_ids = ops.cast(source_ids, "int32")
         mask = ops.not_equal(source_ids, PAD_ID)
-        x = self._embed(self.source_embedding, self.source_position, source_ids)
-        x = self.embedding_dropout(x, training=training)
-        x = self._encoder_stack(x, mask, training)
+        x = self._embed(self.source_embedding, source_ids)
+        x = self._encoder_stack(x, self._source_encoding(x, mask, positions), mask, training)
         # The Keras mask the blocks attach would make the cross-attention
         # projections warn; the mask is returned explicitly instead.
         return without_keras_mask(x), mask
 
-    def _encoder_stack(self, x, mask, training):
+    def _encoder_stack(self, x, encoding, mask, training):
+        x = self.embedding_dropout(x + encoding, training=training)
         for block in self.encoder_blocks:
             x = block(x, mask=mask, training=training)
         return self.encoder_norm(x) if self.norm_first else x
 
-    def decode(self, target_ids, encoder_output, source_mask, training=False):
+    def decode(self, target_ids, encoder_output, source_mask, training=False, positions=None):
         """Full (teacher-forced) decoder: logits `[B, T, V]`."""
         target_ids = ops.cast(target_ids, "int32")
         target_mask = ops.not_equal(target_ids, PAD_ID)
         # BOS at position 0 is a real token even if a caller pads with it.
-        y = self._embed(self.target_embedding, self.target_position, target_ids)
-        y = self.embedding_dropout(y, training=training)
-        y = self._decoder_stack(y, encoder_output, source_mask, target_mask, training)
+        y = self._embed(self.target_embedding, target_ids)
+        encoding = self._target_encoding(y, positions=positions)
+        y = self._decoder_stack(y, encoding, encoder_output, source_mask, target_mask, training)
         return self._logits(y)
 
-    def _decoder_stack(self, y, encoder_output, source_mask, target_mask, training):
+    def _decoder_stack(self, y, encoding, encoder_output, source_mask, target_mask, training):
+        y = self.embedding_dropout(y + encoding, training=training)
         for block in self.decoder_blocks:
             y = block(
                 y,
@@ -243,8 +335,21 @@ class Seq2SeqTransformer(keras.Model):
         return ops.cast(logits, "float32")
 
     def call(self, inputs, training=None):
-        encoder_output, source_mask = self.encode(inputs["source_ids"], training=training)
-        return self.decode(inputs["target_ids"], encoder_output, source_mask, training=training)
+        positions = None
+        if training and self.random_positions:
+            source, target = inputs["source_ids"], inputs["target_ids"]
+            length = ops.maximum(ops.shape(source)[1], ops.shape(target)[1])
+            positions = self._sample_positions(ops.shape(source)[0], length)
+        encoder_output, source_mask = self.encode(
+            inputs["source_ids"], training=training, positions=positions
+        )
+        return self.decode(
+            inputs["target_ids"],
+            encoder_output,
+            source_mask,
+            training=training,
+            positions=positions,
+        )
 
     # ------------------------------------------------------------ cached decoding
     def cross_caches(self, encoder_output, split=False):
@@ -275,13 +380,17 @@ class Seq2SeqTransformer(keras.Model):
             (logits `[B, V]` float32, updated self caches).
         """
         ids = ops.reshape(ops.cast(token_ids, "int32"), (-1, 1))
-        y = self._embed(self.target_embedding, self.target_position, ids, start_index=index)
-        y, caches = self._decoder_stack_step(y, index, self_caches, cross_caches, source_mask)
+        y = self._embed(self.target_embedding, ids)
+        encoding = self._target_encoding(y, start_index=index)
+        y, caches = self._decoder_stack_step(
+            y, encoding, index, self_caches, cross_caches, source_mask
+        )
         logits = self._logits(y)
         # A reshape, not [:, 0]: a shrinking slice is off the GPU delegate's list.
         return ops.reshape(logits, (-1, logits.shape[-1])), caches
 
-    def _decoder_stack_step(self, y, index, self_caches, cross_caches, source_mask):
+    def _decoder_stack_step(self, y, encoding, index, self_caches, cross_caches, source_mask):
+        y = y + encoding
         new = []
         for block, cache, cross in zip(self.decoder_blocks, self_caches, cross_caches):
             y, cache = block(
@@ -398,6 +507,8 @@ class Seq2SeqTransformer(keras.Model):
             max_source_length=self.max_source_length,
             max_target_length=self.max_target_length,
             window=self.window,
+            random_positions=self.random_positions,
+            source_positions=self.source_positions,
             activation=self.activation,
             label_smoothing=self.label_smoothing,
             tokenizer=self.tokenizer_proto,

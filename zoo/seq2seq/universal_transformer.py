@@ -106,26 +106,22 @@ class UniversalTransformer(Seq2SeqTransformer):
     def num_self_caches(self):
         return self.num_steps
 
-    def _embed(self, table, position_layer, ids, start_index=0):
-        # Positions are added at every step (`_coordinates`), not once here.
-        return table(ids) * ops.cast(self.hidden_dim**0.5, self.compute_dtype)
+    def _coordinates(self, x, step, encoding):
+        # Positions and the timestep are added before every step (eq. 3).
+        return x + encoding + ops.cast(self.timestep_signal[step], x.dtype)
 
-    def _coordinates(self, x, step, position_layer, start_index):
-        time = ops.cast(self.timestep_signal[step], x.dtype)
-        return x + position_layer(x, start_index=start_index) + time
-
-    def _recur(self, state, transform, halting_layer, position_layer, mask, start_index, training):
+    def _recur(self, state, transform, halting_layer, encoding, mask, training):
         """Applies `transform(step, state)` num_steps times, with ACT if enabled."""
         if not self.act:
             for t in range(self.num_steps):
-                state = transform(t, self._coordinates(state, t, position_layer, start_index))
+                state = transform(t, self._coordinates(state, t, encoding))
             return state
         halting = ops.zeros_like(state[..., 0])
         remainders = ops.zeros_like(halting)
         updates = ops.zeros_like(halting)
         output = ops.zeros_like(state)
         for t in range(self.num_steps):
-            state = self._coordinates(state, t, position_layer, start_index)
+            state = self._coordinates(state, t, encoding)
             p = ops.squeeze(halting_layer(state), -1)
             running = ops.cast(halting < 1.0, state.dtype)
             if t == self.num_steps - 1:
@@ -148,14 +144,15 @@ class UniversalTransformer(Seq2SeqTransformer):
             self.add_loss(self.ponder_weight * ponder)
         return output
 
-    def _encoder_stack(self, x, mask, training):
+    def _encoder_stack(self, x, encoding, mask, training):
         def transform(t, h):
             return self.encoder_block(h, mask=mask, training=training)
 
-        x = self._recur(x, transform, self.encoder_halting, self.source_position, mask, 0, training)
+        x = self.embedding_dropout(x, training=training)
+        x = self._recur(x, transform, self.encoder_halting, encoding, mask, training)
         return self.encoder_norm(x) if self.norm_first else x
 
-    def _decoder_stack(self, y, encoder_output, source_mask, target_mask, training):
+    def _decoder_stack(self, y, encoding, encoder_output, source_mask, target_mask, training):
         def transform(t, h):
             return self.decoder_block(
                 h,
@@ -165,14 +162,13 @@ class UniversalTransformer(Seq2SeqTransformer):
                 training=training,
             )
 
-        return self._recur(
-            y, transform, self.decoder_halting, self.target_position, target_mask, 0, training
-        )
+        y = self.embedding_dropout(y, training=training)
+        return self._recur(y, transform, self.decoder_halting, encoding, target_mask, training)
 
     def cross_caches(self, encoder_output, split=False):
         return (self.decoder_block.compute_cross_attention_cache(encoder_output, split=split),)
 
-    def _decoder_stack_step(self, y, index, self_caches, cross_caches, source_mask):
+    def _decoder_stack_step(self, y, encoding, index, self_caches, cross_caches, source_mask):
         new = list(self_caches)
 
         def transform(t, h):
@@ -185,9 +181,7 @@ class UniversalTransformer(Seq2SeqTransformer):
             )
             return h
 
-        y = self._recur(
-            y, transform, self.decoder_halting, self.target_position, None, index, False
-        )
+        y = self._recur(y, transform, self.decoder_halting, encoding, None, False)
         return y, tuple(new)
 
     def get_config(self):
