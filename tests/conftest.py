@@ -97,6 +97,7 @@ LONGEST_FIRST = (
     "tests/zoo/test_library_load.py",
     "tests/train/test_preemption.py",
     "tests/zoo/test_tflite_samplers.py",
+    "tests/export/test_serving_totality.py",
     "tests/train/test_sagan_checkpoint.py",
     "tests/test_docs.py",
     "tests/export/test_stock_serving.py",
