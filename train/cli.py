@@ -21,7 +21,14 @@ import platform
 import sys
 import traceback
 
-from zoo.cli import EXIT_FAILURE, EXIT_USAGE, OneLineParser, UsageError
+from zoo.cli import (
+    EXIT_FAILURE,
+    EXIT_USAGE,
+    OneLineParser,
+    UsageError,
+    runtime_logs,
+    verbose_flag,
+)
 
 COMMANDS = {
     "tagger": ("train.tagger", "part-of-speech tagger (attention / fc / window / bilstm)"),
@@ -35,6 +42,15 @@ COMMANDS = {
     ),
     "sagan": ("train.sagan", "Self-Attention GAN"),
 }
+
+
+def config_argv(config):
+    """The flags of config["kind"]'s command that reproduce a run's recorded options
+    (train.replay's module doc)."""
+    from train import config as configs
+
+    module = importlib.import_module(COMMANDS[config["kind"]][0])
+    return configs.replay_argv(module.CONFIG, config.get("train") or {})
 
 
 def available_commands():
@@ -113,7 +129,7 @@ def main(argv=None):
     argv = list(sys.argv[1:] if argv is None else argv)
     os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
     if not argv or argv[0] in ("-h", "--help"):
-        print(_usage())
+        print(_usage(), file=sys.stdout if argv else sys.stderr)  # bare: a usage error
         return 0 if argv else EXIT_USAGE
     name, rest = argv[0], argv[1:]
     commands = available_commands()
@@ -124,7 +140,7 @@ def main(argv=None):
     from zoo import run_lock
 
     try:
-        with preemption.handlers():
+        with preemption.handlers(), runtime_logs(verbose_flag(rest)):
             return _run(name, rest, commands)
     except preemption.Stopped as e:
         print(str(e), file=sys.stderr)
@@ -167,7 +183,7 @@ def _run(name, rest, commands):
     )
     config_path, rest = replay.split_config(rest)
     if config_path is not None:
-        rest = replay.config_argv(parser, replay.read_config(config_path, name)) + rest
+        rest = config_argv(replay.read_config(config_path, name)) + rest
     args = parser.parse_args(rest)
     strategy.configure(args, command=name)
     return int(module.run(args) or 0)

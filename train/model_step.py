@@ -1,7 +1,7 @@
 """The training step of a compiled Keras model (the tagger, seq2seq, the Universal
 Transformer) for `train.engine.fit`: `TfModelStep` on `tf.distribute` (one device,
 mirrored GPUs, several workers, TPU) and `train.jax_step.JaxModelStep` (a jitted
-stateless step) under Keras's JAX backend; `make_step` picks the one of the backend.
+stateless step) under Keras's JAX backend; `train.steps.make_step` picks the one of the backend.
 
 The model's compile config gives the optimizer, the loss and the metrics; the loss is the
 SUM of per-example (per-token) losses divided by the GLOBAL count of real examples,
@@ -56,29 +56,55 @@ def split(strategy, batch):
     return strategy.experimental_distribute_values_from_function(value_fn)
 
 
-def apply_global(optimizer, grads, variables, replicas):
-    """Applies the gradient of the whole global batch from a replica context.
+def _values(g, fn):
+    """fn applied to a dense gradient, or to the values of an IndexedSlices one."""
+    import tensorflow as tf
 
-    Keras's TF optimizer clips (clipnorm, global_clipnorm, clipvalue) each replica's
-    LOCAL gradient and then sums gradients across replicas itself, and its loss scale
-    checks the local gradients for Inf/NaN, so replicas could disagree. Here the replica
-    sums first, clips the global gradient as the optimizer would, and hands the optimizer
-    1/R of it: its own clipping then changes nothing and its sum gives the global
-    gradient back (tests/train/test_distributed.py: mirrored == one device)."""
+    if isinstance(g, tf.IndexedSlices):
+        return tf.IndexedSlices(fn(g.values), g.indices, g.dense_shape)
+    return fn(g)
+
+
+def apply_global(optimizer, grads, variables, replicas):
+    """Applies one replica's share of the global batch's gradient, from a replica context,
+    so that R replicas update exactly as one device does.
+
+    Keras's TF optimizer sums the replicas' gradients itself, but clips (clipnorm,
+    global_clipnorm, clipvalue) and checks the loss scale on each replica's LOCAL
+    gradient first. Here the clipping sees the global gradient: a dense one is summed
+    here, clipped as the optimizer would, and handed over as 1/R of it; an embedding's
+    IndexedSlices (one row per occurrence, whose multiplicity Keras's sparse updates
+    count) stay this replica's rows, scaled by the global clip factor, so the
+    optimizer's sum is the one device's slices. Its own clipping then changes nothing
+    (tests/train/test_distributed.py: mirrored and two workers == one device)."""
     import tensorflow as tf
 
     if replicas > 1:
-        grads = tf.distribute.get_replica_context().all_reduce(tf.distribute.ReduceOp.SUM, grads)
+        ctx, total = tf.distribute.get_replica_context(), tf.distribute.ReduceOp.SUM
+        sparse = [isinstance(g, tf.IndexedSlices) for g in grads]
+        summed = iter(ctx.all_reduce(total, [g for g, s in zip(grads, sparse) if not s]))
+        grads = [g if s else next(summed) for g, s in zip(grads, sparse)]
+        squares = [tf.reduce_sum(tf.square(g.values if s else g)) for g, s in zip(grads, sparse)]
+        squares = [q if not s else ctx.all_reduce(total, q) for q, s in zip(squares, sparse)]
         inner = getattr(optimizer, "inner_optimizer", optimizer)
-        scale = optimizer.dynamic_scale if inner is not optimizer else 1.0
-        if inner.clipnorm:
-            grads = [tf.clip_by_norm(g, inner.clipnorm * scale) for g in grads]
-        elif inner.global_clipnorm:
-            grads = tf.clip_by_global_norm(grads, inner.global_clipnorm * scale)[0]
+        scale = optimizer.dynamic_scale if inner is not optimizer else 1.0  # scaled grads
+        if inner.clipnorm or inner.global_clipnorm:
+            bound = (inner.clipnorm or inner.global_clipnorm) * scale
+            norms = [tf.sqrt(q) for q in squares]
+            if inner.global_clipnorm:
+                norms = [tf.sqrt(tf.add_n(squares))] * len(grads)
+            # tf.clip_by_norm's formula, with the global norm.
+            grads = [
+                _values(g, lambda v, n=n: v * bound / tf.maximum(n, bound))
+                for g, n in zip(grads, norms)
+            ]
         elif inner.clipvalue:
             bound = inner.clipvalue * scale
-            grads = [tf.clip_by_value(g, -bound, bound) for g in grads]
-        grads = [g / replicas for g in grads]
+            grads = [_values(g, lambda v: tf.clip_by_value(v, -bound, bound)) for g in grads]
+        grads = [g if s else g / replicas for g, s in zip(grads, sparse)]
+        if inner is not optimizer:  # the squares are global: every replica skips, or none
+            finite = tf.reduce_all([tf.math.is_finite(q) for q in squares])
+            grads = [_values(g, lambda v: v * tf.where(finite, 1.0, float("nan"))) for g in grads]
     optimizer.apply(grads, variables)
 
 
@@ -226,13 +252,3 @@ class TfModelStep(ModelStep):
         parts = split(self.strategy, (x, y) if w is None else (x, y, w))
         dx, dy, dw = (*parts, None) if w is None else parts
         return float(self._fns[mode](dx, dy, dw, tf.constant(count, tf.float32)))
-
-
-def make_step(model, loss_terms=None, jit_compile=None):
-    """The step of Keras's backend for a compiled `model`: `TfModelStep` under TensorFlow,
-    `train.jax_step.JaxModelStep` under JAX."""
-    if keras.backend.backend() == "jax":
-        from train.jax_step import JaxModelStep
-
-        return JaxModelStep(model, loss_terms, jit_compile)
-    return TfModelStep(model, loss_terms, jit_compile)

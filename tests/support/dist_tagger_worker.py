@@ -70,7 +70,7 @@ def run():
 
     import zoo
     from train import engine
-    from train.model_step import make_step
+    from train.steps import make_step
     from train.tagger import embedded
     from train.tagger.data import Batches, build_vocab
     from train.tagger.fit import compile_tagger

@@ -268,29 +268,20 @@ def test_sigkill_mid_epoch_then_resume_equals_an_uninterrupted_run(
 
 @pytest.mark.slow
 def test_mixed_precision_tagger_and_seq2seq_train_without_nans(tmp_path):
-    import argparse
-
     from train.cli import main
+    from train.tagger import TaggerConfig
     from train.tagger.training import train_one
 
     keras.config.set_dtype_policy("mixed_bfloat16")
     data = embedded.generate(seed=0, train_size=64, dev_size=16, test_size=16)
-    args = argparse.Namespace(
+    args = TaggerConfig(
         epochs=1,
         batch_size=16,
-        seed=0,
-        learning_rate=None,
         max_minutes=0.0,
-        ema_momentum=None,
-        model_options=dict(TINY),
-        train_file=None,
-        dev_file=None,
-        test_file=None,
-        dataset=None,
-        out=None,
-        resume=False,
+        verbose="0",
+        model_option=[f"{k}={json.dumps(v)}" for k, v in TINY.items()],
     )
-    train_one(args, data, "attention", str(tmp_path / "tagger"), verbose=0)
+    train_one(args, data, "attention", str(tmp_path / "tagger"))
     history = _state(tmp_path / "tagger" / "checkpoints")["history"]
     assert np.isfinite(history[0]["loss"]) and np.isfinite(history[0]["val_loss"])
     model = keras.models.load_model(tmp_path / "tagger" / "model.keras")

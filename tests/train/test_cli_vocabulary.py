@@ -7,7 +7,7 @@ import importlib
 import pytest
 
 from tests.support.paths import ROOT
-from train import cli, replay, strategy
+from train import cli, strategy
 from train.cli import main as train_main
 
 
@@ -55,29 +55,35 @@ def test_a_bad_value_names_the_flag_typed(capsys):
     assert "--verbose must be auto, 0, 1 or 2" in capsys.readouterr().err
 
 
-def test_seq2seq_derives_xla_from_jit_compile():
-    from train import seq2seq
+@pytest.mark.parametrize("kind", ["tagger", "seq2seq", "sagan"])
+def test_a_recorded_config_replays_to_the_same_config(kind):
+    """config.json's "train" (train.config.record) -> --config flags -> parse -> the same
+    config object: every recorded option survives, none is reset to a default."""
+    import dataclasses
 
-    for argv, xla in (
-        ([], False),
-        (["--jit-compile"], True),
-        (["--xla"], True),
-        (["--no-jit-compile"], False),
-    ):
-        args = _parser("seq2seq").parse_args(argv)
-        seq2seq.validate(args)
-        assert args.xla is xla, argv
+    from train import config
 
-
-def test_replay_maps_recorded_old_names_to_the_canonical_flags():
-    parser = _parser("seq2seq")
-    config = {"kind": "seq2seq", "train": {"xla": True, "jit_compile": None, "task": "sort"}}
-    argv = replay.config_argv(parser, config)
-    assert "--jit-compile" in argv and "--xla" not in argv
-    assert parser.parse_args(argv).jit_compile is True
-    tagger = _parser("tagger")
-    argv = replay.config_argv(tagger, {"kind": "tagger", "train": {"ema_momentum": 0.9}})
-    assert argv == ["--ema", "0.9"]
+    module = importlib.import_module(cli.COMMANDS[kind][0])
+    changed = {}
+    for field in dataclasses.fields(module.CONFIG):  # a non-default value for each flag
+        if not field.metadata["record"] or not field.metadata["help"]:
+            continue
+        default = field.default
+        if field.name in ("arch", "task", "keep", "position", "verbose", "attention_resolution"):
+            continue  # choices: the defaults stand
+        if isinstance(default, bool):
+            changed[field.name] = not default
+        elif isinstance(default, (int, float)) or field.metadata["kind"] in (int, float):
+            kind_ = field.metadata["kind"] or type(default)
+            changed[field.name] = 5 if kind_ is int else 0.25
+    if kind == "sagan":
+        changed["image_size"] = 64
+    if kind == "tagger":
+        changed["model_option"] = ["hidden_dim=24", "num_heads=2"]
+    recorded = config.record(module.CONFIG(**changed))
+    argv = cli.config_argv({"kind": kind, "train": recorded})
+    again = config.from_args(module.CONFIG, _parser(kind).parse_args(argv))
+    assert config.record(again) == recorded
 
 
 # ---------------------------------------------------------------- --verbose beyond train

@@ -156,7 +156,7 @@ def test_two_worker_checkpoint_resumes_in_one_process(runs, tmp_path):
     resumed = tmp_path / "resumed"
     shutil.copytree(base / "multi" / "checkpoints", resumed / "checkpoints")
     (out,) = _finish([_start(resumed, "default", epochs=2, resume=True)])
-    assert "replicas 1" in out and "restored step-00000003.npz" in out
+    assert "replicas 1" in out and "after epoch 1 of 2 from step-00000003.npz" in out
     # 1 epoch on 2 workers + 1 epoch in one process == 2 epochs in one process, the
     # moving average (optimizer state in the checkpoint) included
     for kind in ("weights", "averaged"):

@@ -206,13 +206,18 @@ def _newest(run_dir):
 
 
 def _snapshot(step):
-    """A SAGAN step's checkpoint variables as the checkpoint keys them (group/path)."""
+    """A SAGAN step's checkpoint variables as the checkpoint keys them (group/path, an
+    optimizer slot by its variable's path: the optimizer's own name is numbered per
+    process)."""
     import numpy as np
 
+    from train import checkpoint
+
+    refs = step.refs()
     return {
-        f"{group}/{v.path}": np.array(v.numpy())
+        f"{group}/{key}": np.array(v.numpy())
         for group, variables in step.variables().items()
-        for v in variables
+        for key, v in zip(checkpoint._keys(variables, refs.get(group))[0], variables)
     }
 
 

@@ -1,6 +1,6 @@
 """Training the tagger: a tiny run that learns, resume, the run-directory contract, the CLIs."""
 
-import argparse
+import json
 import os
 import pathlib
 import subprocess
@@ -13,8 +13,8 @@ import pytest
 import zoo.models  # noqa: F401  (registers every class zoo model files name)
 from tests.support import paths, tiny
 from train import checkpoint
-from train.model_step import make_step
 from train.rundir import read_json
+from train.steps import make_step
 from train.tagger import embedded
 from train.tagger.training import resume_run, train_one
 
@@ -31,23 +31,12 @@ def _state(run):
 
 
 def make_args(**overrides):
-    args = dict(
-        epochs=4,
-        batch_size=16,
-        seed=0,
-        learning_rate=None,
-        max_minutes=0.0,
-        ema_momentum=None,
-        model_options=dict(TINY),
-        train_file=None,
-        dev_file=None,
-        test_file=None,
-        dataset=None,
-        out=None,
-        resume=False,
-    )
-    args.update(overrides)
-    return argparse.Namespace(**args)
+    """The tagger's config object (what the command parses) with the tiny model."""
+    from train.tagger import TaggerConfig
+
+    options = [f"{k}={json.dumps(v)}" for k, v in TINY.items()]
+    settings = dict(epochs=4, batch_size=16, max_minutes=0.0, verbose="0", model_option=options)
+    return TaggerConfig(**{**settings, **overrides})
 
 
 @pytest.fixture(scope="module")

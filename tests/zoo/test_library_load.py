@@ -235,11 +235,11 @@ def _parser(kind):
 @pytest.mark.slow
 @pytest.mark.parametrize("kind", list(KINDS))
 def test_config_flags_parse_back_to_the_recorded_options(runs, kind):
-    from train import replay
+    from train import cli, replay
 
     config = replay.read_config(runs[kind], kind)
     parser = _parser(kind)
-    args = vars(parser.parse_args(replay.config_argv(parser, config)))
+    args = vars(parser.parse_args(cli.config_argv(config)))
     recorded = {
         k: v for k, v in config["train"].items() if k in args and k not in ("out", "resume")
     }

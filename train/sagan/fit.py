@@ -269,13 +269,3 @@ class TfSaganStep(SaganStep):
     def _run_ema(self):
         with self.strategy.scope():
             self.ema_step(tf.constant(self.g_opt.iterations.numpy(), tf.int64))
-
-
-def make_step(models, recipe, strategy=None, jit_compile=False):
-    """The SAGAN step of Keras's backend: `TfSaganStep`, or under JAX
-    train.sagan.jax_fit's `JaxSaganStep`."""
-    if keras.backend.backend() == "jax":
-        from train.sagan.jax_fit import JaxSaganStep
-
-        return JaxSaganStep(models, recipe, strategy, jit_compile)
-    return TfSaganStep(models, recipe, strategy, jit_compile)

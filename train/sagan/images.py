@@ -260,15 +260,3 @@ def load_tfds_images(value, image_size=None, max_images=None):
             "test": int(len(test)),
         },
     )
-
-
-def data_flags(args):
-    return {
-        "dataset": args.dataset,
-        "image_dir": args.image_dir,
-        "image_size": args.image_size,
-        "train_size": args.train_size,
-        "test_size": args.test_size,
-        "max_images": args.max_images,
-        "seed": args.seed if args.data_seed is None else args.data_seed,
-    }

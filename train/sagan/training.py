@@ -12,14 +12,16 @@ RUN_DIR/checkpoints/         step and best checkpoints (train.checkpoint: resume
                              the classifier's
 """
 
+import dataclasses
 import os
 import sys
 import time
 import typing
 
+import keras
 import numpy as np
 
-from train import rundir
+from train import config, rundir
 from train import strategy as dist
 from train.progress import markdown_table
 from zoo import atomic
@@ -45,20 +47,20 @@ MIN_MINUTES = 1.0
 GRID_COLUMNS = 8
 
 
-def _model_config(args, data, attention):
+def _model_config(cfg, data, attention):
     from zoo.sagan.model import resolve_attention
 
-    conditional = data.num_classes > 1 and not args.unconditional
+    conditional = data.num_classes > 1 and not cfg.unconditional
     attention = resolve_attention(data.image_size, attention)
     return {
         "image_size": data.image_size,
         "channels": data.channels,
         "num_classes": data.num_classes if conditional else None,
-        "latent_dim": args.latent_dim,
-        "width": args.width,
+        "latent_dim": cfg.latent_dim,
+        "width": cfg.width,
         "attention_resolution": attention,
-        "seed": args.seed,
-        "class_embedding": args.class_embedding if conditional else 0,
+        "seed": cfg.seed,
+        "class_embedding": cfg.class_embedding if conditional else 0,
     }
 
 
@@ -66,36 +68,18 @@ def _d_config(model_cfg):
     return {k: v for k, v in model_cfg.items() if k not in ("latent_dim", "class_embedding")}
 
 
-def _train_config(args):
-    from train.sagan.images import data_flags
-
-    # data_seed: the seed the data were made or split with (--data-seed, else --seed;
-    # --compare trains several model seeds on one data set); "seed" is the models'.
-    flags = data_flags(args)
-    return {
-        **flags,
-        "seed": args.seed,
-        "data_seed": flags["seed"],
-        "epochs": DEFAULT_EPOCHS if args.epochs is None else args.epochs,
-        "batch_size": args.batch_size,
-        "n_dis": args.n_dis,
-        "lr_g": args.lr_g,
-        "lr_d": args.lr_d,
-        "beta1": args.beta1,
-        "beta2": args.beta2,
-        "ema": args.ema,
-        "mode_seeking": args.mode_seeking,
-        "class_loss": args.class_loss,
-        "r1": args.r1,
-        "lr_decay_from": args.lr_decay_from,
-        "keep": args.keep,
-        "verbose": str(args.verbose),
-        "eval_samples": args.eval_samples,
-        "epoch_eval_samples": args.epoch_eval_samples,
-        "classifier_epochs": args.classifier_epochs,
-        "max_minutes": args.max_minutes,
-        "unconditional": bool(args.unconditional),
-    }
+def _train_config(cfg, model_cfg):
+    """config.json's "train": the options with the epochs, the data seed (--data-seed,
+    else --seed: --compare trains several model seeds on one data set) and the run's
+    attention resolved, so replaying it trains the same run."""
+    attention = model_cfg["attention_resolution"]
+    resolved = dataclasses.replace(
+        cfg,
+        epochs=DEFAULT_EPOCHS if cfg.epochs is None else cfg.epochs,
+        data_seed=cfg.data_flags()["seed"],
+        attention_resolution="none" if attention is None else str(attention),
+    )
+    return config.record(resolved)
 
 
 def _build(model_cfg, train_cfg):
@@ -197,12 +181,12 @@ def default_budget(elapsed_minutes):
     return max(MIN_MINUTES, min(DEFAULT_MAX_MINUTES, RUN_MINUTES - elapsed_minutes))
 
 
-def _resolve_budget(args, train_cfg):
+def _resolve_budget(started, train_cfg):
     """Sets train_cfg["max_minutes"] where --max-minutes was not given (None); True when
-    it did. Several workers get DEFAULT_MAX_MINUTES: each one's clock would give its own."""
+    it did. `started`: when the run began (None: no default budget to cut). Several
+    workers get DEFAULT_MAX_MINUTES: each one's clock would give its own."""
     if train_cfg["max_minutes"] is not None:
         return False
-    started = getattr(args, "started", None)
     if started is None or dist.worker()[1] > 1:
         train_cfg["max_minutes"] = DEFAULT_MAX_MINUTES
         return True
@@ -220,18 +204,19 @@ def _resolve_budget(args, train_cfg):
     return True
 
 
-def train_one(args, data, out, attention=_FLAG, classifier=None):
-    """One run; `attention` overrides --attention-resolution (None = no attention)."""
+def train_one(cfg, data, out, attention=_FLAG, classifier=None, started=None):
+    """One run of `cfg` (train.sagan.SaganConfig); `attention` overrides
+    --attention-resolution (None = no attention); `started`: when the run began."""
     import keras
 
-    attention = args.attention if attention is _FLAG else attention
-    keras.utils.set_random_seed(args.seed)
-    model_cfg = _model_config(args, data, attention)
-    train_cfg = _train_config(args)
+    attention = cfg.attention() if attention is _FLAG else attention
+    keras.utils.set_random_seed(cfg.seed)
+    model_cfg = _model_config(cfg, data, attention)
+    train_cfg = _train_config(cfg, model_cfg)
     models = _build(model_cfg, train_cfg)
     rundir.create_run_dir(out, "sagan")
     atomic.write_lines(os.path.join(out, "vocab", "classes.txt"), data.class_names)
-    config = {
+    run_config = {
         "kind": "sagan",
         "model": model_cfg,
         "discriminator": _d_config(model_cfg),
@@ -240,51 +225,54 @@ def train_one(args, data, out, attention=_FLAG, classifier=None):
         "class_names": list(data.class_names),
         "runtime": dist.runtime(),
     }
-    atomic.write_json(os.path.join(out, "config.json"), config)
+    atomic.write_json(os.path.join(out, "config.json"), run_config)
     classifier, report = get_classifier(out, data, train_cfg, classifier)
-    if _resolve_budget(args, train_cfg):
-        atomic.write_json(os.path.join(out, "config.json"), config)  # resume reads it
-    run = _Run(out, config, data, models, classifier, report)
+    if _resolve_budget(started, train_cfg):
+        atomic.write_json(os.path.join(out, "config.json"), run_config)  # resume reads it
+    run = _Run(out, run_config, data, models, classifier, report)
     return _fit_and_finish(run, resuming=False)
 
 
-def resume_run(args):
-    out = args.out
-    config = rundir.resumable_config(out, ("sagan",), "sagan")
-    train_cfg = config["train"]
-    if args.epochs is not None:
-        train_cfg["epochs"] = args.epochs
-    if train_cfg["max_minutes"] is None:  # stopped before its budget was set
-        train_cfg["max_minutes"] = DEFAULT_MAX_MINUTES
-    train_cfg["verbose"] = str(args.verbose)
+def resume_run(cfg):
+    out = cfg.out
+    run_config = rundir.resumable_config(out, ("sagan",), "sagan")
+    # --epochs and --verbose as given now; the rest as recorded (missing: the defaults).
+    recorded = config.from_record(type(cfg), run_config["train"], verbose=cfg.verbose)
+    if cfg.epochs is not None:
+        recorded.epochs = cfg.epochs
+    if recorded.max_minutes is None:  # stopped before its budget was set
+        recorded.max_minutes = DEFAULT_MAX_MINUTES
+    train_cfg = config.record(recorded)
     check_replicas(train_cfg["batch_size"])
     from train.sagan.images import load_images
 
-    flags = {
-        k: train_cfg[k]
-        for k in ("dataset", "image_dir", "image_size", "train_size", "test_size", "max_images")
-    }
-    data = load_images(**flags, seed=train_cfg["data_seed"])
+    data = load_images(**recorded.data_flags())
     import keras
 
     keras.utils.set_random_seed(train_cfg["seed"])
-    models = _build(config["model"], train_cfg)
+    models = _build(run_config["model"], train_cfg)
     classifier, report = get_classifier(out, data, train_cfg)
-    config["train"] = train_cfg
-    config["runtime"] = dist.runtime()  # where the resumed part trains
-    atomic.write_json(os.path.join(out, "config.json"), config)
-    return _fit_and_finish(_Run(out, config, data, models, classifier, report), resuming=True)
+    run_config["train"] = train_cfg
+    run_config["runtime"] = dist.runtime()  # where the resumed part trains
+    atomic.write_json(os.path.join(out, "config.json"), run_config)
+    return _fit_and_finish(_Run(out, run_config, data, models, classifier, report), resuming=True)
 
 
 def _step(models, model_cfg, train_cfg):
     import types
 
-    from train.sagan.fit import make_step
-
     recipe = types.SimpleNamespace(
-        **train_cfg, num_classes=model_cfg["num_classes"], latent_dim=model_cfg["latent_dim"]
+        **{
+            **train_cfg,
+            "num_classes": model_cfg["num_classes"],
+            "latent_dim": model_cfg["latent_dim"],
+        }
     )
-    step = make_step(models, recipe, dist.get(), dist.jit_compile())
+    if keras.backend.backend() == "jax":
+        from train.sagan.jax_fit import JaxSaganStep as Step
+    else:
+        from train.sagan.fit import TfSaganStep as Step
+    step = Step(models, recipe, dist.get(), dist.jit_compile())
     if dist.jit_compile() and not step.jit_compile:
         print(
             f"XLA: off for sagan on {step.replicas} replicas (an XLA computation runs on one "
@@ -576,27 +564,26 @@ def _summary_table(summary):
     return "\n".join(lines)
 
 
-def train_compare(args, data):
+def train_compare(cfg, data):
     """With and without attention, on the same budget and data, for --seeds model seeds
     (--seed, --seed + 1, ...), evaluated by one shared classifier; mean ± std per arm."""
-    import copy
-
-    rundir.create_run_dir(args.out, "sagan-compare")
-    if args.max_minutes is None:  # the same budget for every run, whatever came before
-        args.max_minutes = DEFAULT_MAX_MINUTES
-    train_cfg = _train_config(args)
-    classifier, _ = get_classifier(args.out, data, train_cfg)
+    rundir.create_run_dir(cfg.out, "sagan-compare")
+    # The same budget for every run, whatever came before; every run on the compare's data.
+    cfg = dataclasses.replace(
+        cfg,
+        max_minutes=DEFAULT_MAX_MINUTES if cfg.max_minutes is None else cfg.max_minutes,
+        data_seed=cfg.data_flags()["seed"],
+    )
+    classifier, _ = get_classifier(cfg.out, data, config.record(cfg))
     rows = []
-    for k in range(args.seeds):
-        seed_args = copy.copy(args)
-        seed_args.seed = args.seed + k
-        seed_args.data_seed = train_cfg["data_seed"]  # every run on the compare's data
-        for arm, attention in (("attention", args.attention or "auto"), ("no_attention", None)):
-            name = arm if args.seeds == 1 else f"{arm}_seed{seed_args.seed}"
+    for k in range(cfg.seeds):
+        seed_cfg = dataclasses.replace(cfg, seed=cfg.seed + k)
+        for arm, attention in (("attention", cfg.attention() or "auto"), ("no_attention", None)):
+            name = arm if cfg.seeds == 1 else f"{arm}_seed{seed_cfg.seed}"
             print(f"\n=== {name} ===", flush=True)
-            run_dir = os.path.join(args.out, name)
+            run_dir = os.path.join(cfg.out, name)
             train_one(
-                seed_args,
+                seed_cfg,
                 data,
                 run_dir,
                 attention=attention,
@@ -606,7 +593,7 @@ def train_compare(args, data):
                 {
                     "name": name,
                     "arm": arm,
-                    "seed": seed_args.seed,
+                    "seed": seed_cfg.seed,
                     **rundir.read_json(os.path.join(run_dir, "metrics.json")),
                 }
             )
@@ -615,14 +602,14 @@ def train_compare(args, data):
     means = _summary_table(summary)
     title = (
         f"SAGAN with vs without self-attention on {data.source.get('name')} data "
-        f"({args.seeds} seed(s), same budget; FID in the run's classifier feature space)"
+        f"({cfg.seeds} seed(s), same budget; FID in the run's classifier feature space)"
     )
     text = (
         f"# {title}\n\nMean ± standard deviation over seeds:\n\n{means}\n\nEvery run:\n\n{table}\n"
     )
-    atomic.write_text(os.path.join(args.out, "compare.md"), text)
+    atomic.write_text(os.path.join(cfg.out, "compare.md"), text)
     atomic.write_json(
-        os.path.join(args.out, "compare.json"),
+        os.path.join(cfg.out, "compare.json"),
         {"data": data.source, "summary": summary, "runs": rows},
     )
     print(f"\n{text}")

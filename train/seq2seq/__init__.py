@@ -11,186 +11,248 @@ calibration.npz, vocab/, checkpoints/, logs/ (TensorBoard).
 """
 
 import argparse
+import dataclasses
 import os
 
+# Not `config`: the submodule train.seq2seq.config takes that name in this package.
+from train import config as options
+from train.config import VERBOSE, above, at_least, fraction, one_of, option
 from train.seq2seq import length
 from zoo.cli import UsageError
 
 ARCHS = ("transformer", "universal_transformer")
+FILES = [
+    f"{split}_{part}" for split in ("train", "dev", "test") for part in ("source", "target", "tsv")
+]
+
+
+def _file(name):
+    split, part = name.split("_")
+    if part == "tsv":
+        return f"{split} pairs as source<TAB>target lines"
+    if part == "source":
+        return f"{split} source file (plain or .gz, one sentence a line)"
+    return f"{split} target file (line i translates line i)"
+
+
+@dataclasses.dataclass
+class Seq2SeqConfig:
+    """The options of `python -m train seq2seq` and `universal_transformer` (train.config)."""
+
+    arch: str = option("transformer", "transformer (default) or universal_transformer")
+    out: str = option(
+        None,
+        "run directory (default runs/seq2seq-TASK or runs/seq2seq-text)",
+        kind=str,
+        record=False,
+    )
+    resume: bool = option(False, "continue the run in --out from its last checkpoint", record=False)
+    seed: int = option(0, "random seed (default 0)")
+    task: str = option(
+        "reverse", "embedded task: copy, reverse, sort, addition, date", group="data"
+    )
+    task_length: int = option(
+        8, "longest training sequence of the task (default 8)", check=above(0), group="data"
+    )
+    train_size: int = option(
+        4000, "generated training pairs (default 4000)", check=above(0), group="data"
+    )
+    train_source: str = option(None, _file("train_source"), kind=str, group="data")
+    train_target: str = option(None, _file("train_target"), kind=str, group="data")
+    train_tsv: str = option(None, _file("train_tsv"), kind=str, group="data")
+    dev_source: str = option(None, _file("dev_source"), kind=str, group="data")
+    dev_target: str = option(None, _file("dev_target"), kind=str, group="data")
+    dev_tsv: str = option(None, _file("dev_tsv"), kind=str, group="data")
+    test_source: str = option(None, _file("test_source"), kind=str, group="data")
+    test_target: str = option(None, _file("test_target"), kind=str, group="data")
+    test_tsv: str = option(None, _file("test_tsv"), kind=str, group="data")
+    dataset: str = option(
+        None,
+        "tfds:NAME, e.g. tfds:ted_hrlr_translate/pt_to_en (downloads)",
+        kind=str,
+        group="data",
+    )
+    vocab_size: int = option(
+        6000, "SentencePiece pieces (text; default 6000)", check=above(0), group="data"
+    )
+    truncate: bool = option(False, "cut over-long pairs instead of stopping", group="data")
+    hidden_dim: int = option(None, "model width", kind=int, check=above(0), group="model")
+    num_layers: int = option(None, "layers", kind=int, check=above(0), group="model")
+    num_heads: int = option(None, "attention heads", kind=int, check=above(0), group="model")
+    intermediate_dim: int = option(
+        None, "feed-forward width", kind=int, check=above(0), group="model"
+    )
+    dropout: float = option(None, "dropout rate", kind=float, check=fraction, group="model")
+    max_source_length: int = option(
+        None, "longest source in tokens", kind=int, check=above(0), group="model"
+    )
+    max_target_length: int = option(
+        None, "longest target in tokens (+EOS)", kind=int, check=above(0), group="model"
+    )
+    position: str = option(
+        "sinusoidal",
+        "sinusoidal (default) or learned positions",
+        check=one_of("sinusoidal", "learned"),
+        group="model",
+    )
+    post_ln: bool = option(False, "post-LN blocks (default pre-LN)", group="model")
+    separate_embeddings: bool = option(
+        False, "do not tie source/target/output tables", group="model"
+    )
+    window: int = option(
+        None,
+        "local attention window of the encoder (long inputs)",
+        kind=int,
+        check=above(0),
+        group="model",
+    )
+    num_steps: int = option(
+        4, "Universal Transformer recurrent steps", check=above(0), group="model"
+    )
+    act: bool = option(False, "Universal Transformer with ACT halting", group="model")
+    epochs: int = option(
+        None,
+        "epochs (default 30 for tasks, 40 for text; see --max-minutes)",
+        kind=int,
+        check=above(0),
+        group="training",
+    )
+    max_minutes: float = option(
+        30.0, "training time budget (default 30; 0 = none)", check=at_least(0), group="training"
+    )
+    batch_size: int = option(64, "pairs per batch (default 64)", check=above(0), group="training")
+    steps_per_epoch: int = option(
+        None,
+        "batches between checkpoints/dev scores (default: one pass over the data)",
+        kind=int,
+        check=above(0),
+        group="training",
+    )
+    learning_rate: float = option(
+        None,
+        "peak learning rate (default 1e-3 text, 2e-3 tasks)",
+        kind=float,
+        check=above(0),
+        group="training",
+    )
+    warmup_steps: int = option(
+        None,
+        "linear warm-up steps (default 800 text, 200 tasks)",
+        kind=int,
+        check=at_least(0),
+        group="training",
+    )
+    label_smoothing: float = option(
+        0.1, "label smoothing (default 0.1)", check=fraction, group="training"
+    )
+    beam_width: int = option(
+        None,
+        "beam width for the test set (default 4 text, 1 tasks)",
+        kind=int,
+        check=above(0),
+        group="evaluation",
+    )
+    alpha: float = option(
+        0.6, "length penalty exponent (default 0.6)", check=at_least(0), group="evaluation"
+    )
+    dev_sample: int = option(
+        300,
+        "dev pairs decoded after each epoch (0 = none)",
+        check=at_least(0),
+        group="evaluation",
+    )
+    verbose: str = option(
+        "auto", "Keras progress output: auto, 0, 1, 2", check=VERBOSE, group="evaluation"
+    )
+    # Length generalisation (train/seq2seq/length.py).
+    compare: bool = option(
+        False,
+        "train the Transformer, the UT and the UT with ACT on the same data and budget "
+        "(--seeds each) and report accuracy by length (metrics.json, compare.md, a plot)",
+        record=False,
+        group="length generalisation",
+    )
+    train_lengths: str = option(
+        None,
+        "--compare: trained lengths A-B (default 1-TASK_LENGTH; for addition, digits "
+        "of the first number)",
+        kind=str,
+        group="length generalisation",
+    )
+    test_lengths: str = option(
+        None,
+        "--compare: comma-separated test lengths or ranges A-B (default: 2x, 5x and "
+        "10x the longest trained length); the trained range is always tested too",
+        kind=str,
+        group="length generalisation",
+    )
+    seeds: int = option(
+        3, "--compare: seeds per arm (default 3)", check=above(0), group="length generalisation"
+    )
+    eval_size: int = option(
+        100,
+        "--compare: test strings per length bucket (default 100)",
+        check=above(0),
+        group="length generalisation",
+    )
+    arms: str = option(
+        ",".join(length.ARMS),
+        f"--compare: comma-separated arms (default {','.join(length.ARMS)})",
+        group="length generalisation",
+    )
+
+    def check(self):
+        from train.seq2seq.algorithmic import TASKS
+
+        if self.arch not in ARCHS:
+            raise UsageError(f"unknown arch {self.arch!r}; choose from: {', '.join(ARCHS)}")
+        if self.task not in TASKS:
+            raise UsageError(f"unknown task {self.task!r}; choose from: {', '.join(TASKS)}")
+        for name in FILES:
+            path, flag = getattr(self, name), "--" + name.replace("_", "-")
+            if path and os.path.isdir(path):
+                raise UsageError(f"{flag}: data file is a directory: {path}")
+            if path and not os.path.isfile(path):
+                raise UsageError(f"{flag}: data file not found: {path}")
+        if self.out is None:
+            self.out = os.path.join(
+                "runs", "seq2seq-text" if self.text() else f"seq2seq-{self.task}"
+            )
+
+    def text(self):
+        """Whether the run reads text (files or a data set), not an embedded task."""
+        return bool(self.dataset or self.train_source or self.train_tsv)
+
+
+CONFIG = Seq2SeqConfig
 
 
 def add_arguments(parser):
-    p = parser
-    p.add_argument(
-        "--arch", default="transformer", help="transformer (default) or universal_transformer"
-    )
-    p.add_argument("--out", help="run directory (default runs/seq2seq-TASK or runs/seq2seq-text)")
-    p.add_argument(
-        "--resume", action="store_true", help="continue the run in --out from its last checkpoint"
-    )
-    p.add_argument("--seed", type=int, default=0)
-    g = p.add_argument_group("data")
-    g.add_argument(
-        "--task", default="reverse", help="embedded task: copy, reverse, sort, addition, date"
-    )
-    g.add_argument(
-        "--task-length",
-        type=int,
-        default=8,
-        help="longest training sequence of the task (default 8)",
-    )
-    g.add_argument(
-        "--train-size", type=int, default=4000, help="generated training pairs (default 4000)"
-    )
-    for split in ("train", "dev", "test"):
-        g.add_argument(
-            f"--{split}-source", help=f"{split} source file (plain or .gz, one sentence a line)"
-        )
-        g.add_argument(f"--{split}-target", help=f"{split} target file (line i translates line i)")
-        g.add_argument(f"--{split}-tsv", help=f"{split} pairs as source<TAB>target lines")
-    g.add_argument("--dataset", help="tfds:NAME, e.g. tfds:ted_hrlr_translate/pt_to_en (downloads)")
-    g.add_argument(
-        "--vocab-size", type=int, default=6000, help="SentencePiece pieces (text; default 6000)"
-    )
-    g.add_argument(
-        "--truncate", action="store_true", help="cut over-long pairs instead of stopping"
-    )
-    m = p.add_argument_group("model")
-    m.add_argument("--hidden-dim", type=int)
-    m.add_argument("--num-layers", type=int)
-    m.add_argument("--num-heads", type=int)
-    m.add_argument("--intermediate-dim", type=int)
-    m.add_argument("--dropout", type=float)
-    m.add_argument("--max-source-length", type=int, help="longest source in tokens")
-    m.add_argument("--max-target-length", type=int, help="longest target in tokens (+EOS)")
-    m.add_argument("--position", choices=("sinusoidal", "learned"), default="sinusoidal")
-    m.add_argument("--post-ln", action="store_true", help="post-LN blocks (default pre-LN)")
-    m.add_argument(
-        "--separate-embeddings", action="store_true", help="do not tie source/target/output tables"
-    )
-    m.add_argument("--window", type=int, help="local attention window of the encoder (long inputs)")
-    m.add_argument("--num-steps", type=int, default=4, help="Universal Transformer recurrent steps")
-    m.add_argument("--act", action="store_true", help="Universal Transformer with ACT halting")
-    t = p.add_argument_group("training")
-    t.add_argument(
-        "--epochs", type=int, help="epochs (default 30 for tasks, 40 for text; see --max-minutes)"
-    )
-    t.add_argument(
-        "--max-minutes",
-        type=float,
-        default=30.0,
-        help="training time budget (default 30; 0 = none)",
-    )
-    t.add_argument("--batch-size", type=int, default=64, help="pairs per batch (default 64)")
-    t.add_argument(
-        "--steps-per-epoch",
-        type=int,
-        help="batches between checkpoints/dev scores (default: one pass over the data)",
-    )
-    t.add_argument(
-        "--learning-rate", type=float, help="peak learning rate (default 1e-3 text, 2e-3 tasks)"
-    )
-    t.add_argument(
-        "--warmup-steps", type=int, help="linear warm-up steps (default 800 text, 200 tasks)"
-    )
-    t.add_argument("--label-smoothing", type=float, default=0.1)
+    options.add_arguments(parser, Seq2SeqConfig)
     # The earlier name of --jit-compile (one XLA flag across train commands), hidden.
-    t.add_argument(
+    parser.add_argument(
         "--xla", dest="jit_compile", action="store_const", const=True, help=argparse.SUPPRESS
     )
-    e = p.add_argument_group("evaluation")
-    e.add_argument(
-        "--beam-width", type=int, help="beam width for the test set (default 4 text, 1 tasks)"
-    )
-    e.add_argument("--alpha", type=float, default=0.6, help="length penalty exponent (default 0.6)")
-    e.add_argument(
-        "--dev-sample", type=int, default=300, help="dev pairs decoded after each epoch (0 = none)"
-    )
-    e.add_argument("--verbose", default="auto", help="Keras progress output: auto, 0, 1, 2")
-    length.add_length_arguments(p)
-
-
-def _positive(name, value, allow_zero=False):
-    if value is not None and (value < 0 or (value == 0 and not allow_zero)):
-        raise UsageError(f"--{name} must be {'>= 0' if allow_zero else '> 0'}, got {value}")
-
-
-def validate(args):
-    from train.seq2seq.algorithmic import TASKS
-
-    if args.arch not in ARCHS:
-        raise UsageError(f"unknown arch {args.arch!r}; choose from: {', '.join(ARCHS)}")
-    if args.task not in TASKS:
-        raise UsageError(f"unknown task {args.task!r}; choose from: {', '.join(TASKS)}")
-    for name in (
-        "task_length",
-        "train_size",
-        "vocab_size",
-        "hidden_dim",
-        "num_layers",
-        "num_heads",
-        "intermediate_dim",
-        "max_source_length",
-        "max_target_length",
-        "window",
-        "num_steps",
-        "epochs",
-        "batch_size",
-        "learning_rate",
-        "beam_width",
-        "steps_per_epoch",
-    ):
-        _positive(name.replace("_", "-"), getattr(args, name))
-    for name in ("max_minutes", "warmup_steps", "dev_sample", "alpha"):
-        _positive(name.replace("_", "-"), getattr(args, name), allow_zero=True)
-    if args.dropout is not None and not 0 <= args.dropout < 1:
-        raise UsageError(f"--dropout must be in [0, 1), got {args.dropout}")
-    if not 0 <= args.label_smoothing < 1:
-        raise UsageError(f"--label-smoothing must be in [0, 1), got {args.label_smoothing}")
-    # --jit-compile (or --xla): XLA for the compiled model and the training steps.
-    args.xla = getattr(args, "jit_compile", None) is True
-    if args.verbose not in ("auto", "0", "1", "2"):
-        raise UsageError(f"--verbose must be auto, 0, 1 or 2, got {args.verbose!r}")
-    args.verbose = args.verbose if args.verbose == "auto" else int(args.verbose)
-    for flag in (
-        "train_source",
-        "train_target",
-        "dev_source",
-        "dev_target",
-        "test_source",
-        "test_target",
-        "train_tsv",
-        "dev_tsv",
-        "test_tsv",
-    ):
-        path = getattr(args, flag)
-        if path and os.path.isdir(path):
-            raise UsageError(f"--{flag.replace('_', '-')}: data file is a directory: {path}")
-        if path and not os.path.isfile(path):
-            raise UsageError(f"--{flag.replace('_', '-')}: data file not found: {path}")
-    text = bool(args.dataset or args.train_source or args.train_tsv)
-    if args.out is None:
-        args.out = os.path.join("runs", "seq2seq-text" if text else f"seq2seq-{args.task}")
 
 
 def run(args):
-    validate(args)
-    if args.compare:
-        return length.run_compare(args)
+    cfg = options.from_args(Seq2SeqConfig, args)
+    if cfg.compare:
+        return length.run_compare(cfg)
     from train import rundir
 
-    rundir.check_out_dir(args.out, resume=args.resume, kinds=("seq2seq", "universal_transformer"))
-    if args.resume:
+    rundir.check_out_dir(cfg.out, resume=cfg.resume, kinds=("seq2seq", "universal_transformer"))
+    if cfg.resume:
         from zoo.cli import import_keras_quietly
 
         import_keras_quietly()  # after the cheap checks: bad input still gets one line
         from train.seq2seq import training as seq2seq_run
 
-        return seq2seq_run.resume_run(args)
+        return seq2seq_run.resume_run(cfg)
     # Input problems are found before the (slow) TensorFlow import and before anything is written.
     from train.seq2seq.data import load_data
 
-    data = load_data(args)
+    data = load_data(cfg)
     from train.seq2seq import training as seq2seq_run
 
-    return seq2seq_run.train_new(args, data)
+    return seq2seq_run.train_new(cfg, data)

@@ -9,7 +9,6 @@ best-on-dev-accuracy weights, beam 4 (alpha 0.6)
 for the test set.
 """
 
-import argparse
 import os
 import sys
 import time
@@ -18,18 +17,17 @@ import keras
 import numpy as np
 
 import zoo.models  # noqa: F401  (registers every class zoo model files name)
-from train import engine, loss_terms, rundir
+from train import config, engine, loss_terms, rundir
 from train import strategy as distribute
-from train.model_step import make_step
 from train.progress import markdown_table
 from train.seq2seq.data import Batches, Encoded, load_data, train_tokenizer
 from train.seq2seq.fit import compile_seq2seq
+from train.steps import make_step
 from zoo import atomic
 from zoo.cli import UsageError
 from zoo.seq2seq import decoding
 from zoo.seq2seq.tokenization import PAD_ID, Tokenizer, encode_proto
 
-_NOT_TRAIN = ("debug", "resume", "out", "verbose")
 SUMMARY = [
     ("arch", "arch"),
     ("test_bleu", "test BLEU"),
@@ -47,15 +45,16 @@ def _kind(arch):
     return "universal_transformer" if arch == "universal_transformer" else "seq2seq"
 
 
-def _defaults(args, text):
-    if args.learning_rate is None:
-        args.learning_rate = 1e-3 if text else 2e-3
-    if args.warmup_steps is None:
-        args.warmup_steps = 800 if text else 200
-    if args.epochs is None:
-        args.epochs = 40 if text else 30
-    if args.beam_width is None:
-        args.beam_width = 4 if text else 1
+def _defaults(cfg, text):
+    """The defaults that depend on the data: text or an embedded task."""
+    if cfg.learning_rate is None:
+        cfg.learning_rate = 1e-3 if text else 2e-3
+    if cfg.warmup_steps is None:
+        cfg.warmup_steps = 800 if text else 200
+    if cfg.epochs is None:
+        cfg.epochs = 40 if text else 30
+    if cfg.beam_width is None:
+        cfg.beam_width = 4 if text else 1
 
 
 def _encode_all(tokenizer, data, model, truncate):
@@ -75,34 +74,34 @@ def _encode_all(tokenizer, data, model, truncate):
     return encoded
 
 
-def train_new(args, data):
+def train_new(cfg, data):
     from train.seq2seq.config import model_config
 
     text = data.task == "text"
-    _defaults(args, text)
-    keras.utils.set_random_seed(args.seed)
-    vocab = args.vocab_size if text else 64
+    _defaults(cfg, text)
+    keras.utils.set_random_seed(cfg.seed)
+    vocab = cfg.vocab_size if text else 64
     started = time.perf_counter()
     proto = train_tokenizer(data, vocab)
     tokenizer = Tokenizer(proto)
     seconds = time.perf_counter() - started
-    config_model = model_config(args, text)
+    config_model = model_config(cfg, text)
     try:
         with distribute.scope():
-            model = zoo.build(_kind(args.arch), tokenizer=encode_proto(proto), **config_model)
+            model = zoo.build(_kind(cfg.arch), tokenizer=encode_proto(proto), **config_model)
     except ValueError as e:
         raise UsageError(f"bad model option: {e}") from None
-    encoded = _encode_all(tokenizer, data, model, args.truncate)
+    encoded = _encode_all(tokenizer, data, model, cfg.truncate)
     # Printed only once the data passed every check: a bad input gets one line.
     print(f"tokenizer: {tokenizer.vocabulary_size} pieces ({seconds:.0f}s)", file=sys.stderr)
-    train_cfg = {k: v for k, v in vars(args).items() if k not in _NOT_TRAIN}
-    out = args.out
-    rundir.create_run_dir(out, _kind(args.arch))
+    train_cfg = config.record(cfg)
+    out = cfg.out
+    rundir.create_run_dir(out, _kind(cfg.arch))
     os.makedirs(os.path.join(out, "vocab"), exist_ok=True)
     atomic.write_bytes(os.path.join(out, "vocab", "spm.model"), proto)
     atomic.write_lines(os.path.join(out, "vocab", "pieces.txt"), tokenizer.pieces())
-    config = {
-        "kind": _kind(args.arch),
+    run_config = {
+        "kind": _kind(cfg.arch),
         "model": model.hparams(),
         "train": train_cfg,
         "data": data.source,
@@ -110,12 +109,16 @@ def train_new(args, data):
         "tokenizer": "vocab/spm.model",
         "runtime": distribute.runtime(),
     }
-    atomic.write_json(os.path.join(out, "config.json"), config)
+    atomic.write_json(os.path.join(out, "config.json"), run_config)
     with distribute.scope():
         compile_seq2seq(
-            model, args.learning_rate, args.warmup_steps, args.label_smoothing, jit_compile=args.xla
+            model,
+            cfg.learning_rate,
+            cfg.warmup_steps,
+            cfg.label_smoothing,
+            jit_compile=distribute.jit_compile(),
         )
-    return _fit_and_finish(model, data, encoded, out, train_cfg, args.verbose)
+    return _fit_and_finish(model, data, encoded, out, train_cfg)
 
 
 def _rebuild(out, config, train_cfg):
@@ -131,24 +134,26 @@ def _rebuild(out, config, train_cfg):
             train_cfg["learning_rate"],
             train_cfg["warmup_steps"],
             train_cfg["label_smoothing"],
-            jit_compile=train_cfg["xla"],
+            jit_compile=distribute.jit_compile(),
         )
     return model
 
 
-def resume_run(args):
-    out = args.out
-    config = rundir.resumable_config(out, ("seq2seq", "universal_transformer"), "seq2seq")
-    train_cfg = config["train"]
-    if args.epochs is not None:
-        train_cfg["epochs"] = args.epochs
-    data = load_data(argparse.Namespace(**train_cfg))
-    model = _rebuild(out, config, train_cfg)
+def resume_run(cfg):
+    out = cfg.out
+    run_config = rundir.resumable_config(out, ("seq2seq", "universal_transformer"), "seq2seq")
+    # --epochs and --verbose as given now; the rest as recorded (missing: the defaults).
+    recorded = config.from_record(type(cfg), run_config["train"], verbose=cfg.verbose)
+    if cfg.epochs is not None:
+        recorded.epochs = cfg.epochs
+    data = load_data(recorded)
+    train_cfg = config.record(recorded)
+    model = _rebuild(out, run_config, train_cfg)
     encoded = _encode_all(model.tokenizer, data, model, train_cfg["truncate"])
-    config["train"] = train_cfg
-    config["runtime"] = distribute.runtime()  # where the resumed part trains
-    atomic.write_json(os.path.join(out, "config.json"), config)
-    return _fit_and_finish(model, data, encoded, out, train_cfg, args.verbose, name=out)
+    run_config["train"] = train_cfg
+    run_config["runtime"] = distribute.runtime()  # where the resumed part trains
+    atomic.write_json(os.path.join(out, "config.json"), run_config)
+    return _fit_and_finish(model, data, encoded, out, train_cfg, name=out)
 
 
 def _dev_scorer(model, data, encoded, train_cfg):
@@ -168,7 +173,7 @@ def _dev_scorer(model, data, encoded, train_cfg):
     return score
 
 
-def _fit_and_finish(model, data, encoded, out, train_cfg, verbose, name=None):
+def _fit_and_finish(model, data, encoded, out, train_cfg, name=None):
     dev_score = _dev_scorer(model, data, encoded, train_cfg)
 
     def train_batches(epoch):  # the batch order of an epoch depends on (seed, epoch) only
@@ -184,16 +189,12 @@ def _fit_and_finish(model, data, encoded, out, train_cfg, verbose, name=None):
         train_cfg["epochs"],
         train_cfg["max_minutes"],
         steps_per_epoch=train_cfg["steps_per_epoch"],
-        verbose=verbose,
+        verbose=train_cfg["verbose"],
         validation=Batches(encoded["dev"], 128),
         best=engine.highest("val_acc"),
         hooks=() if dev_score is None else (dev_score,),
     )
-    step = make_step(
-        model,
-        loss_terms.masked_mean_terms(model.loss, PAD_ID),
-        jit_compile=True if train_cfg["xla"] else None,
-    )
+    step = make_step(model, loss_terms.masked_mean_terms(model.loss, PAD_ID))
     state = engine.fit(step, train_batches, plan, name=name)
     metrics = evaluate(model, data, encoded, train_cfg)
     best = state.get("best") or {}

@@ -1,5 +1,6 @@
 """One tagger run (train, resume) and --compare, writing the run-directory contract."""
 
+import dataclasses
 import os
 import sys
 
@@ -7,10 +8,10 @@ import keras
 import numpy as np
 
 import zoo.models  # noqa: F401  (registers every class zoo model files name)
-from train import engine, rundir
+from train import config, engine, rundir
 from train import strategy as distribute
-from train.model_step import make_step
 from train.progress import markdown_table
+from train.steps import make_step
 from train.tagger.data import Batches, Encoded, build_vocab, load_data, word_tag_stats
 from train.tagger.fit import compile_tagger
 from train.tagger.metrics import accuracies
@@ -34,42 +35,26 @@ SUMMARY_COLUMNS = [
 ]
 
 
-def _data_flags(args):
-    return {
-        "train_file": args.train_file,
-        "dev_file": args.dev_file,
-        "test_file": args.test_file,
-        "dataset": args.dataset,
-        "seed": args.seed,
-    }
-
-
 def _default_epochs(data):
     return 5 if data.source.get("name") == "embedded" else 40
 
 
-def train_one(args, data, arch, out, vocab=None, verbose=None):
-    keras.utils.set_random_seed(args.seed)
+def train_one(cfg, data, arch, out, vocab=None):
+    """One run of `cfg` (train.tagger.TaggerConfig) with `arch`, into `out`."""
+    keras.utils.set_random_seed(cfg.seed)
     words, chars, tags = vocab or build_vocab(data)
-    epochs = args.epochs if args.epochs is not None else _default_epochs(data)
-    model_cfg = {"arch": arch, "max_chars": MAX_CHARS, "max_len": MAX_LEN, **args.model_options}
+    epochs = cfg.epochs if cfg.epochs is not None else _default_epochs(data)
+    model_cfg = {"arch": arch, "max_chars": MAX_CHARS, "max_len": MAX_LEN, **cfg.model_options()}
     try:
         with distribute.scope():
             model = zoo.build("tagger", words=words, chars=chars, tags=tags, **model_cfg)
     except ValueError as e:
         raise UsageError(f"bad --model-option: {e}") from None
-    lr = args.learning_rate or LEARNING_RATES[arch]
-    train_cfg = {
-        **_data_flags(args),
-        "epochs": epochs,
-        "batch_size": args.batch_size,
-        "learning_rate": lr,
-        "max_minutes": args.max_minutes,
-        "ema_momentum": args.ema_momentum,
-    }
+    lr = cfg.learning_rate or LEARNING_RATES[arch]
+    train_cfg = config.record(dataclasses.replace(cfg, arch=arch, epochs=epochs, learning_rate=lr))
     rundir.create_run_dir(out, "tagger")
     _write_vocab(out, words, chars, tags)
-    config = {
+    run_config = {
         "kind": "tagger",
         "model": {
             **model_cfg,
@@ -84,27 +69,25 @@ def train_one(args, data, arch, out, vocab=None, verbose=None):
         "data": data.source,
         "runtime": distribute.runtime(),
     }
-    atomic.write_json(os.path.join(out, "config.json"), config)
+    atomic.write_json(os.path.join(out, "config.json"), run_config)
     encoded = _encode(model, data)
     _compile(model, encoded, train_cfg)
     # Workers must agree on the schedule, and each would time its own steps: several
     # workers keep the planned epochs (the time limit still stops them).
-    if args.epochs is None and args.max_minutes and distribute.worker()[1] == 1:
+    if cfg.epochs is None and cfg.max_minutes and distribute.worker()[1] == 1:
         fitted = _epochs_within_budget(model, encoded, train_cfg)
         if fitted < epochs:
             # A schedule cut off by the time limit would stop with the learning rate
             # still high; planning fewer epochs lets the decay finish inside the budget.
             print(
-                f"{arch}: {epochs} epochs do not fit in --max-minutes {args.max_minutes:g}; "
+                f"{arch}: {epochs} epochs do not fit in --max-minutes {cfg.max_minutes:g}; "
                 f"planning {fitted}",
                 file=sys.stderr,
             )
             train_cfg.update(epochs=fitted, planned_epochs=epochs)
             _compile(model, encoded, train_cfg)
-            atomic.write_json(os.path.join(out, "config.json"), config)
-    if verbose is None:
-        verbose = getattr(args, "verbose", None)
-    return _fit_and_finish(model, data, encoded, out, train_cfg, verbose)
+            atomic.write_json(os.path.join(out, "config.json"), run_config)
+    return _fit_and_finish(model, data, encoded, out, train_cfg)
 
 
 def _epochs_within_budget(model, encoded, train_cfg, probe_steps=12, margin=0.9):
@@ -163,12 +146,14 @@ def _rebuild(out, config):
         return zoo.build("tagger", words=vocab[0], chars=vocab[1], tags=vocab[2], **model_cfg)
 
 
-def resume_run(args):
-    out = args.out
-    config = rundir.resumable_config(out, ("tagger",), "tagger")
-    train_cfg = config["train"]
-    if args.epochs is not None:
-        train_cfg["epochs"] = args.epochs
+def resume_run(cfg):
+    out = cfg.out
+    run_config = rundir.resumable_config(out, ("tagger",), "tagger")
+    epochs = cfg.epochs  # --epochs and --verbose as given now; the rest as recorded
+    recorded = config.from_record(type(cfg), run_config["train"], verbose=cfg.verbose)
+    train_cfg = config.record(
+        recorded if epochs is None else dataclasses.replace(recorded, epochs=epochs)
+    )
     data = load_data(
         train_cfg["train_file"],
         train_cfg["dev_file"],
@@ -177,15 +162,13 @@ def resume_run(args):
         train_cfg["seed"],
     )
     keras.utils.set_random_seed(train_cfg["seed"] + 1)
-    model = _rebuild(out, config)
+    model = _rebuild(out, run_config)
     encoded = _encode(model, data)
     _compile(model, encoded, train_cfg)
-    config["train"] = train_cfg
-    config["runtime"] = distribute.runtime()  # where the resumed part trains
-    atomic.write_json(os.path.join(out, "config.json"), config)
-    return _fit_and_finish(
-        model, data, encoded, out, train_cfg, getattr(args, "verbose", None), name=out
-    )
+    run_config["train"] = train_cfg
+    run_config["runtime"] = distribute.runtime()  # where the resumed part trains
+    atomic.write_json(os.path.join(out, "config.json"), run_config)
+    return _fit_and_finish(model, data, encoded, out, train_cfg, name=out)
 
 
 def _encode(model, data):
@@ -195,7 +178,7 @@ def _encode(model, data):
     }
 
 
-def _fit_and_finish(model, data, encoded, out, train_cfg, verbose, name=None):
+def _fit_and_finish(model, data, encoded, out, train_cfg, name=None):
     def train_batches(epoch):  # the batch order of an epoch depends on (seed, epoch) only
         return Batches(
             encoded["train"], train_cfg["batch_size"], shuffle=True, seed=[train_cfg["seed"], epoch]
@@ -205,7 +188,7 @@ def _fit_and_finish(model, data, encoded, out, train_cfg, verbose, name=None):
         out,
         train_cfg["epochs"],
         train_cfg["max_minutes"],
-        verbose=verbose,
+        verbose=train_cfg["verbose"],
         validation=Batches(encoded["dev"], 64),
         best=engine.highest("val_acc"),
     )
@@ -265,20 +248,20 @@ def _write_rows(out, name, encoded, seed, rows):
     atomic.save_npz(os.path.join(out, name), tag_ids=gold, **x)
 
 
-def train_compare(args, data):
+def train_compare(cfg, data):
     """All four archs on the same data and vocabulary; table to stdout, compare.md/.json."""
     from zoo.tagger.config import ARCHS
 
-    rundir.create_run_dir(args.out, "tagger-compare")
+    rundir.create_run_dir(cfg.out, "tagger-compare")
     vocab = build_vocab(data)
     rows = []
     for arch in ARCHS:
         print(f"\n=== {arch} ===", flush=True)
-        train_one(args, data, arch, os.path.join(args.out, arch), vocab=vocab)
-        rows.append(rundir.read_json(os.path.join(args.out, arch, "metrics.json")))
+        train_one(cfg, data, arch, os.path.join(cfg.out, arch), vocab=vocab)
+        rows.append(rundir.read_json(os.path.join(cfg.out, arch, "metrics.json")))
     table = markdown_table(rows, SUMMARY_COLUMNS)
     title = f"Tagger comparison on {data.source.get('name')} data (test split)"
-    atomic.write_text(os.path.join(args.out, "compare.md"), f"# {title}\n\n{table}\n")
-    atomic.write_json(os.path.join(args.out, "compare.json"), {"data": data.source, "runs": rows})
-    print(f"\n{title}\n{table}\n(saved to {os.path.join(args.out, 'compare.md')})")
+    atomic.write_text(os.path.join(cfg.out, "compare.md"), f"# {title}\n\n{table}\n")
+    atomic.write_json(os.path.join(cfg.out, "compare.json"), {"data": data.source, "runs": rows})
+    print(f"\n{title}\n{table}\n(saved to {os.path.join(cfg.out, 'compare.md')})")
     return 0

@@ -1,0 +1,147 @@
+"""One config object per training command: a dataclass whose fields are the command's
+options, each declared once with `option` (default, help, check). From the class come
+the command's flags (`add_arguments`), the checked object (`from_args`: one line and
+exit 2 naming the flag as typed), config.json's "train" section (`record`), the flags
+that replay a recorded run (`replay_argv`, `--config`) and the object --resume reads
+back (`from_record`), all with the same defaults.
+"""
+
+import argparse
+import dataclasses
+
+from zoo.cli import UsageError
+
+
+def option(
+    default=None,
+    help=None,
+    *,
+    check=None,
+    kind=None,
+    aliases=(),
+    record=True,
+    group=None,
+    name=None,
+    **argparse_kwargs,
+):
+    """A config field. help=None: recorded, but no flag (a value the run derives). `kind`:
+    the flag's type when the default is None and it is not a str; `aliases`: hidden older names of the flag;
+    `check(value)`: True, or what is wrong ("must be >= 0"); `record`: written to
+    config.json; `group`: the --help section; `name`: the flag, when not the field's.
+    Other keywords go to argparse (metavar; action="append")."""
+    meta = dict(help=help, check=check, kind=kind, aliases=aliases, record=record)
+    meta.update(group=group, name=name)
+    return dataclasses.field(default=default, metadata={**meta, "argparse": argparse_kwargs})
+
+
+def at_least(n):
+    return lambda v: v is None or v >= n or f"must be >= {n}"
+
+
+def above(n):
+    return lambda v: v is None or v > n or f"must be > {n}"
+
+
+def fraction(v):
+    return v is None or 0 <= v < 1 or "must be in [0, 1)"
+
+
+def one_of(*choices):
+    return lambda v: v in choices or f"must be {', '.join(map(str, choices[:-1]))} or {choices[-1]}"
+
+
+VERBOSE = one_of("auto", "0", "1", "2")
+
+
+def flag(field):
+    return field.metadata["name"] or "--" + field.name.replace("_", "-")
+
+
+class _Typed(argparse.Action):
+    """Stores the value and the flag typed for it, so a bad value is reported under the
+    name the user typed (an alias too)."""
+
+    def __call__(self, parser, namespace, values, option_string=None):
+        if self.nargs == 0:
+            values = self.const
+        setattr(namespace, self.dest, values)
+        typed = dict(getattr(namespace, "typed_flags", {}))
+        typed[self.dest] = option_string
+        namespace.typed_flags = typed
+
+
+def add_arguments(parser, cls):
+    """The flags of `cls`'s fields."""
+    groups = {}
+    for field in dataclasses.fields(cls):
+        meta = field.metadata
+        if meta["help"] is None:
+            continue
+        target = parser
+        if meta["group"]:
+            target = groups.setdefault(meta["group"], parser.add_argument_group(meta["group"]))
+        kwargs = {"dest": field.name, "default": field.default, "action": _Typed}
+        kwargs.update(meta["argparse"])
+        if kwargs["action"] == "append":
+            kwargs["type"] = str
+        elif field.default is False:
+            kwargs.update(nargs=0, const=True)
+        else:
+            default_type = str if field.default is None else type(field.default)
+            kwargs.setdefault("type", meta["kind"] or default_type)
+        target.add_argument(flag(field), help=meta["help"], **kwargs)
+        for alias in meta["aliases"]:
+            target.add_argument(alias, **kwargs, help=argparse.SUPPRESS)
+
+
+def _shown(value):
+    return repr(value) if isinstance(value, str) else value
+
+
+def check(config, typed=None):
+    """Raises UsageError for the first field whose check fails, naming its flag."""
+    for field in dataclasses.fields(config):
+        test, value = field.metadata["check"], getattr(config, field.name)
+        problem = True if test is None else test(value)
+        if problem is not True:
+            name = (typed or {}).get(field.name) or flag(field)
+            raise UsageError(f"{name} {problem}, got {_shown(value)}")
+    return config
+
+
+def from_args(cls, args):
+    """The config of parsed `args`, checked (field checks, then the class's `check()`)."""
+    values = {f.name: getattr(args, f.name) for f in dataclasses.fields(cls) if f.metadata["help"]}
+    config = check(cls(**values), getattr(args, "typed_flags", None))
+    config.check()
+    return config
+
+
+def record(config):
+    """config.json's "train": every recorded field."""
+    return {
+        f.name: getattr(config, f.name) for f in dataclasses.fields(config) if f.metadata["record"]
+    }
+
+
+def from_record(cls, train, **overrides):
+    """The config of a recorded "train" section (--resume); fields it lacks take their
+    defaults, the CLI's."""
+    names = {f.name for f in dataclasses.fields(cls)}
+    return cls(**{**{k: v for k, v in train.items() if k in names}, **overrides})
+
+
+def replay_argv(cls, train):
+    """The flags that set `cls`'s fields to the values `train` recorded."""
+    argv = []
+    for field in dataclasses.fields(cls):
+        value = train.get(field.name)
+        if field.metadata["help"] is None or not field.metadata["record"] or value is None:
+            continue
+        if isinstance(value, bool):
+            argv += [flag(field)] if value else []
+        elif isinstance(value, list):
+            argv += [f"{flag(field)}={item}" for item in value]
+        else:
+            argv += [flag(field), str(value)]
+    return argv
