@@ -16,7 +16,7 @@ import argparse
 import os
 import sys
 
-from zoo.cli import OneLineParser, quiet_stderr
+from zoo.cli import OneLineParser, import_keras_quietly, quiet_stderr, runtime_logs
 
 
 def _positive_int(text):
@@ -208,26 +208,20 @@ def _run(args):
     raise AssertionError(args.command)
 
 
-def _import_runtimes_quietly():
-    """Imports TensorFlow/Keras and LiteRT with fd 2 muted.
-
-    Their C++ runtimes print INFO lines ("All log messages before absl::InitializeLog()",
-    oneDNN) before logging is set up, which TF_CPP_MIN_LOG_LEVEL cannot filter; a bad
-    input must still get one line on stderr. A failed import still raises.
-    """
-    with quiet_stderr():
-        import keras  # noqa: F401
-
-        try:
-            import ai_edge_litert.interpreter  # noqa: F401
-        except ImportError:
-            pass
+def _import_runtimes():
+    """Imports TensorFlow/Keras and LiteRT before the work, so a bad input found
+    later still gets its one line after their start-up lines (which
+    `zoo.cli.runtime_logs` filters). A failed import still raises."""
+    import_keras_quietly()
+    try:
+        import ai_edge_litert.interpreter  # noqa: F401
+    except ImportError:
+        pass
 
 
 def main(argv=None):
     os.environ.setdefault("KERAS_BACKEND", "tensorflow")
     os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
-    from export.errors import ExportError
     from zoo.cli import UsageError
 
     try:
@@ -238,9 +232,17 @@ def main(argv=None):
         print(f"error: {e}", file=sys.stderr)
         return 2
 
+    with runtime_logs(args.verbose):
+        return _main(args)
+
+
+def _main(args):
+    from export.errors import ExportError
+    from zoo.cli import UsageError
+
     try:
         if args.command != "check":  # check reads the flatbuffer itself
-            _import_runtimes_quietly()
+            _import_runtimes()
         with quiet_stderr(args.verbose == 0):
             return _run(args)
     except UsageError as e:

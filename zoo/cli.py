@@ -8,9 +8,11 @@ environment problem: exit 1 with a short message, the traceback only with --debu
 
 import argparse
 import contextlib
+import io
 import os
 import subprocess
 import sys
+import warnings
 
 EXIT_OK = 0
 EXIT_FAILURE = 1
@@ -169,6 +171,15 @@ def runtime_logs(verbose=1):
     if verbose >= 2 or _FILTER:
         yield
         return
+    with warnings.catch_warnings():
+        # Attention over a one-element axis (a one-character token) is legitimate.
+        warnings.filterwarnings("ignore", "You are using a softmax over axis -1", UserWarning)
+        with _filtered_fd2():
+            yield
+
+
+@contextlib.contextmanager
+def _filtered_fd2():
     sys.stderr.flush()
     try:
         saved = os.dup(2)
@@ -196,15 +207,21 @@ def runtime_logs(verbose=1):
     stream = sys.stderr
     direct = None
     try:
-        if stream.fileno() == 2:  # Python's stderr keeps the terminal
-            direct = open(os.dup(saved), "w", encoding=stream.encoding, errors="backslashreplace")
+        if stream.fileno() == 2:  # Python's stderr keeps the terminal (as sys.stderr writes)
+            direct = io.TextIOWrapper(
+                io.FileIO(os.dup(saved), "w"),
+                encoding=stream.encoding,
+                errors="backslashreplace",
+                line_buffering=True,
+                write_through=True,
+            )
     except (AttributeError, OSError, ValueError):
         pass
     os.dup2(write, 2)
     os.close(write)
     if direct is not None:
         sys.stderr = direct
-    _FILTER.append(child)
+    _FILTER.append(direct)
     try:
         yield
     finally:
@@ -237,9 +254,15 @@ def quiet_stderr(enabled=True):
         return
     sys.stderr.flush()
     os.dup2(devnull, 2)
+    stream = sys.stderr
+    if _FILTER and _FILTER[-1] is not None and stream is _FILTER[-1]:
+        sys.stderr = open(os.devnull, "w")  # runtime_logs pointed it past fd 2: mute it too
     try:
         yield
     finally:
+        if sys.stderr is not stream:
+            sys.stderr.close()
+            sys.stderr = stream
         sys.stderr.flush()
         os.dup2(saved, 2)
         os.close(saved)

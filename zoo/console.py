@@ -32,7 +32,7 @@ def _usage():
 def main(argv=None):
     argv = list(sys.argv[1:] if argv is None else argv)
     if not argv or argv[0] in ("-h", "--help"):
-        print(_usage())
+        print(_usage(), file=sys.stdout if argv else sys.stderr)  # bare: a usage error
         return 0 if argv else 2
     name, rest = argv[0], argv[1:]
     if name not in COMMANDS:

@@ -3,8 +3,8 @@
 `zoo.lite.load(path)` runs what `python -m export tflite` and
 `python -m export.kinds.seq2seq` write with `ai-edge-litert`, NumPy,
 `sentencepiece` and Pillow only: it imports neither TensorFlow nor Keras (nor
-`layers`, `train` or `export`), so it runs where they are not installed,
-on a small server or a Raspberry Pi.
+`layers`, `train` or `export`), so it runs where they are not installed:
+`pip install ./lite` installs it alone (docs/deploy.md, "Without TensorFlow").
 
 `path` is a `.tflite` file with its sidecar (`FILE.tflite.json`; the one
 `seq2seq.tflite.json` beside `steps.tflite` and `greedy.tflite`), or an export
@@ -16,7 +16,8 @@ and SavedModels into these classes):
 - `TaggerTask.tag(sentences)`: a str (one sentence, split on whitespace) or a
   list of str / token lists -> per sentence, a list of (token, tag) pairs. The
   ids follow `zoo.tagger.encoding.TokenEncoder`'s rules: word id = index of
-  the token lower-cased with every ASCII digit -> "0" (1, `<unk>`, if unknown);
+  the token (up to a NUL character, as TensorFlow reads it) lower-cased with
+  every ASCII digit -> "0" (1, `<unk>`, if unknown);
   character ids = index of each character as written (1 if unknown), cut to
   `max_chars`, 0-padded.
 - `Translator.translate(texts, beam_width=1, alpha=0.6, max_length=None)` and
@@ -29,7 +30,7 @@ and SavedModels into these classes):
   `numpy.random.default_rng(seed).standard_normal((N, latent_dim))`.
 
 What every input gives (the same answer as the Keras model through
-`zoo.load(run)`):
+`zoo.load(run)`; tests/zoo/test_lite.py holds the cases and a property test):
 
 - Text is any str. Characters the training data never had (other scripts,
   emoji, control characters) become the unknown id 1 (`<unk>`) on the way in;
@@ -211,9 +212,12 @@ class LiteTagger:
         self.static_length = int(shape[1]) if shape[1] > 0 else None
 
     def word_id(self, token):
-        if token == "":
+        # TensorFlow's UTF-8 lower-casing (TokenEncoder's) ends a string at its first
+        # NUL: "a\x00b" is the word "a" there, and "\x00b" the padding word "".
+        key = token.split("\x00", 1)[0].lower()
+        if key == "":
             return litert.PAD_ID
-        return self._words.get(re.sub("[0-9]", "0", token.lower()), litert.UNK_ID)
+        return self._words.get(re.sub("[0-9]", "0", key), litert.UNK_ID)
 
     def char_ids(self, token):
         ids = [self._chars.get(c, litert.UNK_ID) for c in token][: self.max_chars]

@@ -298,8 +298,15 @@ class StepModel:
 
     def encode(self, ids):
         """One source: its ids (at most S, or a 0-padded row) -> encode's outputs."""
-        ids = np.asarray(ids, np.int32).reshape(-1)
-        s = self.max_source_length
+        ids = np.asarray(ids).reshape(-1)
+        s, vocab = self.max_source_length, self.vocabulary_size
+        if ids.size and (
+            not np.issubdtype(ids.dtype, np.integer) or ids.min() < 0 or ids.max() >= vocab
+        ):
+            raise ValueError(
+                f"source ids must be ints in [0, {vocab}) (the vocabulary). Received: {ids.tolist()[:20]}"
+            )
+        ids = ids.astype(np.int32)
         if len(ids) > s and ids[s:].any():
             raise ValueError(f"a source has {len(ids)} tokens, more than the model's {s}")
         row = np.zeros((1, s), np.int32)

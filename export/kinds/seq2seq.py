@@ -519,22 +519,30 @@ def export_all(run_dir, out_dir):
 
 
 def main(argv=None):
-    import argparse
+    from export.errors import ExportError
+    from zoo.cli import OneLineParser, cli_boundary
 
-    parser = argparse.ArgumentParser(
+    os.environ.setdefault("KERAS_BACKEND", "tensorflow")
+    os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
+    parser = OneLineParser(
         prog="python -m export.kinds.seq2seq",
         description="seq2seq TFLite: steps.tflite (encode, decode_step) + greedy.tflite",
     )
     parser.add_argument("run_dir")
     parser.add_argument("--out", required=True, help="output directory")
-    args = parser.parse_args(argv)
-    try:
-        result = export_all(args.run_dir, args.out)
-    except UsageError as e:
-        print(f"error: {e}", file=sys.stderr)
-        return 2
-    print(json.dumps(result, indent=2))
-    return 0
+    parser.add_argument("--debug", action="store_true", help="show tracebacks")
+
+    def body():
+        args = parser.parse_args(argv)
+        try:
+            result = export_all(args.run_dir, args.out)
+        except ExportError as e:
+            print(f"export failed: {e}", file=sys.stderr)
+            return 1
+        print(json.dumps(result, indent=2))
+        return 0
+
+    return cli_boundary(body, argv)
 
 
 if __name__ == "__main__":

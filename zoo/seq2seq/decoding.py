@@ -352,7 +352,11 @@ def compiled(
         else:
             import tensorflow as tf
 
-            cache[key] = tf.function(fn, jit_compile=jit_compile, reduce_retracing=False)
+            # The loops are ops.while_loop already: no AutoGraph (it cannot read a lambda's
+            # source and says so on stderr).
+            cache[key] = tf.function(
+                fn, jit_compile=jit_compile, reduce_retracing=False, autograph=False
+            )
     return cache[key]
 
 
