@@ -26,18 +26,10 @@ def pe(positions, dim, base=10000.0):
 def build(kind="universal_transformer", **kwargs):
     keras.utils.set_random_seed(0)
     options = dict(num_steps=2) if kind == "universal_transformer" else dict(num_layers=1)
+    options.update(hidden_dim=16, num_heads=2, intermediate_dim=32, dropout=0.0)
+    options.update(max_source_length=16, max_target_length=12)
     options.update(kwargs)
-    return zoo.build(
-        kind,
-        vocabulary_size=VOCAB,
-        hidden_dim=16,
-        num_heads=2,
-        intermediate_dim=32,
-        dropout=0.0,
-        max_source_length=16,
-        max_target_length=12,
-        **options,
-    )
+    return zoo.build(kind, vocabulary_size=VOCAB, **options)
 
 
 SOURCE = np.array([[5, 6, 7, 8, 9], [5, 6, 7, 0, 0]], "int32")
@@ -67,20 +59,24 @@ def test_given_positions_reach_both_ends():
 
 
 def test_training_draws_sorted_positions_from_zero_dense_to_spread():
-    model = build(random_positions=40)
+    # M: the longest string the model takes (40), rounded up to a multiple of 8.
+    model = build(random_positions=True, max_source_length=37, max_target_length=12)
     draws = np.stack([np.asarray(model._sample_positions(64, 12)) for _ in range(3)])
     assert draws.shape == (3, 64, 12)
     assert (draws[..., 0] == 0).all() and (draws < 40).all()
     assert (np.diff(draws, axis=-1) > 0).all()
-    assert len({tuple(r) for r in draws.reshape(-1, 12)}) > 150  # not one fixed subset
-    # From consecutive (as at inference) to spread over the whole range.
-    last = draws[..., -1]
-    assert last.min() == 11 and last.max() >= 38
-    assert (np.diff(draws, axis=-1) == 1).mean() > 0.2
+    rows = draws.reshape(-1, 12)
+    assert len({tuple(r) for r in rows}) > 150  # not one fixed subset
+    # Spread over the whole range, and dense runs near the start and far from it.
+    assert rows[:, -1].max() >= 38 and rows[:, -1].min() <= 16
+    width = rows[:, -1] - rows[:, 1]
+    dense = width <= 13
+    assert dense.mean() > 0.05 and (rows[dense, 1] > 15).any() and (rows[dense, 1] <= 3).any()
+    assert (width >= 30).mean() > 0.1
 
 
 def test_random_positions_only_change_training_calls():
-    model = build(random_positions=64, source_positions="both_ends")
+    model = build(random_positions=True, source_positions="both_ends")
     inputs = {"source_ids": SOURCE, "target_ids": np.array([[BOS_ID, 5, 6], [BOS_ID, 7, 8]])}
     plain = np.asarray(model(inputs))
     np.testing.assert_array_equal(plain, np.asarray(model(inputs, training=False)))
@@ -105,9 +101,9 @@ def reference_greedy(model, source, length):
 @pytest.mark.parametrize(
     "kind, options",
     [
-        ("universal_transformer", dict(random_positions=64, source_positions="both_ends")),
+        ("universal_transformer", dict(random_positions=True, source_positions="both_ends")),
         ("universal_transformer", dict(act=True, source_positions="both_ends")),
-        ("seq2seq", dict(random_positions=64, source_positions="both_ends")),
+        ("seq2seq", dict(random_positions=True, source_positions="both_ends")),
     ],
 )
 def test_cached_greedy_equals_full_recompute(kind, options):
@@ -134,14 +130,19 @@ def test_cached_greedy_equals_full_recompute(kind, options):
     )
 
 
+def test_position_options_are_off_by_default():
+    for model in (build(), build("seq2seq"), build(position="learned")):
+        assert (model.random_positions, model.source_positions) == (False, "start")
+
+
 def test_config_round_trip_and_bad_values(tmp_path):
-    model = build(random_positions=64, source_positions="both_ends")
+    model = build(random_positions=True, source_positions="both_ends")
     config = model.get_config()
-    assert (config["random_positions"], config["source_positions"]) == (64, "both_ends")
+    assert (config["random_positions"], config["source_positions"]) == (True, "both_ends")
     again = model.__class__.from_config(config)
-    assert (again.random_positions, again.source_positions) == (64, "both_ends")
-    with pytest.raises(ValueError, match="random_positions=0"):
-        build(random_positions=0)
+    assert (again.random_positions, again.source_positions) == (True, "both_ends")
+    with pytest.raises(ValueError, match="random_positions=64"):
+        build(random_positions=64)
     with pytest.raises(ValueError, match="source_positions='middle'"):
         build(source_positions="middle")
     with pytest.raises(ValueError, match="position='learned'"):
@@ -150,10 +151,10 @@ def test_config_round_trip_and_bad_values(tmp_path):
 
 @pytest.mark.slow
 def test_saved_model_keeps_options_and_numbers(tmp_path):
-    model = build(random_positions=64, source_positions="both_ends")
+    model = build(random_positions=True, source_positions="both_ends")
     inputs = {"source_ids": SOURCE, "target_ids": np.array([[BOS_ID, 5], [BOS_ID, 7]])}
     path = str(tmp_path / "m.keras")
     model.save(path)
     loaded = keras.models.load_model(path)
-    assert (loaded.random_positions, loaded.source_positions) == (64, "both_ends")
+    assert (loaded.random_positions, loaded.source_positions) == (True, "both_ends")
     np.testing.assert_allclose(np.asarray(loaded(inputs)), np.asarray(model(inputs)), atol=1e-5)

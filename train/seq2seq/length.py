@@ -9,11 +9,17 @@ a plot of accuracy against length (`accuracy_by_length.png`). Each arm is an ord
 run directory (`ARM_seedS/`) that `zoo.load` and `python -m export` take.
 """
 
+import copy
+import os
 import re
 
 from zoo.cli import UsageError
 
 ARMS = ("transformer", "universal_transformer", "universal_transformer_act")
+# The default protocol: strings of lengths 1-20, each arm 10 epochs of 300 batches of 64
+# (unless --epochs / --steps-per-epoch are given), about 12 minutes an arm on a 2-core CPU.
+TRAIN_LENGTHS = (1, 20)
+EPOCHS, STEPS_PER_EPOCH = 10, 300
 
 
 def add_length_arguments(parser):
@@ -26,8 +32,8 @@ def add_length_arguments(parser):
     )
     g.add_argument(
         "--train-lengths",
-        help="--compare: trained lengths A-B (default 1-TASK_LENGTH; for addition, digits "
-        "of the first number)",
+        help="--compare: trained lengths A-B (default 1-20; for addition, digits of the "
+        "first number)",
     )
     g.add_argument(
         "--test-lengths",
@@ -63,7 +69,7 @@ def parse_range(text, flag):
 def train_range(args):
     if getattr(args, "train_lengths", None):
         return parse_range(args.train_lengths, "--train-lengths")
-    return 1, args.task_length
+    return TRAIN_LENGTHS
 
 
 def test_ranges(args):
@@ -92,7 +98,252 @@ def validate(args):
     args.arms = ",".join(arms)
 
 
+def _arm_options(arm):
+    """(--arch, --act) of an arm."""
+    return {
+        "transformer": ("transformer", False),
+        "universal_transformer": ("universal_transformer", False),
+        "universal_transformer_act": ("universal_transformer", True),
+    }[arm]
+
+
+def bucket_name(lo, hi, trained_hi):
+    length = str(lo) if lo == hi else f"{lo}-{hi}"
+    if (lo, hi) != (lo, trained_hi) and hi % trained_hi == 0 and lo == hi:
+        return f"{hi // trained_hi}x ({length})"
+    return length
+
+
+def score(outputs, references):
+    """(characters right, characters, whole strings right): character i of a reference
+    counts as right when the output has the same character at i (a missing or extra
+    tail counts against it: shorter outputs lose the rest, longer ones nothing more)."""
+    chars = sum(
+        sum(1 for i, c in enumerate(r) if i < len(o) and o[i] == c)
+        for o, r in zip(outputs, references)
+    )
+    return chars, sum(len(r) for r in references), sum(o == r for o, r in zip(outputs, references))
+
+
+def evaluate_buckets(model, buckets):
+    """Greedy outputs for every bucket: [{bucket, lo, hi, char_accuracy, seq_accuracy,
+    examples}], each bucket a list of (source, target) pairs."""
+    from zoo.seq2seq import decoding
+
+    results = []
+    for name, lo, hi, pairs in buckets:
+        ids = model.tokenizer.encode([s for s, _ in pairs])
+        outputs = model.tokenizer.decode(decoding.decode_ids(model, ids))
+        refs = [t for _, t in pairs]
+        right, total, exact = score(outputs, refs)
+        results.append(
+            {
+                "bucket": name,
+                "lo": lo,
+                "hi": hi,
+                "char_accuracy": round(right / max(1, total), 4),
+                "seq_accuracy": round(exact / max(1, len(pairs)), 4),
+                "examples": len(pairs),
+                "sample": {"source": pairs[0][0], "reference": refs[0], "output": outputs[0]},
+            }
+        )
+    return results
+
+
+def make_data(task, train_size, train_lengths, ranges, eval_size, seed):
+    """Training pairs (lengths `train_lengths`), dev pairs and the test buckets
+    `[(name, lo, hi, pairs)]`, the first the trained range, all from `seed`."""
+    from train.seq2seq import algorithmic
+
+    lo, hi = train_lengths
+    train = algorithmic.generate(task, train_size, lo, hi, seed)
+    dev = algorithmic.generate(task, eval_size, lo, hi, seed + 1)
+    buckets = []
+    for k, (a, b) in enumerate(ranges):
+        pairs = algorithmic.generate(task, eval_size, a, b, seed + 2 + k)
+        buckets.append((bucket_name(a, b, hi), a, b, pairs))
+    return train, dev, buckets
+
+
+def compare_data(args):
+    """The shared training data and the test buckets (one data seed: --seed)."""
+    from train.seq2seq.parallel import ParallelData
+
+    lo, hi = train_range(args)
+    train, dev, buckets = make_data(
+        args.task, args.train_size, (lo, hi), test_ranges(args), args.eval_size, args.seed
+    )
+    source = {
+        "name": "embedded",
+        "task": args.task,
+        "train_size": args.train_size,
+        "train_lengths": [lo, hi],
+        "seed": args.seed,
+    }
+    data = ParallelData(train, dev, buckets[0][3], source, task=args.task)
+    return data, buckets
+
+
+def model_lengths(buckets):
+    """(max_source_length, max_target_length) that fit every tested string
+    (characters are the tokens), rounded up to multiples of 8."""
+    source = max(len(s) for _, _, _, pairs in buckets for s, _ in pairs)
+    target = max(len(t) for _, _, _, pairs in buckets for _, t in pairs)
+    return _round8(source), _round8(target + 1)
+
+
+def _round8(n):
+    return -(-n // 8) * 8
+
+
+def summarize(rows, arms, buckets):
+    """Per arm and bucket: mean and sample standard deviation over seeds."""
+    import numpy as np
+
+    summary = []
+    for arm in arms:
+        runs = [r for r in rows if r["arm"] == arm]
+        for i, (name, lo, hi, _) in enumerate(buckets):
+            entry = {"arm": arm, "bucket": name, "lo": lo, "hi": hi, "seeds": len(runs)}
+            for key in ("char_accuracy", "seq_accuracy"):
+                values = [r["length"][i][key] for r in runs]
+                entry[key] = values
+                entry[f"{key}_mean"] = round(float(np.mean(values)), 4)
+                entry[f"{key}_std"] = (
+                    round(float(np.std(values, ddof=1)), 4) if len(values) > 1 else 0.0
+                )
+            summary.append(entry)
+    return summary
+
+
+def summary_table(summary):
+    lines = [
+        "| arm | length | seeds | character accuracy | whole-sequence accuracy |",
+        "|---|---|---|---|---|",
+    ]
+    for e in summary:
+        lines.append(
+            f"| {e['arm']} | {e['bucket']} | {e['seeds']} | "
+            f"{e['char_accuracy_mean']:.3f} ± {e['char_accuracy_std']:.3f} | "
+            f"{e['seq_accuracy_mean']:.3f} ± {e['seq_accuracy_std']:.3f} |"
+        )
+    return "\n".join(lines)
+
+
+def plot(summary, arms, path, title):
+    """Accuracy against the tested length (bucket midpoints), one line per arm,
+    mean ± standard deviation over seeds; character and whole-sequence panels."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    figure, axes = plt.subplots(1, 2, figsize=(10, 3.8), sharey=True)
+    for axis, key, label in (
+        (axes[0], "char_accuracy", "character accuracy"),
+        (axes[1], "seq_accuracy", "whole-sequence accuracy"),
+    ):
+        for arm in arms:
+            entries = [e for e in summary if e["arm"] == arm]
+            x = [(e["lo"] + e["hi"]) / 2 for e in entries]
+            axis.errorbar(
+                x,
+                [e[f"{key}_mean"] for e in entries],
+                yerr=[e[f"{key}_std"] for e in entries],
+                marker="o",
+                capsize=3,
+                label=arm,
+            )
+        axis.set_xscale("log")
+        axis.set_xlabel("string length")
+        axis.set_title(label)
+        axis.set_ylim(-0.02, 1.02)
+        axis.grid(alpha=0.3)
+    axes[0].set_ylabel("accuracy")
+    axes[1].legend(loc="lower left", fontsize=8)
+    figure.suptitle(title, fontsize=10)
+    figure.tight_layout()
+    figure.savefig(path, dpi=110)
+    plt.close(figure)
+
+
 def run_compare(args):
     """`--compare`: every arm and seed, then the per-length table and plot."""
     validate(args)
-    raise UsageError("--compare is not available yet")
+    from train import rundir
+
+    if args.resume:
+        raise UsageError("--compare cannot be combined with --resume")
+    if args.task not in ("copy", "reverse", "sort", "addition"):
+        raise UsageError(f"--compare needs --task copy, reverse, sort or addition, got {args.task}")
+    rundir.check_out_dir(args.out)
+    from zoo.cli import import_keras_quietly
+
+    import_keras_quietly()
+    import keras
+
+    from train.progress import markdown_table
+    from train.seq2seq import training
+    from zoo import atomic
+
+    data, buckets = compare_data(args)
+    max_source, max_target = model_lengths(buckets)
+    rundir.create_run_dir(args.out, "seq2seq-compare")
+    arms = args.arms.split(",")
+    rows = []
+    for k in range(args.seeds):
+        for arm in arms:
+            arm_args = copy.copy(args)
+            arm_args.compare = False
+            arm_args.arch, arm_args.act = _arm_options(arm)
+            arm_args.seed = args.seed + k
+            arm_args.dev_sample = min(args.dev_sample, args.eval_size)
+            if args.epochs is None and args.steps_per_epoch is None:
+                arm_args.epochs, arm_args.steps_per_epoch = EPOCHS, STEPS_PER_EPOCH
+            # Every tested string must fit the model (characters are the tokens).
+            if arm_args.max_source_length is None:
+                arm_args.max_source_length = max_source
+            if arm_args.max_target_length is None:
+                arm_args.max_target_length = max_target
+            name = f"{arm}_seed{arm_args.seed}"
+            arm_args.out = os.path.join(args.out, name)
+            print(f"\n=== {name} ===", flush=True)
+            training.train_new(arm_args, data)
+            run = arm_args.out
+            model = keras.models.load_model(os.path.join(run, "model.keras"))
+            results = evaluate_buckets(model, buckets)
+            metrics = rundir.read_json(os.path.join(run, "metrics.json"))
+            metrics["length"] = results
+            atomic.write_json(os.path.join(run, "metrics.json"), metrics)
+            row = {"name": name, "arm": arm, "seed": arm_args.seed, "length": results}
+            row["train_seconds"] = metrics.get("train_seconds")
+            rows.append(row)
+            flat = [{"bucket": r["bucket"], **r} for r in results]
+            print(
+                markdown_table(
+                    flat, [("bucket", "length"), ("char_accuracy", "char"), ("seq_accuracy", "seq")]
+                ),
+                flush=True,
+            )
+    summary = summarize(rows, arms, buckets)
+    lo, hi = train_range(args)
+    title = (
+        f"{args.task}: trained on lengths {lo}-{hi}, {args.seeds} seed(s) per arm "
+        "(mean ± standard deviation)"
+    )
+    plot(summary, arms, os.path.join(args.out, "accuracy_by_length.png"), title)
+    text = f"# {title}\n\n{summary_table(summary)}\n"
+    atomic.write_text(os.path.join(args.out, "compare.md"), text)
+    atomic.write_json(
+        os.path.join(args.out, "metrics.json"),
+        {
+            "task": args.task,
+            "train_lengths": [lo, hi],
+            "buckets": [{"bucket": n, "lo": a, "hi": b} for n, a, b, _ in buckets],
+            "data": data.source,
+            "summary": summary,
+            "runs": rows,
+        },
+    )
+    print(f"\n{text}")
+    return 0

@@ -57,11 +57,13 @@ class Seq2SeqTransformer(keras.Model):
         max_target_length: int, longest output including EOS (cache size).
         window: `None` or int, local attention window of the encoder
             (`|i - j| <= window`) for long inputs.
-        random_positions: `None` or int `M`: while training, each example's
-            positions are a sorted random subset of `0..M-1` that starts at 0,
-            one draw shared by its source and target (Ruoss et al., 2023), so
-            that positions of strings up to `M` long are seen in training;
-            inference counts `0, 1, 2, ...` as usual. Sinusoidal positions only.
+        random_positions: bool. While training, each example's positions
+            are a sorted random subset of `0..M-1` that starts at 0, one draw
+            shared by its source and target, `M` the longest string the model
+            takes (`max_source_length`, `max_target_length`, rounded up to a
+            multiple of 8): the positions of strings longer than the trained
+            ones are then trained too (Ruoss et al., 2023). Inference counts
+            `0, 1, 2, ...` as usual. Sinusoidal positions only.
         source_positions: `"start"` or `"both_ends"`: the source's positions
             are counted from its start, or half the features count from the
             start and half from the end (the target's two halves both count
@@ -108,7 +110,7 @@ class Seq2SeqTransformer(keras.Model):
         max_source_length=128,
         max_target_length=128,
         window=None,
-        random_positions=None,
+        random_positions=False,
         source_positions="start",
         activation="relu",
         label_smoothing=0.1,
@@ -139,9 +141,11 @@ class Seq2SeqTransformer(keras.Model):
         self.max_source_length = _check_positive("max_source_length", max_source_length)
         self.max_target_length = _check_positive("max_target_length", max_target_length)
         self.window = _check_positive("window", window, allow_none=True)
-        self.random_positions = _check_positive(
-            "random_positions", random_positions, allow_none=True
-        )
+        if not isinstance(random_positions, bool):
+            raise ValueError(
+                f"`random_positions` must be a bool. Received: random_positions={random_positions!r}"
+            )
+        self.random_positions = random_positions
         if source_positions not in SOURCE_POSITIONS:
             raise ValueError(
                 f"`source_positions` must be one of {SOURCE_POSITIONS}. "
@@ -225,18 +229,25 @@ class Seq2SeqTransformer(keras.Model):
         return table(ids) * ops.cast(math.sqrt(self.hidden_dim), self.compute_dtype)
 
     def _sample_positions(self, batch, length):
-        """`[batch, length]` sorted random positions in `0..random_positions-1`,
-        the first 0 (where inference starts too). Each example draws its span
-        `K` uniformly from `length..random_positions`, then a sorted random
-        subset of `0..K-1`: from consecutive positions (as at inference) to
-        spread over the whole range, so that both neighbours and far positions
-        are told apart in training."""
-        span = self.random_positions
-        rest = ops.cast(length - 1, "float32")
-        spans = rest + keras.random.uniform((batch, 1), seed=self.position_seed) * (span - rest)
+        """`[batch, length]` sorted random positions in `0..M-1` (`M` the longest
+        string the model takes, rounded up to 8 as training batches are), the
+        first 0 (where inference starts too). Each example draws a window
+        `[a, b]` of `1..M-1` holding at least `length - 1` positions (`b`
+        leaning to the top; `a` = 1 for half the examples, else uniform), then
+        a sorted random subset of it: dense runs and wide spreads, near the
+        start and far from it, so that neighbours are told apart at every
+        position, as inference's `0, 1, 2, ...` needs."""
+        span = -(-max(self.max_source_length, self.max_target_length) // 8) * 8
+        need = ops.cast(length - 1, "float32")
+        uniform = lambda: keras.random.uniform((batch, 1), seed=self.position_seed)  # noqa: E731
+        # b in [length - 1, M - 1], denser towards the top (the square root of a
+        # uniform draw), where fewer windows would reach otherwise.
+        last = need + ops.sqrt(uniform()) * (span - 1 - need)
+        first = 1.0 + ops.floor(uniform() * 2.0) * uniform() * (last - need)
         candidates = ops.arange(1, span, dtype="float32")[None, :]
+        inside = ops.logical_and(candidates >= ops.floor(first), candidates <= ops.floor(last) + 1)
         scores = keras.random.uniform((batch, span - 1), seed=self.position_seed)
-        scores = ops.where(candidates <= spans, scores, -1.0)
+        scores = ops.where(inside, scores, -1.0)
         picked = ops.argsort(-scores, axis=-1)[:, : length - 1] + 1
         picked = ops.sort(ops.cast(picked, "float32"), axis=-1)
         return ops.concatenate([ops.zeros((batch, 1), "float32"), picked], axis=1)

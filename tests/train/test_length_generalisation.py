@@ -1,0 +1,147 @@
+"""`python -m train universal_transformer --compare`: the length flags and scores, a tiny
+compare's metrics.json, table and plot, and the exported UT (SavedModel and LiteRT
+steps) translating strings 10x the trained length as Keras does."""
+
+import json
+import os
+
+import numpy as np
+import pytest
+
+from train.cli import main as train_main
+from train.seq2seq import length
+
+TINY = [
+    "--train-size",
+    "2000",
+    "--eval-size",
+    "16",
+    "--epochs",
+    "6",
+    "--warmup-steps",
+    "30",
+    "--hidden-dim",
+    "32",
+    "--intermediate-dim",
+    "64",
+    "--dev-sample",
+    "0",
+    "--verbose",
+    "0",
+    "--max-minutes",
+    "0",
+]
+
+
+def test_scores_count_characters_in_place_and_whole_strings():
+    outputs = ["abcd", "abxd", "ab", "abcdef", ""]
+    refs = ["abcd", "abcd", "abcd", "abcd", "ab"]
+    # characters right in place: 4, 3, 2 (missing tail), 4 (extra tail), 0
+    assert length.score(outputs, refs) == (13, 18, 1)
+
+
+def test_buckets_default_to_2_5_10_times_the_trained_length():
+    class Args:
+        train_lengths, test_lengths, task_length = "1-20", None, 8
+
+    assert length.test_ranges(Args) == [(1, 20), (40, 40), (100, 100), (200, 200)]
+    Args.test_lengths = "30-35, 400"
+    assert length.test_ranges(Args) == [(1, 20), (30, 35), (400, 400)]
+    assert length.bucket_name(200, 200, 20) == "10x (200)"
+    assert length.bucket_name(1, 20, 20) == "1-20"
+
+
+def _bad(capsys, argv, needle):
+    code = train_main(["universal_transformer", "--compare", *argv])
+    err = capsys.readouterr().err.strip().splitlines()
+    assert code == 2 and len(err) == 1 and needle in err[0], err
+
+
+def test_bad_length_flags_one_line_exit_2(tmp_path, capsys):
+    out = str(tmp_path / "cmp")
+    _bad(capsys, ["--train-lengths", "20-1", "--out", out], "20-1")
+    _bad(capsys, ["--train-lengths", "a-b", "--out", out], "'a-b'")
+    _bad(capsys, ["--test-lengths", "40,x", "--out", out], "'x'")
+    _bad(capsys, ["--seeds", "0", "--out", out], "--seeds")
+    _bad(capsys, ["--arms", "transformer,lstm", "--out", out], "'lstm'")
+    _bad(capsys, ["--task", "date", "--out", out], "date")
+    assert not os.path.exists(out)
+
+
+@pytest.fixture(scope="module")
+def compare_run(tmp_path_factory):
+    out = str(tmp_path_factory.mktemp("length") / "cmp")
+    argv = [
+        "universal_transformer",
+        "--compare",
+        "--task",
+        "copy",
+        "--train-lengths",
+        "1-5",
+        "--test-lengths",
+        "10,50",
+        "--seeds",
+        "2",
+        "--arms",
+        "transformer,universal_transformer",
+        "--out",
+        out,
+        *TINY,
+    ]
+    assert train_main(argv) == 0
+    return out
+
+
+@pytest.mark.slow
+def test_compare_writes_the_table_plot_and_runs(compare_run):
+    with open(os.path.join(compare_run, "metrics.json")) as f:
+        metrics = json.load(f)
+    assert [b["bucket"] for b in metrics["buckets"]] == ["1-5", "2x (10)", "10x (50)"]
+    assert [(r["arm"], r["seed"]) for r in metrics["runs"]] == [
+        ("transformer", 0),
+        ("universal_transformer", 0),
+        ("transformer", 1),
+        ("universal_transformer", 1),
+    ]
+    for entry in metrics["summary"]:
+        runs = [r for r in metrics["runs"] if r["arm"] == entry["arm"]]
+        i = [b["bucket"] for b in metrics["buckets"]].index(entry["bucket"])
+        for key in ("char_accuracy", "seq_accuracy"):
+            values = [r["length"][i][key] for r in runs]
+            assert entry[f"{key}_mean"] == pytest.approx(np.mean(values), abs=1e-4)
+            assert entry[f"{key}_std"] == pytest.approx(np.std(values, ddof=1), abs=1e-4)
+    # The trained lengths are learned (the tiny budget reaches them, not 10x).
+    ut = [e for e in metrics["summary"] if e["arm"] == "universal_transformer"]
+    assert ut[0]["char_accuracy_mean"] > 0.8
+    with open(os.path.join(compare_run, "accuracy_by_length.png"), "rb") as f:
+        assert f.read(8) == b"\x89PNG\r\n\x1a\n"
+    table = open(os.path.join(compare_run, "compare.md")).read()
+    assert "| universal_transformer | 10x (50) | 2 |" in table
+    # Every arm is a run directory of its own, its metrics with the length buckets.
+    run = os.path.join(compare_run, "universal_transformer_seed1")
+    with open(os.path.join(run, "config.json")) as f:
+        config = json.load(f)
+    assert config["kind"] == "universal_transformer"
+    assert config["model"]["max_source_length"] >= 50
+    with open(os.path.join(run, "metrics.json")) as f:
+        assert [r["bucket"] for r in json.load(f)["length"]] == ["1-5", "2x (10)", "10x (50)"]
+
+
+@pytest.mark.slow
+def test_exported_ut_translates_10x_strings_as_keras(compare_run, tmp_path):
+    import keras
+
+    import zoo
+    from export.kinds import seq2seq as kind
+    from export.savedmodel import export_savedmodel
+
+    run = os.path.join(compare_run, "universal_transformer_seed0")
+    model = keras.models.load_model(os.path.join(run, "model.keras"), compile=False)
+    rng = np.random.default_rng(5)
+    texts = ["".join(rng.choice(list("abcdefghij"), 50)) for _ in range(3)]
+    want = model.translate(texts)
+    assert len({c for text in want for c in text}) > 3  # varied output, not one repeated token
+    version = export_savedmodel(run, str(tmp_path / "serving" / "ut"))
+    assert zoo.load(os.path.dirname(version)).translate(texts) == want
+    steps = kind.export_all(run, str(tmp_path / "tflite"))["steps"]
+    assert zoo.load(steps).translate(texts) == want
