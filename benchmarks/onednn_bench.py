@@ -63,8 +63,8 @@ def sagan_child(repeats):
     from train.engine import At
     from train.sagan import build_trainer
 
-    # The defaults on the embedded data's shape, at batch 32 (the default until session
-    # 18), so the step times stay comparable with results.md's and earlier sessions'.
+    # The defaults on the embedded data's shape, at batch 32, the batch of the step
+    # times in results.md's oneDNN table, so a rerun compares with it.
     _, _, _, trainer, cfg = build_trainer(argv=["--batch-size", "32"])
     batch = cfg["batch_size"]
     rng = np.random.default_rng(0)

@@ -33,25 +33,23 @@ class SaganConfig:
         check=at_least(0),
     )
     # 16, not 32: a D step's time is linear in the batch here (compute-bound), so 16 buys
-    # twice the steps, and with 2e-3 it reached FID 34 in the budget where 32 at 1e-3
-    # reached 64 (benchmarks/sagan.md, session 18).
+    # twice the steps, and with 2e-3 it reaches FID 34 in the budget where 32 at 1e-3
+    # reaches 64 (benchmarks/sagan.md).
     batch_size: int = option(
         16,
         "real images per D step, split across replicas (global batch; default 16)",
         check=at_least(1),
     )
     n_dis: int = option(1, "D steps per G step (default 1)", check=at_least(1))
-    # Not SAGAN's TTUR (1e-4 / 4e-4): on a short budget D won every step (d_loss ~0) and G
-    # learned slowly; equal rates kept the game balanced. Without R1, 4e-4 was worse than
-    # 2e-4; with it, 1e-3 reached in 1,500 D steps the FID 2e-4 had at 3,000
-    # (benchmarks/sagan.md, session 14); 2e-3 beat 1e-3 at fixed steps on every seed
-    # measured (sessions 15, 17, 18).
+    # Not SAGAN's TTUR (1e-4 / 4e-4): on a short budget D wins every step (d_loss ~0) and G
+    # learns slowly; equal rates keep the game balanced. Without R1, 4e-4 is worse than
+    # 2e-4; with it, 1e-3 reaches in 1,500 D steps the FID 2e-4 has at 3,000, and 2e-3
+    # beats 1e-3 at fixed steps on every seed measured (benchmarks/sagan.md).
     lr_g: float = option(2e-3, "generator learning rate (default 2e-3)", check=above(0))
     lr_d: float = option(2e-3, "discriminator learning rate (default 2e-3)", check=above(0))
-    # 0.5: the default run's FID fell from 34.8 to 28.9 (4.9x the floor) on one CPU; from
-    # 0.25 D won the last epoch (30.0). Not a clear gain on other seeds (one better, one
-    # worse at fixed steps); at 2e-4 without R1 any decay let D win (benchmarks/sagan.md,
-    # sessions 7 and 19).
+    # 0.5: the default run's FID falls from 34.8 to 28.9 (4.9x the floor) on one CPU; from
+    # 0.25 D wins the last epoch (30.0). Not a clear gain on other seeds (one better, one
+    # worse at fixed steps); at 2e-4 without R1 any decay lets D win (benchmarks/sagan.md).
     lr_decay_from: float = option(
         0.5,
         "from this fraction of the budget (--max-minutes or --epochs, whichever ends the "
@@ -67,9 +65,9 @@ class SaganConfig:
         check=one_of("best", "last"),
     )
     beta1: float = option(0.0, "Adam beta_1 (default 0)", check=fraction)
-    # 0.99, not SAGAN's 0.9: at 2e-3 the steadier step size put all three model seeds of
-    # the compare within 5x the FID floor (0.9: one seed stalled at 16.8x; benchmarks/
-    # sagan.md, session 21).
+    # 0.99, not SAGAN's 0.9: at 2e-3 the steadier step size puts all three model seeds of
+    # the compare within 5x the FID floor (0.9: one seed stalls at 16.8x; benchmarks/
+    # sagan.md).
     beta2: float = option(0.99, "Adam beta_2 (default 0.99)", check=fraction)
     ema: float = option(
         0.999,
@@ -92,9 +90,9 @@ class SaganConfig:
         check=at_least(0),
         metavar="WEIGHT",
     )
-    # On by default: without it the per-epoch FID swung between 230 and 760 on one CPU.
-    # 10: the lowest FID on the default seed, 1: the better mean over two seeds; 0.1 did
-    # little (benchmarks/sagan.md, session 13).
+    # On by default: without it the per-epoch FID swings between 230 and 760 on one CPU.
+    # 10: the lowest FID on the default seed, 1: the better mean over two seeds; 0.1 does
+    # little (benchmarks/sagan.md).
     r1: float = option(
         10.0,
         "weight of the R1 penalty on D's gradient at real images, applied every 4th "
