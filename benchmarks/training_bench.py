@@ -7,8 +7,8 @@ The tagger's attention core is built twice from the same code: once with
 of `keras.layers.MultiHeadAttention`, `LayerNormalization` and `Dense` (same
 sizes, same pre-LN wiring). Both train on the same random batches, plain and
 with `jit_compile=True`, interleaved; tokens/s counts real (non-padding)
-tokens. Seq2seq throughput is added by `benchmarks.decode_bench`'s owner when
-that model's baseline exists.
+tokens. Seq2seq's training throughput is `benchmarks.throughput_bench`'s, its
+decoding speed `benchmarks.decode_bench`'s.
 """
 
 import contextlib
