@@ -50,7 +50,7 @@ _D_NOISE, _G_NOISE = 0, 1
 def lr_scale(progress, decay_from):
     """The learning rates' factor at `progress` (the budget's fraction done: steps of
     --epochs or minutes of --max-minutes, whichever is further): 1 until `decay_from`,
-    then linear to 0 at the end. Runs that swung late in the budget settle (#16)."""
+    then linear to 0 at the end, so a run that swings late in the budget settles."""
     if decay_from >= 1.0 or progress <= decay_from:
         return 1.0
     return max(0.0, (1.0 - progress) / (1.0 - decay_from))

@@ -295,7 +295,7 @@ def best_key(logs):
     """`Plan.best` of --keep best: among the epochs that draw every class (the worst
     class recognised in >= 90% of 1,000 images of fresh noise), the lowest quick FID;
     until one does, the lowest quick FID. The final evaluation draws other noise. GAN
-    runs swing late, and FID alone kept epochs that had lost one class
+    runs swing late, and FID alone can keep an epoch that has lost one class
     (benchmarks/sagan.md); this keeps a good epoch instead of the last."""
     fid = logs.get("fid_quick")
     if fid is None:
