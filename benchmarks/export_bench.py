@@ -2,7 +2,7 @@
 
     python -m benchmarks.export_bench RUN_DIR [--out DIR] [--threads N] [--runs N]
 
-Targets (issue 4):
+Targets:
 - fp16 within 1e-3 of float (max abs diff of the probabilities, real tokens);
 - int8 and dynamic at most 1/3 of the float size and within 0.5 accuracy
   points of float on the run's held-out test rows (evaluation.npz; the

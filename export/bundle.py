@@ -1,4 +1,4 @@
-"""Self-contained export folders: what an app needs beside the model (#17).
+"""Self-contained export folders: what an app needs beside the model.
 
 Every export (`python -m export savedmodel`, `python -m export tflite`,
 `python -m export.kinds.seq2seq`) writes, beside its model files:
