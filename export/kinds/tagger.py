@@ -12,8 +12,9 @@ batch, or no tokens, gives empty outputs; too long input and bad ids are refused
 our words (docs/deploy.md, "What a signature answers").
 
 TFLite: the id-level core (word_ids, char_ids -> probabilities [+ tag_ids]).
-The static-shape (GPU) variant returns probabilities only: ARG_MAX is not a
-GPU-delegate op, the app takes the argmax.
+The static-shape (GPU) variant returns probabilities only (one output for the app to
+read; LiteRT's GPU accelerator would run ARG_MAX too, docs/facts.md): the app takes the
+argmax.
 """
 
 import json

@@ -55,7 +55,7 @@ def test_a_bad_value_names_the_flag_typed(capsys):
     assert "--verbose must be auto, 0, 1 or 2" in capsys.readouterr().err
 
 
-@pytest.mark.parametrize("kind", ["tagger", "seq2seq", "sagan"])
+@pytest.mark.parametrize("kind", ["tagger", "seq2seq", "universal_transformer", "sagan"])
 def test_a_recorded_config_replays_to_the_same_config(kind):
     """config.json's "train" (train.config.record) -> --config flags -> parse -> the same
     config object: every recorded option survives, none is reset to a default."""

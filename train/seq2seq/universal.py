@@ -9,3 +9,4 @@ def add_arguments(parser):
 
 
 run = seq2seq.run
+CONFIG = seq2seq.CONFIG
