@@ -3,7 +3,7 @@
 They live in `zoo`, not `train`, because a trained `model.keras` saves its
 compile config, which names them: `import zoo` registers them, so
 `keras.models.load_model(path)` works with default arguments in any process.
-They keep the registered names `train>...` under which earlier runs saved them.
+Their registered names are `train>...`, the names saved compile configs refer to.
 Padding (id 0) never counts: the loss and the accuracy average over real target
 tokens only.
 """

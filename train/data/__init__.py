@@ -1,1 +1,0 @@
-"""Kept so that `python -m train.data.digits` keeps working (train.sagan.digits)."""
