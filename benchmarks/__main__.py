@@ -1,10 +1,9 @@
-"""`make bench`: every benchmark, one results file, one table in README.
+"""`make bench`: every benchmark, one results file.
 
     python -m benchmarks [--quick] [--only attention,export,...]
 
 Writes benchmarks/results.json (machine, versions, every row) and
-benchmarks/results.md, and replaces README's performance section with the
-same table. Each section is a module exposing `run(quick) -> list[dict]`;
+benchmarks/results.md (README links to it). Each section is a module exposing `run(quick) -> list[dict]`;
 a section that fails is reported as such and the others still run.
 """
 
@@ -21,8 +20,6 @@ os.environ.setdefault("KERAS_BACKEND", "tensorflow")
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "3")
 
 HERE = os.path.dirname(os.path.abspath(__file__))
-README = os.path.join(os.path.dirname(HERE), "README.md")
-START, END = "<!-- bench:start -->", "<!-- bench:end -->"
 SECTIONS = {
     "attention": "benchmarks.attention_bench",
     "training": "benchmarks.training_bench",
@@ -97,21 +94,6 @@ def markdown(info, results):
     return "\n".join(lines)
 
 
-def update_readme(table):
-    if not os.path.exists(README):
-        return
-    with open(README) as f:
-        text = f.read()
-    if START not in text or END not in text:
-        return
-    head, rest = text.split(START, 1)
-    _, tail = rest.split(END, 1)
-    tmp = README + ".tmp"
-    with open(tmp, "w") as f:
-        f.write(f"{head}{START}\n{table}\n{END}{tail}")
-    os.replace(tmp, README)
-
-
 def main(argv=None):
     parser = argparse.ArgumentParser(prog="python -m benchmarks")
     parser.add_argument("--quick", action="store_true", help="small shapes, for a smoke run")
@@ -156,8 +138,6 @@ def main(argv=None):
         with open(path + ".tmp", "w") as f:
             f.write(text)
         os.replace(path + ".tmp", path)
-    if not args.quick:
-        update_readme(markdown(info, results))
     print(markdown(info, results))
     return 0
 

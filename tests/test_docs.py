@@ -1,4 +1,4 @@
-"""Every code block of docs/*.md runs: a page's blocks in order, in one scratch
+"""Every code block of README.md and docs/*.md runs: a page's blocks in order, in one scratch
 directory (the python blocks in one namespace; the shell blocks' files are there
 for the python blocks after them, and the other way round).
 
@@ -44,17 +44,18 @@ SHELL = ("sh", "bash")
 # App code (docs/deploy.md): its tensor names and shapes are checked against a fresh
 # export by tests/export/test_deploy_docs.py; nothing here can run it.
 APP = ("kotlin", "swift")
-PAGES = sorted(name for name in os.listdir(DOCS) if name.endswith(".md"))
+# Paths from the repository root: the front page and every guide.
+PAGES = ["README.md"] + sorted(f"docs/{name}" for name in os.listdir(DOCS) if name.endswith(".md"))
 # Pages that must show runnable Python (one per model, and the layers page).
-RUNNABLE = {"tagger.md", "seq2seq.md", "sagan.md", "layers.md"}
-MAX_MARKED = {"parse only": 6, "slow": 6}
+RUNNABLE = {f"docs/{name}" for name in ("tagger.md", "seq2seq.md", "sagan.md", "layers.md")}
+MAX_MARKED = {"parse only": 7, "slow": 6}
 RUN_SLOW = os.environ.get("DOCS_RUN_SLOW") == "1"
 
 TINY = tiny.FLAGS
 
 
 def _blocks(name):
-    with open(os.path.join(DOCS, name), encoding="utf-8") as f:
+    with open(os.path.join(ROOT, name), encoding="utf-8") as f:
         return [(m["mark"], m["lang"], m["code"]) for m in BLOCK.finditer(f.read())]
 
 
@@ -154,10 +155,10 @@ def _run(module, args, shared_runs, copies, env_changed=False):
 def test_model_and_layer_pages_exist_with_python_blocks():
     assert RUNNABLE <= set(PAGES)
     for name in RUNNABLE:
-        with open(os.path.join(DOCS, name), encoding="utf-8") as f:
+        with open(os.path.join(ROOT, name), encoding="utf-8") as f:
             text = f.read()
         assert PYTHON.findall(text), name
-        if name != "layers.md":
+        if name != "docs/layers.md":
             for section in ("## Train", "## Evaluate", "## Load", "## Export", "## Deploy"):
                 assert section in text, (name, section)
 
@@ -166,9 +167,7 @@ def test_every_block_is_python_or_shell_and_marked_blocks_are_few_and_say_why():
     marks = {kind: [] for kind in MAX_MARKED}
     for name in PAGES:
         for mark, lang, _ in _blocks(name):
-            assert lang in ("python", *SHELL, *APP), (
-                f"docs/{name}: a ```{lang or '(no language)'} block"
-            )
+            assert lang in ("python", *SHELL, *APP), f"{name}: a ```{lang or '(no language)'} block"
             if mark is not None:
                 found = re.fullmatch(r"(parse only|slow): (\S.{9,})", mark)
                 assert found and (lang in SHELL or found[1] == "slow"), (name, mark)
@@ -181,10 +180,10 @@ def test_every_block_is_python_or_shell_and_marked_blocks_are_few_and_say_why():
 @pytest.mark.parametrize("name", PAGES)
 def test_code_blocks_run(name, tmp_path, monkeypatch, shared_runs):
     monkeypatch.chdir(tmp_path)
-    namespace = {"__name__": f"docs_{name[:-3]}"}
+    namespace = {"__name__": "docs_" + name[:-3].replace("/", "_")}
     copies, env_changed = {}, False
     for i, (mark, lang, code) in enumerate(_blocks(name)):
-        where = f"docs/{name} block {i + 1} ({lang})"
+        where = f"{name} block {i + 1} ({lang})"
         run = mark is None or (mark.startswith("slow:") and RUN_SLOW)
         if lang in APP:
             continue
