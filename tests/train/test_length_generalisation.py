@@ -65,6 +65,7 @@ def test_bad_length_flags_one_line_exit_2(tmp_path, capsys):
     _bad(capsys, ["--seeds", "0", "--out", out], "--seeds")
     _bad(capsys, ["--arms", "transformer,lstm", "--out", out], "'lstm'")
     _bad(capsys, ["--task", "date", "--out", out], "date")
+    _bad(capsys, ["--position", "learned", "--random-positions", "--out", out], "--position")
     assert not os.path.exists(out)
 
 

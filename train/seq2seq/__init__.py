@@ -106,6 +106,19 @@ class Seq2SeqConfig:
         check=above(0),
         group="model",
     )
+    random_positions: bool = option(
+        False,
+        "train on sorted random positions up to the longest string the model takes, "
+        "for inputs longer than the trained ones (sinusoidal positions)",
+        group="model",
+    )
+    source_positions: str = option(
+        "start",
+        "count the source's positions from its start (default) or half the features "
+        "from each end (both_ends; sinusoidal positions)",
+        check=one_of("start", "both_ends"),
+        group="model",
+    )
     num_steps: int = option(
         4, "Universal Transformer recurrent steps", check=above(0), group="model"
     )
@@ -208,6 +221,10 @@ class Seq2SeqConfig:
             raise UsageError(f"unknown arch {self.arch!r}; choose from: {', '.join(ARCHS)}")
         if self.task not in TASKS:
             raise UsageError(f"unknown task {self.task!r}; choose from: {', '.join(TASKS)}")
+        if self.position != "sinusoidal" and (
+            self.random_positions or self.source_positions != "start"
+        ):
+            raise UsageError("--random-positions and --source-positions need --position sinusoidal")
         for name in FILES:
             path, flag = getattr(self, name), "--" + name.replace("_", "-")
             if path and os.path.isdir(path):

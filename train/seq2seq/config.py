@@ -47,6 +47,8 @@ def model_config(args, text):
         share_embeddings=not args.separate_embeddings,
         window=args.window,
         label_smoothing=args.label_smoothing,
+        random_positions=args.random_positions,
+        source_positions=args.source_positions,
     )
     if args.arch == "universal_transformer":
         base.pop("num_layers")
