@@ -1,5 +1,5 @@
-"""The training step of Keras's backend, kept apart from both step modules so neither
-imports the other."""
+"""The training steps of Keras's backend (a compiled model's, SAGAN's), chosen here so
+that the TensorFlow and the JAX step modules never import each other."""
 
 import keras
 
@@ -14,3 +14,14 @@ def make_step(model, loss_terms=None, jit_compile=None):
     from train.model_step import TfModelStep
 
     return TfModelStep(model, loss_terms, jit_compile)
+
+
+def make_sagan_step(models, recipe, strategy=None, jit_compile=False):
+    """SAGAN's step for (generator, discriminator, EMA generator or None):
+    `train.sagan.fit.TfSaganStep` under TensorFlow, `train.sagan.jax_fit.JaxSaganStep`
+    under JAX."""
+    if keras.backend.backend() == "jax":
+        from train.sagan.jax_fit import JaxSaganStep as Step
+    else:
+        from train.sagan.fit import TfSaganStep as Step
+    return Step(models, recipe, strategy, jit_compile)

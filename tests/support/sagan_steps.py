@@ -63,7 +63,7 @@ def run(weights, r1=10.0):
     import keras
 
     from train.engine import At
-    from train.sagan.fit import make_step
+    from train.steps import make_sagan_step as make_step
 
     g, d, ema = build()
     for v, value in zip(variables(g, d), weights):

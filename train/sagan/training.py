@@ -18,7 +18,6 @@ import sys
 import time
 import typing
 
-import keras
 import numpy as np
 
 from train import config, rundir
@@ -268,11 +267,9 @@ def _step(models, model_cfg, train_cfg):
             "latent_dim": model_cfg["latent_dim"],
         }
     )
-    if keras.backend.backend() == "jax":
-        from train.sagan.jax_fit import JaxSaganStep as Step
-    else:
-        from train.sagan.fit import TfSaganStep as Step
-    step = Step(models, recipe, dist.get(), dist.jit_compile())
+    from train.steps import make_sagan_step
+
+    step = make_sagan_step(models, recipe, dist.get(), dist.jit_compile())
     if dist.jit_compile() and not step.jit_compile:
         print(
             f"XLA: off for sagan on {step.replicas} replicas (an XLA computation runs on one "
