@@ -154,7 +154,7 @@ def served():
     thread = threading.Thread(target=http.serve_forever, daemon=True)
     thread.start()
     namespace = {}
-    for _, lang, code in _blocks("deploy.md"):
+    for _, lang, code in _blocks("docs/deploy.md"):
         if lang == "python" and ("def rest_translate" in code or "def grpc_translate" in code):
             exec(compile(code, "docs/deploy.md", "exec"), namespace)
     yield {
