@@ -8,6 +8,7 @@ back (`from_record`), all with the same defaults.
 
 import argparse
 import dataclasses
+import os
 
 from zoo.cli import UsageError
 
@@ -96,6 +97,16 @@ def add_arguments(parser, cls):
 
 def _shown(value):
     return repr(value) if isinstance(value, str) else value
+
+
+def check_data_file(path, flag=None):
+    """UsageError unless `path` (None or "": not given) is a file; the message starts
+    with `flag` when one is given."""
+    prefix = f"{flag}: " if flag else ""
+    if path and os.path.isdir(path):
+        raise UsageError(f"{prefix}data file is a directory: {path}")
+    if path and not os.path.isfile(path):
+        raise UsageError(f"{prefix}data file not found: {path}")
 
 
 def check(config, typed=None):

@@ -226,11 +226,7 @@ class Seq2SeqConfig:
         ):
             raise UsageError("--random-positions and --source-positions need --position sinusoidal")
         for name in FILES:
-            path, flag = getattr(self, name), "--" + name.replace("_", "-")
-            if path and os.path.isdir(path):
-                raise UsageError(f"{flag}: data file is a directory: {path}")
-            if path and not os.path.isfile(path):
-                raise UsageError(f"{flag}: data file not found: {path}")
+            options.check_data_file(getattr(self, name), "--" + name.replace("_", "-"))
         if self.out is None:
             self.out = os.path.join(
                 "runs", "seq2seq-text" if self.text() else f"seq2seq-{self.task}"

@@ -81,10 +81,7 @@ class TaggerConfig:
             raise UsageError(f"unknown arch {self.arch!r}; choose from: {', '.join(ARCHS)}")
         self.model_options()
         for path in (self.train_file, self.dev_file, self.test_file):
-            if path and os.path.isdir(path):
-                raise UsageError(f"data file is a directory: {path}")
-            if path and not os.path.isfile(path):
-                raise UsageError(f"data file not found: {path}")
+            config.check_data_file(path)
         if self.out is None:
             self.out = os.path.join(
                 "runs", "tagger-compare" if self.compare else f"tagger-{self.arch}"
