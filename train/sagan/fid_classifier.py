@@ -125,12 +125,6 @@ def predict(model, images, batch_size=256):
     return {k: np.asarray(v) for k, v in outs.items()}
 
 
-def feature_model(model):
-    import keras
-
-    return keras.Model(model.input, model.get_layer(FEATURES).output)
-
-
 def features_and_outputs(model, images, batch_size=256):
     """(features [N, 128], class probabilities, consistency) for float images in [-1, 1]."""
     import keras

@@ -5,7 +5,7 @@ import numpy as np
 from train import tfds
 from train.seq2seq import algorithmic, parallel
 from zoo.cli import DataError, UsageError
-from zoo.seq2seq.tokenization import BOS_ID, EOS_ID, Tokenizer, train_sentencepiece
+from zoo.seq2seq.tokenization import BOS_ID, EOS_ID, train_sentencepiece
 
 
 def load_data(args):
@@ -211,7 +211,3 @@ class Batches:
         return tf.data.Dataset.from_generator(
             lambda: iter(self), output_signature=({"source_ids": spec, "target_ids": spec}, spec)
         ).prefetch(2)
-
-
-def tokenizer_from(proto):
-    return Tokenizer(proto)

@@ -22,38 +22,6 @@ TRAIN_LENGTHS = (1, 20)
 EPOCHS, STEPS_PER_EPOCH = 10, 300
 
 
-def add_length_arguments(parser):
-    g = parser.add_argument_group("length generalisation")
-    g.add_argument(
-        "--compare",
-        action="store_true",
-        help="train the Transformer, the UT and the UT with ACT on the same data and budget "
-        "(--seeds each) and report accuracy by length (metrics.json, compare.md, a plot)",
-    )
-    g.add_argument(
-        "--train-lengths",
-        help="--compare: trained lengths A-B (default 1-20; for addition, digits of the "
-        "first number)",
-    )
-    g.add_argument(
-        "--test-lengths",
-        help="--compare: comma-separated test lengths or ranges A-B (default: 2x, 5x and "
-        "10x the longest trained length); the trained range is always tested too",
-    )
-    g.add_argument("--seeds", type=int, default=3, help="--compare: seeds per arm (default 3)")
-    g.add_argument(
-        "--eval-size",
-        type=int,
-        default=100,
-        help="--compare: test strings per length bucket (default 100)",
-    )
-    g.add_argument(
-        "--arms",
-        default=",".join(ARMS),
-        help=f"--compare: comma-separated arms (default {','.join(ARMS)})",
-    )
-
-
 def parse_range(text, flag):
     """ "A-B" or "N" -> (A, B) with 1 <= A <= B."""
     m = re.fullmatch(r"\s*(\d+)\s*(?:-\s*(\d+)\s*)?", text or "")

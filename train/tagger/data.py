@@ -7,7 +7,7 @@ import numpy as np
 import tensorflow as tf
 
 from train.tagger.select import load_data  # noqa: F401  (re-exported for callers)
-from zoo.tagger.encoding import PAD, UNK, TokenEncoder, word_keys
+from zoo.tagger.encoding import PAD, UNK, word_keys
 from zoo.tagger.model import pad_tokens
 
 
@@ -158,7 +158,3 @@ class Batches:
 
         dataset = tf.data.Dataset.from_generator(generate, output_signature=signature)
         return dataset.apply(tf.data.experimental.assert_cardinality(len(self))).prefetch(2)
-
-
-def make_encoder(words, chars, max_chars):
-    return TokenEncoder(words, chars, max_chars)
