@@ -46,7 +46,47 @@ def spectral_normalize(kernel, u, epsilon=1e-12, power_iterations=1):
 
 
 class _SpectralKernelMixin:
-    """Holds `u` and returns the normalised kernel; updates `u` in training."""
+    """What `SNConv2D` and `SNDense` share: the options, the kernel, bias and
+    `u`, the normalised kernel (`u` updated in training) and the bias add."""
+
+    def _init_spectral(
+        self, use_bias, kernel_initializer, bias_initializer, power_iterations, epsilon, seed
+    ):
+        self.use_bias = bool(use_bias)
+        self.kernel_initializer = keras.initializers.get(kernel_initializer)
+        self.bias_initializer = keras.initializers.get(bias_initializer)
+        self.power_iterations = check_int("power_iterations", power_iterations)
+        self.epsilon = check_positive_float("epsilon", epsilon)
+        self.seed = seed
+
+    def _build_weights(self, kernel_shape):
+        """The kernel, the bias (when `use_bias`) and `u`; the last axis of
+        `kernel_shape` is the output axis."""
+        n_out = kernel_shape[-1]
+        self.kernel = self.add_weight(
+            name="kernel", shape=kernel_shape, initializer=self.kernel_initializer
+        )
+        self.bias = (
+            self.add_weight(name="bias", shape=(n_out,), initializer=self.bias_initializer)
+            if self.use_bias
+            else None
+        )
+        self._build_u(n_out)
+
+    def _add_bias(self, outputs):
+        if self.use_bias:
+            outputs = outputs + ops.cast(self.bias, self.compute_dtype)
+        return outputs
+
+    def _spectral_config(self):
+        return dict(
+            use_bias=self.use_bias,
+            kernel_initializer=keras.initializers.serialize(self.kernel_initializer),
+            bias_initializer=keras.initializers.serialize(self.bias_initializer),
+            power_iterations=self.power_iterations,
+            epsilon=self.epsilon,
+            seed=self.seed,
+        )
 
     def _build_u(self, n_out):
         # `u` is assigned in training, i.e. inside each replica under tf.distribute, so
@@ -59,7 +99,7 @@ class _SpectralKernelMixin:
         self.u = self.add_weight(
             name="sn_u",
             shape=(1, n_out),
-            initializer=keras.initializers.RandomNormal(stddev=1.0, seed=self._u_seed),
+            initializer=keras.initializers.RandomNormal(stddev=1.0, seed=self.seed),
             trainable=False,
             autocast=False,
             aggregation="only_first_replica",
@@ -142,13 +182,9 @@ class SNConv2D(_SpectralKernelMixin, keras.layers.Layer):
         self.kernel_size = check_pair("kernel_size", kernel_size)
         self.strides = check_pair("strides", strides)
         self.padding = check_choice("padding", padding, ("same", "valid"))
-        self.use_bias = bool(use_bias)
-        self.kernel_initializer = keras.initializers.get(kernel_initializer)
-        self.bias_initializer = keras.initializers.get(bias_initializer)
-        self.power_iterations = check_int("power_iterations", power_iterations)
-        self.epsilon = check_positive_float("epsilon", epsilon)
-        self.seed = seed
-        self._u_seed = seed
+        self._init_spectral(
+            use_bias, kernel_initializer, bias_initializer, power_iterations, epsilon, seed
+        )
 
     def build(self, input_shape):
         if len(input_shape) != 4 or input_shape[-1] is None:
@@ -156,24 +192,11 @@ class SNConv2D(_SpectralKernelMixin, keras.layers.Layer):
                 "SNConv2D needs inputs [batch, height, width, channels] with known "
                 f"channels. Received: input_shape={tuple(input_shape)}"
             )
-        self.kernel = self.add_weight(
-            name="kernel",
-            shape=(*self.kernel_size, int(input_shape[-1]), self.filters),
-            initializer=self.kernel_initializer,
-        )
-        self.bias = (
-            self.add_weight(name="bias", shape=(self.filters,), initializer=self.bias_initializer)
-            if self.use_bias
-            else None
-        )
-        self._build_u(self.filters)
+        self._build_weights((*self.kernel_size, int(input_shape[-1]), self.filters))
 
     def call(self, inputs, training=False):
         kernel = ops.cast(self.normalized_kernel(training), self.compute_dtype)
-        outputs = ops.conv(inputs, kernel, strides=self.strides, padding=self.padding)
-        if self.use_bias:
-            outputs = outputs + ops.cast(self.bias, self.compute_dtype)
-        return outputs
+        return self._add_bias(ops.conv(inputs, kernel, strides=self.strides, padding=self.padding))
 
     def compute_output_shape(self, input_shape):
         dims = []
@@ -193,12 +216,7 @@ class SNConv2D(_SpectralKernelMixin, keras.layers.Layer):
             kernel_size=list(self.kernel_size),
             strides=list(self.strides),
             padding=self.padding,
-            use_bias=self.use_bias,
-            kernel_initializer=keras.initializers.serialize(self.kernel_initializer),
-            bias_initializer=keras.initializers.serialize(self.bias_initializer),
-            power_iterations=self.power_iterations,
-            epsilon=self.epsilon,
-            seed=self.seed,
+            **self._spectral_config(),
         )
         return config
 
@@ -252,13 +270,9 @@ class SNDense(_SpectralKernelMixin, keras.layers.Layer):
     ):
         super().__init__(**kwargs)
         self.units = check_int("units", units)
-        self.use_bias = bool(use_bias)
-        self.kernel_initializer = keras.initializers.get(kernel_initializer)
-        self.bias_initializer = keras.initializers.get(bias_initializer)
-        self.power_iterations = check_int("power_iterations", power_iterations)
-        self.epsilon = check_positive_float("epsilon", epsilon)
-        self.seed = seed
-        self._u_seed = seed
+        self._init_spectral(
+            use_bias, kernel_initializer, bias_initializer, power_iterations, epsilon, seed
+        )
         self.supports_masking = True
 
     def build(self, input_shape):
@@ -266,37 +280,16 @@ class SNDense(_SpectralKernelMixin, keras.layers.Layer):
             raise ValueError(
                 f"SNDense needs a known last dimension. Received: input_shape={tuple(input_shape)}"
             )
-        self.kernel = self.add_weight(
-            name="kernel",
-            shape=(int(input_shape[-1]), self.units),
-            initializer=self.kernel_initializer,
-        )
-        self.bias = (
-            self.add_weight(name="bias", shape=(self.units,), initializer=self.bias_initializer)
-            if self.use_bias
-            else None
-        )
-        self._build_u(self.units)
+        self._build_weights((int(input_shape[-1]), self.units))
 
     def call(self, inputs, training=False):
         kernel = ops.cast(self.normalized_kernel(training), self.compute_dtype)
-        outputs = ops.matmul(inputs, kernel)
-        if self.use_bias:
-            outputs = outputs + ops.cast(self.bias, self.compute_dtype)
-        return outputs
+        return self._add_bias(ops.matmul(inputs, kernel))
 
     def compute_output_shape(self, input_shape):
         return (*input_shape[:-1], self.units)
 
     def get_config(self):
         config = super().get_config()
-        config.update(
-            units=self.units,
-            use_bias=self.use_bias,
-            kernel_initializer=keras.initializers.serialize(self.kernel_initializer),
-            bias_initializer=keras.initializers.serialize(self.bias_initializer),
-            power_iterations=self.power_iterations,
-            epsilon=self.epsilon,
-            seed=self.seed,
-        )
+        config.update(units=self.units, **self._spectral_config())
         return config
