@@ -69,6 +69,7 @@ def test_tiny_run_learns_copy_and_writes_the_contract(copy_run):
         "vocab/pieces.txt",
         "calibration.npz",
         "logs",
+        "attention.png",
     ):
         assert os.path.exists(os.path.join(copy_run, name)), name
     from train import checkpoint
@@ -77,6 +78,22 @@ def test_tiny_run_learns_copy_and_writes_the_contract(copy_run):
     assert state["epoch"] == 8 and state["best"]["epoch"] == metrics["best_epoch"]
     with np.load(os.path.join(copy_run, "calibration.npz")) as calib:
         assert calib["source_ids"].shape[1] == config["model"]["max_source_length"]
+
+
+def test_cross_attention_figure_reads_the_model_and_leaves_it_whole(copy_run):
+    from train.seq2seq.figures import cross_attention
+
+    model = keras.models.load_model(os.path.join(copy_run, "model.keras"), compile=False)
+    block = model.decoder_blocks[-1]
+    layer = block.cross_attention_layer
+    source, output, weights = cross_attention(model, "abcde")
+    assert source == list("abcde") and output == list("abcde"), (source, output)
+    assert weights.shape == (model.num_heads, 5, 5)
+    np.testing.assert_allclose(weights.sum(-1), 1.0, atol=1e-5)  # a softmax over the source
+    # Copying: for most written characters the heads look hardest at the one copied.
+    assert (weights.mean(0).argmax(-1) == np.arange(5)).sum() >= 3, weights.mean(0).round(2)
+    assert block.cross_attention_layer is layer
+    assert model.translate(["abcde"]) == ["abcde"]
 
 
 def test_loaded_model_translates_raw_strings(copy_run):

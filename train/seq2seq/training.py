@@ -21,6 +21,7 @@ from train import config, engine, loss_terms, rundir
 from train import strategy as distribute
 from train.progress import markdown_table
 from train.seq2seq.data import Batches, Encoded, load_data, train_tokenizer
+from train.seq2seq.figures import plot_cross_attention
 from train.seq2seq.fit import compile_seq2seq
 from train.steps import make_step
 from zoo import atomic
@@ -215,10 +216,12 @@ def _fit_and_finish(model, data, encoded, out, train_cfg, name=None):
         metrics["dev_history"] = [
             {"epoch": h["epoch"], key[4:]: h[key]} for h in state["history"] if key in h
         ]
+    sample = data.test[0][0]
+    plot_cross_attention(model, sample, os.path.join(out, "attention.png"))
+    metrics["figure"] = "attention.png"
     atomic.save_model(model, os.path.join(out, "model.keras"))
     atomic.write_json(os.path.join(out, "metrics.json"), metrics)
     _write_calibration(out, encoded["train"], model, train_cfg["seed"])
-    sample = data.test[0][0]
     print(f"\n{out}: {sample!r} -> {model.translate(sample)!r}")
     print(markdown_table([metrics], SUMMARY))
     return 0
