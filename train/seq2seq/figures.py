@@ -41,7 +41,7 @@ def cross_attention(model, text):
     decoder block (its last step for the Universal Transformer) translating `text`
     greedily: row i is where the decoder looked when it wrote output piece i."""
     tokenizer = model.tokenizer
-    source = model._source_ids([text])
+    source = tokenizer.encode([text])
     out = list(decoding.decode_ids(model, source)[0]) or [EOS_ID]
     encoded, mask = model.encode(np.asarray(source, "int32"))
     with _recording(model.decoder_blocks[-1]) as recorder:
