@@ -12,10 +12,11 @@ output). Keras's own layer gives uniform weights on one path and zeros on
 another (docs/facts.md).
 """
 
+import dataclasses
+
 import keras
 from keras import ops
 
-from layers.masks import combine_masks, structural_mask
 from layers.softmax_attention import softmax_attention
 
 SCORES = ("dot", "scaled_dot", "additive")
@@ -23,6 +24,43 @@ NORMALIZATIONS = ("softmax", "relu")
 
 # How far below a row's lowest score the full path puts masked scores.
 _MASK_MARGIN = 20.0
+
+
+@dataclasses.dataclass(frozen=True, eq=False)
+class Weighting:
+    """How scores become weights, as every attention path takes it: `score`
+    (one of `SCORES`), `normalize` (one of `NORMALIZATIONS`), the additive
+    `score_vector` (`[H, d]`, or `[d]` without the head axis), and the
+    optional `dropout` layer on the weights with the call's `training`."""
+
+    score: str = "scaled_dot"
+    normalize: str = "softmax"
+    score_vector: object = None
+    dropout: object = None
+    training: object = None
+
+    @classmethod
+    def of(cls, layer, training):
+        """The weighting of an attention layer (`score`, `normalize`, its
+        `score_vector` when additive, its dropout) for one call."""
+        score_vector = getattr(layer, "score_vector", None)
+        return cls(layer.score, layer.normalize, score_vector, layer._dropout_layer, training)
+
+    @property
+    def dropping(self):
+        """Whether dropout on the weights is active in this call."""
+        dropout, training = self.dropout, self.training
+        return (
+            dropout is not None
+            and dropout.rate > 0
+            and training is not None
+            and training is not False
+        )
+
+    @property
+    def plain_softmax(self):
+        """Dot-product scores, softmax weights and no active dropout."""
+        return self.score != "additive" and self.normalize == "softmax" and not self.dropping
 
 
 def compiled_by_xla():
@@ -129,20 +167,11 @@ def fused_enabled():
     return jax.default_backend() in ("gpu", "cuda", "rocm", "tpu")
 
 
-def takes_fused(score, normalize, dropout, training, need_weights):
+def takes_fused(weighting, need_weights):
     """Whether attention can run `keras.ops.dot_product_attention`: dot-product
     softmax scores, weights not returned, no active dropout on them, and a
     backend where it is the fastest path (`fused_enabled`)."""
-    dropping = (
-        dropout is not None and dropout.rate > 0 and training is not None and training is not False
-    )
-    return (
-        fused_enabled()
-        and not need_weights
-        and score != "additive"
-        and normalize == "softmax"
-        and not dropping
-    )
+    return fused_enabled() and not need_weights and weighting.plain_softmax
 
 
 def fused_window(window, causal, dtype):
@@ -221,9 +250,7 @@ def fused_context(query, key, value, mask, is_causal=False, local_window=None):
     return context[:, :, 0] if single else context
 
 
-def fused_local_context(
-    query, key, value, *, window, causal, local_window, query_mask, key_mask, attention_mask
-):
+def fused_local_context(query, key, value, visibility, local_window):
     """Self-attention with a local window on the fused kernel, the window its
     own (`fused_window`'s `local_window`): only the padding and explicit
     masks are passed as a mask.
@@ -231,38 +258,27 @@ def fused_local_context(
     Args:
         query, key, value: as `attention_context` takes them, the same
             positions (self-attention without a cache offset).
-        window, causal: the layer's structural mask (`include_self=True`).
+        visibility: a `masks.Visibility` with a `window` and `include_self`.
         local_window: what `fused_window(window, causal, dtype)` returned.
-        query_mask, key_mask, attention_mask: as `masks.combine_masks`.
 
     Returns:
         `(context, has_keys)`: `has_keys` as `query_has_keys` of the whole
         mask (a query whose window holds no unmasked key is empty), `None`
         when nothing but the window masks (every query keeps itself).
     """
-    padding = combine_masks(None, query_mask, key_mask, attention_mask)
-    context = fused_context(query, key, value, padding, causal, local_window)
+    padding = visibility.padding()
+    context = fused_context(query, key, value, padding, visibility.causal, local_window)
     if padding is None:
         return context, None
     length = ops.shape(query)[1]
-    window_mask = structural_mask(length, length, causal=causal, window=window)
-    return context, query_has_keys(combine_masks(window_mask, query_mask, key_mask, attention_mask))
+    return context, query_has_keys(visibility.combined(length, length))
 
 
-def takes_softmax_backward(score, normalize, dropout, training, need_weights):
+def takes_softmax_backward(weighting, need_weights):
     """Whether attention can run through `softmax_attention`'s hand-written
     backward: dot-product softmax scores, weights not returned, no active
     dropout on them, and not traced for XLA (see `compiled_by_xla`)."""
-    dropping = (
-        dropout is not None and dropout.rate > 0 and training is not None and training is not False
-    )
-    return (
-        not need_weights
-        and score != "additive"
-        and normalize == "softmax"
-        and not dropping
-        and not compiled_by_xla()
-    )
+    return not need_weights and weighting.plain_softmax and not compiled_by_xla()
 
 
 def weighted_sum(weights, value):
@@ -281,20 +297,7 @@ def query_has_keys(mask):
     return ops.max(ops.cast(mask, "float32"), axis=-1, keepdims=True)
 
 
-def attention_context(
-    query,
-    key,
-    value,
-    mask,
-    *,
-    score,
-    normalize,
-    score_vector=None,
-    dropout=None,
-    training=None,
-    need_weights=True,
-    is_causal=False,
-):
+def attention_context(query, key, value, mask, weighting, *, need_weights=True, is_causal=False):
     """Scores, normalises and mixes values; the one path every layer uses.
 
     Args:
@@ -303,11 +306,7 @@ def attention_context(
         key: `[B, Tk, H, d]`.
         value: `[B, Tk, H, dv]`.
         mask: `None` or boolean `[B|1, Tq, Tk]`.
-        score: one of `SCORES`.
-        normalize: one of `NORMALIZATIONS`.
-        score_vector: `[H, d]` for `score="additive"`.
-        dropout: optional dropout layer applied to the weights.
-        training: passed to `dropout`.
+        weighting: a `Weighting`.
         need_weights: bool; with `False`, dot-product softmax attention
             without active dropout and outside XLA takes
             `softmax_attention`'s faster backward, or
@@ -323,20 +322,20 @@ def attention_context(
     """
     per_head = len(query.shape) == 4
     head_mask = mask if mask is None or not per_head else ops.expand_dims(mask, 1)
-    if takes_fused(score, normalize, dropout, training, need_weights):
+    if takes_fused(weighting, need_weights):
         return fused_context(query, key, value, mask, is_causal), None
     if is_causal:
         raise ValueError("`is_causal=True` is only for the fused path (see `takes_fused`).")
-    if takes_softmax_backward(score, normalize, dropout, training, need_weights):
+    if takes_softmax_backward(weighting, need_weights):
         return softmax_attention(query, key, value, head_mask, softmax_weights), None
-    if score == "additive":
-        scores = additive_scores(query, key, score_vector)
+    if weighting.score == "additive":
+        scores = additive_scores(query, key, weighting.score_vector)
     else:
         scores = dot_scores(query, key)
-    weights = normalize_scores(scores, head_mask, normalize)
+    weights = normalize_scores(scores, head_mask, weighting.normalize)
     mixed = weights
-    if dropout is not None:
-        mixed = dropout(weights, training=training)
+    if weighting.dropout is not None:
+        mixed = weighting.dropout(weights, training=weighting.training)
     context = weighted_sum(ops.cast(mixed, value.dtype), value)
     return context, weights
 

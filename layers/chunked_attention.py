@@ -48,26 +48,7 @@ def resolve_chunk_size(chunk_size, batch, heads, length_q, length_k):
     return None
 
 
-def chunked_attention_context(
-    query,
-    key,
-    value,
-    *,
-    chunk_size,
-    score,
-    normalize,
-    score_vector=None,
-    causal=False,
-    window=None,
-    include_self=True,
-    query_offset=0,
-    key_valid_length=None,
-    query_mask=None,
-    key_mask=None,
-    attention_mask=None,
-    dropout=None,
-    training=None,
-):
+def chunked_attention_context(query, key, value, *, chunk_size, weighting, visibility):
     """Memory-efficient attention: the same result as `attention_ops.attention_context`.
 
     Queries and keys are processed in `chunk_size` blocks; softmax runs
@@ -80,47 +61,37 @@ def chunked_attention_context(
     Args:
         query, key, value: as in `attention_context` (per-head layout).
         chunk_size: int, block size for queries and keys.
-        causal, window, include_self, query_offset, key_valid_length: the
-            structural mask, as in `layers.masks.structural_mask`.
-        query_mask, key_mask: `None` or `[B, Tq]` / `[B, Tk]` padding masks.
-        attention_mask: `None` or `[B, Tq, Tk]` explicit mask (itself
-            quadratic in memory; sliced per block).
-        dropout, training: dropout on the (normalised) weights.
+        weighting: an `attention_ops.Weighting` (scores, normalisation,
+            dropout on the normalised weights).
+        visibility: a `layers.masks.Visibility`; its `attention_mask` is
+            itself quadratic in memory (sliced per block).
 
     Returns:
         `(context [B, Tq, H, dv] in the value dtype, has_keys [B, Tq, 1]
         float32)`: fully masked query rows have zero context, as on the full
         path, and `has_keys` 0.
     """
-    if flash_attention.uses_flash(score, normalize, dropout, training):
+    if flash_attention.uses_flash(weighting):
         return flash_attention.flash_attention(
             query,
             key,
             value,
             chunk_size=chunk_size,
-            causal=causal,
-            window=window,
-            include_self=include_self,
-            query_offset=query_offset,
-            key_valid_length=key_valid_length,
-            query_mask=query_mask,
-            key_mask=key_mask,
-            attention_mask=attention_mask,
-            normalize=normalize,
+            visibility=visibility,
+            normalize=weighting.normalize,
         )
     # Additive scores and dropout: autodiff through the block loop (linear
     # memory forward; its backward keeps every block).
     c = chunk_size
+    score, normalize = weighting.score, weighting.normalize
+    causal, window = visibility.causal, visibility.window
     batch = ops.shape(query)[0]
     length_q, length_k = ops.shape(query)[1], ops.shape(key)[1]
     heads, value_dim = query.shape[2], value.shape[3]
     out_dtype = value.dtype
-    offset = ops.cast(query_offset, "int32")
-    valid_k = ops.cast(length_k if key_valid_length is None else key_valid_length, "int32")
     q, k, v = pad_axis1(query, c), pad_axis1(key, c), pad_axis1(value, c)
-    qmask, kmask, attention_mask = padded_block_masks(
-        batch, length_q, length_k, c, query_mask, key_mask, attention_mask
-    )
+    padded = padded_block_masks(batch, length_q, length_k, c, visibility)
+    offset = padded.query_offset
     num_q = ops.shape(q)[1] // c
     num_k = ops.shape(k)[1] // c
 
@@ -143,23 +114,10 @@ def chunked_attention_context(
             k_start = ki * c
             kb = ops.slice(k, [zero, k_start, zero, zero], [batch, c, heads, k.shape[3]])
             vb = ops.slice(v, [zero, k_start, zero, zero], [batch, c, heads, value_dim])
-            keep = block_keep_mask(
-                q_start,
-                k_start,
-                batch=batch,
-                block_size=c,
-                query_mask=qmask,
-                key_mask=kmask,
-                attention_mask=attention_mask,
-                causal=causal,
-                window=window,
-                include_self=include_self,
-                query_offset=offset,
-                key_valid_length=valid_k,
-            )
+            keep = block_keep_mask(q_start, k_start, batch=batch, block_size=c, visibility=padded)
             seen = seen + ops.sum(keep, axis=-1)
             if score == "additive":
-                s = attention_ops.additive_scores(qb, kb, score_vector)
+                s = attention_ops.additive_scores(qb, kb, weighting.score_vector)
             else:
                 s = attention_ops.dot_scores(qb, kb)
             s = ops.cast(s, "float32")
@@ -173,8 +131,8 @@ def chunked_attention_context(
                 m = m_new
             else:
                 p = ops.relu(s) * keep
-            if dropout is not None:
-                p = dropout(p, training=training)
+            if weighting.dropout is not None:
+                p = weighting.dropout(p, training=weighting.training)
             acc = acc + attention_ops.weighted_sum(p, ops.cast(vb, "float32"))
             return m, l, seen, acc
 

@@ -17,6 +17,7 @@ from keras import ops
 
 from layers.masks import (
     MASK_PENALTY,
+    Visibility,
     block_keep_mask,
     pad_axis1,
     padded_block_masks,
@@ -32,22 +33,7 @@ def _t(x):
     return ops.transpose(x, (0, 1, 3, 2))
 
 
-def flash_attention(
-    query,
-    key,
-    value,
-    *,
-    chunk_size,
-    causal=False,
-    window=None,
-    include_self=True,
-    query_offset=0,
-    key_valid_length=None,
-    query_mask=None,
-    key_mask=None,
-    attention_mask=None,
-    normalize="softmax",
-):
+def flash_attention(query, key, value, *, chunk_size, visibility=None, normalize="softmax"):
     """Dot-product attention in blocks; gradients in linear memory.
 
     Args:
@@ -55,10 +41,7 @@ def flash_attention(
         key: `[B, Tk, H, d]`.
         value: `[B, Tk, H, dv]`.
         chunk_size: int, the block size of queries and keys.
-        causal, window, include_self, query_offset, key_valid_length: the
-            structural mask, as in `layers.masks.structural_mask`.
-        query_mask, key_mask: `None` or `[B, Tq]` / `[B, Tk]` padding masks.
-        attention_mask: `None` or `[B|1, Tq|1, Tk]` explicit mask.
+        visibility: a `layers.masks.Visibility` (`None`: every key visible).
         normalize: `"softmax"`, or `"relu"` (weights `relu(q.k)`, no
             normalisation: no row statistics, the backward needs only the
             scores' sign).
@@ -70,16 +53,15 @@ def flash_attention(
     """
     c = int(chunk_size)
     relu = normalize == "relu"
+    given = visibility or Visibility()
+    causal, window = given.causal, given.window
     batch = ops.shape(query)[0]
     length_q, length_k = ops.shape(query)[1], ops.shape(key)[1]
     heads, key_dim, value_dim = query.shape[2], query.shape[3], value.shape[3]
-    offset = ops.cast(query_offset, "int32")
-    valid_k = ops.cast(length_k if key_valid_length is None else key_valid_length, "int32")
-    qmask, kmask, attention_mask = padded_block_masks(
-        batch, length_q, length_k, c, query_mask, key_mask, attention_mask
-    )
-    num_q = ops.shape(qmask)[1] // c
-    num_k = ops.shape(kmask)[1] // c
+    padded = padded_block_masks(batch, length_q, length_k, c, given)
+    offset = padded.query_offset
+    num_q = ops.shape(padded.query_mask)[1] // c
+    num_k = ops.shape(padded.key_mask)[1] // c
     zero = ops.zeros((), "int32")
 
     def key_range(qi):
@@ -101,13 +83,11 @@ def flash_attention(
     # Nothing to mask in any block (static): no mask arithmetic at all.
     static_lengths = isinstance(length_q, int) and isinstance(length_k, int)
     unmasked = (
-        query_mask is None
-        and key_mask is None
-        and attention_mask is None
-        and key_valid_length is None
+        not given.padded
+        and given.key_valid_length is None
         and not causal
         and window is None
-        and include_self
+        and given.include_self
         and static_lengths
         and length_q % c == 0
         and length_k % c == 0
@@ -118,20 +98,7 @@ def flash_attention(
         `None` when nothing is masked."""
         if unmasked:
             return None
-        return block_keep_mask(
-            qi * c,
-            ki * c,
-            batch=batch,
-            block_size=c,
-            query_mask=qmask,
-            key_mask=kmask,
-            attention_mask=attention_mask,
-            causal=causal,
-            window=window,
-            include_self=include_self,
-            query_offset=offset,
-            key_valid_length=valid_k,
-        )
+        return block_keep_mask(qi * c, ki * c, batch=batch, block_size=c, visibility=padded)
 
     def block(x, i, width):
         """Block `i` of a head-major `[B, H, T, width]` tensor."""
@@ -258,10 +225,12 @@ def flash_attention(
     return context, has_keys[:, :length_q]
 
 
-def uses_flash(score, normalize, dropout, training):
+def uses_flash(weighting):
     """Whether the chunked path can take `flash_attention`: dot-product
-    scores (softmax or ReLU weights) and no active dropout on them."""
-    dropping = (
-        dropout is not None and dropout.rate > 0 and training is not None and training is not False
+    scores (softmax or ReLU weights) and no active dropout on them
+    (`weighting`: an `attention_ops.Weighting`)."""
+    return (
+        weighting.score != "additive"
+        and weighting.normalize in ("softmax", "relu")
+        and not weighting.dropping
     )
-    return score != "additive" and normalize in ("softmax", "relu") and not dropping

@@ -8,6 +8,8 @@ ranges stay builtin (docs/facts.md).
 Convention everywhere: a mask is boolean (or 0/1), `True` means "may attend".
 """
 
+import dataclasses
+
 from keras import ops
 
 
@@ -118,6 +120,51 @@ def combine_masks(
     return mask
 
 
+@dataclasses.dataclass(frozen=True, eq=False)
+class Visibility:
+    """Which keys each query may attend to, as every attention path takes it:
+    the structure (`structural_mask`'s arguments) and the padding and
+    explicit masks (`combine_masks`' `[B, Tq]`, `[B, Tk]` and `[B|1, Tq|1, Tk]`,
+    each `None` when absent)."""
+
+    causal: bool = False
+    window: object = None
+    include_self: bool = True
+    query_offset: object = 0
+    key_valid_length: object = None
+    query_mask: object = None
+    key_mask: object = None
+    attention_mask: object = None
+
+    def structural(self, query_length, key_length):
+        """`structural_mask` of these settings, or `None`."""
+        return structural_mask(
+            query_length,
+            key_length,
+            causal=self.causal,
+            window=self.window,
+            include_self=self.include_self,
+            query_offset=self.query_offset,
+            key_valid_length=self.key_valid_length,
+        )
+
+    def combined(self, query_length, key_length):
+        """Every source in one `[B|1, Tq, Tk]` mask (`combine_masks`), or `None`."""
+        structural = self.structural(query_length, key_length)
+        return self.padding(structural)
+
+    def padding(self, structural=None):
+        """The padding and explicit masks, with `structural` if given, combined."""
+        return combine_masks(structural, self.query_mask, self.key_mask, self.attention_mask)
+
+    @property
+    def padded(self):
+        """Whether a padding or explicit mask is given."""
+        return not (
+            self.query_mask is None and self.key_mask is None and self.attention_mask is None
+        )
+
+
 # Block-wise paths (`layers.chunked_attention`, `layers.flash_attention`): masks
 # are built per (query block, key block) pair, never as one [Tq, Tk] tensor.
 
@@ -134,21 +181,24 @@ def pad_axis1(x, multiple, value=0):
     return ops.pad(x, pads, constant_values=value)
 
 
-def padded_block_masks(batch, length_q, length_k, block_size, query_mask, key_mask, attention_mask):
-    """The padding masks of a block-wise path, as `block_keep_mask` takes them.
+def padded_block_masks(batch, length_q, length_k, block_size, visibility):
+    """`visibility` as a block-wise path and `block_keep_mask` take it.
 
     Args:
         batch, length_q, length_k: the (possibly dynamic) batch size and lengths.
         block_size: int, the block size of queries and keys.
-        query_mask, key_mask: `None` (nothing padded) or `[B, Tq]` / `[B, Tk]`.
-        attention_mask: `None` or `[B|1, Tq|1, Tk]` explicit mask.
+        visibility: a `Visibility`.
 
     Returns:
-        `(query_mask, key_mask, attention_mask)`: boolean `[B, Tq']`, `[B, Tk']`
-        and `None` or `[B, Tq', Tk']`, padded with `False` to multiples of
-        `block_size` (`Tq'`, `Tk'`).
+        A `Visibility` whose masks are boolean `[B, Tq']`, `[B, Tk']` and `None`
+        or `[B, Tq', Tk']`, padded with `False` to multiples of `block_size`
+        (`Tq'`, `Tk'`; a padding mask not given is all `True` before padding),
+        whose `query_offset` is int32 and whose `key_valid_length` is an int32
+        scalar (`length_k` when not given).
     """
     c = block_size
+    query_mask, key_mask = visibility.query_mask, visibility.key_mask
+    attention_mask = visibility.attention_mask
     qmask = (
         ops.ones((batch, length_q), "bool") if query_mask is None else ops.cast(query_mask, "bool")
     )
@@ -163,7 +213,15 @@ def padded_block_masks(batch, length_q, length_k, block_size, query_mask, key_ma
         attention_mask = ops.pad(
             attention_mask, [[0, 0], [0, 0], [0, extra]], constant_values=False
         )
-    return qmask, kmask, attention_mask
+    valid_k = visibility.key_valid_length
+    return dataclasses.replace(
+        visibility,
+        query_offset=ops.cast(visibility.query_offset, "int32"),
+        key_valid_length=ops.cast(length_k if valid_k is None else valid_k, "int32"),
+        query_mask=qmask,
+        key_mask=kmask,
+        attention_mask=attention_mask,
+    )
 
 
 def visible_key_blocks(qi, block_size, query_offset, num_blocks_k, causal, window):
@@ -181,49 +239,34 @@ def visible_key_blocks(qi, block_size, query_offset, num_blocks_k, causal, windo
     return start, ops.maximum(stop, start)
 
 
-def block_keep_mask(
-    q_start,
-    k_start,
-    *,
-    batch,
-    block_size,
-    query_mask,
-    key_mask,
-    attention_mask=None,
-    causal=False,
-    window=None,
-    include_self=True,
-    query_offset=0,
-    key_valid_length=None,
-):
+def block_keep_mask(q_start, k_start, *, batch, block_size, visibility):
     """float32 `[B, 1, c, c]`: 1 where a query of the block starting at `q_start`
     may attend to a key of the block starting at `k_start`.
 
     Args:
         q_start, k_start: int32 scalars, the first (padded) row of each block.
         batch: the batch size; block_size: int `c`.
-        query_mask, key_mask, attention_mask: from `padded_block_masks`.
-        causal, window, include_self, query_offset, key_valid_length: the
-            structural mask, as in `structural_mask`.
+        visibility: from `padded_block_masks`.
     """
     c = block_size
+    v = visibility
     zero = ops.zeros((), "int32")
     positions = ops.arange(c, dtype="int32")
-    qmb = ops.slice(query_mask, [zero, q_start], [batch, c])
-    kmb = ops.slice(key_mask, [zero, k_start], [batch, c])
+    qmb = ops.slice(v.query_mask, [zero, q_start], [batch, c])
+    kmb = ops.slice(v.key_mask, [zero, k_start], [batch, c])
     keep = ops.logical_and(ops.expand_dims(qmb, 2), ops.expand_dims(kmb, 1))  # [B, c, c]
     structure = position_mask(
-        ops.expand_dims(positions + q_start + ops.cast(query_offset, "int32"), 1),
+        ops.expand_dims(positions + q_start + v.query_offset, 1),
         ops.expand_dims(positions + k_start, 0),
-        causal=causal,
-        window=window,
-        include_self=include_self,
-        key_valid_length=key_valid_length,
+        causal=v.causal,
+        window=v.window,
+        include_self=v.include_self,
+        key_valid_length=v.key_valid_length,
     )
     keep = ops.logical_and(keep, ops.expand_dims(structure, 0))
-    if attention_mask is not None:
+    if v.attention_mask is not None:
         keep = ops.logical_and(
-            keep, ops.slice(attention_mask, [zero, q_start, k_start], [batch, c, c])
+            keep, ops.slice(v.attention_mask, [zero, q_start, k_start], [batch, c, c])
         )
     return ops.cast(ops.expand_dims(keep, 1), "float32")
 

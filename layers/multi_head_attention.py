@@ -7,8 +7,9 @@ from keras import ops
 from keras.layers import EinsumDense
 
 from layers import attention_ops, kv_cache
-from layers.chunked_attention import chunked_attention_context, resolve_chunk_size
-from layers.masks import combine_masks, merge_key_masks, structural_mask
+from layers.attention_paths import attend
+from layers.chunked_attention import resolve_chunk_size
+from layers.masks import Visibility, merge_key_masks
 from layers.projection import flat_matmul, heads_first_projection
 from layers.rotary_embedding import RotaryEmbedding
 from layers.softmax_attention import softmax_attention
@@ -385,6 +386,7 @@ class MultiHeadAttention(keras.layers.Layer):
         It fuses the projection and attention stages, so a subclass that
         overrides either of them never takes it."""
         cls = type(self)
+        weighting = attention_ops.Weighting.of(self, training)
         return (
             self_attention
             and cls._project_qkv is MultiHeadAttention._project_qkv
@@ -392,12 +394,8 @@ class MultiHeadAttention(keras.layers.Layer):
             and self.value_dim == self.key_dim
             and cache is None
             and chunk_size is None
-            and not attention_ops.takes_fused(
-                self.score, self.normalize, self._dropout_layer, training, return_attention_scores
-            )
-            and attention_ops.takes_softmax_backward(
-                self.score, self.normalize, self._dropout_layer, training, return_attention_scores
-            )
+            and not attention_ops.takes_fused(weighting, return_attention_scores)
+            and attention_ops.takes_softmax_backward(weighting, return_attention_scores)
         )
 
     def _heads_first_call(self, query, query_mask, key_mask, attention_mask, causal):
@@ -419,25 +417,25 @@ class MultiHeadAttention(keras.layers.Layer):
                 for t in (q, k)
             )
         length = ops.shape(query)[1]
-        mask = self._mask(length, length, query_mask, key_mask, attention_mask, causal=causal)
+        visibility = self._visibility(causal, query_mask, key_mask, attention_mask)
+        mask = visibility.combined(length, length)
         keep = None if mask is None else ops.expand_dims(mask, 0)
         context = softmax_attention(q, k, v, keep, attention_ops.softmax_weights, heads_first=True)
         has_keys = None if mask is None else attention_ops.query_has_keys(mask)
         return self._output_projection(ops.transpose(context, (1, 2, 0, 3)), has_keys)
 
-    def _mask(
-        self, query_length, key_length, query_mask, key_mask, attention_mask, causal, **structural
-    ):
-        """Every mask source combined into one `[B|1, Tq, Tk]` mask, or `None`."""
-        structural = structural_mask(
-            query_length,
-            key_length,
+    def _visibility(self, causal, query_mask, key_mask, attention_mask, **structure):
+        """The call's `Visibility`: the layer's window and `include_self`,
+        the call's causality and masks, and `structure`'s offsets."""
+        return Visibility(
             causal=causal,
             window=self.window,
             include_self=self.include_self,
-            **structural,
+            query_mask=query_mask,
+            key_mask=key_mask,
+            attention_mask=attention_mask,
+            **structure,
         )
-        return combine_masks(structural, query_mask, key_mask, attention_mask)
 
     def _check_call_shapes(
         self,
@@ -652,90 +650,24 @@ class MultiHeadAttention(keras.layers.Layer):
             `[B|1, Tq, 1]` float 0/1, 0 for query rows that may attend to
             nothing.
         """
-        score_vector = getattr(self, "score_vector", None)
-        if chunk_size is not None:
-            if return_attention_scores:
-                raise ValueError(
-                    "`return_attention_scores=True` needs the full attention "
-                    "matrix, which `chunk_size` exists to avoid. Received: "
-                    f"chunk_size={self.chunk_size}, return_attention_scores=True"
-                )
-            context, has_keys = chunked_attention_context(
-                query,
-                key,
-                value,
-                chunk_size=chunk_size,
-                score=self.score,
-                normalize=self.normalize,
-                score_vector=score_vector,
-                causal=causal,
-                window=self.window,
-                include_self=self.include_self,
-                query_offset=query_offset,
-                key_valid_length=key_valid_length,
-                query_mask=query_mask,
-                key_mask=key_mask,
-                attention_mask=attention_mask,
-                dropout=self._dropout_layer,
-                training=training,
-            )
-            return context, None, has_keys
-        fused = attention_ops.takes_fused(
-            self.score, self.normalize, self._dropout_layer, training, return_attention_scores
-        )
-        # A local window as the fused kernel's own (JAX's `local_window_size`).
-        local_window = None
-        if fused and aligned and self.window is not None and self.include_self:
-            local_window = attention_ops.fused_window(self.window, causal, query.dtype)
-        if local_window is not None:
-            context, has_keys = attention_ops.fused_local_context(
-                query,
-                key,
-                value,
-                window=self.window,
-                causal=causal,
-                local_window=local_window,
-                query_mask=query_mask,
-                key_mask=key_mask,
-                attention_mask=attention_mask,
-            )
-            return context, None, has_keys
-        # The fused kernel's own causal mask (cuDNN's causal flash attention)
-        # when nothing else is masked: no [T, T] mask at all.
-        is_causal = (
-            causal
-            and aligned
-            and self.window is None
-            and self.include_self
-            and query_mask is None
-            and key_mask is None
-            and attention_mask is None
-            and fused
-        )
-        mask = self._mask(
-            ops.shape(query)[1],
-            ops.shape(key)[1],
+        visibility = self._visibility(
+            causal,
             query_mask,
             key_mask,
             attention_mask,
-            causal and not is_causal,
             query_offset=query_offset,
             key_valid_length=key_valid_length,
         )
-        context, weights = attention_ops.attention_context(
+        return attend(
             query,
             key,
             value,
-            mask,
-            score=self.score,
-            normalize=self.normalize,
-            score_vector=score_vector,
-            dropout=self._dropout_layer,
-            training=training,
+            attention_ops.Weighting.of(self, training),
+            visibility,
             need_weights=return_attention_scores,
-            is_causal=is_causal,
+            chunk_size=chunk_size,
+            aligned=aligned,
         )
-        return context, weights, None if mask is None else attention_ops.query_has_keys(mask)
 
     def _output_projection(self, context, has_keys=None):
         """The output stage: `[B, T, H, dv]` context to `[B, T, output_dim]`;

@@ -6,8 +6,9 @@ import keras
 from keras import ops
 
 from layers import attention_ops
-from layers.chunked_attention import chunked_attention_context, resolve_chunk_size
-from layers.masks import combine_masks, structural_mask
+from layers.attention_paths import attend
+from layers.chunked_attention import resolve_chunk_size
+from layers.masks import Visibility
 from layers.scores_output_spec import ScoresOutputSpec
 from layers.validation import (
     check_choice,
@@ -194,85 +195,30 @@ class SelfAttention(ScoresOutputSpec, keras.layers.Layer):
                 if return_attention_scores
                 else resolve_chunk_size("auto", shape[0], 1, shape[1], shape[1])
             )
-        if chunk_size is not None:
-            return self._call_chunked(
-                q, k, v, mask, attention_mask, return_attention_scores, training, chunk_size
-            )
-        local_window = None
-        if self.window is not None and self.include_self:
-            if attention_ops.takes_fused(
-                self.score, self.normalize, self._dropout_layer, training, return_attention_scores
-            ):
-                local_window = attention_ops.fused_window(self.window, self.causal, q.dtype)
-        if local_window is not None:
-            # The window as the fused kernel's own (JAX's `local_window_size`).
-            context, has_keys = attention_ops.fused_local_context(
-                q,
-                k,
-                v,
-                window=self.window,
-                causal=self.causal,
-                local_window=local_window,
-                query_mask=mask,
-                key_mask=mask,
-                attention_mask=attention_mask,
-            )
-            return context if has_keys is None else context * ops.cast(has_keys, context.dtype)
-        length = ops.shape(inputs)[1]
-        structural = structural_mask(
-            length,
-            length,
-            causal=self.causal,
-            window=self.window,
-            include_self=self.include_self,
-        )
-        full_mask = combine_masks(structural, mask, mask, attention_mask)
-        context, weights = attention_ops.attention_context(
-            q,
-            k,
-            v,
-            full_mask,
-            score=self.score,
-            normalize=self.normalize,
-            score_vector=getattr(self, "score_vector", None),
-            dropout=self._dropout_layer,
-            training=training,
-            need_weights=return_attention_scores,
-        )
-        output = context
-        if full_mask is not None:
-            output = output * ops.cast(attention_ops.query_has_keys(full_mask), output.dtype)
-        if return_attention_scores:
-            return output, ops.cast(weights, self.compute_dtype)
-        return output
-
-    def _call_chunked(
-        self, q, k, v, mask, attention_mask, return_attention_scores, training, chunk_size
-    ):
-        if return_attention_scores:
-            raise ValueError(
-                "`return_attention_scores=True` needs the full attention matrix, "
-                f"which `chunk_size` exists to avoid. Received: chunk_size={self.chunk_size}"
-            )
-        score_vector = getattr(self, "score_vector", None)
-        context, has_keys = chunked_attention_context(
-            ops.expand_dims(q, 2),
-            ops.expand_dims(k, 2),
-            ops.expand_dims(v, 2),
-            chunk_size=chunk_size,
-            score=self.score,
-            normalize=self.normalize,
-            score_vector=None if score_vector is None else ops.expand_dims(score_vector, 0),
+        visibility = Visibility(
             causal=self.causal,
             window=self.window,
             include_self=self.include_self,
             query_mask=mask,
             key_mask=mask,
             attention_mask=attention_mask,
-            dropout=self._dropout_layer,
-            training=training,
         )
-        return context[:, :, 0, :] * ops.cast(has_keys, context.dtype)
+        context, weights, has_keys = attend(
+            q,
+            k,
+            v,
+            attention_ops.Weighting.of(self, training),
+            visibility,
+            need_weights=return_attention_scores,
+            chunk_size=chunk_size,
+            aligned=True,
+        )
+        output = context
+        if has_keys is not None:
+            output = output * ops.cast(has_keys, output.dtype)
+        if return_attention_scores:
+            return output, ops.cast(weights, self.compute_dtype)
+        return output
 
     def compute_mask(self, inputs, mask=None):
         return mask

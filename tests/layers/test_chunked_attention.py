@@ -206,23 +206,22 @@ def test_flash_backward_cross_attention_with_cache_offset():
     # keys past the written length masked), on the function itself against
     # autodiff of the full path's softmax.
     from layers import attention_ops, flash_attention
-    from layers.masks import structural_mask
+    from layers.masks import Visibility
 
     q = tf.constant(rng.normal(size=(1, 4, 2, 4)).astype("float32"))
     k = tf.constant(rng.normal(size=(1, 11, 2, 4)).astype("float32"))
     v = tf.constant(rng.normal(size=(1, 11, 2, 4)).astype("float32"))
-    structure = dict(causal=True, query_offset=5, key_valid_length=9)
+    visibility = Visibility(causal=True, query_offset=5, key_valid_length=9)
     outs = []
     for chunked in (False, True):
         with tf.GradientTape() as tape:
             tape.watch([q, k, v])
             if chunked:
-                y, _ = flash_attention.flash_attention(q, k, v, chunk_size=3, **structure)
+                y, _ = flash_attention.flash_attention(q, k, v, chunk_size=3, visibility=visibility)
             else:
-                mask = tf.expand_dims(structural_mask(4, 11, **structure), 0)
-                y, _ = attention_ops.attention_context(
-                    q, k, v, mask, score="dot", normalize="softmax", need_weights=True
-                )
+                mask = tf.expand_dims(visibility.structural(4, 11), 0)
+                weighting = attention_ops.Weighting(score="dot", normalize="softmax")
+                y, _ = attention_ops.attention_context(q, k, v, mask, weighting, need_weights=True)
             loss = tf.reduce_sum(y * tf.sin(tf.range(4, dtype=y.dtype)))
         outs.append([y.numpy()] + [g.numpy() for g in tape.gradient(loss, [q, k, v])])
     for a, b in zip(*outs):

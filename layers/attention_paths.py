@@ -1,0 +1,77 @@
+"""The path one attention call takes, shared by `SelfAttention` and `MultiHeadAttention`.
+
+Block by block (`layers.chunked_attention`) when a chunk size is given; else
+the fused kernel with its own local window or causal mask where
+`attention_ops.takes_fused` allows; else the full path
+(`attention_ops.attention_context`) under one combined mask.
+"""
+
+import dataclasses
+
+from keras import ops
+
+from layers import attention_ops
+from layers.chunked_attention import chunked_attention_context
+
+
+def attend(query, key, value, weighting, visibility, *, need_weights, chunk_size, aligned):
+    """Scores every query against every key, normalises and mixes the values.
+
+    Args:
+        query: `[B, Tq, H, d]` (or `[B, Tq, d]`, one head without its axis),
+            scaled for `"scaled_dot"`.
+        key: `[B, Tk, H, d]` (or `[B, Tk, d]`).
+        value: `[B, Tk, H, dv]` (or `[B, Tk, dv]`).
+        weighting: an `attention_ops.Weighting`.
+        visibility: a `layers.masks.Visibility`.
+        need_weights: bool, whether the weights are returned.
+        chunk_size: `None` or int, run block by block.
+        aligned: bool, queries and keys are the same positions
+            (self-attention without a cache), so a causal mask or a local
+            window may be the fused kernel's own.
+
+    Returns:
+        `(context, weights, has_keys)`: the context in the query's layout;
+        float32 weights (`[B, H, Tq, Tk]` or `[B, Tq, Tk]`) when
+        `need_weights` (else may be `None`); and `None` or a `[B|1, Tq, 1]`
+        float 0/1, 0 for query rows that may attend to nothing.
+    """
+    if chunk_size is not None:
+        if need_weights:
+            raise ValueError(
+                "`return_attention_scores=True` needs the full attention "
+                "matrix, which `chunk_size` exists to avoid. Received: "
+                f"chunk_size={chunk_size}, return_attention_scores=True"
+            )
+        single = len(query.shape) == 3
+        if single:  # the block loops work per head
+            query, key, value = (ops.expand_dims(t, 2) for t in (query, key, value))
+            if weighting.score_vector is not None:
+                vector = ops.expand_dims(weighting.score_vector, 0)
+                weighting = dataclasses.replace(weighting, score_vector=vector)
+        context, has_keys = chunked_attention_context(
+            query, key, value, chunk_size=chunk_size, weighting=weighting, visibility=visibility
+        )
+        return (context[:, :, 0] if single else context), None, has_keys
+    fused = attention_ops.takes_fused(weighting, need_weights)
+    # A local window as the fused kernel's own (JAX's `local_window_size`).
+    v = visibility
+    local_window = None
+    if fused and aligned and v.window is not None and v.include_self:
+        local_window = attention_ops.fused_window(v.window, v.causal, query.dtype)
+    if local_window is not None:
+        context, has_keys = attention_ops.fused_local_context(
+            query, key, value, visibility, local_window
+        )
+        return context, None, has_keys
+    # The fused kernel's own causal mask (cuDNN's causal flash attention)
+    # when nothing else is masked: no [T, T] mask at all.
+    is_causal = fused and aligned and v.causal and v.window is None and v.include_self
+    is_causal = is_causal and not v.padded
+    if is_causal:
+        visibility = dataclasses.replace(visibility, causal=False)
+    mask = visibility.combined(ops.shape(query)[1], ops.shape(key)[1])
+    context, weights = attention_ops.attention_context(
+        query, key, value, mask, weighting, need_weights=need_weights, is_causal=is_causal
+    )
+    return context, weights, None if mask is None else attention_ops.query_has_keys(mask)
