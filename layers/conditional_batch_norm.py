@@ -100,18 +100,14 @@ class ConditionalBatchNormalization(keras.layers.Layer):
         # Assigned inside each replica under tf.distribute: without an aggregation every
         # replica would silently keep its own copy. MEAN keeps the copies identical (and,
         # with `synchronized`, every replica assigns the same value anyway).
-        self.moving_mean = self.add_weight(
-            name="moving_mean",
+        self.moving_mean = self._add_moving("moving_mean", channels, "zeros")
+        self.moving_variance = self._add_moving("moving_variance", channels, "ones")
+
+    def _add_moving(self, name, channels, initializer):
+        return self.add_weight(
+            name=name,
             shape=(channels,),
-            initializer="zeros",
-            trainable=False,
-            autocast=False,
-            aggregation="mean",
-        )
-        self.moving_variance = self.add_weight(
-            name="moving_variance",
-            shape=(channels,),
-            initializer="ones",
+            initializer=initializer,
             trainable=False,
             autocast=False,
             aggregation="mean",

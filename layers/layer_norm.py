@@ -96,24 +96,13 @@ class LayerNorm(keras.layers.Layer):
                 "LayerNorm needs known sizes on the normalized axes. Received: "
                 f"input_shape={tuple(input_shape)}, axis={self.axis}"
             )
-        self.gamma = None
-        self.beta = None
-        if self.scale:
-            self.gamma = self.add_weight(
-                name="gamma",
-                shape=shape,
-                initializer=self.gamma_initializer,
-                trainable=True,
-                autocast=False,
-            )
-        if self.center:
-            self.beta = self.add_weight(
-                name="beta",
-                shape=shape,
-                initializer=self.beta_initializer,
-                trainable=True,
-                autocast=False,
-            )
+        self.gamma = self._add_param("gamma", shape, self.gamma_initializer) if self.scale else None
+        self.beta = self._add_param("beta", shape, self.beta_initializer) if self.center else None
+
+    def _add_param(self, name, shape, initializer):
+        return self.add_weight(
+            name=name, shape=shape, initializer=initializer, trainable=True, autocast=False
+        )
 
     def _param(self, variable, input_shape, axes):
         value = ops.cast(variable, "float32")
