@@ -270,7 +270,10 @@ def test_mobile_snippets_use_the_tables_names_and_shapes():
     from export import mobile
 
     snippets = _snippets()
-    assert sorted({lang for lang, _, _ in snippets}) == ["kotlin", "swift"]
+    # Each export has an Android and an iOS recipe.
+    assert sorted((lang, key) for lang, key, _ in snippets) == sorted(
+        (lang, key) for lang in ("kotlin", "swift") for key in mobile.TENSORS
+    )
     for lang, key, code in snippets:
         table = mobile.TENSORS[key]
         used = _used(lang, code)
