@@ -8,25 +8,13 @@ spectral-norm vectors move once per step); every `n_dis` D steps, one G step. Th
 losses are train/sagan/losses.py's, with y' drawn uniformly from the classes. Adam with
 the CLI's rates and betas (their defaults and why: train/sagan/__init__.py).
 
-Distribution (as train/model_step.py): the global batch is split row-wise across the
-replicas; each replica's losses are SUMS over its rows divided by the GLOBAL batch
-size, and gradients are summed across replicas before Adam, so N replicas make exactly
-the one-device update. The latent noise and fake labels are drawn on the host from a
-generator seeded by (seed, D step, D or G) and split like the real batch: the same run
-on 1 or N replicas sees the same noise, and a resumed run the noise the uninterrupted
-run would have seen. The generator's batch norms are synchronised across replicas
-(zoo/sagan/model.py). The EMA of G is updated in cross-replica context. Under
-`mixed_float16` both optimizers scale the loss (`keras.optimizers.LossScaleOptimizer`).
-
-XLA (`jit_compile=True`, `--jit-compile`): the D step (G's forward pass, D's
-forward and backward pass, Adam) and the G step (G's and D's forward pass, G's
-backward pass, Adam) are each one XLA computation on one replica. G's upsampling
-carries its own gradient (`zoo.sagan.model.upsample_nearest_2x`): TensorFlow's,
-`ResizeNearestNeighborGrad`, has no XLA kernel outside TPUs.
-On several replicas neither step is compiled: an XLA computation runs on one device
-and cannot reach the other replicas' variables ("Trying to access resource ...
-located in device CPU:1 from device CPU:0" on two logical CPUs, for the whole step
-and for the per-replica function alike). TPUStrategy compiles both steps itself.
+Distribution and XLA are described in docs/distributed.md, "SAGAN". In short: each
+replica's losses are sums over its rows divided by the global batch and gradients are
+summed across replicas before Adam, so N replicas make the one-device update; noise and
+fake labels are drawn on the host from (seed, D step, D or G) and split like the real
+batch, so 1 or N replicas and a resumed run see the same noise. `jit_compile` makes each
+step one XLA computation on one replica only (one cannot reach the other replicas'
+variables); TPUStrategy compiles both steps itself.
 """
 
 import functools
@@ -112,8 +100,6 @@ class SaganStep(Step):
         }
         if self.ema is not None:
             groups["ema"] = self.ema.variables
-        # The loss scale (mixed_float16 only) is its own group, so a checkpoint moves
-        # between float32/bfloat16 and float16 runs.
         for name, optimizer in (("g_scale", self.g_opt), ("d_scale", self.d_opt)):
             if optimizer is not _inner(optimizer):
                 groups[name] = [optimizer.step_counter, optimizer.dynamic_scale]
@@ -199,12 +185,19 @@ class TfSaganStep(SaganStep):
             and not isinstance(self.strategy, tf.distribute.TPUStrategy)
         )
 
-        def compiled(fn):
-            return tf.function(fn, reduce_retracing=True, jit_compile=self.jit_compile)
+        total = functools.partial(self.strategy.reduce, tf.distribute.ReduceOp.SUM, axis=None)
 
-        self.d_step = compiled(self._d_step)
-        self.d_step_r1 = compiled(functools.partial(self._d_step, r1=True))
-        self.g_step = compiled(self._g_step)
+        def distributed(replica):
+            """`replica` on every replica, its logs summed across them."""
+
+            def step(*args):
+                return tf.nest.map_structure(total, self.strategy.run(replica, args=args))
+
+            return tf.function(step, reduce_retracing=True, jit_compile=self.jit_compile)
+
+        self.d_step = distributed(self._d_replica)
+        self.d_step_r1 = distributed(functools.partial(self._d_replica, r1=True))
+        self.g_step = distributed(self._g_replica)
         self.ema_step = tf.function(self._ema_step)
 
     def _apply(self, optimizer, grads, variables):
@@ -237,20 +230,6 @@ class TfSaganStep(SaganStep):
         grads = tape.gradient(scaled, self.g.trainable_variables)
         self._apply(self.g_opt, grads, self.g.trainable_variables)
         return logs
-
-    def _sum(self, per_replica):
-        return tf.nest.map_structure(
-            lambda v: self.strategy.reduce(tf.distribute.ReduceOp.SUM, v, axis=None), per_replica
-        )
-
-    def _d_step(self, real, labels, noise, fake_labels, global_batch, r1=False):
-        replica = functools.partial(self._d_replica, r1=r1)
-        return self._sum(
-            self.strategy.run(replica, args=(real, labels, noise, fake_labels, global_batch))
-        )
-
-    def _g_step(self, noise, labels, global_batch):
-        return self._sum(self.strategy.run(self._g_replica, args=(noise, labels, global_batch)))
 
     def _ema_step(self, step):
         # Cross-replica context: one value per variable, assigned to every copy.

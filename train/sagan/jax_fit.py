@@ -80,52 +80,53 @@ class JaxSaganStep(SaganStep):
         with keras.StatelessScope(state_mapping=list(zip(optimizer.variables, opt_vals))):
             return optimizer.scale_loss(loss)
 
-    def _d_pure(self, state, parts, global_batch, r1=False):
-        (g_vals, d_vals, opt_vals), (real, labels, noise, fake_labels) = state, parts
-        index = self._trained_index(self.d)
-        batch = real.shape[0]
+    def _descend(self, model, optimizer, state, run):
+        """One `optimizer` step on `model` (G or D) down the loss `run(d_vals)` returns with
+        G and D holding the state's values; returns (logs, the new state)."""
+        g_vals, d_vals, opt_vals = state
+        is_g = model is self.g
+        own, index = (g_vals if is_g else d_vals), self._trained_index(model)
 
         def loss_fn(trained):
-            d_now = _with(d_vals, index, trained)
+            now = _with(own, index, trained)
+            g_now, d_now = (now, d_vals) if is_g else (g_vals, now)
+            (total, logs), g_new, d_new = self._forward(g_now, d_now, lambda: run(d_now))
+            return self._scaled(optimizer, opt_vals, total), (logs, g_new, d_new)
 
-            def run():
-                fake = self.g(self._g_inputs(noise, fake_labels), training=True)
-                images = ops.concatenate([real, ops.cast(fake, real.dtype)], axis=0)
-                all_labels = ops.concatenate([labels, fake_labels], axis=0)
-                grads_x = None
-                if r1:
-                    logits, scores, grads_x = self._d_logits_and_real_grads(
-                        images, all_labels, batch, d_now
-                    )
-                else:
-                    logits, scores = self._d_logits(images, all_labels)
-                return losses.d_loss(self, logits, scores, labels, global_batch, grads_x)
-
-            (total, logs), g_new, d_new = self._forward(g_vals, d_now, run)
-            return self._scaled(self.d_opt, opt_vals, total), (logs, g_new, d_new)
-
-        trained = [d_vals[i] for i in index]
+        trained = [own[i] for i in index]
         (_, (logs, g_new, d_new)), grads = jax.value_and_grad(loss_fn, has_aux=True)(trained)
-        trained, opt_vals = self.d_opt.stateless_apply(opt_vals, grads, trained)
+        trained, opt_vals = optimizer.stateless_apply(opt_vals, grads, trained)
+        if is_g:
+            return logs, (_with(g_new, index, trained), d_new, opt_vals)
         return logs, (g_new, _with(d_new, index, trained), opt_vals)
 
+    def _d_pure(self, state, parts, global_batch, r1=False):
+        real, labels, noise, fake_labels = parts
+
+        def run(d_vals):
+            fake = self.g(self._g_inputs(noise, fake_labels), training=True)
+            images = ops.concatenate([real, ops.cast(fake, real.dtype)], axis=0)
+            all_labels = ops.concatenate([labels, fake_labels], axis=0)
+            grads_x = None
+            if r1:
+                logits, scores, grads_x = self._d_logits_and_real_grads(
+                    images, all_labels, real.shape[0], d_vals
+                )
+            else:
+                logits, scores = self._d_logits(images, all_labels)
+            return losses.d_loss(self, logits, scores, labels, global_batch, grads_x)
+
+        return self._descend(self.d, self.d_opt, state, run)
+
     def _g_pure(self, state, parts, global_batch):
-        (g_vals, d_vals, opt_vals), (noise, labels) = state, parts
-        index = self._trained_index(self.g)
+        noise, labels = parts
 
-        def loss_fn(trained):
-            def run():
-                fake = self.g(self._g_inputs(noise, labels), training=True)
-                logits, scores = self._d_logits(fake, labels)
-                return losses.g_loss(self, logits, scores, fake, noise, labels, global_batch)
+        def run(_):
+            fake = self.g(self._g_inputs(noise, labels), training=True)
+            logits, scores = self._d_logits(fake, labels)
+            return losses.g_loss(self, logits, scores, fake, noise, labels, global_batch)
 
-            (total, logs), g_new, d_new = self._forward(_with(g_vals, index, trained), d_vals, run)
-            return self._scaled(self.g_opt, opt_vals, total), (logs, g_new, d_new)
-
-        trained = [g_vals[i] for i in index]
-        (_, (logs, g_new, d_new)), grads = jax.value_and_grad(loss_fn, has_aux=True)(trained)
-        trained, opt_vals = self.g_opt.stateless_apply(opt_vals, grads, trained)
-        return logs, (_with(g_new, index, trained), d_new, opt_vals)
+        return self._descend(self.g, self.g_opt, state, run)
 
     # ------------------------------------------------------------ host side
     def _step(self, fn, optimizer, parts, rows):
