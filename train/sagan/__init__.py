@@ -21,7 +21,8 @@ from zoo.cli import UsageError
 
 @dataclasses.dataclass
 class SaganConfig:
-    """The options of `python -m train sagan` (train.config)."""
+    """The options of `python -m train sagan` (train.config). What each default
+    contributes, measured against its alternatives: benchmarks/sagan.md, "Design notes"."""
 
     out: str = option(
         None, "run directory (default runs/sagan or runs/sagan-compare)", kind=str, record=False
@@ -32,24 +33,15 @@ class SaganConfig:
         kind=int,
         check=at_least(0),
     )
-    # 16, not 32: a D step's time is linear in the batch here (compute-bound), so 16 buys
-    # twice the steps, and with 2e-3 it reaches FID 34 in the budget where 32 at 1e-3
-    # reaches 64 (benchmarks/sagan.md).
     batch_size: int = option(
         16,
         "real images per D step, split across replicas (global batch; default 16)",
         check=at_least(1),
     )
     n_dis: int = option(1, "D steps per G step (default 1)", check=at_least(1))
-    # Not SAGAN's TTUR (1e-4 / 4e-4): on a short budget D wins every step (d_loss ~0) and G
-    # learns slowly; equal rates keep the game balanced. Without R1, 4e-4 is worse than
-    # 2e-4; with it, 1e-3 reaches in 1,500 D steps the FID 2e-4 has at 3,000, and 2e-3
-    # beats 1e-3 at fixed steps on every seed measured (benchmarks/sagan.md).
+    # Equal rates, not SAGAN's TTUR (1e-4 / 4e-4): on a short budget D won every step.
     lr_g: float = option(2e-3, "generator learning rate (default 2e-3)", check=above(0))
     lr_d: float = option(2e-3, "discriminator learning rate (default 2e-3)", check=above(0))
-    # 0.5: the default run's FID falls from 34.8 to 28.9 (4.9x the floor) on one CPU; from
-    # 0.25 D wins the last epoch (30.0). Not a clear gain on other seeds (one better, one
-    # worse at fixed steps); at 2e-4 without R1 any decay lets D win (benchmarks/sagan.md).
     lr_decay_from: float = option(
         0.5,
         "from this fraction of the budget (--max-minutes or --epochs, whichever ends the "
@@ -65,9 +57,6 @@ class SaganConfig:
         check=one_of("best", "last"),
     )
     beta1: float = option(0.0, "Adam beta_1 (default 0)", check=fraction)
-    # 0.99, not SAGAN's 0.9: at 2e-3 the steadier step size puts all three model seeds of
-    # the compare within 5x the FID floor (0.9: one seed stalls at 16.8x; benchmarks/
-    # sagan.md).
     beta2: float = option(0.99, "Adam beta_2 (default 0.99)", check=fraction)
     ema: float = option(
         0.999,
@@ -90,9 +79,6 @@ class SaganConfig:
         check=at_least(0),
         metavar="WEIGHT",
     )
-    # On by default: without it the per-epoch FID swings between 230 and 760 on one CPU.
-    # 10: the lowest FID on the default seed, 1: the better mean over two seeds; 0.1 does
-    # little (benchmarks/sagan.md).
     r1: float = option(
         10.0,
         "weight of the R1 penalty on D's gradient at real images, applied every 4th "
@@ -121,7 +107,6 @@ class SaganConfig:
         "resize images to this side (a power of two >= 32; default: the data's own)",
         kind=int,
     )
-    # 16,000: with 4,000, D saw each image ~50 times in the budget and classes swung late.
     train_size: int = option(
         16000, "embedded data: training images (default 16000)", check=at_least(1)
     )
@@ -208,11 +193,9 @@ class SaganConfig:
                 f"{self.attention_resolution!r}"
             ) from None
 
-    def data_flags(self):
-        """What train.sagan.images.load_images reads (the data seed resolved)."""
-        names = ("dataset", "image_dir", "image_size", "train_size", "test_size", "max_images")
-        seed = self.seed if self.data_seed is None else self.data_seed
-        return {**{k: getattr(self, k) for k in names}, "seed": seed}
+    def resolved_data_seed(self):
+        """The seed of the data and the evaluation classifier: --data-seed, else --seed."""
+        return self.seed if self.data_seed is None else self.data_seed
 
 
 CONFIG = SaganConfig
@@ -234,11 +217,10 @@ def build_trainer(image_size=32, channels=3, num_classes=4, argv=()):
     parser = argparse.ArgumentParser(prog="train sagan")
     add_arguments(parser)
     cfg = config.from_args(SaganConfig, parser.parse_args(list(argv)))
-    from train.sagan.training import _build, _model_config, _step, _train_config
+    from train.sagan.training import _build, _configs, _step
 
     data = types.SimpleNamespace(image_size=image_size, channels=channels, num_classes=num_classes)
-    model_cfg = _model_config(cfg, data, cfg.attention())
-    train_cfg = _train_config(cfg, model_cfg)
+    model_cfg, train_cfg = _configs(cfg, data)
     g, d, ema = _build(model_cfg, train_cfg)
     return g, d, ema, _step((g, d, ema), model_cfg, train_cfg), train_cfg
 
@@ -250,30 +232,26 @@ def run(args):
     from train import rundir
 
     rundir.check_out_dir(cfg.out, resume=cfg.resume, kinds=("sagan",))
-    if cfg.resume:
-        from zoo.cli import import_keras_quietly
+    if not cfg.resume:
+        # Everything that can be wrong with the input is found before anything is written.
+        from train.sagan.images import load_images
 
-        import_keras_quietly()  # after the cheap checks: bad input still gets one line
-        from train.sagan.training import resume_run
+        data = load_images(cfg)
+        if cfg.attention() not in ("auto", None):
+            from zoo.sagan.model import resolve_attention
 
-        return resume_run(cfg)
-    # Everything that can be wrong with the input is found before anything is written.
-    from train.sagan.images import load_images
-
-    data = load_images(**cfg.data_flags())
-    if cfg.attention() not in ("auto", None):
-        from zoo.sagan.model import resolve_attention
-
-        try:
-            resolve_attention(data.image_size, cfg.attention())
-        except ValueError as e:
-            raise UsageError(f"--attention-resolution {cfg.attention()}: {e}") from None
+            try:
+                resolve_attention(data.image_size, cfg.attention())
+            except ValueError as e:
+                raise UsageError(f"--attention-resolution {cfg.attention()}: {e}") from None
     from zoo.cli import import_keras_quietly
 
     import_keras_quietly()  # after the cheap checks: bad input still gets one line
-    from train.sagan.training import check_replicas, train_compare, train_one
+    from train.sagan import training
 
-    check_replicas(cfg.batch_size)
+    if cfg.resume:
+        return training.resume_run(cfg)
+    training.check_replicas(cfg.batch_size)
     if cfg.compare:
-        return train_compare(cfg, data)
-    return train_one(cfg, data, cfg.out, started=started)
+        return training.train_compare(cfg, data)
+    return training.train_one(cfg, data, cfg.out, started=started)

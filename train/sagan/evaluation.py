@@ -28,12 +28,14 @@ def generate(generator, n, latent_dim, num_classes, seed, batch_size=128):
 
 
 class Evaluator:
-    """Holds the reference features so each evaluation only embeds generated images."""
+    """Holds the reference features so each evaluation only embeds generated images of
+    the generator `model_cfg` describes; `seed` draws the real images."""
 
-    def __init__(self, classifier, data, n, seed=0):
+    def __init__(self, classifier, data, n, seed, model_cfg):
         rng = np.random.default_rng(seed)
         self.n = int(min(n, len(data.train), len(data.test)))
-        self.classifier = classifier
+        self.classifier, self.class_names = classifier, data.class_names
+        self.latent_dim, self.num_classes = model_cfg["latent_dim"], model_cfg["num_classes"]
         reference = to_float(data.train[rng.choice(len(data.train), self.n, replace=False)])
         test = to_float(data.test[rng.choice(len(data.test), self.n, replace=False)])
         self.ref_features, _ = features_and_outputs(classifier, reference)
@@ -41,25 +43,27 @@ class Evaluator:
         self.real_consistent = float(np.mean(test_out["consistent"][:, 0] > 0.5))
         self._floor = None
 
+    def _kid(self, features):
+        subset = min(500, self.n)
+        return round(kernel_inception_distance(features, self.ref_features, subset_size=subset), 5)
+
     def floor(self):
         if self._floor is None:
             self._floor = {
                 "fid_floor": round(frechet_distance(self.test_features, self.ref_features), 4),
-                "kid_floor": round(
-                    kernel_inception_distance(
-                        self.test_features, self.ref_features, subset_size=min(500, self.n)
-                    ),
-                    5,
-                ),
+                "kid_floor": self._kid(self.test_features),
             }
         return self._floor
 
-    def progress(self, generator, latent_dim, num_classes, seed):
+    def _generate(self, generator, seed):
+        images, labels = generate(generator, self.n, self.latent_dim, self.num_classes, seed)
+        return features_and_outputs(self.classifier, images), labels
+
+    def progress(self, generator, seed):
         """The per-epoch signal: FID, class accuracy and consistency (no KID)."""
-        images, labels = generate(generator, self.n, latent_dim, num_classes, seed)
-        features, out = features_and_outputs(self.classifier, images)
+        (features, out), labels = self._generate(generator, seed)
         accuracy = class_min = None
-        if num_classes:
+        if self.num_classes:
             hits = np.argmax(out["class"], axis=-1) == labels
             accuracy = float(np.mean(hits))
             class_min = min(float(np.mean(hits[labels == k])) for k in np.unique(labels))
@@ -71,30 +75,23 @@ class Evaluator:
             "consistent_quick": round(float(np.mean(out["consistent"][:, 0] > 0.5)), 4),
         }
 
-    def evaluate(self, generator, latent_dim, num_classes, seed, class_names=None):
-        images, labels = generate(generator, self.n, latent_dim, num_classes, seed)
-        features, out = features_and_outputs(self.classifier, images)
+    def evaluate(self, generator, seed):
+        (features, out), labels = self._generate(generator, seed)
         metrics = {
             "fid": round(frechet_distance(features, self.ref_features), 4),
-            "kid": round(
-                kernel_inception_distance(
-                    features, self.ref_features, subset_size=min(500, self.n)
-                ),
-                5,
-            ),
+            "kid": self._kid(features),
             **self.floor(),
             "class_accuracy": None,
             "consistent": round(float(np.mean(out["consistent"][:, 0] > 0.5)), 4),
             "real_consistent": round(self.real_consistent, 4),
             "eval_samples": self.n,
         }
-        if num_classes:
+        if self.num_classes:
             predicted = np.argmax(out["class"], axis=-1)
             metrics["class_accuracy"] = round(float(np.mean(predicted == labels)), 4)
-            names = class_names or [str(k) for k in range(num_classes)]
             metrics["class_accuracy_per_class"] = {
-                names[k]: round(float(np.mean(predicted[labels == k] == k)), 4)
-                for k in range(num_classes)
+                self.class_names[k]: round(float(np.mean(predicted[labels == k] == k)), 4)
+                for k in range(self.num_classes)
                 if np.any(labels == k)
             }
         return metrics

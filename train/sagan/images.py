@@ -47,29 +47,23 @@ def check_size(size, flag="--image-size"):
     return size
 
 
-def load_images(
-    dataset=None,
-    image_dir=None,
-    image_size=None,
-    train_size=4000,
-    test_size=1000,
-    max_images=None,
-    seed=0,
-):
-    """The data the flags name (default: the embedded shapes)."""
-    if dataset and image_dir:
+def load_images(cfg):
+    """The data the options `cfg` (train.sagan.SaganConfig) name (default: the embedded
+    shapes), split by the data seed (--data-seed, else --seed)."""
+    image_size, seed = cfg.image_size, cfg.resolved_data_seed()
+    if cfg.dataset and cfg.image_dir:
         raise UsageError("--dataset and --image-dir cannot be combined")
     if image_size is not None:
         check_size(image_size)
-    if image_dir:
-        return load_image_dir(image_dir, image_size, max_images, seed)
-    if dataset:
-        return load_tfds_images(dataset, image_size, max_images)
+    if cfg.image_dir:
+        return load_image_dir(cfg.image_dir, image_size, cfg.max_images, seed)
+    if cfg.dataset:
+        return load_tfds_images(cfg.dataset, image_size, cfg.max_images)
     from train.sagan.shapes import CLASS_NAMES, make_shapes
 
     size = image_size or 32
-    train, train_labels = make_shapes(train_size, size, seed=seed)
-    test, test_labels = make_shapes(test_size, size, seed=seed + 10_000)
+    train, train_labels = make_shapes(cfg.train_size, size, seed=seed)
+    test, test_labels = make_shapes(cfg.test_size, size, seed=seed + 10_000)
     return ImageData(
         train,
         train_labels,
@@ -80,8 +74,8 @@ def load_images(
             "name": "embedded",
             "generator": "train.sagan.shapes",
             "seed": seed,
-            "train": train_size,
-            "test": test_size,
+            "train": cfg.train_size,
+            "test": cfg.test_size,
             "image_size": size,
         },
     )

@@ -46,12 +46,16 @@ MIN_MINUTES = 1.0
 GRID_COLUMNS = 8
 
 
-def _model_config(cfg, data, attention):
+def _configs(cfg, data):
+    """config.json's "model" (the generator's arguments) and "train": the options with
+    the epochs, the data seed (--data-seed, else --seed: --compare trains several model
+    seeds on one data set) and the run's attention resolved, so replaying it trains the
+    same run."""
     from zoo.sagan.model import resolve_attention
 
     conditional = data.num_classes > 1 and not cfg.unconditional
-    attention = resolve_attention(data.image_size, attention)
-    return {
+    attention = resolve_attention(data.image_size, cfg.attention())
+    model_cfg = {
         "image_size": data.image_size,
         "channels": data.channels,
         "num_classes": data.num_classes if conditional else None,
@@ -61,82 +65,65 @@ def _model_config(cfg, data, attention):
         "seed": cfg.seed,
         "class_embedding": cfg.class_embedding if conditional else 0,
     }
+    resolved = dataclasses.replace(
+        cfg,
+        epochs=DEFAULT_EPOCHS if cfg.epochs is None else cfg.epochs,
+        data_seed=cfg.resolved_data_seed(),
+        attention_resolution="none" if attention is None else str(attention),
+    )
+    return model_cfg, config.record(resolved)
 
 
 def _d_config(model_cfg):
     return {k: v for k, v in model_cfg.items() if k not in ("latent_dim", "class_embedding")}
 
 
-def _train_config(cfg, model_cfg):
-    """config.json's "train": the options with the epochs, the data seed (--data-seed,
-    else --seed: --compare trains several model seeds on one data set) and the run's
-    attention resolved, so replaying it trains the same run."""
-    attention = model_cfg["attention_resolution"]
-    resolved = dataclasses.replace(
-        cfg,
-        epochs=DEFAULT_EPOCHS if cfg.epochs is None else cfg.epochs,
-        data_seed=cfg.data_flags()["seed"],
-        attention_resolution="none" if attention is None else str(attention),
-    )
-    return config.record(resolved)
-
-
 def _build(model_cfg, train_cfg):
     """G, D and EMA-G, built in the distribution strategy's scope (train/strategy.py)."""
     # The builders themselves, not zoo.build: that imports every zoo model, TensorFlow
     # with the tagger's, and the JAX benchmark builds these where TensorFlow is absent.
-    from train import strategy as dist
     from zoo.sagan.model import build_discriminator, build_generator
 
-    g_cfg = dict(model_cfg)
-    d_cfg = _d_config(model_cfg)
     with dist.scope():
         try:
-            g = build_generator(**g_cfg)
-            d = build_discriminator(**d_cfg)
+            g = build_generator(**model_cfg)
+            d = build_discriminator(**_d_config(model_cfg))
         except ValueError as e:
             raise UsageError(str(e)) from None
         ema = None
         if train_cfg["ema"] > 0:
-            ema = build_generator(**g_cfg)
+            ema = build_generator(**model_cfg)
             ema.set_weights(g.get_weights())
     return g, d, ema
 
 
-class _Sampler:
-    """The model that makes images for FID, figures and model.keras.
+def _sampler(source, model_cfg):
+    """A function returning the model that makes images for FID, figures and model.keras.
 
     Under a distribution strategy, Keras's `predict_on_batch` on a mirrored model hands
     the whole batch to every replica and concatenates their outputs, so sampling (and
     the saved model) use a plain one-device copy of the generator, refreshed from the
-    trained weights when asked. On one device it is the generator itself.
+    trained weights at each call. On one device it is the generator itself.
     """
+    import tensorflow as tf
 
-    def __init__(self, source, model_cfg):
-        import tensorflow as tf
+    with dist.scope():
+        if not tf.distribute.has_strategy():
+            return lambda: source
+    import zoo
 
-        from train import strategy as dist
+    model = zoo.build("sagan_generator", **model_cfg)
 
-        self.source = source
-        with dist.scope():
-            distributed = tf.distribute.has_strategy()
-        self.model = source
-        if distributed:
-            import zoo
+    def refresh():
+        model.set_weights(source.get_weights())
+        return model
 
-            self.model = zoo.build("sagan_generator", **model_cfg)
-            self.refresh()
-
-    def refresh(self):
-        if self.model is not self.source:
-            self.model.set_weights(self.source.get_weights())
-        return self.model
+    refresh()
+    return refresh
 
 
 def check_replicas(batch_size):
     """--batch-size is the global batch: every replica needs at least one row of it."""
-    from train import strategy as dist
-
     replicas = int(dist.get().num_replicas_in_sync)
     if batch_size < replicas:
         raise UsageError(
@@ -146,32 +133,24 @@ def check_replicas(batch_size):
 
 def get_classifier(out, data, train_cfg, classifier=None):
     """The run's frozen classifier: given (compare), already in the run, or trained now."""
-    from train.sagan.fid_classifier import load_cached, save_cached
+    from train.sagan import fid_classifier
 
-    cached = load_cached(out, data, train_cfg["data_seed"]) if classifier is None else None
+    seed = train_cfg["data_seed"]
+    cached = fid_classifier.load_cached(out, data, seed) if classifier is None else None
     if cached is not None:
         return cached
-    report = {}
     if classifier is None:
-        from train.sagan.fid_classifier import train_classifier
-
         print(
             f"training the evaluation classifier ({train_cfg['classifier_epochs']} epochs)...",
             file=sys.stderr,
             flush=True,
         )
-        classifier, report = train_classifier(
-            data, epochs=train_cfg["classifier_epochs"], seed=train_cfg["data_seed"]
-        )
+        epochs = train_cfg["classifier_epochs"]
+        classifier, report = fid_classifier.train_classifier(data, epochs=epochs, seed=seed)
     else:
-        from train.sagan.fid_classifier import evaluate_real
-
-        report = evaluate_real(classifier, data)
-    save_cached(classifier, report, out)
+        report = fid_classifier.evaluate_real(classifier, data)
+    fid_classifier.save_cached(classifier, report, out)
     return classifier, report
-
-
-_FLAG = object()
 
 
 def default_budget(elapsed_minutes):
@@ -203,15 +182,12 @@ def _resolve_budget(started, train_cfg):
     return True
 
 
-def train_one(cfg, data, out, attention=_FLAG, classifier=None, started=None):
-    """One run of `cfg` (train.sagan.SaganConfig); `attention` overrides
-    --attention-resolution (None = no attention); `started`: when the run began."""
+def train_one(cfg, data, out, classifier=None, started=None):
+    """One run of `cfg` (train.sagan.SaganConfig); `started`: when the run began."""
     import keras
 
-    attention = cfg.attention() if attention is _FLAG else attention
     keras.utils.set_random_seed(cfg.seed)
-    model_cfg = _model_config(cfg, data, attention)
-    train_cfg = _train_config(cfg, model_cfg)
+    model_cfg, train_cfg = _configs(cfg, data)
     models = _build(model_cfg, train_cfg)
     rundir.create_run_dir(out, "sagan")
     atomic.write_lines(os.path.join(out, "vocab", "classes.txt"), data.class_names)
@@ -245,7 +221,7 @@ def resume_run(cfg):
     check_replicas(train_cfg["batch_size"])
     from train.sagan.images import load_images
 
-    data = load_images(**recorded.data_flags())
+    data = load_images(recorded)
     import keras
 
     keras.utils.set_random_seed(train_cfg["seed"])
@@ -260,13 +236,8 @@ def resume_run(cfg):
 def _step(models, model_cfg, train_cfg):
     import types
 
-    recipe = types.SimpleNamespace(
-        **{
-            **train_cfg,
-            "num_classes": model_cfg["num_classes"],
-            "latent_dim": model_cfg["latent_dim"],
-        }
-    )
+    shape = {k: model_cfg[k] for k in ("num_classes", "latent_dim")}
+    recipe = types.SimpleNamespace(**{**train_cfg, **shape})
     from train.steps import make_sagan_step
 
     step = make_sagan_step(models, recipe, dist.get(), dist.jit_compile())
@@ -356,31 +327,20 @@ class _EpochEnd:
         self.model_cfg, self.train_cfg = run.config["model"], run.config["train"]
         self.samples_dir = os.path.join(run.out, "samples")
         os.makedirs(self.samples_dir, exist_ok=True)
-        self.quick = None
-        if self.train_cfg["epoch_eval_samples"]:
-            self.quick = Evaluator(
-                run.classifier,
-                run.data,
-                self.train_cfg["epoch_eval_samples"],
-                seed=self.train_cfg["data_seed"],
-            )
+        samples, seed = self.train_cfg["epoch_eval_samples"], self.train_cfg["data_seed"]
+        self.quick = samples and Evaluator(run.classifier, run.data, samples, seed, self.model_cfg)
         self.fixed = _fixed_latents(self.model_cfg, self.train_cfg["seed"])
 
     def quick_eval(self):
-        if self.quick is None:
+        if not self.quick:
             return {"fid_quick": None}
-        return self.quick.progress(
-            self.sampling.refresh(),
-            self.model_cfg["latent_dim"],
-            self.model_cfg["num_classes"],
-            seed=self.train_cfg["seed"] + 7,
-        )
+        return self.quick.progress(self.sampling(), seed=self.train_cfg["seed"] + 7)
 
     def __call__(self, epoch, logs):
         from train.sagan.figures import save_progress_figure, save_sample_grid
 
         logs.update(self.quick_eval())
-        images = np.asarray(self.sampling.refresh().predict_on_batch(self.fixed))
+        images = np.asarray(self.sampling().predict_on_batch(self.fixed))
         path = os.path.join(self.samples_dir, f"epoch_{epoch + 1:03d}.png")
         save_sample_grid(images, GRID_COLUMNS, path)
         if dist.is_chief():
@@ -400,7 +360,7 @@ def _fit_and_finish(run, resuming):
     if run.config.get("runtime") != step.runtime:
         run.config["runtime"] = step.runtime
         atomic.write_json(os.path.join(run.out, "config.json"), run.config)
-    sampling = _Sampler(ema if ema is not None else g, run.config["model"])
+    sampling = _sampler(ema if ema is not None else g, run.config["model"])
     state = {}
     epoch_end = _EpochEnd(run, sampling, state)
     if not resuming:  # a resumed run's checkpoint holds it
@@ -422,7 +382,7 @@ def _fit_and_finish(run, resuming):
         return _Batches(run.data, batch, order, conditional)
 
     engine.fit(step, source, plan, state, name=run.out)
-    sampler = sampling.refresh()
+    sampler = sampling()
     best = state.get("best")
     if best is not None:
         worst = best["logs"].get("class_min_quick")
@@ -448,14 +408,9 @@ def _finish(run, sampler, state, distribution):
 
     out, data = run.out, run.data
     (g, d, _), model_cfg, train_cfg = run.models, run.config["model"], run.config["train"]
-    evaluator = Evaluator(run.classifier, data, train_cfg["eval_samples"], train_cfg["data_seed"])
-    metrics = evaluator.evaluate(
-        sampler,
-        model_cfg["latent_dim"],
-        model_cfg["num_classes"],
-        seed=train_cfg["seed"] + 1,
-        class_names=data.class_names,
-    )
+    samples, seed = train_cfg["eval_samples"], train_cfg["data_seed"]
+    evaluator = Evaluator(run.classifier, data, samples, seed, model_cfg)
+    metrics = evaluator.evaluate(sampler, seed=train_cfg["seed"] + 1)
     seconds, history = state["train_seconds"], state["history"]
     metrics.update(
         run.report,
@@ -545,19 +500,12 @@ def _summary_table(summary):
             return ""
         return f"{entry[f'{key}_mean']:.4g} ± {entry[f'{key}_std']:.2g}"
 
-    head = (
-        "| arm | seeds | "
-        + " | ".join(title for _, title in COMPARE_METRICS)
-        + " | FID floor | real consistent |"
-    )
-    lines = [head, "|" + "---|" * (len(COMPARE_METRICS) + 4)]
+    titles = [title for _, title in COMPARE_METRICS] + ["FID floor", "real consistent"]
+    lines = ["| arm | seeds | " + " | ".join(titles) + " |", "|" + "---|" * (len(titles) + 2)]
     for e in summary:
         cells = [cell(e, key) for key, _ in COMPARE_METRICS]
-        lines.append(
-            f"| {e['name']} | {e['seeds']} | "
-            + " | ".join(cells)
-            + f" | {e['fid_floor']} | {e['real_consistent']} |"
-        )
+        cells += [str(e["fid_floor"]), str(e["real_consistent"])]
+        lines.append(f"| {e['name']} | {e['seeds']} | " + " | ".join(cells) + " |")
     return "\n".join(lines)
 
 
@@ -569,23 +517,20 @@ def train_compare(cfg, data):
     cfg = dataclasses.replace(
         cfg,
         max_minutes=DEFAULT_MAX_MINUTES if cfg.max_minutes is None else cfg.max_minutes,
-        data_seed=cfg.data_flags()["seed"],
+        data_seed=cfg.resolved_data_seed(),
     )
     classifier, _ = get_classifier(cfg.out, data, config.record(cfg))
+    # The attention arm at --attention-resolution, or auto where that says none.
+    with_attention = cfg.attention_resolution if cfg.attention() else "auto"
     rows = []
     for k in range(cfg.seeds):
         seed_cfg = dataclasses.replace(cfg, seed=cfg.seed + k)
-        for arm, attention in (("attention", cfg.attention() or "auto"), ("no_attention", None)):
+        for arm, attention in (("attention", with_attention), ("no_attention", "none")):
             name = arm if cfg.seeds == 1 else f"{arm}_seed{seed_cfg.seed}"
             print(f"\n=== {name} ===", flush=True)
             run_dir = os.path.join(cfg.out, name)
-            train_one(
-                seed_cfg,
-                data,
-                run_dir,
-                attention=attention,
-                classifier=classifier,
-            )
+            arm_cfg = dataclasses.replace(seed_cfg, attention_resolution=attention)
+            train_one(arm_cfg, data, run_dir, classifier=classifier)
             rows.append(
                 {
                     "name": name,
