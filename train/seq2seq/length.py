@@ -53,10 +53,6 @@ def test_ranges(args):
 def validate(args):
     train_range(args)
     test_ranges(args)
-    if args.seeds < 1:
-        raise UsageError(f"--seeds must be > 0, got {args.seeds}")
-    if args.eval_size < 1:
-        raise UsageError(f"--eval-size must be > 0, got {args.eval_size}")
     arms = [a.strip() for a in args.arms.split(",") if a.strip()]
     for arm in arms:
         if arm not in ARMS:
