@@ -7,25 +7,21 @@ from train.seq2seq import algorithmic, parallel
 from zoo.cli import DataError, UsageError
 from zoo.seq2seq.tokenization import BOS_ID, EOS_ID, train_sentencepiece
 
+SPLITS = ("train", "dev", "test")
+
 
 def load_data(args):
     """`ParallelData` from the flags; every input problem raises before anything is written."""
-    files = [
-        args.train_source,
-        args.train_target,
-        args.dev_source,
-        args.dev_target,
-        args.test_source,
-        args.test_target,
-    ]
-    tsvs = [args.train_tsv, args.dev_tsv, args.test_tsv]
+    names = [f"{split}_{part}" for split in SPLITS for part in ("source", "target")]
+    names += [f"{split}_tsv" for split in SPLITS]
+    given = {name: getattr(args, name) for name in names if getattr(args, name)}
     if args.dataset:
         name = tfds.parse_dataset_flag(args.dataset, example="ted_hrlr_translate/pt_to_en")
         splits, source = parallel.load_tfds(name)
         return _complete(splits, source, args.seed)
-    if any(files) or any(tsvs):
+    if given:
         splits = {}
-        for split in ("train", "dev", "test"):
+        for split in SPLITS:
             src, tgt = getattr(args, f"{split}_source"), getattr(args, f"{split}_target")
             tsv = getattr(args, f"{split}_tsv")
             if (src is None) != (tgt is None):
@@ -42,25 +38,7 @@ def load_data(args):
             raise UsageError(
                 "training data missing: give --train-source/--train-target or --train-tsv"
             )
-        source = {
-            "name": "files",
-            **{
-                k: v
-                for k, v in (
-                    ("train_source", args.train_source),
-                    ("train_target", args.train_target),
-                    ("dev_source", args.dev_source),
-                    ("dev_target", args.dev_target),
-                    ("test_source", args.test_source),
-                    ("test_target", args.test_target),
-                    ("train_tsv", args.train_tsv),
-                    ("dev_tsv", args.dev_tsv),
-                    ("test_tsv", args.test_tsv),
-                )
-                if v
-            },
-        }
-        return _complete(splits, source, args.seed)
+        return _complete(splits, {"name": "files", **given}, args.seed)
     generated = algorithmic.splits(
         args.task,
         train_size=args.train_size,

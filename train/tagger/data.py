@@ -97,32 +97,28 @@ class Encoded:
 
 
 class Batches:
-    """Length-bucketed batches (little padding); reshuffled every epoch when training."""
+    """Length-bucketed batches (little padding); with `shuffle`, in an order `seed` gives
+    (training makes one per epoch)."""
 
     def __init__(self, encoded, batch_size, shuffle=False, seed=0):
         self.encoded = encoded
-        self.batch_size = batch_size
-        self.shuffle = shuffle
-        self.rng = np.random.default_rng(seed)
-        self._make_batches()
-
-    def _make_batches(self):
-        n = len(self.encoded)
-        if self.shuffle:
-            order = self.rng.permutation(n)
-            pool = self.batch_size * 50
+        n = len(encoded)
+        if shuffle:
+            rng = np.random.default_rng(seed)
+            order = rng.permutation(n)
+            pool = batch_size * 50
             # Sort within pools of 50 batches: random batches, but similar lengths inside.
             order = np.concatenate(
                 [
-                    sorted(order[i : i + pool], key=lambda j: self.encoded.lengths[j])
+                    sorted(order[i : i + pool], key=lambda j: encoded.lengths[j])
                     for i in range(0, n, pool)
                 ]
             )
         else:
-            order = np.argsort(self.encoded.lengths, kind="stable")
-        self.batches = [order[i : i + self.batch_size] for i in range(0, n, self.batch_size)]
-        if self.shuffle:
-            self.rng.shuffle(self.batches)
+            order = np.argsort(encoded.lengths, kind="stable")
+        self.batches = [order[i : i + batch_size] for i in range(0, n, batch_size)]
+        if shuffle:
+            rng.shuffle(self.batches)
 
     def __len__(self):
         return len(self.batches)
@@ -134,27 +130,3 @@ class Batches:
 
     def __getitem__(self, index):
         return self.encoded.batch(self.batches[index])
-
-    def as_dataset(self):
-        """A `tf.data.Dataset` of (x, tags, weights) with a known length (progress bars);
-        every pass over it (every epoch) draws new shuffled batches."""
-        chars = self.encoded.char_ids[0].shape[-1] if len(self.encoded) else 1
-        signature = (
-            {
-                "word_ids": tf.TensorSpec([None, None], tf.int32),
-                "char_ids": tf.TensorSpec([None, None, chars], tf.int32),
-            },
-            tf.TensorSpec([None, None], tf.int32),
-            tf.TensorSpec([None, None], tf.float32),
-        )
-        passes = [0]
-
-        def generate():
-            if self.shuffle and passes[0]:
-                self._make_batches()
-            passes[0] += 1
-            for index in range(len(self.batches)):
-                yield self[index]
-
-        dataset = tf.data.Dataset.from_generator(generate, output_signature=signature)
-        return dataset.apply(tf.data.experimental.assert_cardinality(len(self))).prefetch(2)
