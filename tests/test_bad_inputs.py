@@ -241,7 +241,7 @@ FAST = [
     (["train", "tagger", "--out", "{R}/existing.png/run"], "{R}/existing.png is not a directory"),
     (["train", "tagger", "--checkpoint-every", "-1"], "--checkpoint-every must be >= 0, got -1"),
     (["train", "tagger", "--max-minutes", "-1"], "--max-minutes must be >= 0"),
-    (["train", "tagger", "--ema-momentum", "1.5"], "--ema-momentum must be in [0, 1), got 1.5"),
+    (["train", "tagger", "--ema", "1.5"], "--ema must be in [0, 1), got 1.5"),
     (["train", "tagger", "--seed", "x"], "'x'"),
     (["train", "tagger", "--strategy", "quantum"], "'quantum'"),
     (["train", "tagger", "--resume", "--out", "{R}/hover_run"], "'hovercraft' run"),

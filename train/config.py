@@ -19,18 +19,17 @@ def option(
     *,
     check=None,
     kind=None,
-    aliases=(),
     record=True,
     group=None,
     name=None,
     **argparse_kwargs,
 ):
     """A config field. help=None: recorded, but no flag (a value the run derives). `kind`:
-    the flag's type when the default is None and it is not a str; `aliases`: hidden older names of the flag;
+    the flag's type when the default is None and it is not a str;
     `check(value)`: True, or what is wrong ("must be >= 0"); `record`: written to
     config.json; `group`: the --help section; `name`: the flag, when not the field's.
     Other keywords go to argparse (metavar; action="append")."""
-    meta = dict(help=help, check=check, kind=kind, aliases=aliases, record=record)
+    meta = dict(help=help, check=check, kind=kind, record=record)
     meta.update(group=group, name=name)
     return dataclasses.field(default=default, metadata={**meta, "argparse": argparse_kwargs})
 
@@ -91,8 +90,6 @@ def add_arguments(parser, cls):
             default_type = str if field.default is None else type(field.default)
             kwargs.setdefault("type", meta["kind"] or default_type)
         target.add_argument(flag(field), help=meta["help"], **kwargs)
-        for alias in meta["aliases"]:
-            target.add_argument(alias, **kwargs, help=argparse.SUPPRESS)
 
 
 def _shown(value):

@@ -5,7 +5,7 @@ python tests/support/dist_tagger_worker.py --strategy default|mirrored|multi_wor
 Trains the tagger of train.tagger.training (same model, optimizer, batches, engine) on a small
 embedded data set for --epochs epochs of 3 steps each; at each epoch end every process
 writes its weights to DIR/weights-e{epoch}-w{worker}.npz and their moving average
-(the optimizer's EMA, `--ema-momentum`, on in every run: it leaves the raw updates
+(the optimizer's EMA, `--ema`, on in every run: it leaves the raw updates
 alone) to DIR/averaged-e{epoch}-w{worker}.npz. The chief writes step checkpoints to
 DIR/checkpoints. `mirrored` uses two logical CPU devices. SIGTERM / SIGINT stop it as
 they stop `python -m train` (train.preemption): one line, exit 143 / 130.

@@ -414,7 +414,7 @@ def test_bad_input_exit_code_from_a_real_process(tmp_path):
 
 
 def test_xla_training_steps_equal_the_plain_steps():
-    """`--jit-compile` / `--xla` compiles the same training step: without dropout (whose
+    """`--jit-compile` compiles the same training step: without dropout (whose
     random masks XLA draws differently) five steps under XLA end where five steps
     without it do, and the loss of every step agrees."""
     from train import loss_terms

@@ -1,4 +1,4 @@
-"""`--ema-momentum`: evaluation sees the moving average of the weights, training keeps
+"""`--ema`: evaluation sees the moving average of the weights, training keeps
 the raw weights (train.engine.averaged_weights), checked against a NumPy average."""
 
 import keras

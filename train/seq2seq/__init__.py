@@ -10,7 +10,6 @@ Writes RUN_DIR (--out): model.keras (tokenizer inside), config.json, metrics.jso
 calibration.npz, vocab/, checkpoints/, logs/ (TensorBoard).
 """
 
-import argparse
 import dataclasses
 import os
 
@@ -242,10 +241,6 @@ CONFIG = Seq2SeqConfig
 
 def add_arguments(parser):
     options.add_arguments(parser, Seq2SeqConfig)
-    # The earlier name of --jit-compile (one XLA flag across train commands), hidden.
-    parser.add_argument(
-        "--xla", dest="jit_compile", action="store_const", const=True, help=argparse.SUPPRESS
-    )
 
 
 def run(args):

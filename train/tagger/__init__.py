@@ -50,7 +50,6 @@ class TaggerConfig:
     learning_rate: float = option(
         None, "peak learning rate (default per arch)", kind=float, check=above(0)
     )
-    # --ema-momentum: the earlier name, kept working (hidden): one EMA flag across commands.
     ema_momentum: float = option(
         None,
         "evaluate and save the moving average of the weights with this momentum, e.g. "
@@ -59,7 +58,6 @@ class TaggerConfig:
         check=fraction,
         metavar="MOMENTUM",
         name="--ema",
-        aliases=("--ema-momentum",),
     )
     verbose: str = option(
         "auto",
