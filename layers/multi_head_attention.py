@@ -165,6 +165,7 @@ class MultiHeadAttention(keras.layers.Layer):
         - [Su et al., 2021](https://arxiv.org/abs/2104.09864) (rotary)
     """
 
+    # Keras's MultiHeadAttention signature and checks (a mirror of Keras), plus this layer's.
     def __init__(
         self,
         num_heads,
@@ -437,20 +438,11 @@ class MultiHeadAttention(keras.layers.Layer):
             **structure,
         )
 
-    def _check_call_shapes(
-        self,
-        query,
-        value,
-        key,
-        query_mask,
-        value_mask,
-        key_mask,
-        attention_mask,
-        cache,
-        cache_index,
-    ):
-        # Mismatched shapes would otherwise broadcast silently or fail deep in
-        # a kernel with a message that names no argument.
+    def _check_call_shapes(self, query, value, key, cache, cache_index):
+        """Checks the inputs' and the cache's shapes (mismatched shapes would
+        otherwise broadcast silently or fail deep in a kernel with a message
+        that names no argument); returns `(batch, query_length, key_length)`,
+        each `None` where unknown."""
         q_shape = known_shape(query)
         if q_shape is not None:
             check_rank("query", q_shape, 3)
@@ -483,8 +475,14 @@ class MultiHeadAttention(keras.layers.Layer):
                 num_heads=self.num_heads,
                 key_dim=self.key_dim,
             )
+        return batch, q_len, k_len
+
+    def _check_mask_shapes(self, lengths, query_mask, value_mask, key_mask, attention_mask, step):
+        """Checks the masks against `lengths` (`_check_call_shapes`'s); `step`:
+        a decoding step's padding masks describe its queries only."""
+        batch, q_len, k_len = lengths
         check_shape("query_mask", query_mask, (batch, q_len), "(batch, query_length)")
-        if cache is None or cache_index is None:
+        if not step:
             check_shape("value_mask", value_mask, (batch, k_len), "(batch, key_length)")
             check_shape("key_mask", key_mask, (batch, k_len), "(batch, key_length)")
         batch_or_one = None if batch is None else (batch, 1)
@@ -496,6 +494,7 @@ class MultiHeadAttention(keras.layers.Layer):
             "(batch or 1, query_length or 1, key_length)",
         )
 
+    # Keras's MultiHeadAttention.call arguments in order (a mirror of Keras), then the cache.
     def call(
         self,
         query,
@@ -517,9 +516,9 @@ class MultiHeadAttention(keras.layers.Layer):
         query = attention_ops.without_keras_mask(query)
         value = attention_ops.without_keras_mask(value)
         key = attention_ops.without_keras_mask(key)
-        self._check_call_shapes(
-            query, value, key, query_mask, value_mask, key_mask, attention_mask, cache, cache_index
-        )
+        lengths = self._check_call_shapes(query, value, key, cache, cache_index)
+        step = cache is not None and cache_index is not None
+        self._check_mask_shapes(lengths, query_mask, value_mask, key_mask, attention_mask, step)
         self_attention = value is None and key is None
         chunk_size = self._chunk_size(query, value, key, cache, return_attention_scores)
         if value is None:
@@ -593,6 +592,7 @@ class MultiHeadAttention(keras.layers.Layer):
         v = self._project(self.value_dense, value)
         return q, k, v
 
+    # Keras's `_compute_attention` arguments first (the override point), then this layer's.
     def _compute_attention(
         self,
         query,
@@ -717,6 +717,7 @@ class MultiHeadAttention(keras.layers.Layer):
             )
         return results[0] if len(results) == 1 else tuple(results)
 
+    # Keras's get_config: every constructor argument, serialized as Keras does (a mirror of Keras).
     def get_config(self):
         config = super().get_config()
         config.update(

@@ -86,6 +86,7 @@ class SelfAttention(ScoresOutputSpec, keras.layers.Layer):
         - [Bahdanau et al., 2015](https://arxiv.org/abs/1409.0473)
     """
 
+    # MultiHeadAttention's options for one head: Keras's signature and checks (a mirror of Keras).
     def __init__(
         self,
         units,
@@ -172,6 +173,7 @@ class SelfAttention(ScoresOutputSpec, keras.layers.Layer):
             "(batch or 1, length, length)",
         )
 
+    # Keras's call convention (a mirror of Keras): inputs, mask, the options, training last.
     def call(
         self,
         inputs,
@@ -229,6 +231,7 @@ class SelfAttention(ScoresOutputSpec, keras.layers.Layer):
             return output_shape
         return output_shape, (inputs_shape[0], inputs_shape[1], inputs_shape[1])
 
+    # Keras's get_config: every constructor argument, serialized as Keras does (a mirror of Keras).
     def get_config(self):
         config = super().get_config()
         config.update(

@@ -3,12 +3,13 @@
 import keras
 from keras import ops
 
+from layers.scores_output_spec import ScoresOutputSpec
 from layers.spectral_norm import SNConv2D
 from layers.validation import check_int
 
 
 @keras.saving.register_keras_serializable(package="layers")
-class SelfAttention2D(keras.layers.Layer):
+class SelfAttention2D(ScoresOutputSpec, keras.layers.Layer):
     """Self-attention over the positions of a feature map (SAGAN).
 
     For `x` of shape `[B, H, W, C]`: query `f(x)` (1x1 conv to `C / key_ratio`),
@@ -168,12 +169,6 @@ class SelfAttention2D(keras.layers.Layer):
         else:
             keys = queries
         return input_shape, (batch, queries, keys)
-
-    def compute_output_spec(self, inputs, return_attention_scores=False, **kwargs):
-        shapes = self.compute_output_shape(inputs.shape, return_attention_scores)
-        if not return_attention_scores:
-            return keras.KerasTensor(shapes, dtype=self.compute_dtype)
-        return tuple(keras.KerasTensor(s, dtype=self.compute_dtype) for s in shapes)
 
     def get_config(self):
         config = super().get_config()

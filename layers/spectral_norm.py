@@ -163,6 +163,7 @@ class SNConv2D(_SpectralKernelMixin, keras.layers.Layer):
         - [Miyato et al., 2018](https://arxiv.org/abs/1802.05957)
     """
 
+    # keras.layers.Conv2D's signature (a mirror of Keras), plus the power iteration's options.
     def __init__(
         self,
         filters,
@@ -257,6 +258,7 @@ class SNDense(_SpectralKernelMixin, keras.layers.Layer):
         - [Miyato et al., 2018](https://arxiv.org/abs/1802.05957)
     """
 
+    # keras.layers.Dense's signature (a mirror of Keras), plus the power iteration's options.
     def __init__(
         self,
         units,

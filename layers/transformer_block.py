@@ -23,6 +23,7 @@ class TransformerBlockBase(keras.layers.Layer):
     and `TransformerDecoderBlock` build their attention on top of it.
     """
 
+    # KerasHub's TransformerEncoder/Decoder signature and Keras-style checks (a mirror of Keras).
     def __init__(
         self,
         num_heads,

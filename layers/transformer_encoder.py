@@ -76,6 +76,7 @@ class TransformerEncoderBlock(ScoresOutputSpec, TransformerBlockBase):
         self._build_feedforward(inputs_shape)
         self.built = True
 
+    # Keras's call convention (a mirror of Keras): inputs, mask, the options, training last.
     def call(
         self,
         inputs,
