@@ -71,10 +71,6 @@ def signature_runner(interp, signature=None):
     return interp.get_signature_runner(signature), signature
 
 
-def input_details(runner):
-    return runner.get_input_details()
-
-
 def run(model, inputs, signature=None, threads=None):
     """Runs `inputs` (dict name -> array with a batch axis) through LiteRT.
 
@@ -410,22 +406,17 @@ class StepModel:
 
     # ------------------------------------------------------------ batches
     def _limit(self, max_length):
+        from zoo.seq2seq.samplers import positive_int
+
         if max_length is None:
             return None
-        if (
-            isinstance(max_length, bool)
-            or not isinstance(max_length, (int, np.integer))
-            or max_length <= 0
-        ):
-            raise ValueError(
-                f"`max_length` must be a positive int. Received: max_length={max_length!r}"
-            )
+        max_length = positive_int("max_length", max_length)
         if max_length > self.max_target_length:
             raise ValueError(
                 "`max_length` exceeds the export's max_target_length "
                 f"({self.max_target_length}). Received: max_length={max_length}"
             )
-        return int(max_length)
+        return max_length
 
     def generate_ids(self, ids, sampler, num_return_sequences=1, max_length=None, seed=None):
         """`zoo.seq2seq.decoding.generate_ids` on the exported steps: list of id lists
@@ -433,31 +424,16 @@ class StepModel:
         same batches, limits and seeds, so the Keras model's tokens."""
         from zoo.seq2seq import samplers
 
-        n = num_return_sequences
-        if isinstance(n, bool) or not isinstance(n, (int, np.integer)) or n <= 0:
-            raise ValueError(
-                "`num_return_sequences` must be a positive int. "
-                f"Received: num_return_sequences={n!r}"
-            )
+        n = samplers.check_request(sampler, num_return_sequences)
         max_length = self._limit(max_length)
         lengths = [len(row) for row in ids]
         results = [[] for _ in ids]
         if isinstance(sampler, samplers.Greedy):
-            if n != 1:
-                raise ValueError(
-                    "greedy decoding returns one sequence per input; use a beam or "
-                    f"sampling sampler. Received: num_return_sequences={n}"
-                )
             for chunk, _, _, limit in plan(lengths, self.max_target_length, max_length):
                 for i in chunk:
                     out, score = self.greedy(ids[i], limit)
                     results[i] = [(cut(out), score)]
         elif isinstance(sampler, samplers.Beam):
-            if n > sampler.width:
-                raise ValueError(
-                    f"`num_return_sequences` must be at most the beam width ({sampler.width}). "
-                    f"Received: num_return_sequences={n}"
-                )
             if 2 * sampler.width > self.vocabulary_size:
                 raise ValueError(
                     f"`width` must be at most half the vocabulary ({self.vocabulary_size}). "
@@ -476,11 +452,6 @@ class StepModel:
                 for r, j in enumerate(chunk):
                     out, score = self.sample(ids[repeated[j]], limit, chunk_seed, r, sampler)
                     results[repeated[j]].append((cut(out), score))
-        else:
-            raise ValueError(
-                "`sampler` must be a zoo.seq2seq.samplers object or name. "
-                f"Received: sampler={sampler!r}"
-            )
         return results
 
     def decode_ids(self, ids, beam_width=1, alpha=0.6, max_length=None):

@@ -23,6 +23,7 @@ from keras import ops
 
 from zoo.litert import cut as _cut
 from zoo.litert import plan
+from zoo.seq2seq import samplers
 from zoo.seq2seq.tokenization import BOS_ID, EOS_ID, PAD_ID
 
 _NEG = -1e9
@@ -40,20 +41,13 @@ def _argmax(logits):
 def _max_length(model, max_length):
     if max_length is None:
         return int(model.max_target_length)
-    if (
-        isinstance(max_length, bool)
-        or not isinstance(max_length, (int, np.integer))
-        or max_length <= 0
-    ):
-        raise ValueError(
-            f"`max_length` must be a positive int. Received: max_length={max_length!r}"
-        )
+    max_length = samplers.positive_int("max_length", max_length)
     if model.position == "learned" and max_length > model.max_target_length:
         raise ValueError(
             f"`max_length` exceeds the learned positions (max_target_length="
             f"{model.max_target_length}). Received: max_length={max_length}"
         )
-    return int(max_length)
+    return max_length
 
 
 def length_penalty(length, alpha):
@@ -122,8 +116,7 @@ def beam_candidates(model, source_ids, width=4, alpha=0.6, max_length=None):
     """Beam search's final hypotheses: (finished ids `[B, width, L]`, their
     normalised scores `[B, width]` (best first; `-1e9` marks an empty slot),
     live ids `[B, width, L]`, their scores normalised at length L)."""
-    if isinstance(width, bool) or not isinstance(width, (int, np.integer)) or width <= 0:
-        raise ValueError(f"`width` must be a positive int. Received: width={width!r}")
+    width = samplers.positive_int("width", width)
     if not isinstance(alpha, (int, float)) or alpha < 0:
         raise ValueError(f"`alpha` must be a float >= 0. Received: alpha={alpha!r}")
     if 2 * width > model.vocabulary_size:
@@ -309,21 +302,16 @@ def sequence_log_probability(model, source_ids, output_ids):
 
 
 def compiled(
-    model,
-    kind="greedy",
-    width=4,
-    alpha=0.6,
-    max_length=None,
-    jit_compile=True,
-    temperature=1.0,
-    top_k=None,
-    top_p=None,
+    model, kind="greedy", width=4, alpha=0.6, max_length=None, jit_compile=True, sampling=None
 ):
     """A cached `tf.function` (XLA by default; `jax.jit` under the JAX backend; the plain
     function for a model whose `eager_decoding` is true) of one
     decoder for `model`: "greedy" and "beam" (ids), "beam_candidates" (`beam_candidates`'s
-    four tensors), "sample" (called with the source ids and an int32 seed)."""
+    four tensors), "sample" (called with the source ids and an int32 seed; `sampling`,
+    a `zoo.seq2seq.samplers.Sampling`, gives its temperature, top-k and top-p)."""
     max_length = _max_length(model, max_length)
+    sampling = sampling or samplers.Sampling()
+    temperature, top_k, top_p = sampling.temperature, sampling.top_k, sampling.top_p
     key = (kind, width, float(alpha), max_length, jit_compile, float(temperature), top_k, top_p)
     cache = model.__dict__.setdefault("_compiled_decoders", {})
     if key not in cache:
@@ -402,31 +390,15 @@ def generate_ids(
     log-probability (`log p / ((5 + length) / 6) ** alpha`); for greedy decoding
     and sampling, the sequence's log-probability under the model (EOS included,
     temperature and top-k/top-p filtering not applied)."""
-    from zoo.seq2seq import samplers
-
-    n = num_return_sequences
-    if isinstance(n, bool) or not isinstance(n, (int, np.integer)) or n <= 0:
-        raise ValueError(
-            f"`num_return_sequences` must be a positive int. Received: num_return_sequences={n!r}"
-        )
+    n = samplers.check_request(sampler, num_return_sequences)
     results = [None] * len(ids)
     if isinstance(sampler, samplers.Greedy):
-        if n != 1:
-            raise ValueError(
-                "greedy decoding returns one sequence per input; use a beam or "
-                f"sampling sampler. Received: num_return_sequences={n}"
-            )
         for chunk, array, limit in _batches(model, ids, batch_size, max_length):
             out = np.asarray(compiled(model, "greedy", max_length=limit)(array))
             scores = np.asarray(sequence_log_probability(model, array, out))
             for r, i in enumerate(chunk):
                 results[i] = [(_cut(out[r].tolist()), float(scores[r]))]
     elif isinstance(sampler, samplers.Beam):
-        if n > sampler.width:
-            raise ValueError(
-                f"`num_return_sequences` must be at most the beam width ({sampler.width}). "
-                f"Received: num_return_sequences={n}"
-            )
         for chunk, array, limit in _batches(model, ids, batch_size, max_length):
             fn = compiled(
                 model,
@@ -450,22 +422,10 @@ def generate_ids(
         for chunk, array, limit in _batches(
             model, [row for row in ids for _ in range(n)], batch_size, max_length
         ):
-            fn = compiled(
-                model,
-                "sample",
-                max_length=limit,
-                temperature=sampler.temperature,
-                top_k=sampler.top_k,
-                top_p=sampler.top_p,
-            )
+            fn = compiled(model, "sample", max_length=limit, sampling=sampler)
             out = np.asarray(fn(array, np.int32(rng.integers(0, 2**31 - 1))))
             scores = np.asarray(sequence_log_probability(model, array, out))
             for r, j in enumerate(chunk):
                 i = j // n
                 results[i] = (results[i] or []) + [(_cut(out[r].tolist()), float(scores[r]))]
-    else:
-        raise ValueError(
-            "`sampler` must be a zoo.seq2seq.samplers object or name. "
-            f"Received: sampler={sampler!r}"
-        )
     return results

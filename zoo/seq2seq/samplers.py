@@ -25,7 +25,8 @@ import dataclasses
 import numbers
 
 
-def _positive_int(name, value):
+def positive_int(name, value):
+    """`value` as an int; ValueError naming `name` unless it is a positive int."""
     if isinstance(value, bool) or not isinstance(value, numbers.Integral) or value <= 0:
         raise ValueError(f"`{name}` must be a positive int. Received: {name}={value!r}")
     return int(value)
@@ -57,7 +58,7 @@ class Beam:
     length_penalty: float = 0.6
 
     def __post_init__(self):
-        _positive_int("width", self.width)
+        positive_int("width", self.width)
         _number("length_penalty", self.length_penalty, 0.0, low_open=False)
 
 
@@ -72,14 +73,14 @@ class Sampling:
     def __post_init__(self):
         _number("temperature", self.temperature, 0.0)
         if self.top_k is not None:
-            _positive_int("top_k", self.top_k)
+            positive_int("top_k", self.top_k)
         if self.top_p is not None:
             _number("top_p", self.top_p, 0.0, 1.0)
 
 
 def TopK(k=10, temperature=1.0):  # noqa: N802  (reads as a class, like KerasHub's TopKSampler)
     """Sampling from the `k` most likely tokens."""
-    _positive_int("k", k)
+    positive_int("k", k)
     return _Named(
         "TopK", f"k={k}, temperature={float(temperature)}", temperature=temperature, top_k=k
     )
@@ -102,6 +103,29 @@ class _Named(Sampling):
 
     def __repr__(self):
         return self._repr
+
+
+def check_request(sampler, num_return_sequences):
+    """`num_return_sequences` as an int, checked with `sampler` (an object of
+    this module) as both decoders (`zoo.seq2seq.decoding.generate_ids`,
+    `zoo.litert.StepModel.generate_ids`) take them."""
+    n = positive_int("num_return_sequences", num_return_sequences)
+    if isinstance(sampler, Greedy) and n != 1:
+        raise ValueError(
+            "greedy decoding returns one sequence per input; use a beam or "
+            f"sampling sampler. Received: num_return_sequences={n}"
+        )
+    if isinstance(sampler, Beam) and n > sampler.width:
+        raise ValueError(
+            f"`num_return_sequences` must be at most the beam width ({sampler.width}). "
+            f"Received: num_return_sequences={n}"
+        )
+    if not isinstance(sampler, (Greedy, Beam, Sampling)):
+        raise ValueError(
+            "`sampler` must be a zoo.seq2seq.samplers object or name. "
+            f"Received: sampler={sampler!r}"
+        )
+    return n
 
 
 _NAMES = {"greedy": Greedy, "beam": Beam, "top_k": TopK, "top_p": TopP, "random": Sampling}

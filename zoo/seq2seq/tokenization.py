@@ -123,6 +123,18 @@ class Tokenizer:
         """list of str -> list of list of int (no BOS/EOS)."""
         return [list(ids) for ids in self._sp.encode(list(texts))]
 
+    def encode_within(self, texts, limit):
+        """`encode(texts)`, refusing (ValueError naming the input) a text of more
+        than `limit` ids (`None`: no limit)."""
+        ids = self.encode(texts)
+        for i, row in enumerate(ids):
+            if limit is not None and len(row) > limit:
+                raise ValueError(
+                    f"input {i} has {len(row)} tokens, more than the model's {limit}: "
+                    f"{texts[i][:60]!r}"
+                )
+        return ids
+
     def decode(self, ids):
         """list of id lists -> list of str; stops at EOS, skips padding/BOS."""
         out = []

@@ -96,6 +96,7 @@ class Seq2SeqTransformer(keras.Model):
         - [Vaswani et al., 2017](https://arxiv.org/abs/1706.03762)
     """
 
+    # A Keras model's constructor: its arguments are get_config's keys (Keras's convention).
     def __init__(
         self,
         vocabulary_size,
@@ -166,7 +167,6 @@ class Seq2SeqTransformer(keras.Model):
         self.tokenizer_proto = tokenizer
         self._tokenizer = None
         self.head_dim = hidden_dim // num_heads
-        self._decoders = {}
 
         self.source_embedding = TokenEmbedding(vocabulary_size, hidden_dim, name="source_embedding")
         if self.share_embeddings:
@@ -429,9 +429,7 @@ class Seq2SeqTransformer(keras.Model):
         """Raw strings in, strings out (greedy, or beam search if `beam_width > 1`)."""
         from zoo.seq2seq import decoding
 
-        single = isinstance(texts, str)
-        texts = [texts] if single else list(texts)
-        ids = self._source_ids(texts)
+        texts, single, ids = self._encode(texts)
         out_ids = decoding.decode_ids(
             self,
             ids,
@@ -443,6 +441,7 @@ class Seq2SeqTransformer(keras.Model):
         outputs = self.tokenizer.decode(out_ids)
         return outputs[0] if single else outputs
 
+    # KerasHub's generate convention (a mirror of Keras); zoo.lite.Translator.generate repeats it.
     def generate(
         self,
         texts,
@@ -474,9 +473,7 @@ class Seq2SeqTransformer(keras.Model):
         """
         from zoo.seq2seq import decoding, samplers
 
-        single = isinstance(texts, str)
-        texts = [texts] if single else list(texts)
-        ids = self._source_ids(texts)
+        texts, single, ids = self._encode(texts)
         found = decoding.generate_ids(
             self,
             ids,
@@ -493,16 +490,16 @@ class Seq2SeqTransformer(keras.Model):
             outputs.append(pairs if return_scores or num_return_sequences != 1 else pairs[0][0])
         return outputs[0] if single else outputs
 
-    def _source_ids(self, texts):
-        ids = self.tokenizer.encode(texts)
-        for i, row in enumerate(ids):
-            if len(row) > self.max_source_length:
-                raise ValueError(
-                    f"input {i} has {len(row)} tokens, more than max_source_length="
-                    f"{self.max_source_length}: {texts[i][:60]!r}"
-                )
-        return ids
+    def _encode(self, texts):
+        """(`texts` as a list, whether one str came, their source ids)."""
+        single = isinstance(texts, str)
+        texts = [texts] if single else list(texts)
+        return texts, single, self._source_ids(texts)
 
+    def _source_ids(self, texts):
+        return self.tokenizer.encode_within(texts, self.max_source_length)
+
+    # Keras's get_config: every constructor argument (a mirror of Keras).
     def get_config(self):
         config = super().get_config()
         config.update(
@@ -538,18 +535,24 @@ class Seq2SeqTransformer(keras.Model):
         }
 
 
-def build_seq2seq(vocabulary_size=None, tokenizer=None, **kwargs):
-    """`zoo.build("seq2seq", vocabulary_size=..., **kwargs)`; with a tokenizer
-    (base64 SentencePiece model) the vocabulary size defaults to its size."""
+def build_model(model_class, vocabulary_size=None, tokenizer=None, **kwargs):
+    """`model_class(vocabulary_size, tokenizer=tokenizer, **kwargs)`, built; with
+    a tokenizer (base64 SentencePiece model) the vocabulary size defaults to its
+    size."""
     if vocabulary_size is None:
         if tokenizer is None:
             raise ValueError(
                 "pass `vocabulary_size` or `tokenizer`. Received: vocabulary_size=None"
             )
         vocabulary_size = Tokenizer(decode_proto(tokenizer)).vocabulary_size
-    model = Seq2SeqTransformer(vocabulary_size, tokenizer=tokenizer, **kwargs)
+    model = model_class(vocabulary_size, tokenizer=tokenizer, **kwargs)
     model.build()
     return model
+
+
+def build_seq2seq(vocabulary_size=None, tokenizer=None, **kwargs):
+    """`zoo.build("seq2seq", vocabulary_size=..., **kwargs)` (see `build_model`)."""
+    return build_model(Seq2SeqTransformer, vocabulary_size, tokenizer, **kwargs)
 
 
 __all__ = ["Seq2SeqTransformer", "build_seq2seq", "BOS_ID", "EOS_ID", "PAD_ID"]

@@ -19,8 +19,7 @@ import keras
 from keras import ops
 
 from layers import SinusoidalPositionEncoding, TransformerDecoderBlock, TransformerEncoderBlock
-from zoo.seq2seq.tokenization import Tokenizer, decode_proto
-from zoo.seq2seq.transformer import Seq2SeqTransformer, _check_positive
+from zoo.seq2seq.transformer import Seq2SeqTransformer, _check_positive, build_model
 
 
 @keras.saving.register_keras_serializable(package="zoo")
@@ -184,6 +183,7 @@ class UniversalTransformer(Seq2SeqTransformer):
         y = self._recur(y, transform, self.decoder_halting, encoding, None, False)
         return y, tuple(new)
 
+    # Keras's get_config: the constructor arguments it adds (a mirror of Keras).
     def get_config(self):
         config = super().get_config()
         config.pop("num_layers", None)
@@ -198,13 +198,5 @@ class UniversalTransformer(Seq2SeqTransformer):
 
 def build_universal_transformer(vocabulary_size=None, tokenizer=None, **kwargs):
     """`zoo.build("universal_transformer", vocabulary_size=..., num_steps=4, act=False, ...)`."""
-    if vocabulary_size is None:
-        if tokenizer is None:
-            raise ValueError(
-                "pass `vocabulary_size` or `tokenizer`. Received: vocabulary_size=None"
-            )
-        vocabulary_size = Tokenizer(decode_proto(tokenizer)).vocabulary_size
     kwargs.pop("num_layers", None)
-    model = UniversalTransformer(vocabulary_size, tokenizer=tokenizer, **kwargs)
-    model.build()
-    return model
+    return build_model(UniversalTransformer, vocabulary_size, tokenizer, **kwargs)
