@@ -55,7 +55,7 @@ run in parallel).
 """
 
 import base64
-import json
+import dataclasses
 import os
 import re
 import threading
@@ -116,11 +116,9 @@ def is_export(path):
 
 
 def read_json(path):
-    try:
-        with open(path, encoding="utf-8") as f:
-            data = json.load(f)
-    except (OSError, ValueError) as e:
-        raise UsageError(f"unreadable sidecar file {path}: {e}") from None
+    from zoo.rundir import load_json
+
+    data = load_json(path, "sidecar file ")
     if not isinstance(data, dict):
         raise UsageError(f"unreadable sidecar file {path}: not a JSON object")
     return data
@@ -251,7 +249,24 @@ class LiteTagger:
         return results
 
 
-class TaggerTask:
+class _Task:
+    """What every task holds: its `format` ("keras", "savedmodel" or "tflite"),
+    the loaded `model`, and with `lock` a lock that runs its calls one at a
+    time (a LiteRT interpreter serves one call at a time)."""
+
+    def __init__(self, fmt, model, lock):
+        self.format = fmt
+        self.model = model
+        self._lock = threading.Lock() if lock else None
+
+    def _locked(self, fn, *args):
+        if self._lock is None:
+            return fn(*args)
+        with self._lock:
+            return fn(*args)
+
+
+class TaggerTask(_Task):
     """Part-of-speech tagging. `tag(sentences)`: a str (one sentence, split on
     whitespace), or a list of str / token lists -> per sentence, a list of
     (token, tag) pairs; a sentence without tokens gives `[]`."""
@@ -259,11 +274,9 @@ class TaggerTask:
     kind = "tagger"
 
     def __init__(self, tag_tokens, tags, fmt, model=None, lock=False):
+        super().__init__(fmt, model, lock)
         self._tag_tokens = tag_tokens
         self.tags = tags
-        self.format = fmt
-        self.model = model
-        self._lock = threading.Lock() if lock else None
 
     def tag(self, sentences):
         if isinstance(sentences, str):
@@ -292,11 +305,7 @@ class TaggerTask:
             return [[] for _ in token_lists]
         filled = [tokens for tokens in token_lists if tokens]
         try:
-            if self._lock is None:
-                tagged = self._tag_tokens(filled)
-            else:
-                with self._lock:
-                    tagged = self._tag_tokens(filled)
+            tagged = self._locked(self._tag_tokens, filled)
         except UsageError as e:
             raise ValueError(str(e)) from None
         tagged = iter(tagged)
@@ -343,20 +352,36 @@ def _translator(path, meta):
             outputs.append(runner(source_ids=source)["tokens"][0].tolist())
         return outputs
 
-    return Translator(
-        greedy_ids=greedy,
+    graph = GreedyGraph(
+        ids=greedy,
         max_source_length=length,
-        fmt="tflite",
-        kind=kind,
-        tokenizer=tokenizer,
-        lock=True,
-        greedy_only=f"{os.path.basename(path)} decodes greedily inside one WHILE op "
+        why=f"{os.path.basename(path)} decodes greedily inside one WHILE op "
         "(the step model steps.tflite, written next to it by "
         "`python -m export.kinds.seq2seq`, runs every sampler)",
     )
+    return Translator(fmt="tflite", kind=kind, tokenizer=tokenizer, graph=graph, lock=True)
 
 
-class Translator:
+@dataclasses.dataclass(frozen=True)
+class GreedyGraph:
+    """A translator's graph that decodes greedily inside itself (a one-file
+    `greedy.tflite`, a SavedModel's `translate` signature).
+
+    Attributes:
+        texts: texts -> strings (a graph with its own tokenizer), or `None`.
+        ids: id lists -> output id lists, or `None`.
+        max_source_length: its source length (`None`: the model's).
+        why: what the refusal of other samplers says about it (`None`: a
+            generic line naming the format).
+    """
+
+    texts: object = None
+    ids: object = None
+    max_source_length: int = None
+    why: str = None
+
+
+class Translator(_Task):
     """Text to text. `generate(texts, sampler="greedy", num_return_sequences=1,
     return_scores=False, max_length=None, seed=None)`: see
     `Seq2SeqTransformer.generate`; the same samplers, scores and seeded draws
@@ -373,40 +398,27 @@ class Translator:
     def __init__(
         self,
         model=None,
-        greedy=None,
         fmt="keras",
         kind="seq2seq",
         steps=None,
         tokenizer=None,
-        greedy_only=None,
-        greedy_ids=None,
-        max_source_length=None,
+        graph=None,
         lock=False,
     ):
-        self.model = model
-        self._greedy = greedy  # texts -> strings (a graph with its own tokenizer)
-        self._greedy_ids = greedy_ids  # id lists -> output id lists
+        super().__init__(fmt, model, lock)
+        graph = graph or GreedyGraph()
+        self._greedy = graph.texts
+        self._greedy_ids = graph.ids
         self._steps = steps
         self._tokenizer = tokenizer if tokenizer is not None else getattr(model, "tokenizer", None)
-        self._greedy_only = greedy_only or f"a {fmt} translator decodes greedily inside its graph"
-        self.format = fmt
+        self._greedy_only = graph.why or f"a {fmt} translator decodes greedily inside its graph"
         self.kind = kind
-        self._lock = threading.Lock() if lock else None
+        max_source_length = graph.max_source_length
         if max_source_length is None:
             max_source_length = getattr(steps or model, "max_source_length", None)
         self.max_source_length = max_source_length
 
-    def _source_ids(self, texts):
-        ids = self._tokenizer.encode(texts)
-        limit = self.max_source_length
-        for i, row in enumerate(ids):
-            if limit is not None and len(row) > limit:
-                raise ValueError(
-                    f"input {i} has {len(row)} tokens, more than the model's {limit}: "
-                    f"{texts[i][:60]!r}"
-                )
-        return ids
-
+    # Seq2SeqTransformer.generate's arguments (KerasHub's convention): one call for every format.
     def generate(
         self,
         texts,
@@ -431,14 +443,14 @@ class Translator:
                     f"return_scores={return_scores}, max_length={max_length}"
                 )
         if self._tokenizer is None:  # a SavedModel's in-graph tokenizer only
-            out = self._run(self._greedy, texts)
+            out = self._locked(self._greedy, texts)
             return out[0] if single else out
-        ids = self._source_ids(texts)
+        ids = self._tokenizer.encode_within(texts, self.max_source_length)
         todo = [i for i, row in enumerate(ids) if row]
         empty = ("", 0.0)
         found = [[empty] * num_return_sequences for _ in ids]
         if todo:
-            done = self._run(
+            done = self._locked(
                 self._generate,
                 [texts[i] for i in todo],
                 [ids[i] for i in todo],
@@ -451,12 +463,6 @@ class Translator:
                 found[i] = row
         out = [row if return_scores or num_return_sequences != 1 else row[0][0] for row in found]
         return out[0] if single else out
-
-    def _run(self, fn, *args):
-        if self._lock is None:
-            return fn(*args)
-        with self._lock:
-            return fn(*args)
 
     def _generate(self, texts, ids, sampler, n, max_length, seed):
         """[(text, score)] * n per input, each input with at least one id."""
@@ -531,7 +537,7 @@ def tflite_image_generator(meta, interpreter):
     )
 
 
-class ImageGenerator:
+class ImageGenerator(_Task):
     """Class-conditional (or unconditional) image generation.
     `generate(class_ids=None, seed=None, num_images=None)` -> float32 images
     `[N, S, S, C]` in [0, 1]. `class_ids`: ids or class names (conditional
@@ -551,14 +557,12 @@ class ImageGenerator:
         conditional=None,
         lock=False,
     ):
+        super().__init__(fmt, model, lock)
         self._run = run
         self.latent_dim = latent_dim
         self.num_classes = num_classes
         self.class_names = list(class_names)
         self.conditional = bool(num_classes) if conditional is None else conditional
-        self.format = fmt
-        self.model = model
-        self._lock = threading.Lock() if lock else None
 
     def _ids(self, class_ids):
         ids = []
@@ -620,10 +624,7 @@ class ImageGenerator:
     def images(self, noise, labels):
         """The images for this `noise` `[N, latent_dim]` and these class ids `[N]`
         (ignored by an unconditional generator): float32 `[N, S, S, C]` in [0, 1]."""
-        if self._lock is None:
-            return np.asarray(self._run(noise, labels), np.float32)
-        with self._lock:
-            return np.asarray(self._run(noise, labels), np.float32)
+        return np.asarray(self._locked(self._run, noise, labels), np.float32)
 
     def __repr__(self):
         return f"<ImageGenerator format={self.format!r} num_classes={self.num_classes}>"

@@ -19,6 +19,20 @@ def is_run_dir(path):
     )
 
 
+def load_json(path, what=""):
+    """The JSON value in `path`.
+
+    Raises:
+        UsageError: the file is unreadable, not UTF-8 or not JSON; the message
+            is "unreadable {what}{path}: why".
+    """
+    try:
+        with open(path, encoding="utf-8") as f:
+            return json.load(f)
+    except (OSError, ValueError) as e:  # ValueError: bad JSON or not UTF-8
+        raise UsageError(f"unreadable {what}{path}: {e}") from None
+
+
 def read_config(run_dir):
     """The run's config.json as a dict, or None when it has none.
 
@@ -29,11 +43,7 @@ def read_config(run_dir):
     path = os.path.join(run_dir, "config.json")
     if not os.path.isfile(path):
         return None
-    try:
-        with open(path, encoding="utf-8") as f:
-            config = json.load(f)
-    except (OSError, ValueError) as e:  # ValueError: bad JSON or not UTF-8
-        raise UsageError(f"unreadable {path}: {e}") from None
+    config = load_json(path)
     if not isinstance(config, dict):
         raise UsageError(f'{path} has no "kind"')
     return config

@@ -21,14 +21,19 @@ docstring says what every input gives). Each object has `.kind`, `.format`
 files raise `ValueError` naming the path.
 """
 
-import json
 import os
 
 import numpy as np
 
 from zoo import litert
-from zoo.lite import ImageGenerator, TaggerTask, Translator, tflite_image_generator  # noqa: F401
-from zoo.rundir import saved_model_version_dir
+from zoo.lite import (  # noqa: F401
+    GreedyGraph,
+    ImageGenerator,
+    TaggerTask,
+    Translator,
+    tflite_image_generator,
+)
+from zoo.rundir import load_json, saved_model_version_dir
 
 KINDS = ("tagger", "seq2seq", "universal_transformer", "sagan")
 
@@ -64,11 +69,7 @@ def load(path):
 def _read_json(path):
     if not os.path.isfile(path):
         return {}
-    try:
-        with open(path, encoding="utf-8") as f:
-            data = json.load(f)
-    except (OSError, ValueError) as e:
-        raise ValueError(f"unreadable {path}: {e}") from None
+    data = load_json(path)
     if not isinstance(data, dict):
         raise ValueError(f"{path} does not hold a JSON object")
     return data
@@ -177,15 +178,13 @@ def _from_savedmodel(path):
             out = fn(text=tf.constant(texts, tf.string))["translation"].numpy()
             return [t.decode("utf-8") for t in out]
 
-        return Translator(
-            greedy=greedy,
-            fmt="savedmodel",
-            kind="seq2seq",
-            model=loaded,
-            greedy_only="a SavedModel's translate signature decodes greedily inside its "
+        graph = GreedyGraph(
+            texts=greedy,
+            why="a SavedModel's translate signature decodes greedily inside its "
             "graph (it exports no encode / decode_step signatures: exported "
             "before they were added; export it again)",
         )
+        return Translator(fmt="savedmodel", kind="seq2seq", model=loaded, graph=graph)
     if "generate" in signatures:
         fn = signatures["serving_default"]
         specs = fn.structured_input_signature[1]
