@@ -81,9 +81,19 @@ VERBOSE_HELP = (
 )
 
 
-def add_verbose_argument(parser):
-    """`--verbose auto/0/1/2`, spelled as on the train commands."""
+def command_parser(module, doc):
+    """The parser of `python -m MODULE`, a user command whose description is
+    `doc`'s first line; sets the Keras backend and TensorFlow's log level
+    defaults first (each command is an entry point)."""
+    os.environ.setdefault("KERAS_BACKEND", "tensorflow")
+    os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
+    return OneLineParser(prog=f"python -m {module}", description=doc.splitlines()[0])
+
+
+def add_output_arguments(parser):
+    """`--verbose auto/0/1/2`, spelled as on the train commands, and `--debug`."""
     parser.add_argument("--verbose", default="auto", help=VERBOSE_HELP)
+    parser.add_argument("--debug", action="store_true", help="show tracebacks")
 
 
 def verbosity(value):
@@ -104,6 +114,19 @@ def import_keras_quietly():
         return
     with quiet_stderr(not _FILTER):
         import keras  # noqa: F401
+
+
+def load_model_file(path, model_class):
+    """The Keras model in `path` (`zoo.model_file.load`), Keras imported quietly
+    first; `model_class()` returns the class to load it as. A file that holds no
+    such model is a UsageError."""
+    import_keras_quietly()
+    from zoo import model_file
+
+    try:
+        return model_file.load(path, model_class())
+    except model_file.ModelFileError as e:
+        raise UsageError(str(e)) from None
 
 
 # ---------------------------------------------------------------- runtime logs

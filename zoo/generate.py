@@ -16,15 +16,15 @@ import sys
 import numpy as np
 
 from zoo import atomic, run_lock
+from zoo.cli import UsageError as _Usage
 from zoo.cli import (
-    OneLineParser,
-    add_verbose_argument,
+    add_output_arguments,
     cli_boundary,
+    command_parser,
     import_keras_quietly,
     quiet_stderr,
     verbosity,
 )
-from zoo.cli import UsageError as _Usage
 from zoo.rundir import run_kind
 
 
@@ -97,9 +97,7 @@ def _class_id(value, generator):
 
 
 def main(argv=None):
-    os.environ.setdefault("KERAS_BACKEND", "tensorflow")
-    os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
-    parser = OneLineParser(prog="python -m zoo.generate", description=__doc__.splitlines()[0])
+    parser = command_parser("zoo.generate", __doc__)
     parser.add_argument("path", help="SAGAN run directory or exported .tflite file")
     parser.add_argument("--out", required=True, help="PNG file to write")
     parser.add_argument("--class", dest="class_", help="class id or name (conditional generators)")
@@ -109,8 +107,7 @@ def main(argv=None):
     parser.add_argument("--columns", type=int, default=8, help="grid columns (default 8)")
     parser.add_argument("--seed", type=int, default=0, help="noise seed")
     parser.add_argument("--force", action="store_true", help="overwrite --out")
-    add_verbose_argument(parser)
-    parser.add_argument("--debug", action="store_true", help="show tracebacks")
+    add_output_arguments(parser)
 
     def body():
         args = parser.parse_args(argv)

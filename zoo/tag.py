@@ -12,16 +12,16 @@ on stderr, exit 2. `--verbose 0`: the tagged lines and errors only.
 import os
 import sys
 
+from zoo.cli import UsageError as _Usage
 from zoo.cli import (
-    OneLineParser,
-    add_verbose_argument,
+    add_output_arguments,
     check_utf8,
     cli_boundary,
-    import_keras_quietly,
+    command_parser,
+    load_model_file,
     quiet_stderr,
     verbosity,
 )
-from zoo.cli import UsageError as _Usage
 from zoo.rundir import run_kind
 
 
@@ -32,25 +32,20 @@ def load_keras_tagger(run_dir):
     kind = run_kind(run_dir)
     if kind not in (None, "tagger"):
         raise _Usage(f"{run_dir} is a {kind!r} run, not a tagger")
-    import_keras_quietly()
-    from zoo import model_file
-    from zoo.tagger.model import Tagger
 
-    try:
-        model = model_file.load(path, Tagger)
-    except model_file.ModelFileError as e:
-        raise _Usage(str(e)) from None
-    return model.tag
+    def tagger_class():
+        from zoo.tagger.model import Tagger
+
+        return Tagger
+
+    return load_model_file(path, tagger_class).tag
 
 
 def main(argv=None):
-    os.environ.setdefault("KERAS_BACKEND", "tensorflow")
-    os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
-    parser = OneLineParser(prog="python -m zoo.tag", description=__doc__.splitlines()[0])
+    parser = command_parser("zoo.tag", __doc__)
     parser.add_argument("path", help="run directory (model.keras), .tflite file or export folder")
     parser.add_argument("sentences", nargs="+", help="sentences (split on whitespace)")
-    add_verbose_argument(parser)
-    parser.add_argument("--debug", action="store_true", help="show tracebacks")
+    add_output_arguments(parser)
 
     def body():
         args = parser.parse_args(argv)

@@ -13,12 +13,12 @@ import os
 import sys
 
 from zoo.cli import (
-    OneLineParser,
     UsageError,
-    add_verbose_argument,
+    add_output_arguments,
     check_utf8,
     cli_boundary,
-    import_keras_quietly,
+    command_parser,
+    load_model_file,
     quiet_stderr,
     verbosity,
 )
@@ -38,17 +38,14 @@ def _stdin_lines():
 
 
 def main(argv=None):
-    os.environ.setdefault("KERAS_BACKEND", "tensorflow")
-    os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
-    parser = OneLineParser(prog="python -m zoo.translate", description=__doc__.splitlines()[0])
+    parser = command_parser("zoo.translate", __doc__)
     parser.add_argument(
         "run_dir", help="seq2seq run directory, .keras file, .tflite file or export folder"
     )
     parser.add_argument("text", nargs="*", help="input text (default: lines of stdin)")
     parser.add_argument("--beam-width", type=int, default=1)
     parser.add_argument("--alpha", type=float, default=0.6)
-    add_verbose_argument(parser)
-    parser.add_argument("--debug", action="store_true")
+    add_output_arguments(parser)
 
     def body():
         args = parser.parse_args(argv)
@@ -69,17 +66,12 @@ def main(argv=None):
         if kind not in (None, "seq2seq", "universal_transformer"):
             raise UsageError(f"{args.run_dir} is a {kind!r} run, not a seq2seq run")
 
-        def load():
-            import_keras_quietly()
-            from zoo import model_file
+        def model_class():
             from zoo.seq2seq.transformer import Seq2SeqTransformer
 
-            try:
-                return model_file.load(path, Seq2SeqTransformer)
-            except model_file.ModelFileError as e:
-                raise UsageError(str(e)) from None
+            return Seq2SeqTransformer
 
-        return _print(_run(args, texts, load, quiet))
+        return _print(_run(args, texts, lambda: load_model_file(path, model_class), quiet))
 
     return cli_boundary(body, argv)
 
