@@ -6,7 +6,7 @@ TPU); train/sagan/jax_fit.py has the JAX one.
 One D step uses one real batch and one generated batch (concatenated, so D's
 spectral-norm vectors move once per step); every `n_dis` D steps, one G step. The
 losses are train/sagan/losses.py's, with y' drawn uniformly from the classes. Adam with
-the CLI's rates and betas (their defaults and why: train/sagan/__init__.py).
+the CLI's rates and betas (train/sagan/__init__.py; why: benchmarks/sagan.md).
 
 Distribution and XLA are described in docs/distributed.md, "SAGAN". In short: each
 replica's losses are sums over its rows divided by the global batch and gradients are
