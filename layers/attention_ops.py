@@ -63,6 +63,20 @@ class Weighting:
         return self.score != "additive" and self.normalize == "softmax" and not self.dropping
 
 
+def clone_initializer(initializer):
+    """A fresh copy of `initializer` for one more weight, as Keras's layers
+    clone theirs (a seeded initializer then gives each weight its own values)."""
+    return initializer.__class__.from_config(initializer.get_config())
+
+
+def weights_dropout(layer):
+    """The dropout on an attention layer's weights (its `dropout` rate and
+    `seed`), or `None` when the rate is 0."""
+    if not layer.dropout:
+        return None
+    return keras.layers.Dropout(layer.dropout, seed=layer.seed, dtype=layer.dtype_policy)
+
+
 def compiled_by_xla():
     """True while tracing for XLA: a TensorFlow function with `jit_compile=True`,
     or anything under JAX. There XLA fuses autodiff's softmax backward itself and

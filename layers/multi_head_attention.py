@@ -228,11 +228,7 @@ class MultiHeadAttention(keras.layers.Layer):
         self.bias_constraint = keras.constraints.get(bias_constraint)
         self.seed = seed
         self.supports_masking = True
-        self._dropout_layer = (
-            keras.layers.Dropout(self.dropout, seed=seed, dtype=self.dtype_policy)
-            if self.dropout
-            else None
-        )
+        self._dropout_layer = attention_ops.weights_dropout(self)
         self._rotary_layer = None
         if self.rotary:
             self._rotary_layer = RotaryEmbedding(dtype=self.dtype_policy)
@@ -242,12 +238,8 @@ class MultiHeadAttention(keras.layers.Layer):
             equation,
             output_shape=output_shape,
             bias_axes=bias_axes if self.use_bias else None,
-            kernel_initializer=self.kernel_initializer.__class__.from_config(
-                self.kernel_initializer.get_config()
-            ),
-            bias_initializer=self.bias_initializer.__class__.from_config(
-                self.bias_initializer.get_config()
-            ),
+            kernel_initializer=attention_ops.clone_initializer(self.kernel_initializer),
+            bias_initializer=attention_ops.clone_initializer(self.bias_initializer),
             kernel_regularizer=self.kernel_regularizer,
             bias_regularizer=self.bias_regularizer,
             kernel_constraint=self.kernel_constraint,
@@ -291,9 +283,7 @@ class MultiHeadAttention(keras.layers.Layer):
             self.score_vector = self.add_weight(
                 name="score_vector",
                 shape=(h, self.key_dim),
-                initializer=self.kernel_initializer.__class__.from_config(
-                    self.kernel_initializer.get_config()
-                ),
+                initializer=attention_ops.clone_initializer(self.kernel_initializer),
                 regularizer=self.kernel_regularizer,
                 constraint=self.kernel_constraint,
             )

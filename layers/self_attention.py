@@ -117,19 +117,13 @@ class SelfAttention(ScoresOutputSpec, keras.layers.Layer):
         self.kernel_initializer = keras.initializers.get(kernel_initializer)
         self.seed = seed
         self.supports_masking = True
-        self._dropout_layer = (
-            keras.layers.Dropout(self.dropout, seed=seed, dtype=self.dtype_policy)
-            if self.dropout
-            else None
-        )
+        self._dropout_layer = attention_ops.weights_dropout(self)
 
     def _dense(self, units, name):
         return keras.layers.Dense(
             units,
             use_bias=self.use_bias,
-            kernel_initializer=self.kernel_initializer.__class__.from_config(
-                self.kernel_initializer.get_config()
-            ),
+            kernel_initializer=attention_ops.clone_initializer(self.kernel_initializer),
             dtype=self.dtype_policy,
             name=name,
         )
@@ -150,9 +144,7 @@ class SelfAttention(ScoresOutputSpec, keras.layers.Layer):
             self.score_vector = self.add_weight(
                 name="score_vector",
                 shape=(self.units,),
-                initializer=self.kernel_initializer.__class__.from_config(
-                    self.kernel_initializer.get_config()
-                ),
+                initializer=attention_ops.clone_initializer(self.kernel_initializer),
             )
         self.built = True
 

@@ -94,7 +94,7 @@ class TransformerBlockBase(keras.layers.Layer):
         )
 
     def _initializer(self):
-        return self.kernel_initializer.__class__.from_config(self.kernel_initializer.get_config())
+        return attention_ops.clone_initializer(self.kernel_initializer)
 
     def _norm(self, name):
         return LayerNorm(epsilon=self.layer_norm_epsilon, dtype=self.dtype_policy, name=name)
