@@ -116,19 +116,6 @@ def import_keras_quietly():
         import keras  # noqa: F401
 
 
-def load_model_file(path, model_class):
-    """The Keras model in `path` (`zoo.model_file.load`), Keras imported quietly
-    first; `model_class()` returns the class to load it as. A file that holds no
-    such model is a UsageError."""
-    import_keras_quietly()
-    from zoo import model_file
-
-    try:
-        return model_file.load(path, model_class())
-    except model_file.ModelFileError as e:
-        raise UsageError(str(e)) from None
-
-
 # ---------------------------------------------------------------- runtime logs
 # The lines TensorFlow, absl, CUDA and LiteRT write to fd 2 at start-up on a
 # machine without a GPU (C++ code, past Python and, before absl's logging is

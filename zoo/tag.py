@@ -18,10 +18,10 @@ from zoo.cli import (
     check_utf8,
     cli_boundary,
     command_parser,
-    load_model_file,
     quiet_stderr,
     verbosity,
 )
+from zoo.model_file import load_for_command
 from zoo.rundir import run_kind
 
 
@@ -38,7 +38,7 @@ def load_keras_tagger(run_dir):
 
         return Tagger
 
-    return load_model_file(path, tagger_class).tag
+    return load_for_command(path, tagger_class).tag
 
 
 def main(argv=None):

@@ -18,10 +18,10 @@ from zoo.cli import (
     check_utf8,
     cli_boundary,
     command_parser,
-    load_model_file,
     quiet_stderr,
     verbosity,
 )
+from zoo.model_file import load_for_command
 from zoo.rundir import run_kind
 
 
@@ -71,7 +71,7 @@ def main(argv=None):
 
             return Seq2SeqTransformer
 
-        return _print(_run(args, texts, lambda: load_model_file(path, model_class), quiet))
+        return _print(_run(args, texts, lambda: load_for_command(path, model_class), quiet))
 
     return cli_boundary(body, argv)
 
