@@ -13,20 +13,6 @@ from train.sagan.fid import frechet_distance, kernel_inception_distance
 from train.sagan.fid_classifier import features_and_outputs, to_float
 
 
-def generate(generator, n, latent_dim, num_classes, seed, batch_size=128):
-    """n images in [-1, 1] and their requested labels (i % num_classes)."""
-    rng = np.random.default_rng(seed)
-    noise = rng.standard_normal((n, latent_dim)).astype(np.float32)
-    labels = (np.arange(n) % num_classes).astype(np.int32) if num_classes else np.zeros(n, np.int32)
-    images = []
-    for i in range(0, n, batch_size):
-        feed = {"noise": noise[i : i + batch_size]}
-        if num_classes:
-            feed["label"] = labels[i : i + batch_size]
-        images.append(np.asarray(generator.predict_on_batch(feed)))
-    return np.concatenate(images), labels
-
-
 class Evaluator:
     """Holds the reference features so each evaluation only embeds generated images of
     the generator `model_cfg` describes; `seed` draws the real images."""
@@ -41,23 +27,24 @@ class Evaluator:
         self.ref_features, _ = features_and_outputs(classifier, reference)
         self.test_features, test_out = features_and_outputs(classifier, test)
         self.real_consistent = float(np.mean(test_out["consistent"][:, 0] > 0.5))
-        self._floor = None
 
     def _kid(self, features):
         subset = min(500, self.n)
         return round(kernel_inception_distance(features, self.ref_features, subset_size=subset), 5)
 
-    def floor(self):
-        if self._floor is None:
-            self._floor = {
-                "fid_floor": round(frechet_distance(self.test_features, self.ref_features), 4),
-                "kid_floor": self._kid(self.test_features),
-            }
-        return self._floor
-
-    def _generate(self, generator, seed):
-        images, labels = generate(generator, self.n, self.latent_dim, self.num_classes, seed)
-        return features_and_outputs(self.classifier, images), labels
+    def _generate(self, generator, seed, batch_size=128):
+        """The classifier's view of n generated images ((features, outputs)), and the
+        labels asked for (classes in turn)."""
+        n, num_classes = self.n, self.num_classes
+        noise = np.random.default_rng(seed).standard_normal((n, self.latent_dim)).astype(np.float32)
+        labels = (np.arange(n) % (num_classes or 1)).astype(np.int32)  # 0: unconditional
+        images = []
+        for i in range(0, n, batch_size):
+            feed = {"noise": noise[i : i + batch_size]}
+            if num_classes:
+                feed["label"] = labels[i : i + batch_size]
+            images.append(np.asarray(generator.predict_on_batch(feed)))
+        return features_and_outputs(self.classifier, np.concatenate(images)), labels
 
     def progress(self, generator, seed):
         """The per-epoch signal: FID, class accuracy and consistency (no KID)."""
@@ -80,7 +67,8 @@ class Evaluator:
         metrics = {
             "fid": round(frechet_distance(features, self.ref_features), 4),
             "kid": self._kid(features),
-            **self.floor(),
+            "fid_floor": round(frechet_distance(self.test_features, self.ref_features), 4),
+            "kid_floor": self._kid(self.test_features),
             "class_accuracy": None,
             "consistent": round(float(np.mean(out["consistent"][:, 0] > 0.5)), 4),
             "real_consistent": round(self.real_consistent, 4),

@@ -271,9 +271,11 @@ def best_key(logs):
     return [0 if _draws_every_class(logs.get("class_min_quick")) else 1, fid]
 
 
-def _fixed_latents(model_cfg, seed, rows=None):
+def _fixed_latents(model_cfg, seed):
+    """The sample grids' inputs: a row per class (at most 10) over the same GRID_COLUMNS
+    noises, or unconditional, GRID_COLUMNS rows of other noises."""
     num_classes = model_cfg["num_classes"]
-    rows = rows or (min(num_classes, 10) if num_classes else GRID_COLUMNS)
+    rows = min(num_classes, 10) if num_classes else GRID_COLUMNS
     rng = np.random.default_rng(seed + 12345)
     noise = rng.standard_normal((GRID_COLUMNS, model_cfg["latent_dim"])).astype(np.float32)
     noise = (
