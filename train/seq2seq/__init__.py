@@ -186,8 +186,7 @@ class Seq2SeqConfig:
     )
     train_lengths: str = option(
         None,
-        "--compare: trained lengths A-B (default 1-TASK_LENGTH; for addition, digits "
-        "of the first number)",
+        "--compare: trained lengths A-B (default 1-20; for addition, digits of the first number)",
         kind=str,
         group="length generalisation",
     )
