@@ -93,6 +93,7 @@ class TransformerDecoderBlock(TransformerBlockBase):
             self.build(encoder_outputs.shape, encoder_outputs.shape)
         return self.cross_attention_layer.compute_cache(encoder_outputs, split=split)
 
+    # KerasHub's TransformerDecoder.call convention (a mirror of Keras): masks, caches, training.
     def call(
         self,
         inputs,
