@@ -96,6 +96,12 @@ def add_output_arguments(parser):
     parser.add_argument("--debug", action="store_true", help="show tracebacks")
 
 
+def quiet_output(args):
+    """`quiet_stderr` for the model's runtime under `--verbose 0` (`args.verbose`,
+    checked now: a bad value is a UsageError before any other work)."""
+    return quiet_stderr(verbosity(args.verbose) == 0)
+
+
 def verbosity(value):
     """The `--verbose` value as 0, 1 or 2 ("auto" is 1 outside training)."""
     if value not in ("auto", "0", "1", "2", 0, 1, 2):

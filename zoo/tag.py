@@ -18,8 +18,7 @@ from zoo.cli import (
     check_utf8,
     cli_boundary,
     command_parser,
-    quiet_stderr,
-    verbosity,
+    quiet_output,
 )
 from zoo.model_file import load_for_command
 from zoo.rundir import run_kind
@@ -49,7 +48,7 @@ def main(argv=None):
 
     def body():
         args = parser.parse_args(argv)
-        quiet = verbosity(args.verbose) == 0
+        quiet = quiet_output(args)
         if not os.path.exists(args.path):
             raise _Usage(f"no such run directory or .tflite file: {args.path}")
         check_utf8(args.sentences, "sentence")
@@ -59,7 +58,7 @@ def main(argv=None):
             raise _Usage(f"sentence {empty[0]} is empty: {args.sentences[empty[0] - 1]!r}")
         if not os.path.isdir(args.path) and not args.path.endswith(".tflite"):
             raise _Usage(f"expected a run directory or a .tflite file: {args.path}")
-        with quiet_stderr(quiet):
+        with quiet:
             from zoo import lite
 
             if lite.is_export(args.path):

@@ -18,8 +18,7 @@ from zoo.cli import (
     check_utf8,
     cli_boundary,
     command_parser,
-    quiet_stderr,
-    verbosity,
+    quiet_output,
 )
 from zoo.model_file import load_for_command
 from zoo.rundir import run_kind
@@ -49,7 +48,7 @@ def main(argv=None):
 
     def body():
         args = parser.parse_args(argv)
-        quiet = verbosity(args.verbose) == 0
+        quiet = quiet_output(args)
         path = args.run_dir
         from zoo import lite
 
@@ -92,8 +91,9 @@ def _texts(args):
 
 
 def _run(args, texts, load, quiet):
-    """`load()`'s translations of `texts` (a Keras model or a `zoo.lite` translator)."""
-    with quiet_stderr(quiet):
+    """`load()`'s translations of `texts` (a Keras model or a `zoo.lite`
+    translator), inside `quiet` (`zoo.cli.quiet_output`'s)."""
+    with quiet:
         model = load()
         try:
             return model.translate(texts, beam_width=args.beam_width, alpha=args.alpha)
