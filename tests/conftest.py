@@ -84,6 +84,17 @@ def shared_runs(tmp_path_factory):
     return SharedRuns(root(tmp_path_factory))
 
 
+@pytest.fixture(scope="session", autouse=True)
+def _shared_text_seq2seq_folder(tmp_path_factory):
+    """Where tests/support/text_seq2seq.py writes the export it shares across test files
+    and workers: the session's shared folder, which `text_seq2seq()` callers (plain
+    functions, not fixtures) cannot ask for themselves."""
+    from tests.support import text_seq2seq
+    from tests.support.shared_runs import root
+
+    text_seq2seq.FOLDER[0] = root(tmp_path_factory)
+
+
 # `make test` runs files whole on two workers (--dist loadfile), and a worker takes the
 # next file from the front of the queue. xdist's default queue puts the files with the
 # most tests first, which left the longest files (a few tests of minutes each) for the

@@ -5,13 +5,9 @@ SavedModel loads and answers in a fresh process in which `tensorflow_text`
 cannot be imported, as the stock `tensorflow_model_server` (which lacks its
 SentencePiece kernels) would run it, equal to the Python model."""
 
-import atexit
-import functools
 import gzip
 import json
 import os
-import shutil
-import tempfile
 
 import numpy as np
 import pytest
@@ -23,6 +19,7 @@ import zoo.models  # noqa: F401
 from export.savedmodel import export_savedmodel
 from tests.support.paths import ROOT
 from tests.support.runs import SENTENCES, make_tagger_run, run_clean
+from tests.support.text_seq2seq import shared_export, text_seq2seq_model, text_tokenizer
 from zoo.seq2seq import sentencepiece_graph
 from zoo.seq2seq.tokenization import encode_proto, train_sentencepiece
 
@@ -241,45 +238,12 @@ print(json.dumps(out))
 """
 
 
-def _text_tokenizer():
-    corpus = [
-        "a man in a blue shirt is standing on a ladder",
-        "une femme lit un livre dans le parc",
-        "two dogs are playing in the snow",
-        "des enfants jouent au football",
-        "über die Straße",
-        "ｆｕｌｌｗｉｄｔｈ",
-    ] * 20
-    return train_sentencepiece(corpus, vocab_size=70)
-
-
-@functools.lru_cache(maxsize=None)
-def text_seq2seq_model():
-    """A tiny untrained seq2seq model with a unigram nmt_nfkc tokenizer, built once per
-    test process (test_lite needs only the model)."""
-    import keras
-
-    keras.utils.set_random_seed(3)
-    return zoo.build(
-        "seq2seq",
-        tokenizer=encode_proto(_text_tokenizer()),
-        hidden_dim=16,
-        num_heads=2,
-        num_layers=1,
-        intermediate_dim=32,
-        max_source_length=16,
-        max_target_length=12,
-    )
-
-
-@functools.lru_cache(maxsize=None)
 def text_seq2seq():
-    """`text_seq2seq_model()` and its SavedModel (version directory), built once per test
-    process and shared by the deploy tests (test_deploy_docs)."""
-    model = text_seq2seq_model()
-    base = tempfile.mkdtemp(prefix="zoo-text-seq2seq-")
-    atexit.register(shutil.rmtree, base, ignore_errors=True)
-    return model, export_savedmodel(model, os.path.join(base, "serving", "mt")), base
+    """`text_seq2seq_model()`, its SavedModel (version directory) and the folder of its
+    run, exported once per test session (tests/support/text_seq2seq.py) and shared by
+    this file, the deploy tests (test_deploy_docs) and the bundle tests."""
+    run, version = shared_export()
+    return text_seq2seq_model(), version, os.path.dirname(run)
 
 
 def test_every_kind_serves_without_tensorflow_text(tmp_path):
@@ -288,7 +252,7 @@ def test_every_kind_serves_without_tensorflow_text(tmp_path):
     keras.utils.set_random_seed(0)
     tagger_run = str(tmp_path / "tagger")
     make_tagger_run(tagger_run)
-    proto = encode_proto(_text_tokenizer())
+    proto = encode_proto(text_tokenizer())
     shared, shared_version, _ = text_seq2seq()
     models = {
         "universal_transformer": zoo.build(
