@@ -20,7 +20,7 @@ from export import bundle
 from export.kinds import seq2seq as seq2seq_kind
 from export.savedmodel import export_savedmodel
 from export.tflite import export_tflite
-from tests.export.test_stock_serving import text_seq2seq_model
+from tests.support.text_seq2seq import shared_export, text_seq2seq_model
 
 pytestmark = pytest.mark.slow  # about a minute of exports per module
 
@@ -67,14 +67,11 @@ def exports(tmp_path_factory):
         {"model": {"arch": "attention"}, "train": {}},
         {"test_accuracy": 0.5, "test_oov_accuracy": 0.25, "dev_accuracy": 0.75, "params": 1},
     )
+    # The text seq2seq run and its SavedModel are the session's shared ones (the stock
+    # serving and deploy tests serve the same export): written as `_run` writes a run,
+    # with data tiny-seq2seq (CC0) and the metrics that test_model_cards expects.
     translator = text_seq2seq_model()
-    s2s_run = _run(
-        str(base / "s2s-run"),
-        "seq2seq",
-        translator,
-        {"model": {}, "train": {}},
-        {"test_bleu": 12.5, "test_chrf": 40.25, "dev_acc": 0.5, "bleu_signature": "nrefs:1"},
-    )
+    s2s_run, s2s_version = shared_export()
     generator = zoo.build(
         "sagan_generator", image_size=32, channels=1, num_classes=3, latent_dim=8, width=4
     )
@@ -88,7 +85,7 @@ def exports(tmp_path_factory):
     out = base / "out"
     dirs = {
         "tagger_sm": export_savedmodel(tagger_run, str(out / "serving" / "tagger")),
-        "s2s_sm": export_savedmodel(s2s_run, str(out / "serving" / "mt")),
+        "s2s_sm": s2s_version,
         "sagan_sm": export_savedmodel(sagan_run, str(out / "serving" / "sagan")),
     }
     export_tflite(tagger_run, str(out / "lite" / "tagger.tflite"), quantize="fp16")
