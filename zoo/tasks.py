@@ -27,7 +27,6 @@ import numpy as np
 
 from zoo import litert
 from zoo.lite import (  # noqa: F401
-    GreedyGraph,
     ImageGenerator,
     TaggerTask,
     Translator,
@@ -136,8 +135,8 @@ def _from_savedmodel(path):
     import tensorflow as tf
 
     try:
-        # Only SavedModels exported before the core-op tokenizer (or of BPE
-        # models) use its SentencePiece kernels.
+        # A BPE model's SavedModel tokenizes with its SentencePiece kernels (the
+        # core-op tokenizer rebuilds unigram and char models only).
         import tensorflow_text  # noqa: F401
     except ImportError:
         pass
@@ -161,30 +160,23 @@ def _from_savedmodel(path):
             ]
 
         return TaggerTask(tag, tags=None, fmt="savedmodel", model=loaded)
-    if "translate" in signatures and "decode_step" in signatures:
-        tokenizer = _savedmodel_tokenizer(path)
-        if tokenizer is not None:
-            return Translator(
-                fmt="savedmodel",
-                kind="seq2seq",
-                model=loaded,
-                tokenizer=tokenizer,
-                steps=_savedmodel_steps(signatures),
-            )
     if "translate" in signatures:
-        fn = signatures["translate"]
-
-        def greedy(texts):
-            out = fn(text=tf.constant(texts, tf.string))["translation"].numpy()
-            return [t.decode("utf-8") for t in out]
-
-        graph = GreedyGraph(
-            texts=greedy,
-            why="a SavedModel's translate signature decodes greedily inside its "
-            "graph (it exports no encode / decode_step signatures: exported "
-            "before they were added; export it again)",
+        tokenizer = _savedmodel_tokenizer(path)
+        if "decode_step" not in signatures or tokenizer is None:
+            # There has been no release: an export from before the encode /
+            # decode_step signatures and the spm.model asset is refused, not decoded.
+            raise ValueError(
+                f"{path}: a seq2seq SavedModel without the encode / decode_step "
+                "signatures or assets.extra/spm.model, written by an earlier exporter; "
+                "export its run again (python -m export savedmodel RUN)"
+            )
+        return Translator(
+            fmt="savedmodel",
+            kind="seq2seq",
+            model=loaded,
+            tokenizer=tokenizer,
+            steps=_savedmodel_steps(signatures),
         )
-        return Translator(fmt="savedmodel", kind="seq2seq", model=loaded, graph=graph)
     if "generate" in signatures:
         fn = signatures["serving_default"]
         specs = fn.structured_input_signature[1]
@@ -223,28 +215,15 @@ def _from_tflite(path):
 
 
 def _savedmodel_tokenizer(path):
-    """The SentencePiece model of a seq2seq SavedModel (`assets.extra/spm.model`, or
-    in older exports the `SentencepieceOp` that its `translate` signature
-    tokenizes with), as a `zoo.seq2seq.tokenization.Tokenizer`; None if there
-    is none."""
-    from tensorflow.core.protobuf import saved_model_pb2
-
+    """The SentencePiece model of a seq2seq SavedModel (`assets.extra/spm.model`) as a
+    `zoo.seq2seq.tokenization.Tokenizer`; None if there is none."""
     from zoo.seq2seq.tokenization import Tokenizer
 
     asset = os.path.join(path, "assets.extra", "spm.model")
-    if os.path.isfile(asset):
-        with open(asset, "rb") as f:
-            return Tokenizer(f.read())
-
-    saved = saved_model_pb2.SavedModel()
-    with open(os.path.join(path, "saved_model.pb"), "rb") as f:
-        saved.ParseFromString(f.read())
-    for graph in saved.meta_graphs:
-        nodes = [n for fn in graph.graph_def.library.function for n in fn.node_def]
-        for node in list(graph.graph_def.node) + nodes:
-            if node.op == "SentencepieceOp" and node.attr["model"].s:
-                return Tokenizer(node.attr["model"].s)
-    return None
+    if not os.path.isfile(asset):
+        return None
+    with open(asset, "rb") as f:
+        return Tokenizer(f.read())
 
 
 def _savedmodel_steps(signatures):
