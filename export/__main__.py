@@ -238,7 +238,7 @@ def main(argv=None):
 
 def _main(args):
     from export.errors import ExportError
-    from zoo.cli import UsageError
+    from zoo.cli import UsageError, unexpected
 
     try:
         if args.command != "check":  # check reads the flatbuffer itself
@@ -259,12 +259,7 @@ def _main(args):
     except Exception as e:  # noqa: BLE001 - the CLI's last line of defence
         if args.debug:
             raise
-        first = str(e).strip().splitlines()[0] if str(e).strip() else ""
-        print(
-            f"unexpected error: {type(e).__name__}: {first} (rerun with --debug for the traceback)",
-            file=sys.stderr,
-        )
-        return 1
+        return unexpected(e)
 
 
 if __name__ == "__main__":

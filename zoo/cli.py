@@ -66,12 +66,16 @@ def _boundary(body, argv):
     except Exception as e:  # noqa: BLE001  (CLI boundary)
         if "--debug" in argv:
             raise
-        first = str(e).strip().splitlines()[0] if str(e).strip() else ""
-        print(
-            f"error: unexpected {type(e).__name__}: {first} (run with --debug for the traceback)",
-            file=sys.stderr,
-        )
-        return 1
+        return unexpected(e)
+
+
+def unexpected(e, hint=True):
+    """Reports an unexpected failure as every command does: one line on stderr, its type
+    and the message's first line (with `hint`, how to see the traceback); exit 1."""
+    first = str(e).strip().splitlines()[0] if str(e).strip() else ""
+    hint = " (run with --debug for the traceback)" if hint else ""
+    print(f"error: unexpected {type(e).__name__}: {first}{hint}", file=sys.stderr)
+    return EXIT_FAILURE
 
 
 VERBOSE_HELP = (
