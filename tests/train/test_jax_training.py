@@ -55,11 +55,11 @@ def _env(backend, xla_flags=""):
     )
 
 
-def _child(backend, *args, timeout=900):
+def _child(backend, *args, xla_flags="", timeout=900):
     proc = subprocess.run(
         [sys.executable, "-m", "tests.train.test_jax_training", *args],
         cwd=paths.ROOT,
-        env=_env(backend),
+        env=_env(backend, xla_flags),
         capture_output=True,
         text=True,
         timeout=timeout,
@@ -225,13 +225,20 @@ def _small_tagger_data(folder):
 KINDS = ["tagger", "seq2seq", "sagan"]
 
 
+# The train child's host devices: two, so the DataParallel run ("two") trains in the
+# child that trains the rest (one JAX start-up fewer). Every other run uses one of them
+# (`--strategy` default: "1 x cpu" in its runtime, as each test checks).
+TWO_DEVICES = "--xla_force_host_platform_device_count=2"
+
+
 @pytest.fixture(scope="module")
 def jax_runs(tmp_path_factory):
     """{name: (run, outputs .npz or None, stderr)} of the module's runs under JAX, all
-    trained by one train child: one tiny epoch of each kind; and for the resume test,
+    trained by one train child: one tiny epoch of each kind; for the resume test,
     seq2seq for two epochs in one go ("whole") and a copy of the one-epoch seq2seq run
-    resumed to two ("resumed"). The one-epoch seq2seq run is also the one-device run of
-    the DataParallel test."""
+    resumed to two ("resumed"); and for the DataParallel test, the one-epoch seq2seq run
+    with --strategy mirrored over the child's two host devices ("two"), whose one-device
+    run is the one-epoch seq2seq run."""
     base = tmp_path_factory.mktemp("jax")
     jobs, runs = [], {}
 
@@ -255,8 +262,9 @@ def jax_runs(tmp_path_factory):
         outputs=False,
         copy=[runs["seq2seq"][0], str(base / "resumed" / "run")],
     )
+    job("two", "seq2seq", ["--strategy", "mirrored"], outputs=False)
     (base / "jobs.json").write_text(json.dumps(jobs))
-    _child("jax", "train", str(base / "jobs.json"))
+    _child("jax", "train", str(base / "jobs.json"), xla_flags=TWO_DEVICES)
     return {
         name: (run, result, open(stderr).read()) for name, (run, result, stderr) in runs.items()
     }
@@ -366,35 +374,18 @@ def test_backend_not_installed_is_refused_not_replaced(tmp_path, how):
 
 
 @pytest.mark.slow
-def test_data_parallel_on_two_devices_trains_as_one_device(tmp_path, jax_run):
+def test_data_parallel_on_two_devices_trains_as_one_device(jax_runs):
     """--strategy mirrored under JAX: keras.distribution.DataParallel over two host
-    devices (XLA_FLAGS) gives the one-device run's losses and accuracies (the one-device
-    run is the module's one-epoch seq2seq run under JAX)."""
+    devices (XLA_FLAGS) gives the one-device run's losses and accuracies (the module's
+    one-epoch seq2seq run under JAX, trained in the same child on one of them)."""
     histories = []
-    for name, xla_flags, extra in (
-        ("one", None, []),
-        ("two", "--xla_force_host_platform_device_count=2", ["--strategy", "mirrored"]),
-    ):
-        if xla_flags is None:
-            run = jax_run("seq2seq")[0]
-        else:
-            run = str(tmp_path / name)
-            proc = subprocess.run(
-                [sys.executable, "-m", "train", "seq2seq", "--backend", "jax", "--out", run]
-                + _flags("seq2seq")
-                + extra,
-                cwd=paths.ROOT,
-                env=_env("jax", xla_flags),
-                capture_output=True,
-                text=True,
-                timeout=900,
-                check=False,
-            )
-            assert proc.returncode == 0, proc.stderr[-3000:]
+    for name, devices in (("seq2seq", 1), ("two", 2)):
+        run, _, stderr = jax_runs[name]
+        assert f"backend jax, {devices} x cpu" in stderr, stderr[-2000:]
         histories.append(checkpoint.latest(os.path.join(run, "checkpoints"))[1]["state"]["history"])
         with open(os.path.join(run, "metrics.json")) as f:
             runtime = json.load(f)["runtime"]
-        assert runtime["devices"] == (2 if extra else 1), runtime
+        assert runtime["devices"] == devices, runtime
     one, two = histories
     for a, b in zip(one, two, strict=True):
         for key in ("loss", "acc", "val_loss", "val_acc"):
