@@ -1,25 +1,11 @@
 """The distribution flags shared by every `python -m train` command, and the strategy they pick.
 
-`--strategy auto|default|mirrored|multi_worker|tpu`:
-  default       one device (`tf.distribute.get_strategy()`).
-  mirrored      all local GPUs (or the logical CPUs a test configured) in one process.
-  multi_worker  `MultiWorkerMirroredStrategy`, cluster from the standard `TF_CONFIG`.
-  tpu           `TPUStrategy` on the TPU VM's local TPU (or `--tpu NAME`).
-  auto          multi_worker when `TF_CONFIG` names several workers, mirrored when
-                several GPUs are visible, else default.
-Under Keras's JAX backend (`--backend jax`, train.cli) the same flags pick
-`keras.distribution.DataParallel` over the local devices (mirrored, tpu; auto when there
-are several GPUs/TPUs) or one device (default); multi_worker is tf.distribute's only.
-`--device auto|cpu|gpu`: cpu hides the GPUs; gpu refuses (exit 2) when the backend sees
-none, instead of training on the CPU.
-`--mixed-precision [POLICY]`: by default (auto) `mixed_bfloat16` on GPUs that compute in
-bfloat16 (compute capability 8.0+) and on TPUs, float32 on CPUs and older GPUs; the bare
-flag keeps its meaning, `mixed_float16` on GPU (the loss is scaled) and `mixed_bfloat16`
-on CPU/TPU; `--mixed-precision float32|mixed_bfloat16|mixed_float16` names the policy.
-`--jit-compile/--no-jit-compile`: XLA for the forward and backward pass (TensorFlow's
-default: on for GPU and TPU, off on CPU, where it measured slower; docs/distributed.md;
-under JAX the step is always jitted unless --no-jit-compile).
-`--checkpoint-every N`: also checkpoint every N training steps (0 = epoch ends only).
+`--strategy`, `--tpu`, `--mixed-precision`, `--jit-compile` and `--checkpoint-every` are
+docs/distributed.md's table. Under Keras's JAX backend (`--backend jax`, train.cli) the
+same flags pick `keras.distribution.DataParallel` over the local devices (mirrored, tpu;
+auto when there are several GPUs/TPUs) or one device (default); multi_worker is
+tf.distribute's only. `--device auto|cpu|gpu`: cpu hides the GPUs; gpu refuses (exit 2)
+when the backend sees none, instead of training on the CPU.
 
 `describe_runtime()` is the one line every command prints at start (`backend jax, 1 x
 cpu, float32, XLA on`; on a CPU under TensorFlow it ends with `oneDNN on` or `off`);
@@ -30,6 +16,7 @@ Collective ops (multi_worker) and TPUs must be set up before TensorFlow runs any
 created on first use, keeping bad-input errors fast (no TensorFlow import).
 """
 
+import atexit
 import contextlib
 import json
 import os
@@ -45,14 +32,17 @@ POLICIES = ("auto", "float32", "mixed_bfloat16", "mixed_float16")
 # The bare --mixed-precision flag (its meaning before the policies could be named).
 _BARE = "on"
 
-_state = {
+# What `reset()` returns to: one device, float32, no step checkpoints, nothing to announce.
+_DEFAULTS = {
     "name": "default",
     "strategy": None,
     "mixed_precision": "auto",
     "jit_compile": None,
     "checkpoint_every": 0,
-    "scratch": None,
+    "device": "auto",
+    "announced": True,
 }
+_state = dict(_DEFAULTS)
 
 
 def add_arguments(parser):
@@ -133,17 +123,9 @@ def _jax_devices(kind):
         return []
 
 
-def _visible_gpus():
-    if backend() == "jax":
-        return len(_jax_devices("gpu"))
-    # Lists physical devices without starting a device context.
-    import tensorflow as tf
-
-    return len(tf.config.list_physical_devices("GPU"))
-
-
-def _gpu_names_and_capability():
-    """[(name, (major, minor) or None)] of the visible GPUs."""
+def _gpus():
+    """[(name, (major, minor) or None)] of the visible GPUs (physical devices: no device
+    context is started)."""
     if backend() == "jax":
         out = []
         for d in _jax_devices("gpu"):
@@ -178,7 +160,7 @@ def _restrict_device(device):
             tf.config.set_visible_devices([], "GPU")
         else:
             os.environ["CUDA_VISIBLE_DEVICES"] = "-1"
-    elif device == "gpu" and not _visible_gpus():
+    elif device == "gpu" and not _gpus():
         extra = "jax-gpu" if backend() == "jax" else "gpu"
         raise UsageError(
             f"--device gpu: {backend()} sees no GPU (no NVIDIA driver, or the CUDA libraries "
@@ -186,13 +168,9 @@ def _restrict_device(device):
         )
 
 
-# Commands whose training loop does not run under tf.distribute: one device only.
-# (sagan's own loop, train/sagan/fit.py, runs on strategy.run like train/engine.py.)
-SINGLE_DEVICE = {}
-
-
 def configure(args, command=None):
-    """Validates the flags, sets the dtype policy and creates early strategies. Idempotent."""
+    """Validates the flags, sets the dtype policy and creates early strategies. Idempotent.
+    Every command (`command`, its name) takes every flag."""
     name = getattr(args, "strategy", "default") or "default"
     if name not in STRATEGIES:
         raise UsageError(f"unknown --strategy {name!r}; choose from: {', '.join(STRATEGIES)}")
@@ -208,33 +186,19 @@ def configure(args, command=None):
             "(keras.distribution.DataParallel over this machine's devices)"
         )
     device = getattr(args, "device", "auto") or "auto"
-    if command in SINGLE_DEVICE:
-        if name not in ("auto", "default"):
-            raise UsageError(
-                f"--strategy {name} is not supported by {command} yet: its loop "
-                f"{SINGLE_DEVICE[command]} trains on one device; use --strategy default"
-            )
-        name = "default"
-        if policy == _BARE and device_kind() == "gpu":
-            raise UsageError(
-                f"--mixed-precision is not supported by {command} on GPU yet: its loop "
-                f"{SINGLE_DEVICE[command]} does not scale the float16 loss"
-            )
     every = getattr(args, "checkpoint_every", 0) or 0
     if every < 0:
         raise UsageError(f"--checkpoint-every must be >= 0, got {every}")
     config = _tf_config()
     if name == "multi_worker" and config is None:
         raise UsageError("--strategy multi_worker needs TF_CONFIG (see docs/distributed.md)")
-    if name == "auto":
-        if config is not None and len(config["cluster"]["worker"]) > 1:
-            name = "multi_worker"
+    if name == "auto" and config is not None and len(config["cluster"]["worker"]) > 1:
+        name = "multi_worker"
     _restrict_device(device)
-    _state.pop("resolved", None)
-    _state.pop("policy", None)
+    _state.clear()
     _state.update(
+        _DEFAULTS,
         name=name,
-        strategy=None,
         mixed_precision=policy,
         jit_compile=getattr(args, "jit_compile", None),
         checkpoint_every=every,
@@ -261,7 +225,7 @@ def _bfloat16_device():
         return True
     if kind != "gpu":
         return False
-    capabilities = [cc for _, cc in _gpu_names_and_capability()]
+    capabilities = [cc for _, cc in _gpus()]
     return bool(capabilities) and all(cc is not None and tuple(cc) >= (8, 0) for cc in capabilities)
 
 
@@ -292,16 +256,16 @@ def device_kind():
 
         platform = jax.default_backend()
         return platform if platform in ("gpu", "tpu") else "cpu"
-    return "gpu" if _visible_gpus() else "cpu"
+    return "gpu" if _gpus() else "cpu"
 
 
-def _jax_distribution():
-    """keras.distribution.DataParallel over the local devices when the flags ask for
-    several (set globally, so models built afterwards are replicated), else None."""
+def _jax_strategy(name):
+    """(resolved name, stand-in strategy): `keras.distribution.DataParallel` over the
+    local devices when the flags ask for several (set globally, so models built
+    afterwards are replicated), else one device."""
     import jax
     import keras
 
-    name = _state["name"]
     devices = jax.devices()
     several = len(devices) > 1
     if name == "auto":
@@ -309,15 +273,14 @@ def _jax_distribution():
     if name in ("mirrored", "tpu") and several:
         distribution = keras.distribution.DataParallel(devices=devices)
         keras.distribution.set_distribution(distribution)
-        return name, distribution, len(devices)
-    return "default", None, 1
+        return name, JaxStrategy(distribution, len(devices))
+    return "default", JaxStrategy(None, 1)
 
 
 class JaxStrategy:
     """What the run code asks of a strategy, under JAX: replicas and a scope."""
 
-    def __init__(self, name, distribution, replicas):
-        self.name = name
+    def __init__(self, distribution, replicas):
         self.distribution = distribution
         self.num_replicas_in_sync = replicas
 
@@ -327,41 +290,34 @@ class JaxStrategy:
         return self.distribution.scope()
 
 
+def _tf_strategy(name):
+    """(resolved name, the `tf.distribute.Strategy`)."""
+    import tensorflow as tf
+
+    if name == "auto":
+        name = "mirrored" if len(_gpus()) > 1 else "default"
+    if name == "default":
+        return name, tf.distribute.get_strategy()
+    if name == "mirrored":
+        gpus = tf.config.list_logical_devices("GPU")
+        cpus = tf.config.list_logical_devices("CPU")
+        return name, tf.distribute.MirroredStrategy([d.name for d in (gpus or cpus)])
+    if name == "multi_worker":
+        return name, tf.distribute.MultiWorkerMirroredStrategy()
+    resolver = tf.distribute.cluster_resolver.TPUClusterResolver(tpu=_state.get("tpu") or "local")
+    tf.config.experimental_connect_to_cluster(resolver)
+    tf.tpu.experimental.initialize_tpu_system(resolver)
+    return name, tf.distribute.TPUStrategy(resolver)
+
+
 def get():
     """The `tf.distribute.Strategy` the flags asked for (created once); under JAX, a
     stand-in holding the `keras.distribution` it set."""
-    if _state["strategy"] is not None:
-        return _state["strategy"]
-    _set_policy()
-    if backend() == "jax":
-        name, distribution, replicas = _jax_distribution()
-        _state["strategy"] = JaxStrategy(name, distribution, replicas)
-        _state["resolved"] = name
-        return _state["strategy"]
-    import tensorflow as tf
-
-    name = _state["name"]
-    if name == "auto":
-        name = "mirrored" if _visible_gpus() > 1 else "default"
-    if name == "default":
-        strategy = tf.distribute.get_strategy()
-    elif name == "mirrored":
-        gpus = tf.config.list_logical_devices("GPU")
-        cpus = tf.config.list_logical_devices("CPU")
-        devices = [d.name for d in (gpus or cpus)]
-        strategy = tf.distribute.MirroredStrategy(devices)
-    elif name == "multi_worker":
-        strategy = tf.distribute.MultiWorkerMirroredStrategy()
-    else:
-        resolver = tf.distribute.cluster_resolver.TPUClusterResolver(
-            tpu=_state.get("tpu") or "local"
-        )
-        tf.config.experimental_connect_to_cluster(resolver)
-        tf.tpu.experimental.initialize_tpu_system(resolver)
-        strategy = tf.distribute.TPUStrategy(resolver)
-    _state["strategy"] = strategy
-    _state["resolved"] = name
-    return strategy
+    if _state["strategy"] is None:
+        _set_policy()
+        make = _jax_strategy if backend() == "jax" else _tf_strategy
+        _state["resolved"], _state["strategy"] = make(_state["name"])
+    return _state["strategy"]
 
 
 def scope():
@@ -381,11 +337,6 @@ def jit_compile():
 
 def checkpoint_every():
     return _state["checkpoint_every"]
-
-
-def mixed_precision():
-    """The dtype policy in force for training (None: float32)."""
-    return _set_policy()
 
 
 def worker():
@@ -423,27 +374,14 @@ def _use_scratch_out(args):
     target = os.path.join(scratch, "run")
     if getattr(args, "resume", False) and os.path.isdir(out):
         shutil.copytree(out, target)
-    _state["scratch"] = scratch
     args.out = target
-    import atexit
-
     atexit.register(shutil.rmtree, scratch, True)
 
 
 def reset():
-    """Back to one device, float32, no step checkpoints (tests, and library use after a CLI run)."""
-    _state.update(
-        name="default",
-        strategy=None,
-        mixed_precision="auto",
-        jit_compile=None,
-        checkpoint_every=0,
-        scratch=None,
-        device="auto",
-        announced=True,
-    )
-    _state.pop("resolved", None)
-    _state.pop("policy", None)
+    """Back to `_DEFAULTS` (tests, and library use after a CLI run)."""
+    _state.clear()
+    _state.update(_DEFAULTS)
     if backend() == "jax" and "keras" in sys.modules:
         import keras
 
@@ -467,7 +405,7 @@ def runtime():
     kind = device_kind()
     replicas = int(strategy.num_replicas_in_sync)
     if kind == "gpu":
-        names = sorted({name for name, _ in _gpu_names_and_capability()}) or ["gpu"]
+        names = sorted({name for name, _ in _gpus()}) or ["gpu"]
         device = " / ".join(names)
     else:
         device = kind
