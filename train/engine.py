@@ -1,33 +1,26 @@
 """The one training loop of `python -m train`: `fit` drives every model through the small
-step interface `Step` (docs/architecture.md): the tagger, seq2seq and the Universal
-Transformer through train.model_step's compiled-model steps, SAGAN through its own
-(train/sagan/fit.py, jax_fit.py), each under TensorFlow (`tf.distribute`: one device,
-mirrored GPUs, several workers, TPU) and JAX (a jitted stateless step).
+step interface `Step` (docs/architecture.md, "The training engine"; what it guarantees on
+any number of replicas and workers: docs/distributed.md, "What the loop guarantees").
 
-What the loop does, once for every model:
-- Batch order of epoch e depends only on (seed, e) (the caller's `source(e)`), so a run
-  resumed from a mid-epoch checkpoint sees exactly the batches the uninterrupted run
-  would have seen; batches are built on a background thread while the step runs.
-- Checkpoints (train.checkpoint) every `checkpoint_every` steps and at each epoch end,
-  written by the chief only, atomically; the record holds the position (epoch, batches
-  done, the epoch's running log sums) and the run's state (epochs, steps, training
-  seconds, per-epoch history, best epoch). `--resume` restores the newest good one.
+What those pages leave out:
+- Batches of epoch e are the caller's `source(e)`, built on a background thread while
+  the step runs; a mid-epoch checkpoint records the batches done and the epoch's running
+  log sums, so a resumed epoch ends with the uninterrupted run's logs.
+- The time budget (`--max-minutes`) counts the training steps, not the epoch-end
+  evaluation, on one clock: the budget fraction the chief has used, agreed by every
+  worker after every step (train.preemption), which also gives SAGAN's learning-rate
+  decay its progress.
+- SIGTERM / SIGINT: the step finishes, a checkpoint is written, the command exits 143 /
+  130; several workers stop after the same step (train.preemption).
 - The best epoch's weights (by `Plan.best`, evaluated on the averaged weights) are a
   `best` checkpoint, restored into the model when training ends.
-- A time budget (`--max-minutes`) counts the time of the training steps (not the
-  epoch-end evaluation) on one clock: the budget fraction the chief has used, agreed by
-  every worker after every step (train.preemption), which also gives SAGAN's
-  learning-rate decay its progress, so workers never disagree.
-- SIGTERM / SIGINT: the step finishes, a checkpoint is written, the command exits 143 /
-  130; several workers stop after one step (train.preemption).
-- A non-finite loss stops the run before anything else is written (`NonFiniteLoss`,
-  exit 2); the last good checkpoint stays.
-- Progress bars (Keras's `ProgbarLogger`: `--verbose` 1 a bar, 2 a line per epoch) and
-  TensorBoard scalars of every epoch log (RUN_DIR/logs).
 """
 
+import collections
+import concurrent.futures
 import contextlib
 import dataclasses
+import itertools
 import math
 import os
 import sys
@@ -133,18 +126,14 @@ class EpochData:
 
     def batches(self, epoch, skip=0):
         if not self.steps_per_epoch:
-            for i, batch in enumerate(self.source(epoch)):
-                if i >= skip:
-                    yield batch
+            yield from itertools.islice(self.source(epoch), skip, None)
             return
         if self._pass_len is None:
             self._pass_len = max(1, len(self.source(0)))
         index, end = epoch * self.steps_per_epoch + skip, (epoch + 1) * self.steps_per_epoch
         while index < end:
             p, offset = divmod(index, self._pass_len)
-            for i, batch in enumerate(self.source(p)):
-                if i < offset:
-                    continue
+            for batch in itertools.islice(self.source(p), offset, None):
                 yield batch
                 index += 1
                 if index >= end:
@@ -152,43 +141,17 @@ class EpochData:
 
 
 def _prefetched(iterator, size=2):
-    """Builds the next batches on a background thread while the step runs."""
-    import queue
-    import threading
-
-    q = queue.Queue(maxsize=size)
+    """Builds the next `size` batches on a background thread while the step runs."""
     done = object()
-    stop = threading.Event()
-
-    def put(item):
-        while not stop.is_set():
-            try:
-                q.put(item, timeout=0.1)
-                return True
-            except queue.Full:
-                continue
-        return False
-
-    def work():
-        try:
-            for item in iterator:
-                if not put(item):
-                    return
-        except BaseException as e:  # noqa: BLE001  (re-raised in the consumer)
-            put(e)
-        put(done)
-
-    threading.Thread(target=work, daemon=True).start()
+    pool = concurrent.futures.ThreadPoolExecutor(1, thread_name_prefix="zoo-batches")
+    ahead = collections.deque(pool.submit(next, iterator, done) for _ in range(size))
     try:
-        while True:
-            item = q.get()
-            if item is done:
-                return
-            if isinstance(item, BaseException):
-                raise item
+        while (item := ahead.popleft().result()) is not done:
+            ahead.append(pool.submit(next, iterator, done))
             yield item
     finally:
-        stop.set()  # the consumer stopped early (time limit, NaN): let the producer end
+        # The consumer stopped early (time limit, NaN): build nothing more.
+        pool.shutdown(wait=False, cancel_futures=True)
 
 
 @contextlib.contextmanager
@@ -345,9 +308,7 @@ class _Training:
     def _check_finite(self, logs, epoch):
         for name, (value, _) in logs.items():
             if not math.isfinite(value):
-                kept = None
-                if self.plan.checkpoint_dir:
-                    kept = checkpoint.latest(self.plan.checkpoint_dir)[0]
+                kept = self.plan.checkpoint_dir and checkpoint.latest(self.plan.checkpoint_dir)[0]
                 where = (
                     f"kept the last good checkpoint {kept}" if kept else "no checkpoint was written"
                 )
@@ -361,7 +322,7 @@ class _Training:
         return {**means, **self.step.metric_results()}
 
     def epoch(self, epoch, skip):
-        """Trains epoch `epoch` from batch `skip`; True when it ran to its end."""
+        """Trains epoch `epoch` from batch `skip`; returns the batches done in it."""
         self.step.reset_metrics()
         self.bar.on_epoch_begin(epoch)
         base, started, done = self.seconds, time.perf_counter(), skip
@@ -447,7 +408,7 @@ class _Training:
 
 
 def _fallback_line(damaged, path):
-    for bad, reason in damaged:
+    for _, reason in damaged:
         print(f"{reason}; falling back to {os.path.basename(path)}", file=sys.stderr)
 
 

@@ -2,13 +2,12 @@
 
 Cloud VMs, Kubernetes and batch schedulers stop a job with SIGTERM (then SIGKILL after
 a grace period); Ctrl-C sends SIGINT. `python -m train` installs `handlers()` for the
-whole command. Inside a training loop (`listening()`, or `listen()` ... `listen(False)`)
-a signal only sets a flag: the loop polls `requested()` after each step, writes a
-checkpoint and calls `stop(...)`, and the CLI prints one line and exits with
-128 + the signal number (143 for SIGTERM, 130 for SIGINT). `--resume` then continues
-from that checkpoint. Outside a loop, or on a second signal, `Stopped` is raised at
-once (nothing newer than the last checkpoint to save; atomic writes leave no partial
-file).
+whole command. Inside a training loop (`listening()`) a signal only sets a flag: the
+loop polls `requested()` after each step, writes a checkpoint and calls `stop(...)`, and
+the CLI prints one line and exits with 128 + the signal number (143 for SIGTERM, 130
+for SIGINT). `--resume` then continues from that checkpoint. Outside a loop, or on a
+second signal, `Stopped` is raised at once (nothing newer than the last checkpoint to
+save; atomic writes leave no partial file).
 
 Several workers (`MultiWorkerMirroredStrategy`): a preempted VM signals its own worker
 only, and a worker that stopped alone would leave the others waiting in their next
@@ -85,25 +84,21 @@ def reset():
     _state.update(listening=0, requested=None, peer=False)
 
 
-def listen(on=True):
-    """Marks the start (on) or end (off) of a loop that polls `requested()`."""
-    if on and _state.get("installed") and threading.current_thread() is threading.main_thread():
+@contextlib.contextmanager
+def listening():
+    """The block of a loop that polls `requested()`."""
+    if _state.get("installed") and threading.current_thread() is threading.main_thread():
         # Ours again: TensorFlow's runtime for several workers (started after `handlers()`
         # by the strategy) puts its own C++ SIGTERM handler in place, which swallows the
         # signal (seen: a SIGTERM to a worker of `python -m train --strategy multi_worker`
         # left both workers training to the end).
         for s in SIGNALS:
             signal.signal(s, _handler)
-    _state["listening"] = max(0, _state["listening"] + (1 if on else -1))
-
-
-@contextlib.contextmanager
-def listening():
-    listen(True)
+    _state["listening"] += 1
     try:
         yield
     finally:
-        listen(False)
+        _state["listening"] = max(0, _state["listening"] - 1)
 
 
 def requested():
