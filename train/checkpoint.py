@@ -1,33 +1,17 @@
-"""The one checkpoint format of `python -m train`: an atomic .npz per checkpoint.
-
-`checkpoints/NAME-00001234.npz` (NAME `step` for the training state at global step 1234,
-`best` for the weights kept as the run's result, `classifier` for SAGAN's evaluation
-classifier) holds groups of variables (`model`, `optimizer`; SAGAN's `g`, `d`, `ema`,
-`g_opt`, `d_opt`, ...), a manifest and a JSON record (the training position and the
-run's state: train.engine writes them). It is written to a temporary name in the same
-directory and renamed, so a file with the final name is always complete; the newest
-`keep` of each NAME are kept, so a damaged newest one falls back to the one before.
-
-Values are keyed by variable path (Keras's `variable.path`, e.g.
-`encoder_0/attention/query/kernel`; an optimizer slot by the variable it updates and its
-slot, `dense/kernel:momentum`), not by position: a restore checks that every variable
-has a value of its shape under its own key and that the file holds nothing else, and
-refuses with one line naming the first variable that differs. The file also records a
-hash of the models' configurations (a change that adds no variable, e.g. another
-activation or dropout rate, is refused too) and a SHA-256 of all its members: a
-truncated or damaged file is detected and `latest` falls back to the previous good one.
+"""The one checkpoint format of `python -m train` (docs/architecture.md, "One checkpoint
+format"): `checkpoints/NAME-<step>.npz` holds groups of variables (`model`, `optimizer`;
+SAGAN's `g`, `d`, `ema`, `g_opt`, `d_opt`, ...), a manifest and a JSON record (the
+training position and the run's state: train.engine writes them); the newest `keep` of
+each NAME are kept, so a damaged newest one falls back to the one before.
 
 Keras numbers automatically named objects per process (`seed_generator_11`, `adam_2`),
 so the same model built twice in one process has other paths. When the keys of the
 file and the model are not the same set, both sides are matched on canonical keys, in
 which every `NAME_<n>` / `NAME` component is renumbered by order of first appearance
 among its siblings; a fresh process (every CLI --resume) matches exact keys.
-
-Values are stored per variable, not per device, so a checkpoint written under any
-strategy restores under any other (2 workers -> 1 process, CPU -> GPU, ...). Only the
-chief writes; the other workers write into their scratch copy of the run.
 """
 
+import contextlib
 import glob
 import hashlib
 import io
@@ -73,19 +57,23 @@ def variable_paths(variables):
     return _unique([str(getattr(v, "path", None) or v.name) for v in variables])
 
 
+def _renumbered(name, numbering, scope=""):
+    """`name` with an automatic number renumbered by order of first appearance among the
+    names of the same base in `scope` ("dense_7" -> "dense#0")."""
+    base = re.sub(r"_\d+$", "", name)
+    names = numbering.setdefault((scope, base), {})
+    return f"{base}#{names.setdefault(name, len(names))}"
+
+
 def canonical(paths):
     """Each path with automatically numbered components renumbered by order of first
     appearance among siblings of the same base name ("dense_7" -> "dense#0")."""
     numbering = {}
     out = []
     for path in paths:
-        parent, parts = "", []
+        parts = []
         for component in path.split("/"):
-            base = re.sub(r"_\d+$", "", component)
-            names = numbering.setdefault((parent, base), {})
-            index = names.setdefault(component, len(names))
-            parts.append(f"{base}#{index}")
-            parent = "/".join(parts)
+            parts.append(_renumbered(component, numbering, "/".join(parts)))
         out.append("/".join(parts))
     return out
 
@@ -102,9 +90,7 @@ def _normalised(obj, numbering):
     if isinstance(obj, (list, tuple)):
         return [_normalised(v, numbering) for v in obj]
     if isinstance(obj, str):
-        base = re.sub(r"_\d+$", "", obj)
-        names = numbering.setdefault(base, {})
-        return f"{base}#{names.setdefault(obj, len(names))}"
+        return _renumbered(obj, numbering)
     return obj
 
 
@@ -189,10 +175,8 @@ def save(directory, groups, record, *, name="step", keep=KEEP, refs=None, models
     path = path_for(directory, record["step"], name)
     atomic.write_bytes(path, buffer.getvalue())
     for old in list_checkpoints(directory, name)[:-keep]:
-        try:
+        with contextlib.suppress(OSError):
             os.unlink(old)
-        except OSError:
-            pass
     return path
 
 
@@ -257,8 +241,8 @@ def _mismatch(path, group, message):
 
 
 def _match(path, group, saved, variables, refs):
-    """[(variable, member key)], or a UsageError naming the first differing variable:
-    exact keys when both sides have the same set, else canonical keys."""
+    """[(variable, member key)]: exact keys when both sides have the same set, else
+    canonical keys. Raises UsageError naming the first differing variable."""
     exact, canon = _keys(variables, refs)
     if set(exact) == set(saved["exact"]):
         return list(zip(variables, exact))
@@ -268,9 +252,9 @@ def _match(path, group, saved, variables, refs):
         return [(v, by_key[k]) for v, k in zip(variables, canon)]
     missing = next((e for e, k in zip(exact, canon) if k not in set(saved_canon)), None)
     if missing is not None:
-        return _mismatch(path, group, f"{missing!r} is not in the checkpoint")
+        raise _mismatch(path, group, f"{missing!r} is not in the checkpoint")
     extra = next(e for e, k in zip(saved["exact"], saved_canon) if k not in set(canon))
-    return _mismatch(path, group, f"{extra!r} is in the checkpoint but not in this model")
+    raise _mismatch(path, group, f"{extra!r} is in the checkpoint but not in this model")
 
 
 def restore(path, groups, *, refs=None, models=(), optional=()):
@@ -289,10 +273,7 @@ def restore(path, groups, *, refs=None, models=(), optional=()):
             raise UsageError(
                 f"checkpoint {path} does not fit this model: it has no {group} variables"
             )
-        pairs = _match(path, group, saved, variables, (refs or {}).get(group))
-        if isinstance(pairs, UsageError):
-            raise pairs
-        for v, key in pairs:
+        for v, key in _match(path, group, saved, variables, (refs or {}).get(group)):
             value = arrays[f"{group}/{key}"]
             if tuple(value.shape) != tuple(v.shape):
                 raise _mismatch(
