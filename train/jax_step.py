@@ -4,13 +4,9 @@
 checkpoint variables), so every model package runs unchanged on either backend. The
 step is a pure function jitted with `jax.jit`: `model.stateless_call` for the forward
 pass, `jax.value_and_grad`, then `optimizer.stateless_apply`; metrics update in a
-`keras.StatelessScope`. Batches stay NumPy until the step (tokenization and bucketing
-happen outside it), and each batch shape compiles once.
-
-The loss is the sum of per-example (per-token) losses over the global batch divided by
-the host-counted global number of real examples, plus the model's own losses; under
-`keras.distribution.DataParallel` the batch rows are sharded over the devices and XLA
-sums the gradients across them (the gradient of one device).
+`keras.StatelessScope`. Batches stay NumPy until the step, and each batch shape
+compiles once. Under `keras.distribution.DataParallel` the batch rows are sharded over
+the devices and XLA sums the gradients across them.
 
 Variables are read at the start of each step and written back after it, so checkpoints,
 weight averaging and `--resume` see and set the model's variables as under TensorFlow.
@@ -58,9 +54,8 @@ class JaxModelStep(ModelStep):
     compiles_per_shape = True
 
     def __init__(self, model, loss_terms=None, jit_compile=None, strategy=None):
-        super().__init__(model, loss_terms, True, strategy)
         # Under JAX an un-jitted step runs op by op (debugging only): XLA unless asked off.
-        self.jit_compile = True if jit_compile is None else bool(jit_compile)
+        super().__init__(model, loss_terms, True if jit_compile is None else jit_compile, strategy)
 
     def _metric_variables(self):
         return [v for m, _ in self.metrics for v in m.variables]
@@ -126,13 +121,11 @@ class JaxModelStep(ModelStep):
         return step
 
     def _run(self, mode, x, y, w, count):
-        if mode not in self._fns:
-            make = self._make_train_fn if mode == "train" else self._make_eval_fn
-            self._fns[mode] = jax.jit(make()) if self.jit_compile else make()
+        fn = self._fn(mode, jax.jit if self.jit_compile else lambda step: step)
         x, y, w = place_batch((x, y, w))
         groups = self._groups()
         state = tuple(values(group) for group in groups)
-        loss, state = self._fns[mode](state, x, y, w, np.float32(count))
+        loss, state = fn(state, x, y, w, np.float32(count))
         for group, new in zip(groups, state):
             if new is not None:
                 assign(group, new)

@@ -3,14 +3,11 @@ Transformer) for `train.engine.fit`: `TfModelStep` on `tf.distribute` (one devic
 mirrored GPUs, several workers, TPU) and `train.jax_step.JaxModelStep` (a jitted
 stateless step) under Keras's JAX backend; `train.steps.make_step` picks the one of the backend.
 
-The model's compile config gives the optimizer, the loss and the metrics; the loss is the
-SUM of per-example (per-token) losses divided by the GLOBAL count of real examples,
-counted on the host (padding has weight 0 and does not count), so replicas' gradients
-add up to the single-device gradient whatever the number of replicas. Every global batch
-is split row-wise across all replicas of all workers; each worker builds the same global
-batches from the same seed and feeds its replicas their slices (explicit sharding).
-`--mixed-precision` with float16 scales the loss (`keras.optimizers.LossScaleOptimizer`,
-which `compile` installs); `--jit-compile` XLA-compiles the forward and backward pass.
+The model's compile config gives the optimizer, the loss and the metrics. The loss
+over the global batch and the batch's split across replicas and workers are
+docs/distributed.md's ("What the loop guarantees"; the count of real examples is the
+host's, train.loss_terms). `--mixed-precision` with float16 scales the loss
+(`keras.optimizers.LossScaleOptimizer`, which `compile` installs).
 """
 
 import keras
@@ -111,7 +108,8 @@ def apply_global(optimizer, grads, variables, replicas):
 class ModelStep(Step):
     """What both backends share: the model, its optimizer, loss terms and metrics, the
     batch accounting, evaluation, and the variables a checkpoint holds. Subclasses
-    define `_run(mode, x, y, w, count)` -> loss, mode "train" or "eval"."""
+    define `_make_train_fn`, `_make_eval_fn` and `_run(mode, x, y, w, count)` -> loss,
+    mode "train" or "eval"."""
 
     def __init__(self, model, loss_terms=None, jit_compile=None, strategy=None):
         self.model = model
@@ -155,6 +153,13 @@ class ModelStep(Step):
 
     def metric_results(self):
         return {m.name: float(m.result()) for m, _ in self.metrics}
+
+    def _fn(self, mode, wrap):
+        """The step function of `mode`, made and passed through `wrap` once."""
+        if mode not in self._fns:
+            make = self._make_train_fn if mode == "train" else self._make_eval_fn
+            self._fns[mode] = wrap(make())
+        return self._fns[mode]
 
     def _batch(self, mode, batch):
         x, y, w = unpack(host_numpy(batch))
@@ -246,9 +251,7 @@ class TfModelStep(ModelStep):
     def _run(self, mode, x, y, w, count):
         import tensorflow as tf
 
-        if mode not in self._fns:
-            make = self._make_train_fn if mode == "train" else self._make_eval_fn
-            self._fns[mode] = self._graph(make(), x, y, w)
+        fn = self._fn(mode, lambda replica_step: self._graph(replica_step, x, y, w))
         parts = split(self.strategy, (x, y) if w is None else (x, y, w))
         dx, dy, dw = (*parts, None) if w is None else parts
-        return float(self._fns[mode](dx, dy, dw, tf.constant(count, tf.float32)))
+        return float(fn(dx, dy, dw, tf.constant(count, tf.float32)))
