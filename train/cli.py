@@ -8,10 +8,9 @@
 before Keras is imported; it refuses when Keras is already imported with the other backend
 in this process, or the backend's package is not installed.
 
-Exit codes: 0 success, 2 bad input (one line on stderr naming the problem and value,
-nothing already written is lost), 1 unexpected failure (short message; the traceback only
-with --debug), 143 / 130 stopped by SIGTERM / SIGINT (a training loop first finishes its
-step and writes a checkpoint: train.preemption).
+Exit codes: zoo.cli's (0 success, 2 bad input, 1 unexpected failure; nothing already
+written is lost), and 143 / 130 stopped by SIGTERM / SIGINT (a training loop first
+finishes its step and writes a checkpoint: train.preemption).
 """
 
 import importlib
@@ -107,13 +106,9 @@ ONEDNN_COMMANDS = ("sagan",)
 
 def prefer_onednn():
     """Turns TensorFlow's oneDNN kernels on for x86 CPUs unless TF_ENABLE_ONEDNN_OPTS says
-    otherwise. TensorFlow turns them on by itself only where the CPU has AVX-512 VNNI /
-    BF16, AVX-VNNI or AMX; elsewhere (AVX2-only x86) convolutions and their gradients run
-    on Eigen: SAGAN's steps take 1.5x as long, while the tagger and seq2seq showed no
-    steady difference (benchmarks/results.md, "oneDNN"), so only ONEDNN_COMMANDS ask for
-    it and their numbers stay as they were.
-    TensorFlow reads the variable once; after it is imported, setting it would change
-    nothing here and only leak into child processes, so it is left alone then."""
+    otherwise (TensorFlow does only on CPUs with AVX-512 VNNI / BF16, AVX-VNNI or AMX; why
+    only ONEDNN_COMMANDS: benchmarks/results.md, "oneDNN"). TensorFlow reads the variable
+    once; after it is imported, setting it would only leak into child processes."""
     if "tensorflow" in sys.modules:
         return
     if platform.machine().lower() in ("x86_64", "amd64"):

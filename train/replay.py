@@ -24,19 +24,16 @@ _KINDS = {
 def split_config(argv):
     """(path or None, argv without `--config PATH` / `--config=PATH`)."""
     rest, path = [], None
-    i = 0
-    while i < len(argv):
-        item = argv[i]
+    items = iter(argv)
+    for item in items:
         if item == "--config":
-            if i + 1 >= len(argv):
+            path = next(items, None)
+            if path is None:
                 raise UsageError("--config needs a FILE (a run's config.json)")
-            path, i = argv[i + 1], i + 2
-            continue
-        if item.startswith("--config="):
+        elif item.startswith("--config="):
             path = item.split("=", 1)[1]
         else:
             rest.append(item)
-        i += 1
     return path, rest
 
 

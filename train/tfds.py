@@ -61,13 +61,12 @@ def load_tfds(name, data_dir=None):
             splits[ours] = _read_split(builder, theirs, tag_key, names)
     if "train" not in splits:
         raise DataError(f"tfds data set {name!r} has no train split")
-    data = TaggingData(
+    return TaggingData(
         train=splits["train"],
         dev=splits.get("dev"),
         test=splits.get("test"),
         source={"name": f"tfds:{name}", "data_dir": data_dir or os.environ.get("TFDS_DATA_DIR")},
     )
-    return data
 
 
 def _read_split(builder, split, tag_key, names):

@@ -11,7 +11,7 @@ import os
 from train import config
 from train.config import VERBOSE, above, at_least, fraction, option
 from zoo.cli import UsageError
-from zoo.tagger.config import ARCHS
+from zoo.tagger.config import ARCHS, DEFAULTS
 
 
 @dataclasses.dataclass
@@ -87,8 +87,6 @@ class TaggerConfig:
 
     def model_options(self):
         """--model-option KEY=VALUE items as a dict (JSON values, else strings)."""
-        from zoo.tagger.config import DEFAULTS
-
         options = {}
         for item in self.model_option or []:
             key, sep, raw = item.partition("=")
@@ -115,22 +113,19 @@ def run(args):
     from train import rundir
 
     rundir.check_out_dir(cfg.out, resume=cfg.resume, kinds=("tagger",))
-    if cfg.resume:
-        from zoo.cli import import_keras_quietly
+    data = None
+    if not cfg.resume:
+        # Everything that can be wrong with the input is found before anything is written.
+        from train.tagger.select import load_data
 
-        import_keras_quietly()  # after the cheap checks: bad input still gets one line
-        from train.tagger.training import resume_run
-
-        return resume_run(cfg)
-    # Everything that can be wrong with the input is found before anything is written.
-    from train.tagger.select import load_data
-
-    data = load_data(cfg.train_file, cfg.dev_file, cfg.test_file, cfg.dataset, cfg.seed)
+        data = load_data(cfg.train_file, cfg.dev_file, cfg.test_file, cfg.dataset, cfg.seed)
     from zoo.cli import import_keras_quietly
 
     import_keras_quietly()  # after the cheap checks: bad input still gets one line
-    from train.tagger.training import train_compare, train_one
+    from train.tagger.training import resume_run, train_compare, train_one
 
+    if cfg.resume:
+        return resume_run(cfg)
     if cfg.compare:
         return train_compare(cfg, data)
     return train_one(cfg, data, cfg.arch, cfg.out)

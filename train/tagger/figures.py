@@ -1,5 +1,7 @@
 """attention.png: the attention weights of every head, for one sample sentence."""
 
+import os
+
 import matplotlib
 
 matplotlib.use("Agg")
@@ -29,7 +31,5 @@ def plot_attention(model, tokens, path):
     tmp = path + ".tmp.png"
     fig.savefig(tmp, dpi=90)
     plt.close(fig)
-    import os
-
     os.replace(tmp, path)
     return True

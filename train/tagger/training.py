@@ -17,11 +17,13 @@ from train.tagger.fit import compile_tagger
 from train.tagger.metrics import accuracies
 from zoo import atomic
 from zoo.cli import UsageError
+from zoo.tagger.config import ARCHS
 
 MAX_CHARS = 16
 MAX_LEN = 256
 LEARNING_RATES = {"attention": 1e-3, "fc": 2e-3, "window": 2e-3, "bilstm": 2e-3}
 SAMPLE = ["I", "saw", "a", "saw", "."]
+VOCAB = ("words", "chars", "tags")  # vocab/NAME.txt of the run directory
 SUMMARY_COLUMNS = [
     ("arch", "arch"),
     ("test_accuracy", "test acc"),
@@ -53,17 +55,14 @@ def train_one(cfg, data, arch, out, vocab=None):
     lr = cfg.learning_rate or LEARNING_RATES[arch]
     train_cfg = config.record(dataclasses.replace(cfg, arch=arch, epochs=epochs, learning_rate=lr))
     rundir.create_run_dir(out, "tagger")
-    _write_vocab(out, words, chars, tags)
+    for name, items in zip(VOCAB, (words, chars, tags)):
+        atomic.write_lines(os.path.join(out, "vocab", f"{name}.txt"), items)
     run_config = {
         "kind": "tagger",
         "model": {
             **model_cfg,
             **model.hparams,
-            "vocab": {
-                "words": "vocab/words.txt",
-                "chars": "vocab/chars.txt",
-                "tags": "vocab/tags.txt",
-            },
+            "vocab": {name: f"vocab/{name}.txt" for name in VOCAB},
         },
         "train": train_cfg,
         "data": data.source,
@@ -138,7 +137,7 @@ def _rebuild(out, config):
     checkpoint then restores the weights and the optimizer)."""
     model_cfg = {k: v for k, v in config["model"].items() if k != "vocab"}
     vocab = []
-    for name in ("words", "chars", "tags"):
+    for name in VOCAB:
         with open(os.path.join(out, "vocab", f"{name}.txt"), encoding="utf-8", newline="") as f:
             # split("\n"), not splitlines(): a token may hold U+2028 or U+0085.
             vocab.append(f.read().split("\n")[:-1])
@@ -198,8 +197,7 @@ def _fit_and_finish(model, data, encoded, out, train_cfg, name=None):
     atomic.save_model(model, os.path.join(out, "model.keras"))
     atomic.write_json(os.path.join(out, "metrics.json"), metrics)
     _write_rows(out, "calibration.npz", encoded["train"], train_cfg["seed"], rows=200)
-    # Held-out rows with gold tags: export verify reports quantized models' accuracy
-    # on test data next to float's (export reads run directories, never train/).
+    # Held-out rows for export verify (export reads run directories, never train/).
     _write_rows(out, "evaluation.npz", encoded["test"], train_cfg["seed"], rows=2000)
     from train.tagger.figures import plot_attention
 
@@ -233,11 +231,6 @@ def _evaluate(model, data, encoded, state):
     return metrics
 
 
-def _write_vocab(out, words, chars, tags):
-    for name, items in (("words", words), ("chars", chars), ("tags", tags)):
-        atomic.write_lines(os.path.join(out, "vocab", f"{name}.txt"), items)
-
-
 def _write_rows(out, name, encoded, seed, rows):
     rng = np.random.default_rng(seed)
     picked = rng.choice(len(encoded), size=min(rows, len(encoded)), replace=False)
@@ -250,8 +243,6 @@ def _write_rows(out, name, encoded, seed, rows):
 
 def train_compare(cfg, data):
     """All four archs on the same data and vocabulary; table to stdout, compare.md/.json."""
-    from zoo.tagger.config import ARCHS
-
     rundir.create_run_dir(cfg.out, "tagger-compare")
     vocab = build_vocab(data)
     rows = []
