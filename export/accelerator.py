@@ -49,10 +49,6 @@ _PROBE = base64.b64decode(
 )
 
 
-class NoDevice(Exception):
-    """No Vulkan device: LiteRT's GPU accelerator cannot start here."""
-
-
 def ensure_runtime_dir():
     """Dawn wants a writable XDG_RUNTIME_DIR; a private temporary one if unset."""
     d = os.environ.get("XDG_RUNTIME_DIR")
@@ -158,12 +154,6 @@ def device_problem():
     return f"{HOW_TO_GET_ONE} ({why})"
 
 
-def require_device():
-    problem = device_problem()
-    if problem:
-        raise NoDevice(problem)
-
-
 def _options(name):
     """CompiledModel options: "cpu", "gpu" (the GPU alone, its default reduced
     precision, as an app gets it) or "gpu_f32" (the GPU alone computing in
@@ -202,12 +192,11 @@ class Compiled:
         self.accelerator = accelerator
         with captured_stderr() as log:
             try:
+                options = _options(accelerator)
                 if isinstance(model, (bytes, bytearray)):
-                    self.model = CompiledModel.from_buffer(
-                        bytes(model), options=_options(accelerator)
-                    )
+                    self.model = CompiledModel.from_buffer(bytes(model), options=options)
                 else:
-                    self.model = CompiledModel.from_file(str(model), options=_options(accelerator))
+                    self.model = CompiledModel.from_file(str(model), options=options)
                 error = None
             except RuntimeError as e:
                 error = e
@@ -238,17 +227,10 @@ class Compiled:
             )
         return self._buffers[signature]
 
-    def input_details(self, signature):
-        return {
-            k: {"shape": list(d["shape"]), "dtype": np.dtype(d["dtype"])}
-            for k, (_, d) in self._io(signature)[0].items()
-        }
-
-    def output_details(self, signature):
-        return {
-            k: {"shape": list(d["shape"]), "dtype": np.dtype(d["dtype"])}
-            for k, (_, d) in self._io(signature)[1].items()
-        }
+    def shape(self, signature, name):
+        """The shape of `signature`'s input or output `name`."""
+        ins, outs = self._io(signature)
+        return [int(x) for x in (ins[name] if name in ins else outs[name])[1]["shape"]]
 
     def _resize(self, signature, inputs):
         """Resizes dynamic inputs to the shapes of `inputs` (both accelerators
@@ -363,11 +345,9 @@ def tolerance_for(reference, rel=0.03, floor=0.03):
 
 
 # ---------------------------------------------------------------- child process
-# TensorFlow and the GPU accelerator do not share a process: with TensorFlow
-# imported first, compiling for the GPU accelerator crashed (SIGSEGV inside
-# CompiledModel.from_file, lavapipe; both bundle LLVM). The accelerator runs in a
-# child that imports neither TensorFlow nor Keras, and the child's own crash is a
-# verdict, not the caller's death.
+# TensorFlow and the GPU accelerator do not share a process (docs/facts.md, LiteRT):
+# it runs in a child that imports neither TensorFlow nor Keras, and the child's own
+# crash is a verdict, not the caller's death.
 _JOB = r"""
 import json, sys
 sys.path.insert(0, sys.argv[1])
@@ -417,19 +397,16 @@ def _child_main(workdir):
 
 def _child_runs(job, feeds, m, entry, arrays, acc):
     """Runs every row of every signature (and the greedy loop) on `m`."""
+
+    def row(prefix):
+        return {k[len(prefix) :]: v for k, v in feeds.items() if k.startswith(prefix)}
+
     for sig, rows in job["signatures"].items():
         for r in range(rows):
-            prefix = f"{sig}/{r}/"
-            inputs = {k[len(prefix) :]: v for k, v in feeds.items() if k.startswith(prefix)}
-            for name, value in m.run(sig, inputs).items():
-                arrays[f"{acc}/{prefix}{name}"] = value
+            for name, value in m.run(sig, row(f"{sig}/{r}/")).items():
+                arrays[f"{acc}/{sig}/{r}/{name}"] = value
         if rows and job.get("runs") and acc != "gpu_f32":
-            prefix = f"{sig}/0/"
-            entry["latency"][sig] = m.time(
-                sig,
-                {k[len(prefix) :]: v for k, v in feeds.items() if k.startswith(prefix)},
-                runs=job["runs"],
-            )
+            entry["latency"][sig] = m.time(sig, row(f"{sig}/0/"), runs=job["runs"])
     if job.get("greedy") and acc != "gpu_f32":
         from export.kinds import seq2seq
 
@@ -589,18 +566,12 @@ def synthetic_feeds(path, rows=2, seed=0):
     return feeds
 
 
-def real_verdict(path, feeds=None):
-    """What LiteRT's GPU accelerator does with `path`: (accepted, why).
-
-    Accepted means: compiles with the GPU accelerator alone, reports itself
-    fully accelerated, and every output of every signature on `feeds` (default
-    `synthetic_feeds`) is within `tolerance_for` of LiteRT's CPU, integer outputs
-    equal."""
-    return real_verdicts([path], [feeds])[0]
-
-
 def real_verdicts(paths, feeds=None):
-    """`real_verdict` of many files, run in one child process."""
+    """What LiteRT's GPU accelerator does with each of `paths`: (accepted, why),
+    run in one child process. Accepted means: compiles with the GPU accelerator
+    alone, reports itself fully accelerated, and every output of every signature
+    on its feeds (default `synthetic_feeds`) is within `tolerance_for` of LiteRT's
+    CPU, integer outputs equal."""
     feeds = feeds or [None] * len(paths)
     feeds = [f or synthetic_feeds(p) for p, f in zip(paths, feeds)]
     results = run_many_in_child([(p, f, None, 0) for p, f in zip(paths, feeds)])

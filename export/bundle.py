@@ -29,7 +29,6 @@ PREPROCESSING = "preprocessing.json"
 LABELS = "labels.txt"
 CARD_JSON = "model_card.json"
 CARD_MD = "MODEL_CARD.md"
-TOKENIZER = "spm.model"
 FORMAT = "attention-zoo-preprocessing/1"
 LICENSE = "Apache-2.0"
 

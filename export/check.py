@@ -12,11 +12,9 @@ gpu:  every op on the allowlist below with its per-op constraints; tensors of
       elementwise op whose runtime operand has a lower rank than its output.
       The rules are calibrated against the real accelerator (LiteRT's
       CompiledModel with HardwareAccelerator.GPU: tests/export/test_check_calibration.py
-      runs one small model per rule on it and the verdicts must agree). What it
-      showed: -1 dimensions alone are accepted (the model resizes), and so are
-      ARG_MAX, GATHER of int32 params, STRIDED_SLICE of any rank <= 4 and MUL
-      broadcasting both operands; the ops that need a dynamic shape (SHAPE,
-      FILL, RANGE, ...) are what rejects a dynamic export.
+      runs one small model per rule on it and the verdicts must agree; what it
+      showed is in docs/facts.md, LiteRT). The ops that need a dynamic shape
+      (SHAPE, FILL, RANGE, ...) are what rejects a dynamic export.
 int8: every op computes in integers: no float tensor enters or leaves any op
       except the QUANTIZE of a float model input and the DEQUANTIZE of a
       model output (anything else is a float island that an integer-only

@@ -220,20 +220,21 @@ def _accelerator_target(target, tflite):
 def _signature_details(path):
     """{signature: {input: {"shape", "dtype"}}} from the CPU Interpreter (TensorFlow-free)."""
     interp = runtime.interpreter(path)
-    out = {}
-    for sig in interp.get_signature_list():
-        runner = interp.get_signature_runner(sig)
-        out[sig] = {
-            "inputs": {
-                k: {"shape": [int(x) for x in d["shape"]], "dtype": np.dtype(d["dtype"])}
-                for k, d in runner.get_input_details().items()
-            },
-            "outputs": {
-                k: {"shape": [int(x) for x in d["shape"]], "dtype": np.dtype(d["dtype"])}
-                for k, d in runner.get_output_details().items()
-            },
+
+    def described(details):
+        return {
+            k: {"shape": [int(x) for x in d["shape"]], "dtype": np.dtype(d["dtype"])}
+            for k, d in details.items()
         }
-    return out
+
+    runners = {sig: interp.get_signature_runner(sig) for sig in interp.get_signature_list()}
+    return {
+        sig: {
+            "inputs": described(r.get_input_details()),
+            "outputs": described(r.get_output_details()),
+        }
+        for sig, r in runners.items()
+    }
 
 
 def _rows(details, src, kind, n):

@@ -116,6 +116,14 @@ def cut_to(outputs, *sizes):
     }
 
 
+def instance_of(model, module, name):
+    """isinstance(model, module.name); False where `module` does not import."""
+    try:
+        return isinstance(model, getattr(importlib.import_module(module), name))
+    except ImportError:
+        return False
+
+
 @dataclasses.dataclass
 class Endpoint:
     """One SavedModel signature.
@@ -149,8 +157,17 @@ class ExportKind:
     def matches(self, model):
         return False
 
+    # What the kind's models are ("a zoo Tagger"): `model` refuses any other; None: any.
+    expected = None
+
     def model(self, source):
-        return source.ensure_model()
+        model = source.ensure_model()
+        if self.expected and not self.matches(model):
+            raise UsageError(
+                f"{source.path}: model {getattr(model, 'name', '?')!r} "
+                f"({type(model).__name__}) is not {self.expected}"
+            )
+        return model
 
     def core(self, source):
         """The Keras model whose numbers the exports must reproduce."""

@@ -36,7 +36,15 @@ import sys
 
 import numpy as np
 
-from export.kinds import Endpoint, ExportKind, assert_ids_in_range, checked, cut_to, pad_empty
+from export.kinds import (
+    Endpoint,
+    ExportKind,
+    assert_ids_in_range,
+    checked,
+    cut_to,
+    instance_of,
+    pad_empty,
+)
 from zoo.cli import UsageError
 
 ALIASES = ("universal_transformer",)
@@ -51,21 +59,10 @@ def _tf():
 class Seq2SeqKind(ExportKind):
     name = "seq2seq"
     id_signature = "translate_ids"
+    expected = "a zoo seq2seq model"
 
     def matches(self, model):
-        try:
-            from zoo.seq2seq.transformer import Seq2SeqTransformer
-        except ImportError:
-            return False
-        return isinstance(model, Seq2SeqTransformer)
-
-    def model(self, source):
-        model = super().model(source)
-        if not self.matches(model):
-            raise UsageError(
-                f"{source.path}: model is a {type(model).__name__}, not a zoo seq2seq model"
-            )
-        return model
+        return instance_of(model, "zoo.seq2seq.transformer", "Seq2SeqTransformer")
 
     def default_length(self, source):
         return int(self.model(source).max_source_length)
@@ -430,9 +427,9 @@ def litert_greedy(tflite, source_ids, max_length, model=None, margins=None):
         steps = litert.StepModel(
             model.runner("encode"),
             model.runner("decode_step"),
-            model.input_details("encode")["source_ids"]["shape"][1],
-            model.input_details("decode_step")["self_cache"]["shape"],
-            model.output_details("decode_step")["logits"]["shape"][-1],
+            model.shape("encode", "source_ids")[1],
+            model.shape("decode_step", "self_cache"),
+            model.shape("decode_step", "logits")[-1],
         )
     else:
         steps = litert.StepModel.from_interpreter(litert.interpreter(tflite))
