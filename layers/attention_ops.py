@@ -12,6 +12,8 @@ output). Keras's own layer gives uniform weights on one path and zeros on
 another (docs/facts.md).
 """
 
+import contextlib
+import contextvars
 import dataclasses
 
 import keras
@@ -166,14 +168,26 @@ def softmax_weights(scores, keep):
 # (jitted forward+backward, B16 N256 and B4 N1024). TensorFlow: Keras's TF
 # kernel is an unfused einsum-softmax, and our hand-written backward
 # (`softmax_attention`) is the faster one on CPU (benchmarks/results.md).
-# `None`: decide so; `True`/`False` force it (tests, benchmarks).
-FUSED = None
+# `forced_fused` overrides the choice inside a `with` block (tests, benchmarks); a
+# context variable, so the override ends with its block and stays in its thread.
+_FORCED = contextvars.ContextVar("forced_fused", default=None)
+
+
+@contextlib.contextmanager
+def forced_fused(on):
+    """Inside the block, plain softmax attention takes `keras.ops.dot_product_attention`
+    (`on=True`) or never does (`False`), whatever the backend and device."""
+    token = _FORCED.set(bool(on))
+    try:
+        yield
+    finally:
+        _FORCED.reset(token)
 
 
 def fused_enabled():
     """Whether plain softmax attention runs `keras.ops.dot_product_attention`."""
-    if FUSED is not None:
-        return bool(FUSED)
+    if _FORCED.get() is not None:
+        return _FORCED.get()
     if keras.backend.backend() != "jax":
         return False
     import jax
@@ -204,7 +218,7 @@ def fused_window(window, causal, dtype):
     only in float16/bfloat16: on GPUs a causal window in those dtypes runs
     `"cudnn"`; a symmetric one keeps the explicit mask that Keras's
     `dot_product_attention` hands to cuDNN, as on TPUs. Elsewhere (JAX's
-    CPU backend when `FUSED` forces the fused path) it runs `"xla"`.
+    CPU backend when `forced_fused` forces the fused path) it runs `"xla"`.
 
     Returns:
         `None`, or `((left, right), implementation)`.

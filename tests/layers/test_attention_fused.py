@@ -2,7 +2,7 @@
 path, outputs and gradients, under TensorFlow (in process) and JAX (a
 subprocess with KERAS_BACKEND=jax; `python -m tests.layers.test_attention_fused`).
 
-`attention_ops.FUSED` forces the path either way: the default picks the
+`attention_ops.forced_fused` forces the path either way: the default picks the
 fused kernel only on JAX with a GPU/TPU, which these CPU tests do not have.
 Each comparison also counts the calls of `keras.ops.dot_product_attention`,
 so a fused run that silently took the other path fails. Under JAX a local
@@ -101,8 +101,7 @@ def run_both(make_layer, inputs, window=None, **kwargs):
     weights = None
     want_windows = {window} if window is not None and keras.backend.backend() == "jax" else set()
     for fused in (False, True):
-        attention_ops.FUSED = fused
-        try:
+        with attention_ops.forced_fused(fused):
             layer = make_layer()
             with _CountFused() as count:
                 layer(*inputs, **kwargs)  # builds
@@ -112,8 +111,7 @@ def run_both(make_layer, inputs, window=None, **kwargs):
                 results.append(values_and_grads(layer, inputs, **kwargs))
             assert (count.calls > 0) == fused, (fused, count.calls)
             assert set(count.windows) == (want_windows if fused else set()), count.windows
-        finally:
-            attention_ops.FUSED = None
+    assert attention_ops._FORCED.get() is None  # the override ended with its block
     return results
 
 
@@ -250,8 +248,7 @@ def check_options_that_keep_their_path():
     """Returned scores, additive scores, ReLU weights and active dropout
     never take the fused kernel, even when it is forced on."""
     x = _masks()[0]
-    attention_ops.FUSED = True
-    try:
+    with attention_ops.forced_fused(True):
         with _CountFused() as count:
             MultiHeadAttention(num_heads=2, key_dim=4)(x, return_attention_scores=True)
             MultiHeadAttention(num_heads=2, key_dim=4, score="additive")(x)
@@ -265,8 +262,6 @@ def check_options_that_keep_their_path():
         with _CountFused() as count:
             MultiHeadAttention(num_heads=2, key_dim=4, dropout=0.5)(x, training=False)
         assert count.calls == 1
-    finally:
-        attention_ops.FUSED = None
 
 
 @pytest.mark.parametrize("name", sorted(CASES))
