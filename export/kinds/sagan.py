@@ -18,24 +18,16 @@ statistics at inference, so batch-1 output equals the batch output row for row.
 import numpy as np
 
 from export.kinds import Endpoint, ExportKind, assert_ids_in_range, checked, cut_to, pad_empty
-from zoo.cli import UsageError
 
 
 class SaganKind(ExportKind):
     name = "sagan"
     class_output = None
     id_signature = "serving_default"
+    expected = "a SAGAN generator"
 
     def matches(self, model):
         return getattr(model, "name", "") == "sagan_generator"
-
-    def model(self, source):
-        model = super().model(source)
-        if not self.matches(model):
-            raise UsageError(
-                f"{source.path}: model {getattr(model, 'name', '?')!r} is not a SAGAN generator"
-            )
-        return model
 
     def _dims(self, source):
         m = self.model(source)

@@ -29,6 +29,7 @@ from export.kinds import (
     checked,
     cut_to,
     fit_to_spec,
+    instance_of,
     pad_empty,
 )
 from zoo.cli import UsageError
@@ -43,19 +44,10 @@ class TaggerKind(ExportKind):
     name = "tagger"
     class_output = "probabilities"
     id_signature = "predict_ids"
+    expected = "a zoo Tagger"
 
     def matches(self, model):
-        try:
-            from zoo.tagger.model import Tagger
-        except ImportError:
-            return False
-        return isinstance(model, Tagger)
-
-    def model(self, source):
-        model = super().model(source)
-        if not self.matches(model):
-            raise UsageError(f"{source.path}: model is a {type(model).__name__}, not a zoo Tagger")
-        return model
+        return instance_of(model, "zoo.tagger.model", "Tagger")
 
     def core(self, source):
         return self.model(source).core
@@ -98,17 +90,17 @@ class TaggerKind(ExportKind):
         tags = tf.constant(m.tags)
         max_len = int(m.max_len)
 
+        def within_max_len(tensor, what):
+            return tf.debugging.assert_less_equal(
+                tf.shape(tensor)[1],
+                max_len,
+                message=f"{what} than max_len ({max_len}), the most this tagger reads",
+            )
+
         def tag_dense(tokens):
             present = tf.not_equal(tokens, "")
             lengths = tf.reduce_sum(tf.cast(present, tf.int32), axis=1)
-            tokens = checked(
-                tokens,
-                tf.debugging.assert_less_equal(
-                    tf.shape(tokens)[1],
-                    max_len,
-                    message=f"a sentence has more tokens than max_len ({max_len}), the most this tagger reads",
-                ),
-            )
+            tokens = checked(tokens, within_max_len(tokens, "a sentence has more tokens"))
             # An empty batch or a batch of empty sentences: the model runs on one "" row
             # or column, and the outputs are cut back (pad_empty says why).
             padded = pad_empty(tokens, axes=(0, 1))
@@ -131,11 +123,7 @@ class TaggerKind(ExportKind):
         def predict_ids(word_ids, char_ids):
             word_ids = checked(
                 word_ids,
-                tf.debugging.assert_less_equal(
-                    tf.shape(word_ids)[1],
-                    max_len,
-                    message=f"word_ids has more positions than max_len ({max_len}), the most this tagger reads",
-                ),
+                within_max_len(word_ids, "word_ids has more positions"),
                 tf.debugging.assert_equal(
                     tf.shape(char_ids)[:2],
                     tf.shape(word_ids),
