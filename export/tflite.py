@@ -144,17 +144,9 @@ def convert(source, quantize="none", static_length=None, calibration=None):
 
 
 def _reject_custom_ops(content):
-    from export.flatbuffer import op_name, read_model
+    from export.check import op_counts
 
-    model = read_model(content)
-    custom = sorted(
-        {
-            op_name(model, op)
-            for sg in model.subgraphs
-            for op in (sg.operators or [])
-            if op_name(model, op).startswith(("Flex", "CUSTOM:"))
-        }
-    )
+    custom = sorted(n for n in op_counts(content) if n.startswith(("Flex", "CUSTOM:")))
     if custom:
         raise ExportError("model contains non-builtin ops: " + ", ".join(custom))
 
@@ -162,10 +154,7 @@ def _reject_custom_ops(content):
 def proof(content, src, kind, specs, quantize, samples=64, tolerance=None, min_agreement=None):
     """Runs the model in LiteRT and in Keras on the same inputs; raises if they differ."""
     inputs = kind.sample_inputs(src, samples, specs=specs)
-    fn = kind.core_fn(src, static=specs[0].shape[0] == 1)
-    import tensorflow as tf
-
-    want = {k: np.asarray(v) for k, v in fn(*[tf.constant(inputs[s.name]) for s in specs]).items()}
+    want = kinds.run_core(kind.core_fn(src, static=specs[0].shape[0] == 1), specs, inputs)
     got = runtime.run(content, inputs, signature=ENDPOINT)
     report = runtime.compare(
         want, got, mask=kind.valid_mask(inputs), class_output=kind.class_output

@@ -91,8 +91,6 @@ def run_savedmodel_clean(saved_dir, inputs, signature):
 
 def verify(run_dir, savedmodel=None, tflite=None, samples=64):
     """Returns a report dict comparing Keras with the given exports."""
-    import tensorflow as tf
-
     if savedmodel is None and tflite is None:
         raise UsageError("verify needs --savedmodel and/or --tflite")
     src = rundir.resolve(run_dir).held_out()
@@ -102,14 +100,9 @@ def verify(run_dir, savedmodel=None, tflite=None, samples=64):
 
     specs = kind.core_specs(src)
 
-    def keras_run(inputs):
-        return {
-            k: np.asarray(v) for k, v in fn(*[tf.constant(inputs[s.name]) for s in specs]).items()
-        }
-
     report = {"source": src.path, "kind": kind.name, "rows_from": src.sample_file}
     inputs = kind.sample_inputs(src, samples, specs=specs)
-    want = keras_run(inputs)
+    want = kinds.run_core(fn, specs, inputs)
     float_metric = kind.metric(src, inputs, want)
     report["keras"] = {"metric": float_metric}
     if savedmodel is not None:
@@ -132,7 +125,7 @@ def verify(run_dir, savedmodel=None, tflite=None, samples=64):
         # Keras gets the same fitted inputs so both answer the same question.
         tspecs = tflite_specs(details)
         t_inputs = {s.name: kinds.fit_to_spec(inputs[s.name], s) for s in tspecs}
-        t_want = keras_run(t_inputs)
+        t_want = kinds.run_core(fn, specs, t_inputs)
         got = runtime.run(tflite, t_inputs)
         sidecar = {}
         if os.path.exists(runtime.sidecar_path(tflite)):

@@ -39,8 +39,8 @@ import numpy as np
 from export.kinds import (
     Endpoint,
     ExportKind,
+    assert_at_most,
     assert_ids_in_range,
-    checked,
     cut_to,
     instance_of,
     pad_empty,
@@ -104,25 +104,21 @@ class Seq2SeqKind(ExportKind):
         def translate(text):
             # An empty batch runs as one "" row and is cut back (pad_empty says why).
             ids, counts = tok.encode_tf(pad_empty(text), limit)
-            ids = checked(
+            ids = assert_at_most(
                 ids,
-                tf.debugging.assert_less_equal(
-                    counts,
-                    limit,
-                    message=f"an input has more tokens than max_source_length ({limit})",
-                ),
+                counts,
+                limit,
+                f"an input has more tokens than max_source_length ({limit})",
             )
             out = decoding.greedy(m, ids)
             return cut_to({"translation": tok.decode_tf(out), "token_ids": out}, tf.size(text))
 
         def translate_ids(source_ids):
-            source_ids = checked(
+            source_ids = assert_at_most(
                 source_ids,
-                tf.debugging.assert_less_equal(
-                    tf.shape(source_ids)[1],
-                    limit,
-                    message=f"source_ids has more positions than max_source_length ({limit})",
-                ),
+                tf.shape(source_ids)[1],
+                limit,
+                f"source_ids has more positions than max_source_length ({limit})",
             )
             source_ids = assert_ids_in_range(source_ids, vocabulary, "source_ids")
             out = decoding.greedy(m, pad_empty(source_ids, axes=(0, 1)))
@@ -159,19 +155,15 @@ class Seq2SeqKind(ExportKind):
         ids = ids[:, : max(1, int((ids > 0).sum(axis=1).max()))]
         text_spec = [tf.TensorSpec([None], tf.string, name="text")]
         return [
-            Endpoint(
-                "serving_default",
-                translate,
-                text_spec,
-                {"text": texts},
-                "raw text -> translation (greedy, tokenizer inside)",
-            ),
-            Endpoint(
-                "translate",
-                translate,
-                text_spec,
-                {"text": texts},
-                "raw text -> translation (greedy, tokenizer inside)",
+            *(
+                Endpoint(
+                    name,
+                    translate,
+                    text_spec,
+                    {"text": texts},
+                    "raw text -> translation (greedy, tokenizer inside)",
+                )
+                for name in ("serving_default", "translate")
             ),
             Endpoint(
                 "translate_ids",
