@@ -65,9 +65,6 @@ def build_parser():
     s.add_argument("source", metavar="RUN_DIR_OR_MODEL")
     s.add_argument("--out", required=True, metavar="BASE/NAME")
     s.add_argument("--version", type=_positive_int)
-    s.add_argument(
-        "--debug", action="store_true", default=argparse.SUPPRESS, help=argparse.SUPPRESS
-    )
 
     t = sub.add_parser("tflite", help="builtin-ops-only .tflite, checked against Keras")
     t.add_argument("source", metavar="RUN_DIR_OR_MODEL")
@@ -77,16 +74,10 @@ def build_parser():
     t.add_argument("--length", type=_positive_int, help="fixed length for --static-shape")
     t.add_argument("--tolerance", type=_non_negative, help="max abs diff allowed vs Keras")
     t.add_argument("--min-agreement", type=_fraction, help="min argmax agreement vs Keras (0 to 1)")
-    t.add_argument(
-        "--debug", action="store_true", default=argparse.SUPPRESS, help=argparse.SUPPRESS
-    )
 
     c = sub.add_parser("check", help="delegate compatibility of a .tflite")
     c.add_argument("file", metavar="FILE.tflite")
     c.add_argument("--target", default="gpu", choices=TARGETS)
-    c.add_argument(
-        "--debug", action="store_true", default=argparse.SUPPRESS, help=argparse.SUPPRESS
-    )
 
     v = sub.add_parser(
         "verify",
@@ -106,9 +97,6 @@ def build_parser():
     v.add_argument("--tflite", metavar="FILE")
     v.add_argument("--samples", type=_positive_int, default=64)
     v.add_argument("--json", action="store_true", help="print the report as JSON")
-    v.add_argument(
-        "--debug", action="store_true", default=argparse.SUPPRESS, help=argparse.SUPPRESS
-    )
 
     b = sub.add_parser("bench", help="latency at batch 1 and 32, LiteRT vs Keras; size")
     b.add_argument("target", metavar="FILE.tflite|SAVEDMODEL")
@@ -118,10 +106,11 @@ def build_parser():
     b.add_argument("--threads", type=_positive_int)
     b.add_argument("--runs", type=_positive_int, default=50)
     b.add_argument("--json", action="store_true")
-    b.add_argument(
-        "--debug", action="store_true", default=argparse.SUPPRESS, help=argparse.SUPPRESS
-    )
     for command in (s, t, c, v, b):
+        # after the command name too; the top-level --debug's help says what it does
+        command.add_argument(
+            "--debug", action="store_true", default=argparse.SUPPRESS, help=argparse.SUPPRESS
+        )
         command.add_argument(
             "--verbose",
             type=_verbosity,
