@@ -133,9 +133,6 @@ class SaganKind(ExportKind):
             out["label"] = (np.arange(n) % max(int(num_classes or 1), 1)).astype(np.int32)
         return out
 
-    def calibration_inputs(self, source, specs, n=200):
-        return self.sample_inputs(source, n, specs=specs)
-
     def sidecar(self, source, static_length=None):
         m = self.model(source)
         latent_dim, conditional, num_classes = self._dims(source)
