@@ -21,11 +21,11 @@ import sys
 import traceback
 
 from zoo.cli import (
-    EXIT_FAILURE,
     EXIT_USAGE,
     OneLineParser,
     UsageError,
     runtime_logs,
+    unexpected,
     verbose_flag,
 )
 
@@ -147,9 +147,7 @@ def main(argv=None):
     except Exception as e:  # noqa: BLE001  (the CLI boundary: report, do not crash)
         if debug:
             traceback.print_exc()
-        message = str(e).strip().splitlines()[0] if str(e).strip() else ""
-        hint = "" if debug else " (run with --debug for the traceback)"
-        return _fail(f"unexpected {type(e).__name__}: {message}{hint}", EXIT_FAILURE)
+        return unexpected(e, hint=not debug)
     finally:
         run_lock.release_all()
 
