@@ -130,14 +130,6 @@ def cut_to(outputs, *sizes):
     }
 
 
-def instance_of(model, module, name):
-    """isinstance(model, module.name); False where `module` does not import."""
-    try:
-        return isinstance(model, getattr(importlib.import_module(module), name))
-    except ImportError:
-        return False
-
-
 @dataclasses.dataclass
 class Endpoint:
     """One SavedModel signature.
@@ -168,8 +160,18 @@ class ExportKind:
     # SavedModel signature that takes the core inputs (what verify compares).
     id_signature = "serving_default"
 
+    # The class of the kind's models as (module, name), imported when asked.
+    model_class = None
+
     def matches(self, model):
-        return False
+        """Whether `model` is a `model_class`; False where its module does not import."""
+        if self.model_class is None:
+            return False
+        module, name = self.model_class
+        try:
+            return isinstance(model, getattr(importlib.import_module(module), name))
+        except ImportError:
+            return False
 
     # What the kind's models are ("a zoo Tagger"): `model` refuses any other; None: any.
     expected = None

@@ -42,7 +42,6 @@ from export.kinds import (
     assert_at_most,
     assert_ids_in_range,
     cut_to,
-    instance_of,
     pad_empty,
 )
 from zoo.cli import UsageError
@@ -60,9 +59,7 @@ class Seq2SeqKind(ExportKind):
     name = "seq2seq"
     id_signature = "translate_ids"
     expected = "a zoo seq2seq model"
-
-    def matches(self, model):
-        return instance_of(model, "zoo.seq2seq.transformer", "Seq2SeqTransformer")
+    model_class = ("zoo.seq2seq.transformer", "Seq2SeqTransformer")
 
     def default_length(self, source):
         return int(self.model(source).max_source_length)

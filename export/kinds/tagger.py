@@ -29,7 +29,6 @@ from export.kinds import (
     checked,
     cut_to,
     fit_to_spec,
-    instance_of,
     pad_empty,
 )
 from zoo.cli import UsageError
@@ -45,9 +44,7 @@ class TaggerKind(ExportKind):
     class_output = "probabilities"
     id_signature = "predict_ids"
     expected = "a zoo Tagger"
-
-    def matches(self, model):
-        return instance_of(model, "zoo.tagger.model", "Tagger")
+    model_class = ("zoo.tagger.model", "Tagger")
 
     def core(self, source):
         return self.model(source).core
