@@ -4,7 +4,7 @@ One small model per op family / shape situation the static rules talk about
 (tests/support/gpu_calibration_models.py: dynamic dims, rank 5, gathers, ARG_MAX,
 SOFTMAX beta, strided slices, WHILE, int8 and fp16, the two patterns the
 accelerator computes wrong, ...). Each runs on the real accelerator
-(`export.accelerator.real_verdict`: compiles with the GPU alone, fully
+(`export.accelerator.real_verdicts`: compiles with the GPU alone, fully
 accelerated, outputs within tolerance of LiteRT's CPU), and the static verdict
 must be the same. Skipped, with the reason, where there is no Vulkan device.
 """
