@@ -9,6 +9,7 @@ environment problem: exit 1 with a short message, the traceback only with --debu
 import argparse
 import contextlib
 import io
+import logging
 import os
 import subprocess
 import sys
@@ -191,11 +192,22 @@ def runtime_logs(verbose=1):
     if verbose >= 2 or _FILTER:
         yield
         return
-    with warnings.catch_warnings():
-        # Attention over a one-element axis (a one-character token) is legitimate.
-        warnings.filterwarnings("ignore", "You are using a softmax over axis -1", UserWarning)
-        with _filtered_fd2():
-            yield
+    tf_logger = logging.getLogger("tensorflow")
+    tf_logger.addFilter(_no_retracing_advice)
+    try:
+        with warnings.catch_warnings():
+            # Attention over a one-element axis (a one-character token) is legitimate.
+            warnings.filterwarnings("ignore", "You are using a softmax over axis -1", UserWarning)
+            with _filtered_fd2():
+                yield
+    finally:
+        tf_logger.removeFilter(_no_retracing_advice)
+
+
+def _no_retracing_advice(record):
+    # TensorFlow's advice when a function traces again for new input shapes: the
+    # decoders compile one program per batch shape by design (length buckets, beams).
+    return "triggered tf.function retracing" not in record.getMessage()
 
 
 @contextlib.contextmanager

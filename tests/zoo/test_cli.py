@@ -114,3 +114,20 @@ def test_a_bare_command_is_a_usage_error_on_stderr(module):
     assert (done.returncode, done.stdout) == (2, ""), (done.stdout, done.stderr)
     assert done.stderr.startswith(("usage:", "error:")), done.stderr
     assert "Traceback" not in done.stderr
+
+
+def test_tensorflow_retracing_advice_is_dropped_below_verbose_2(caplog):
+    import logging
+
+    from zoo.cli import runtime_logs
+
+    log = logging.getLogger("tensorflow")
+    advice = "5 out of the last 28 calls to <f> triggered tf.function retracing. Tracing is..."
+    for verbose, shown in ((1, False), (2, True)):
+        caplog.clear()
+        with caplog.at_level(logging.WARNING, logger="tensorflow"), runtime_logs(verbose):
+            log.warning(advice)
+            log.warning("a real warning")
+        messages = [r.getMessage() for r in caplog.records]
+        assert "a real warning" in messages and (advice in messages) == shown, messages
+    assert log.filters == []  # the filter ends with the command
