@@ -51,11 +51,9 @@ def assign(variables, new_values):
 
 class JaxModelStep(ModelStep):
     # Each new batch shape compiles the step (seconds_per_step times the second call).
+    # jit_compile: train.strategy's (on under JAX unless --no-jit-compile: an un-jitted
+    # step runs op by op, for debugging).
     compiles_per_shape = True
-
-    def __init__(self, model, loss_terms=None, jit_compile=None, strategy=None):
-        # Under JAX an un-jitted step runs op by op (debugging only): XLA unless asked off.
-        super().__init__(model, loss_terms, True if jit_compile is None else jit_compile, strategy)
 
     def _metric_variables(self):
         return [v for m, _ in self.metrics for v in m.variables]
