@@ -40,7 +40,8 @@ def prepare(builder, name):
         builder.download_and_prepare()
     except Exception as e:  # noqa: BLE001
         raise DataError(
-            f"cannot download/prepare tfds data set {name!r} (offline?): {str(e).splitlines()[0][:200]}"
+            f"cannot download/prepare tfds data set {name!r} (offline?): "
+            f"{(str(e).splitlines() or [type(e).__name__])[0][:200]}"
         ) from None
 
 

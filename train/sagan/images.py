@@ -205,17 +205,12 @@ def load_tfds_images(value, image_size=None, max_images=None):
     """mnist / fashion_mnist / cifar10 / celeb_a through tensorflow-datasets (downloads)."""
     name = parse_tfds_flag(value)
     import tensorflow as tf
-    import tensorflow_datasets as tfds
+
+    from train import tfds
 
     size = image_size or (64 if name == "celeb_a" else 32)
-    try:
-        builder = tfds.builder(name)
-        builder.download_and_prepare()
-    except Exception as e:  # noqa: BLE001  (offline: various network errors)
-        raise DataError(
-            f"cannot download tfds data set {name!r} (needs the network): "
-            f"{str(e).splitlines()[0] if str(e) else type(e).__name__}"
-        ) from None
+    builder = tfds.open_builder(name)
+    tfds.prepare(builder, name)
     if name == "celeb_a":
         class_names = ["face"]
     else:
