@@ -178,5 +178,5 @@ def _run(name, rest, commands):
     if config_path is not None:
         rest = config_argv(replay.read_config(config_path, name)) + rest
     args = parser.parse_args(rest)
-    strategy.configure(args, command=name)
+    strategy.configure(args)
     return int(module.run(args) or 0)

@@ -168,9 +168,9 @@ def _restrict_device(device):
         )
 
 
-def configure(args, command=None):
+def configure(args):
     """Validates the flags, sets the dtype policy and creates early strategies. Idempotent.
-    Every command (`command`, its name) takes every flag."""
+    Every command takes every flag."""
     name = getattr(args, "strategy", "default") or "default"
     if name not in STRATEGIES:
         raise UsageError(f"unknown --strategy {name!r}; choose from: {', '.join(STRATEGIES)}")

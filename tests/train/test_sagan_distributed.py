@@ -572,8 +572,7 @@ def test_jit_compile_flag_reaches_the_sagan_trainer():
     try:
         for flag in (True, False, None):
             dist.configure(
-                argparse.Namespace(strategy="default", mixed_precision=False, jit_compile=flag),
-                command="sagan",
+                argparse.Namespace(strategy="default", mixed_precision=False, jit_compile=flag)
             )
             want = dist.device_kind() in ("gpu", "tpu") if flag is None else flag
             made = sagan_run._step((trainer.g, trainer.d, None), model_cfg, train_cfg)
@@ -588,9 +587,7 @@ def test_configure_accepts_every_strategy_for_sagan():
 
     try:
         for name in ("mirrored", "default", "auto"):
-            state = dist.configure(
-                argparse.Namespace(strategy=name, mixed_precision=False), command="sagan"
-            )
+            state = dist.configure(argparse.Namespace(strategy=name, mixed_precision=False))
             assert state["name"] == name
     finally:
         dist.reset()
