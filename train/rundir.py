@@ -5,13 +5,12 @@ refuse to write into a directory that holds something else, and never overwrite 
 finished run unless asked to continue it (--resume).
 """
 
-import json
 import os
 
 from zoo import atomic
 from zoo import run_lock as runlock
 from zoo.cli import UsageError
-from zoo.rundir import MARKER, is_run_dir, run_kind
+from zoo.rundir import MARKER, is_run_dir, load_json, run_kind
 
 
 def check_out_dir(path, resume=False, kinds=None):
@@ -80,11 +79,6 @@ def create_run_dir(path, kind):
         atomic.write_text(marker, kind + "\n")
 
 
-def read_json(path):
-    with open(path, encoding="utf-8") as f:
-        return json.load(f)
-
-
 def resumable_config(out, kinds, what):
     """The config.json of the run `out` to --resume, once it is known to hold step
     checkpoints; `kinds` are the run kinds the command continues, `what` names them."""
@@ -96,7 +90,7 @@ def resumable_config(out, kinds, what):
         raise UsageError(
             f"--resume: no checkpoint to resume in {out} (missing config.json or checkpoints/)"
         )
-    config = read_json(config_path)
+    config = load_json(config_path)
     if config.get("kind") not in kinds:
         raise UsageError(f"--resume: {out} is not a {what} run (kind={config.get('kind')!r})")
     return config

@@ -13,10 +13,10 @@ import pytest
 import zoo.models  # noqa: F401  (registers every class zoo model files name)
 from tests.support import paths, tiny
 from train import checkpoint
-from train.rundir import read_json
 from train.steps import make_step
 from train.tagger import embedded
 from train.tagger.training import resume_run, train_one
+from zoo.rundir import load_json as read_json
 
 pytestmark = pytest.mark.slow  # seconds per test: make test-fast leaves the file out
 

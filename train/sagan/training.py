@@ -538,7 +538,7 @@ def train_compare(cfg, data):
                     "name": name,
                     "arm": arm,
                     "seed": seed_cfg.seed,
-                    **rundir.read_json(os.path.join(run_dir, "metrics.json")),
+                    **rundir.load_json(os.path.join(run_dir, "metrics.json")),
                 }
             )
     summary = summarize_compare(rows)

@@ -276,7 +276,7 @@ def run_compare(args):
             run = arm_args.out
             model = keras.models.load_model(os.path.join(run, "model.keras"))
             results = evaluate_buckets(model, buckets)
-            metrics = rundir.read_json(os.path.join(run, "metrics.json"))
+            metrics = rundir.load_json(os.path.join(run, "metrics.json"))
             metrics["length"] = results
             atomic.write_json(os.path.join(run, "metrics.json"), metrics)
             row = {"name": name, "arm": arm, "seed": arm_args.seed, "length": results}

@@ -249,7 +249,7 @@ def train_compare(cfg, data):
     for arch in ARCHS:
         print(f"\n=== {arch} ===", flush=True)
         train_one(cfg, data, arch, os.path.join(cfg.out, arch), vocab=vocab)
-        rows.append(rundir.read_json(os.path.join(cfg.out, arch, "metrics.json")))
+        rows.append(rundir.load_json(os.path.join(cfg.out, arch, "metrics.json")))
     table = markdown_table(rows, SUMMARY_COLUMNS)
     title = f"Tagger comparison on {data.source.get('name')} data (test split)"
     atomic.write_text(os.path.join(cfg.out, "compare.md"), f"# {title}\n\n{table}\n")
