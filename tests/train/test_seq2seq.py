@@ -164,7 +164,9 @@ def test_translate_cli(copy_run, capsys):
     assert capsys.readouterr().out.split() == ["abcde", "ddcba"]
     assert main([copy_run, "a" * 200]) == 2
     err = capsys.readouterr().err.strip().splitlines()
-    assert len(err) == 1 and "max_source_length" in err[0]
+    with open(os.path.join(copy_run, "config.json")) as f:
+        limit = json.load(f)["model"]["max_source_length"]
+    assert len(err) == 1 and f"has 200 tokens, more than the model's {limit}" in err[0], err
 
 
 _CLEAN_CLIENT = r"""
