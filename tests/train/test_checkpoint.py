@@ -20,8 +20,8 @@ from tests.support.runs import training_env
 from train import checkpoint, engine
 from train import strategy as distribute
 from train.model_step import TfModelStep
-from train.rundir import read_json
 from train.tagger import embedded
+from zoo.rundir import load_json as read_json
 
 ROOT = pathlib.Path(paths.ROOT)
 TINY = tiny.TAGGER_MINI_MODEL

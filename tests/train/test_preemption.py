@@ -18,7 +18,7 @@ import pytest
 from tests.support.runs import training_env
 from tests.train.test_checkpoint import ROOT, TINY, _main, _write_conllu
 from train import checkpoint
-from train.rundir import read_json
+from zoo.rundir import load_json as read_json
 
 pytestmark = pytest.mark.slow  # seconds per test: make test-fast leaves the file out
 
