@@ -13,7 +13,7 @@ Used by `python -m export verify FILE --accelerator gpu` and the tests.
 
 import base64
 import contextlib
-import functools
+import json
 import os
 import re
 import subprocess
@@ -22,6 +22,8 @@ import tempfile
 import time
 
 import numpy as np
+
+from zoo import litert as runtime
 
 HOW_TO_GET_ONE = (
     "no Vulkan device for LiteRT's GPU accelerator: run on a machine with a GPU and its Vulkan driver, "
@@ -126,10 +128,9 @@ sys.stdout.write("\nPROBE-OK\n" if ok else "\nPROBE-FAIL\n" + why)
 """
 
 
-@functools.lru_cache(maxsize=1)
 def device_problem():
     """None when LiteRT's GPU accelerator runs here, else one line saying why not
-    and how to get one. Probed once per process, in a child process (a driver
+    and how to get one. Probed on each call, in a child process (a driver
     problem cannot take this one down)."""
     ensure_runtime_dir()
     root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -309,27 +310,6 @@ class Compiled:
         return {"p50_ms": float(p[0]), "p90_ms": float(p[1]), "runs": runs}
 
 
-def float_diff(reference, candidate):
-    """{output: max abs diff} over the reference's float outputs. An output the
-    candidate lacks or returns in another shape, and a NaN or inf on either side,
-    count as inf: they fail every tolerance."""
-    out = {}
-    for k, ref in reference.items():
-        ref = np.asarray(ref)
-        if not np.issubdtype(ref.dtype, np.floating):
-            continue
-        got = candidate.get(k)
-        if got is None or np.shape(got) != ref.shape:
-            out[k] = float("inf")
-            continue
-        a, b = ref.astype(np.float64), np.asarray(got, np.float64)
-        if not (np.isfinite(a).all() and np.isfinite(b).all()):
-            out[k] = float("inf")
-        else:
-            out[k] = float(np.abs(a - b).max()) if a.size else 0.0
-    return out
-
-
 def tolerance_for(reference, rel=0.03, floor=0.03):
     """The GPU computes in reduced precision (fp16 by default): an output is
     right within max(floor, rel * its largest magnitude). Measured gaps of
@@ -349,7 +329,7 @@ def tolerance_for(reference, rel=0.03, floor=0.03):
 # it runs in a child that imports neither TensorFlow nor Keras, and the child's own
 # crash is a verdict, not the caller's death.
 _JOB = r"""
-import json, sys
+import sys
 sys.path.insert(0, sys.argv[1])
 from export import accelerator
 accelerator._child_main(sys.argv[2])
@@ -359,8 +339,6 @@ accelerator._child_main(sys.argv[2])
 def _child_main(workdir):
     """Runs every model of job.json in turn, writing result_<i>.json and
     out_<i>.npz as each finishes (a crash loses only the model it happened in)."""
-    import json
-
     with open(os.path.join(workdir, "job.json")) as f:
         jobs = json.load(f)["models"]
     for n, job in enumerate(jobs):
@@ -422,31 +400,25 @@ def _child_runs(job, feeds, m, entry, arrays, acc):
             entry["margins"].append(margins)
 
 
-def run_in_child(path, feeds, greedy=None, runs=20, timeout=600, f32=False):
-    """Runs `path` on CPU and on the GPU accelerator in a fresh process.
+def run_many_in_child(jobs, timeout=600, f32=False):
+    """Runs each (path, feeds, greedy, runs) job on CPU and on the GPU accelerator
+    in one fresh process; where a model takes the process down, it gets the crash
+    as its result and the models after it run in a new process.
 
     Args:
-        feeds: {signature: [ {input: array of the exact shape}, ... ]}.
-        greedy: None or {"rows": [source_ids [1, S], ...], "length": L}: the
-            seq2seq app loop (`litert_greedy`) on each row, on each accelerator.
-        runs: timed runs per signature (on the first row), 0 for none.
+        jobs: (path, feeds, greedy, runs) each. feeds: {signature: [ {input:
+            array of the exact shape}, ... ]}. greedy: None or {"rows":
+            [source_ids [1, S], ...], "length": L}: the seq2seq app loop
+            (`litert_greedy`) on each row, on each accelerator. runs: timed runs
+            per signature (on the first row), 0 for none.
         f32: also run on the GPU computing in float32 ("gpu_f32"; no greedy
             loop or timing there).
 
     Returns:
-        {"cpu"|"gpu"|"gpu_f32": {"compiled", "fully_accelerated", "log", "error",
-         "run_error", "outputs": {signature: [ {output: array}, ... ]},
-         "latency", "greedy"}, "crashed": None or a message}.
+        per job, {"cpu"|"gpu"|"gpu_f32": {"compiled", "fully_accelerated", "log",
+        "error", "run_error", "outputs": {signature: [ {output: array}, ... ]},
+        "latency", "greedy"}, "crashed": None or a message}.
     """
-    return run_many_in_child([(path, feeds, greedy, runs)], timeout, f32=f32)[0]
-
-
-def run_many_in_child(jobs, timeout=600, f32=False):
-    """`run_in_child` for many (path, feeds, greedy, runs) jobs in one process;
-    where a model takes the process down, it gets the crash as its result and
-    the models after it run in a new process."""
-    import json
-
     ensure_runtime_dir()
     root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
     results = [None] * len(jobs)
@@ -570,8 +542,8 @@ def real_verdicts(paths, feeds=None):
     """What LiteRT's GPU accelerator does with each of `paths`: (accepted, why),
     run in one child process. Accepted means: compiles with the GPU accelerator
     alone, reports itself fully accelerated, and every output of every signature
-    on its feeds (default `synthetic_feeds`) is within `tolerance_for` of LiteRT's
-    CPU, integer outputs equal."""
+    on its feeds (default `synthetic_feeds`) passes `compare_rows` against
+    LiteRT's CPU, integer outputs all equal."""
     feeds = feeds or [None] * len(paths)
     feeds = [f or synthetic_feeds(p) for p, f in zip(paths, feeds)]
     results = run_many_in_child([(p, f, None, 0) for p, f in zip(paths, feeds)])
@@ -579,10 +551,9 @@ def real_verdicts(paths, feeds=None):
 
 
 def _verdict(result, feeds):
-    """(accepted, why) of one `run_in_child` result, failing closed: the CPU
+    """(accepted, why) of one `run_many_in_child` result, failing closed: the CPU
     reference and the GPU both ran every row of every signature without an error,
-    and every reference output came back from the GPU within `tolerance_for`
-    (integer outputs equal)."""
+    and every signature passes `compare_rows` (integer outputs all equal)."""
     if result["crashed"]:
         return False, result["crashed"]
     gpu, cpu = result["gpu"], result["cpu"]
@@ -596,33 +567,49 @@ def _verdict(result, feeds):
         return False, "compiled but not fully accelerated"
     if gpu.get("run_error"):
         return False, f"compiled, then failed to run: {gpu['run_error']}"
-    compared = 0
+    if not feeds:
+        return False, "no signature was fed: nothing compared"
     for sig, rows in feeds.items():
-        wants, gots = cpu["outputs"].get(sig, []), gpu["outputs"].get(sig, [])
-        if not len(wants) == len(gots) == len(rows):
-            return False, (
-                f"{sig}: {len(rows)} rows fed, {len(wants)} came back from CPU, "
-                f"{len(gots)} from the GPU"
-            )
-        for want, got in zip(wants, gots):
-            if not want:
-                return False, f"{sig}: the CPU reference returned no outputs"
-            missing = sorted(set(want) - set(got))
-            if missing:
-                return False, f"{sig}: the GPU returned no {', '.join(map(repr, missing))}"
-            diffs, tol = float_diff(want, got), tolerance_for(want)
-            for k, d in diffs.items():
-                if not d <= tol[k]:
-                    return (
-                        False,
-                        f"{sig} output {k!r} off by {d:.3g} from CPU (tolerance {tol[k]:.2g})",
-                    )
-            for k, v in want.items():
-                if not np.issubdtype(np.asarray(v).dtype, np.floating) and not np.array_equal(
-                    v, got[k]
-                ):
-                    return False, f"{sig} output {k!r} differs from CPU"
-            compared += 1
-    if not compared:
-        return False, "no rows were fed: nothing compared"
+        entry = compare_rows(
+            cpu["outputs"].get(sig, []), gpu["outputs"].get(sig, []), len(rows), min_equal=1.0
+        )
+        if not entry["ok"]:
+            return False, f"{sig}: {entry['fails'][0]}"
     return True, "fully accelerated, outputs match CPU"
+
+
+def stack(rows):
+    """{name: the rows' arrays joined on the first axis} (batch-1 rows make a
+    batch); a name some row lacks is left out."""
+    names = set.intersection(*map(set, rows)) if rows else ()
+    return {k: np.concatenate([np.atleast_1d(r[k]) for r in rows]) for k in sorted(names)}
+
+
+def compare_rows(cpu_rows, gpu_rows, fed, class_output=None, mask=None, min_equal=0.95):
+    """One signature's rows, LiteRT's CPU (the reference) against the GPU, by
+    `zoo.litert.compare` and `gate` (failing closed: every row and every reference
+    output back and finite; integer outputs and `class_output`'s argmax equal on
+    >= `min_equal` of the positions `mask` keeps), float outputs within
+    `tolerance_for`: the GPU's tolerance is per output, `gate`'s one bound is not.
+
+    Returns:
+        `compare`'s report with "rows", "tolerance", "fails" and "ok".
+    """
+    entry = {"rows": len(cpu_rows), "max_abs_diff": {}, "tolerance": {}, "agreement": None}
+    if not 0 < fed == len(cpu_rows) == len(gpu_rows):
+        fails = [
+            f"{fed} rows fed, {len(cpu_rows)} came back from CPU, {len(gpu_rows)} from the GPU"
+        ]
+        return dict(entry, fails=fails, ok=False)
+    want = stack(cpu_rows)
+    entry.update(runtime.compare(want, stack(gpu_rows), mask, class_output))
+    lost = sorted({k for r in cpu_rows for k in r} - set(want))
+    fails = [f"the CPU reference returned no {k!r} for some rows" for k in lost]
+    fails += runtime.gate(entry, float("inf"), min_equal)
+    tol = entry["tolerance"] = tolerance_for(want)
+    fails += [
+        f"output {k!r} differs by {d:.3g} > {tol[k]:.2g}"
+        for k, d in entry["max_abs_diff"].items()
+        if not d <= tol[k]
+    ]
+    return dict(entry, fails=fails, ok=not fails)

@@ -248,62 +248,6 @@ def _rows(details, src, kind, n):
     ]
 
 
-def _stack(results):
-    return {k: np.concatenate([np.asarray(r[k])[None] for r in results]) for k in results[0]}
-
-
-def _compare(cpu_rows, gpu_rows, rows, kind):
-    """One signature's rows, CPU (the reference) vs GPU, failing closed: every row
-    and every reference output back from both, floats within `tolerance_for`,
-    integer outputs and the class output's argmax equal on >= 95%."""
-    from export import accelerator
-
-    entry = {"rows": len(cpu_rows), "max_abs_diff": {}, "tolerance": {}, "fails": []}
-    fails = entry["fails"]
-    if not len(cpu_rows) == len(gpu_rows) == len(rows) or not rows:
-        fails.append(
-            f"{len(rows)} rows fed, {len(cpu_rows)} came back from CPU, {len(gpu_rows)} from the GPU"
-        )
-    names = sorted(cpu_rows[0]) if cpu_rows else []
-    if cpu_rows and not names:
-        fails.append("the CPU reference returned no outputs")
-    for which, found in (("CPU", cpu_rows), ("GPU", gpu_rows)):
-        missing = sorted({k for r in found for k in names if k not in r})
-        if missing:
-            fails.append(f"{which} returned no {', '.join(map(repr, missing))} for some rows")
-    if fails:
-        entry.update(ok=False)
-        return entry
-    want, got = _stack(cpu_rows), _stack([{k: r[k] for k in names} for r in gpu_rows])
-    diffs = accelerator.float_diff(want, got)
-    tol = accelerator.tolerance_for(want)
-    entry.update(max_abs_diff=diffs, tolerance={k: tol[k] for k in diffs})
-    fails += [
-        f"{k} off by {d:.3g} (tolerance {tol[k]:.2g})" for k, d in diffs.items() if not d <= tol[k]
-    ]
-    class_output = getattr(kind, "class_output", None) if kind else None
-    if class_output and class_output in want:
-        inputs = {k: v.reshape((-1,) + v.shape[2:]) for k, v in _stack(rows).items()}
-        mask = kind.valid_mask(inputs)
-        same = np.argmax(want[class_output], -1) == np.argmax(got[class_output], -1)
-        same = same.reshape((same.shape[0] * same.shape[1],) + same.shape[2:])
-        if mask is not None and same.shape == mask.shape:
-            same = same[mask]
-        entry["agreement"] = float(same.mean()) if same.size else 0.0
-        if not entry["agreement"] >= 0.95:
-            fails.append(f"argmax agrees on {entry['agreement']:.1%} < 95%")
-    exact = {
-        k: float(np.mean(want[k] == got[k]))
-        for k in want
-        if not np.issubdtype(want[k].dtype, np.floating)
-    }
-    if exact:
-        entry["equal_fraction"] = exact
-        fails += [f"{k} equal on {v:.1%} < 95%" for k, v in exact.items() if not v >= 0.95]
-    entry["ok"] = not fails
-    return entry
-
-
 def _seq2seq_rows(details, src, n):
     source_len = details["encode"]["inputs"]["source_ids"]["shape"][1]
     if src is not None:
@@ -368,7 +312,7 @@ def verify_accelerator(target, tflite=None, samples=8, runs=20):
         }
     else:
         feeds = {sig: _rows(d["inputs"], src, kind, samples) for sig, d in details.items()}
-    result = accelerator.run_in_child(path, feeds, greedy=greedy, runs=runs, f32=True)
+    result = accelerator.run_many_in_child([(path, feeds, greedy, runs)], f32=True)[0]
     if result["crashed"]:
         report.update(compiled=False, error=result["crashed"], ok=False)
         return report
@@ -391,9 +335,11 @@ def verify_accelerator(target, tflite=None, samples=8, runs=20):
         run_errors=errors,
         signatures={},
     )
+    class_output = kind.class_output if kind and not greedy else None
     for sig, rows in feeds.items():
-        entry = _compare(
-            cpu["outputs"][sig], gpu["outputs"][sig], rows, kind if greedy is None else None
+        mask = kind.valid_mask(accelerator.stack(rows)) if class_output else None
+        entry = accelerator.compare_rows(
+            cpu["outputs"][sig], gpu["outputs"][sig], len(rows), class_output, mask
         )
         entry["gpu_latency"], entry["cpu_latency"] = (
             gpu["latency"].get(sig),
@@ -403,9 +349,9 @@ def verify_accelerator(target, tflite=None, samples=8, runs=20):
         f32_rows = (f32.get("outputs") or {}).get(sig) or []
         if entry["ok"] and not f32.get("run_error") and len(f32_rows) == entry["rows"]:
             # The same GPU computing in float32: a gap that vanishes here is precision.
-            entry["max_abs_diff_gpu_f32"] = accelerator.float_diff(
-                _stack(cpu["outputs"][sig]), _stack(f32["outputs"][sig])
-            )
+            entry["max_abs_diff_gpu_f32"] = runtime.compare(
+                accelerator.stack(cpu["outputs"][sig]), accelerator.stack(f32_rows)
+            )["max_abs_diff"]
         report["signatures"][sig] = entry
     if greedy:
         # A row whose tokens part where CPU's best two logits are nearer than the
@@ -504,7 +450,7 @@ def format_accelerator_report(report):
         diffs = ", ".join(
             f"{k} {v:.3g} (tol {e['tolerance'][k]:.2g})" for k, v in e["max_abs_diff"].items()
         )
-        agree = f"; argmax agreement {e['agreement']:.2%}" if "agreement" in e else ""
+        agree = "" if e["agreement"] is None else f"; argmax agreement {e['agreement']:.2%}"
         exact = "".join(f"; {k} equal {v:.2%}" for k, v in e.get("equal_fraction", {}).items())
         if e.get("max_abs_diff_gpu_f32"):
             diffs += (

@@ -120,14 +120,26 @@ def test_accelerator_verdict_fails_closed(case):
 
 def test_accelerator_verdict_fails_with_no_rows_fed():
     accepted, why = accelerator._verdict(_result([], []), {"serving_default": []})
-    assert (accepted, why) == (False, "no rows were fed: nothing compared")
+    assert (accepted, why) == (
+        False,
+        "serving_default: 0 rows fed, 0 came back from CPU, 0 from the GPU",
+    )
+    assert accelerator._verdict(_result([], []), {}) == (
+        False,
+        "no signature was fed: nothing compared",
+    )
 
 
-def test_float_diff_counts_missing_and_nan_as_inf():
-    assert accelerator.float_diff(REF, {}) == {"probabilities": float("inf")}
-    assert accelerator.float_diff(REF, _with_nan(REF)) == {"probabilities": float("inf")}
-    assert accelerator.float_diff(_with_nan(REF), _with_nan(REF)) == {"probabilities": float("inf")}
-    assert accelerator.float_diff(REF, _copy(REF)) == {"probabilities": 0.0}
+def test_accelerator_verdict_wants_every_integer_equal_and_floats_within_tolerance():
+    """The same comparison as `export verify --accelerator gpu` (compare_rows),
+    integer outputs all equal for the calibration's verdicts."""
+    off = _copy(REF)
+    off["tag_ids"][0, 1] = 2
+    accepted, why = accelerator._verdict(_result(ROWS, [_copy(REF), off]), FEEDS)
+    assert not accepted and "'tag_ids' equal on 75.0% < 100.0%" in why, why
+    off = {**_copy(REF), "probabilities": PROBS + np.float32(0.05)}
+    accepted, why = accelerator._verdict(_result(ROWS, [_copy(REF), off]), FEEDS)
+    assert not accepted and "'probabilities' differs by 0.05 > 0.03" in why, why
 
 
 # ---------------------------------------------------------------- export verify --accelerator gpu
@@ -142,7 +154,7 @@ def probe(tmp_path, monkeypatch):
 
     def answer(cpu_rows, gpu_rows, **kwargs):
         result = _result(cpu_rows, gpu_rows, **kwargs)
-        monkeypatch.setattr(accelerator, "run_in_child", lambda *a, **k: result)
+        monkeypatch.setattr(accelerator, "run_many_in_child", lambda *a, **k: [result])
         return verify.verify_accelerator(str(path), samples=2, runs=0)
 
     return answer, y
