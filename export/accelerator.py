@@ -13,8 +13,8 @@ Used by `python -m export verify FILE --accelerator gpu` and the tests.
 
 import base64
 import contextlib
-import json
 import os
+import pickle
 import re
 import subprocess
 import sys
@@ -337,16 +337,14 @@ accelerator._child_main(sys.argv[2])
 
 
 def _child_main(workdir):
-    """Runs every model of job.json in turn, writing result_<i>.json and
-    out_<i>.npz as each finishes (a crash loses only the model it happened in)."""
-    with open(os.path.join(workdir, "job.json")) as f:
-        jobs = json.load(f)["models"]
+    """Runs every job of jobs.pkl in turn, writing result_<i>.pkl as each
+    finishes (a crash loses only the model it happened in)."""
+    with open(os.path.join(workdir, "jobs.pkl"), "rb") as f:
+        jobs = pickle.load(f)
     for n, job in enumerate(jobs):
-        with np.load(os.path.join(workdir, f"in_{n}.npz")) as data:
-            feeds = {k: data[k] for k in data.files}
-        result, arrays = {}, {}
-        for acc in job.get("accelerators", ("cpu", "gpu")):
-            entry = result[acc] = {}
+        result = {}
+        for acc in job["accelerators"]:
+            entry = result[acc] = {"outputs": {sig: [] for sig in job["feeds"]}}
             try:
                 m = Compiled(job["path"], acc)
             except CompileError as e:
@@ -361,40 +359,33 @@ def _child_main(workdir):
             )
             with captured_stderr() as run_log:
                 try:
-                    _child_runs(job, feeds, m, entry, arrays, acc)
+                    _child_runs(job, m, entry, acc)
                 except RuntimeError as e:
                     entry["run_error"] = " ".join(str(e).split())[:300]
             entry["run_log"] = log_errors(run_log[0] if run_log else "")
             del m
         if "tensorflow" in sys.modules:
             result["warning"] = "tensorflow was imported in the accelerator's process"
-        np.savez(os.path.join(workdir, f"out_{n}.npz"), **arrays)
-        with open(os.path.join(workdir, f"result_{n}.json"), "w") as f:
-            json.dump(result, f)
+        with open(os.path.join(workdir, f"result_{n}.pkl"), "wb") as f:
+            pickle.dump(result, f)
 
 
-def _child_runs(job, feeds, m, entry, arrays, acc):
+def _child_runs(job, m, entry, acc):
     """Runs every row of every signature (and the greedy loop) on `m`."""
-
-    def row(prefix):
-        return {k[len(prefix) :]: v for k, v in feeds.items() if k.startswith(prefix)}
-
-    for sig, rows in job["signatures"].items():
-        for r in range(rows):
-            for name, value in m.run(sig, row(f"{sig}/{r}/")).items():
-                arrays[f"{acc}/{sig}/{r}/{name}"] = value
-        if rows and job.get("runs") and acc != "gpu_f32":
-            entry["latency"][sig] = m.time(sig, row(f"{sig}/0/"), runs=job["runs"])
-    if job.get("greedy") and acc != "gpu_f32":
+    for sig, rows in job["feeds"].items():
+        for row in rows:
+            entry["outputs"][sig].append(m.run(sig, row))
+        if rows and job["runs"] and acc != "gpu_f32":
+            entry["latency"][sig] = m.time(sig, rows[0], runs=job["runs"])
+    if job["greedy"] and acc != "gpu_f32":
         from export.kinds import seq2seq
 
-        g = job["greedy"]
         entry["greedy"], entry["margins"] = [], []
-        for i in range(g["rows"]):
+        for source_ids in job["greedy"]["rows"]:
             margins = []
             entry["greedy"].append(
                 seq2seq.litert_greedy(
-                    job["path"], feeds["greedy/" + str(i)], g["length"], model=m, margins=margins
+                    job["path"], source_ids, job["greedy"]["length"], model=m, margins=margins
                 )
             )
             entry["margins"].append(margins)
@@ -421,36 +412,23 @@ def run_many_in_child(jobs, timeout=600, f32=False):
     """
     ensure_runtime_dir()
     root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    accelerators = ["cpu", "gpu"] + (["gpu_f32"] if f32 else [])
     results = [None] * len(jobs)
     start = 0
     while start < len(jobs):
         with tempfile.TemporaryDirectory(prefix="export-accelerator-") as tmp:
-            specs = []
-            for n, (path, feeds, greedy, runs) in enumerate(jobs[start:]):
-                arrays = {
-                    f"{sig}/{r}/{k}": np.asarray(v)
-                    for sig, rows in feeds.items()
-                    for r, row in enumerate(rows)
-                    for k, v in row.items()
-                }
-                job = {
+            batch = [
+                {
                     "path": os.path.abspath(path),
-                    "signatures": {s: len(r) for s, r in feeds.items()},
+                    "feeds": feeds,
+                    "greedy": greedy,
                     "runs": runs,
-                    "accelerators": ["cpu", "gpu"] + (["gpu_f32"] if f32 else []),
+                    "accelerators": accelerators,
                 }
-                if greedy:
-                    job["greedy"] = {"rows": len(greedy["rows"]), "length": int(greedy["length"])}
-                    arrays.update(
-                        {
-                            f"greedy/{i}": np.asarray(r, np.int32)
-                            for i, r in enumerate(greedy["rows"])
-                        }
-                    )
-                np.savez(os.path.join(tmp, f"in_{n}.npz"), **arrays)
-                specs.append(job)
-            with open(os.path.join(tmp, "job.json"), "w") as f:
-                json.dump({"models": specs}, f)
+                for path, feeds, greedy, runs in jobs[start:]
+            ]
+            with open(os.path.join(tmp, "jobs.pkl"), "wb") as f:
+                pickle.dump(batch, f)
             env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}
             env["TF_CPP_MIN_LOG_LEVEL"] = "0"
             crash = None
@@ -476,39 +454,15 @@ def run_many_in_child(jobs, timeout=600, f32=False):
             except subprocess.TimeoutExpired:
                 crash = f"the accelerator's process ran past {timeout} s"
             done = 0
-            while done < len(specs) and os.path.exists(os.path.join(tmp, f"result_{done}.json")):
-                with open(os.path.join(tmp, f"result_{done}.json")) as f:
-                    result = json.load(f)
-                with np.load(os.path.join(tmp, f"out_{done}.npz")) as data:
-                    out = {k: data[k] for k in data.files}
-                results[start + done] = _unpack(result, out, jobs[start + done][1])
+            while done < len(batch) and os.path.exists(os.path.join(tmp, f"result_{done}.pkl")):
+                with open(os.path.join(tmp, f"result_{done}.pkl"), "rb") as f:
+                    results[start + done] = dict(pickle.load(f), crashed=None)
                 done += 1
-        if done < len(specs):
+        if done < len(batch):
             results[start + done] = {"crashed": crash or "the accelerator's process left no result"}
             done += 1
         start += done
     return results
-
-
-def _unpack(result, out, feeds):
-    result["crashed"] = None
-    for acc in [a for a in ("cpu", "gpu", "gpu_f32") if a in result]:
-        entry = result[acc]
-        entry["outputs"] = {}
-        for sig, rows in feeds.items():
-            entry["outputs"][sig] = (
-                [
-                    {
-                        k.split("/", 3)[3]: v
-                        for k, v in out.items()
-                        if k.startswith(f"{acc}/{sig}/{r}/")
-                    }
-                    for r in range(len(rows))
-                ]
-                if entry.get("compiled")
-                else []
-            )
-    return result
 
 
 def synthetic_feeds(path, rows=2, seed=0):
