@@ -14,135 +14,31 @@ import random
 from train.tagger.types import TaggedSentence, TaggingData
 
 # Noun/verb homographs: (form as noun, form as verb).
-AMBIGUOUS_NV = [
-    "saw",
-    "book",
-    "watch",
-    "run",
-    "duck",
-    "fly",
-    "park",
-    "train",
-    "play",
-    "light",
-    "fish",
-    "ring",
-    "race",
-    "plant",
-    "paint",
-    "brush",
-    "drink",
-    "cook",
-    "dance",
-    "walk",
-    "rock",
-    "lock",
-    "check",
-    "film",
-    "mark",
-    "step",
-    "store",
-    "visit",
-    "wave",
-    "work",
-]
+AMBIGUOUS_NV = (
+    "saw book watch run duck fly park train play light fish ring race plant paint brush drink "
+    "cook dance walk rock lock check film mark step store visit wave work"
+).split()
 # Adjective inside a noun phrase, adverb before a verb.
-AMBIGUOUS_MOD = [
-    "still",
-    "just",
-    "only",
-    "even",
-    "early",
-    "late",
-    "fast",
-    "hard",
-    "daily",
-    "pretty",
-]
-NOUNS = [
-    "man",
-    "woman",
-    "dog",
-    "cat",
-    "girl",
-    "boy",
-    "teacher",
-    "farmer",
-    "table",
-    "house",
-    "car",
-    "tree",
-    "river",
-    "city",
-    "child",
-    "doctor",
-    "knife",
-    "window",
-    "letter",
-    "garden",
-    "horse",
-    "bird",
-    "door",
-    "boat",
-    "friend",
-    "road",
-    "song",
-    "hammer",
-    "kitchen",
-    "apple",
-    "can",
-]
-VERBS_PAST = [
-    "liked",
-    "found",
-    "took",
-    "bought",
-    "made",
-    "kept",
-    "wanted",
-    "needed",
-    "sold",
-    "fixed",
-]
-VERBS_BASE = ["see", "like", "find", "take", "buy", "make", "keep", "want", "need", "sell", "fix"]
-ADJECTIVES = ["old", "big", "red", "new", "small", "sharp", "happy", "green", "quiet", "strong"]
-ADVERBS = ["quickly", "often", "never", "rarely", "slowly", "always", "soon", "usually"]
-SUBJECT_PRONOUNS = ["I", "you", "we", "they", "he", "she"]
-OBJECT_PRONOUNS = ["me", "you", "us", "them", "him", "it"]
-DETERMINERS = ["the", "a", "this", "every", "some", "my", "your", "our", "that"]
-PREPOSITIONS = ["with", "in", "near", "under", "behind", "from", "on"]
-AUXILIARIES = ["can", "will", "must", "should", "could", "may"]
-NUMBERS = ["two", "three", "four", "five", "ten"]
-NAMES = ["Anna", "Bob", "Maria", "Paris", "London", "Peter", "Sara", "Tom"]
-COORDINATORS = ["and", "but"]
+AMBIGUOUS_MOD = "still just only even early late fast hard daily pretty".split()
+NOUNS = (
+    "man woman dog cat girl boy teacher farmer table house car tree river city child doctor "
+    "knife window letter garden horse bird door boat friend road song hammer kitchen apple can"
+).split()
+VERBS_PAST = "liked found took bought made kept wanted needed sold fixed".split()
+VERBS_BASE = "see like find take buy make keep want need sell fix".split()
+ADJECTIVES = "old big red new small sharp happy green quiet strong".split()
+ADVERBS = "quickly often never rarely slowly always soon usually".split()
+SUBJECT_PRONOUNS = "I you we they he she".split()
+OBJECT_PRONOUNS = "me you us them him it".split()
+DETERMINERS = "the a this every some my your our that".split()
+PREPOSITIONS = "with in near under behind from on".split()
+AUXILIARIES = "can will must should could may".split()
+NUMBERS = "two three four five ten".split()
+NAMES = "Anna Bob Maria Paris London Peter Sara Tom".split()
+COORDINATORS = "and but".split()
 
-_ONSETS = [
-    "b",
-    "br",
-    "d",
-    "dr",
-    "f",
-    "fl",
-    "g",
-    "gr",
-    "k",
-    "kl",
-    "m",
-    "n",
-    "p",
-    "pl",
-    "s",
-    "st",
-    "t",
-    "tr",
-    "v",
-    "z",
-    "sh",
-    "ch",
-    "l",
-    "r",
-]
-_VOWELS = ["a", "e", "i", "o", "u", "ai", "ea", "oo"]
+_ONSETS = "b br d dr f fl g gr k kl m n p pl s st t tr v z sh ch l r".split()
+_VOWELS = "a e i o u ai ea oo".split()
 _SUFFIXES = {
     "NOUN": ["tion", "ment", "ness", "er", "ist", "ity", "ance"],
     "VERB": ["ized", "ated", "ified", "ened"],
@@ -272,18 +168,13 @@ def generate(seed=0, train_size=2000, dev_size=300, test_size=400):
     """
     rng = random.Random(seed)
     taken = set(AMBIGUOUS_NV + AMBIGUOUS_MOD + NOUNS + VERBS_PAST + ADJECTIVES + ADVERBS)
-    pools = []
-    for _ in range(3):
-        pools.append(
-            {tag: _pseudo_words(rng, tag, 12 if tag == "PROPN" else 30, taken) for tag in _SUFFIXES}
-        )
+    pools = [
+        {tag: _pseudo_words(rng, tag, 12 if tag == "PROPN" else 30, taken) for tag in _SUFFIXES}
+        for _ in range(3)
+    ]
+    sizes = [train_size, dev_size, test_size]
     splits = []
-    for pool, size in zip(pools, (train_size, dev_size, test_size)):
+    for pool, size in zip(pools, sizes):
         grammar = _Grammar(random.Random(rng.getrandbits(64)), pool)
         splits.append([grammar.sentence() for _ in range(size)])
-    return TaggingData(
-        train=splits[0],
-        dev=splits[1],
-        test=splits[2],
-        source={"name": "embedded", "seed": seed, "sizes": [train_size, dev_size, test_size]},
-    )
+    return TaggingData(*splits, {"name": "embedded", "seed": seed, "sizes": sizes})
