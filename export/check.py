@@ -159,14 +159,6 @@ def _broadcastable(a, b):
     return True
 
 
-def g_src(g, t):
-    """The input tensor of the DEQUANTIZE that produces `t`."""
-    for op in g.sg.operators:
-        if op.outputs[0] == t:
-            return op.inputs[0]
-    return t
-
-
 def _gpu_op_rules(g, op, name):
     """Per-op constraints of the GPU delegate (gpu_compatibility.cc)."""
     ins = [i for i in op.inputs if i >= 0]
@@ -182,7 +174,7 @@ def _gpu_op_rules(g, op, name):
         out.append(f"SOFTMAX beta {opts.beta} != 1")
     if name in gpu_rewrite.FP16_CONST_REJECTED_BY and ins and ins[0] in g.dequantized:
         out.append(
-            f"{name} of a DEQUANTIZEd {g.dtype(g_src(g, ins[0])).lower()} constant: the GPU accelerator "
+            f"{name} of a DEQUANTIZEd {g.dtype(g.dequantized[ins[0]]).lower()} constant: the GPU accelerator "
             "rejects it (make it a float32 constant; export/gpu_rewrite.py)"
         )
     elif name == "RESHAPE" and ins and g.is_const(ins[0]):

@@ -42,13 +42,12 @@ class Graph:
         schema = _schema()
         self.model, self.sg = model, sg
         self.types = _enum_names(schema.TensorType)
-        self.dequantized = set()
-        for op in sg.operators if sg.operators is not None else []:
-            if op_name(model, op) == "DEQUANTIZE" and self._has_data(op.inputs[0]):
-                self.dequantized.add(op.outputs[0])
-
-    def tensor(self, i):
-        return None if i < 0 else self.sg.tensors[i]
+        # {DEQUANTIZE output: its constant input} (float16 weights, for one)
+        self.dequantized = {
+            op.outputs[0]: op.inputs[0]
+            for op in (sg.operators if sg.operators is not None else [])
+            if op_name(model, op) == "DEQUANTIZE" and self._has_data(op.inputs[0])
+        }
 
     def dims(self, i):
         t = self.sg.tensors[i]

@@ -59,38 +59,23 @@ def low_rank_operands(g, op, name):
 FP16_CONST_REJECTED_BY = frozenset({"GATHER", "RESHAPE"})
 
 
-def dequantized_fp16_constants(model, sg):
-    """{output tensor: DEQUANTIZE op index} for DEQUANTIZEs of float16 constants."""
-    g = Graph(model, sg)
-    out = {}
-    for k, op in enumerate(sg.operators if sg.operators is not None else []):
-        if (
-            op_name(model, op) == "DEQUANTIZE"
-            and g.is_const(op.inputs[0])
-            and g.dtype(op.inputs[0]) == "FLOAT16"
-        ):
-            out[op.outputs[0]] = k
-    return out
-
-
 def _fold_fp16_constants(model, sg):
     """Makes float32 constants of the DEQUANTIZEd float16 constants that a
     GATHER or RESHAPE reads (their bytes double; the rest stay float16)."""
-    deq = dequantized_fp16_constants(model, sg)
-    if not deq:
-        return False
-    fold = set()
-    for op in sg.operators:
-        if op_name(model, op) in FP16_CONST_REJECTED_BY:
-            fold.update(i for i in op.inputs if i in deq)
+    g = Graph(model, sg)
+    fold = {
+        i
+        for op in (sg.operators if sg.operators is not None else [])
+        if op_name(model, op) in FP16_CONST_REJECTED_BY
+        for i in op.inputs
+        if i in g.dequantized and g.dtype(g.dequantized[i]) == "FLOAT16"
+    }
     if not fold:
         return False
     from ai_edge_litert import schema_py_generated as schema
 
-    drop = set()
     for t in fold:
-        op = sg.operators[deq[t]]
-        src = sg.tensors[op.inputs[0]]
+        src = sg.tensors[g.dequantized[t]]
         values = np.frombuffer(bytes(bytearray(model.buffers[src.buffer].data)), np.float16).astype(
             np.float32
         )
@@ -98,8 +83,8 @@ def _fold_fp16_constants(model, sg):
         buf.data = np.frombuffer(values.tobytes(), np.uint8)
         model.buffers.append(buf)
         sg.tensors[t].buffer = len(model.buffers) - 1
-        drop.add(deq[t])
-    sg.operators = [op for k, op in enumerate(sg.operators) if k not in drop]
+    # the DEQUANTIZEs that made them go
+    sg.operators = [op for op in sg.operators if fold.isdisjoint(op.outputs)]
     return True
 
 
