@@ -114,44 +114,26 @@ def log_errors(text, limit=3):
     return lines[:limit]
 
 
-_CHILD = r"""
-import sys
-sys.path.insert(0, sys.argv[1])
-from export import accelerator
-try:
-    m = accelerator.Compiled(accelerator._PROBE, "gpu")
-    y = m.run("serving_default", {"x": [[1.0, 2.0, 3.0, 4.0]]})["y"]
-    ok, why = abs(float(y[0, 3]) - 9.0) < 1e-2, "wrong result %s" % y
-except Exception as e:
-    ok, why = False, "\n".join(getattr(e, "log", None) or [str(e)])
-sys.stdout.write("\nPROBE-OK\n" if ok else "\nPROBE-FAIL\n" + why)
-"""
-
-
 def device_problem():
     """None when LiteRT's GPU accelerator runs here, else one line saying why not
-    and how to get one. Probed on each call, in a child process (a driver
-    problem cannot take this one down)."""
-    ensure_runtime_dir()
-    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-    try:
-        proc = subprocess.run(
-            [sys.executable, "-c", _CHILD, root],
-            capture_output=True,
-            text=True,
-            timeout=120,
-            check=False,
-            env=dict(os.environ, TF_CPP_MIN_LOG_LEVEL="0"),
-        )
-    except (OSError, subprocess.TimeoutExpired) as e:
-        return f"{HOW_TO_GET_ONE} (probe failed: {e})"
-    if "\nPROBE-OK\n" in proc.stdout:
+    and how to get one. Probed on each call: the probe model through
+    `run_many_in_child` (a driver problem cannot take this process down)."""
+    with tempfile.TemporaryDirectory(prefix="litert-probe-") as tmp:
+        path = os.path.join(tmp, "probe.tflite")
+        with open(path, "wb") as f:
+            f.write(_PROBE)
+        feeds = {"serving_default": [{"x": np.array([[1.0, 2.0, 3.0, 4.0]], np.float32)}]}
+        result = run_many_in_child([(path, feeds, None, 0)], timeout=120)[0]
+    gpu = result.get("gpu") or {}
+    y = (gpu.get("outputs", {}).get("serving_default") or [{}])[0].get("y")
+    if y is not None and abs(float(y[0, 3]) - 9.0) < 1e-2:
         return None
-    text = proc.stdout + proc.stderr
+    text = "\n".join([result["crashed"] or "", gpu.get("error", ""), *gpu.get("log", [])])
     if re.search(r"No adapters found|Found no drivers|INCOMPATIBLE_DRIVER", text):
         why = "no Vulkan adapter found"
     else:
-        why = "; ".join(log_errors(text, 2)) or f"probe exited {proc.returncode}"
+        why = result["crashed"] or "; ".join(gpu.get("log", [])[:2]) or gpu.get("error")
+        why = why or gpu.get("run_error") or f"wrong result {y}"
     return f"{HOW_TO_GET_ONE} ({why})"
 
 
