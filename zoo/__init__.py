@@ -2,7 +2,7 @@
 
 `zoo.load(path)` returns a task object (tagger, translator, image generator) for
 a run directory, `.keras` file, SavedModel or `.tflite` file (`zoo.tasks`).
-`zoo.build(name, **kwargs)` builds a registered model; `zoo.names()` lists them.
+`zoo.build(name, **kwargs)` builds a zoo model; `zoo.names()` lists them.
 
 Importing `zoo` imports neither Keras nor TensorFlow, so its Keras-free parts
 (configs, the LiteRT client) work where those are not installed. The model
@@ -13,28 +13,9 @@ file names without `custom_objects`.
 
 import importlib
 
-_EXTRA_BUILDERS = {}
-
-
-def register(name):
-    """Decorator registering `builder(**kwargs) -> keras.Model` under `name`, beside
-    the zoo's own models (`zoo.models.BUILDERS`)."""
-
-    def decorator(builder):
-        if _EXTRA_BUILDERS.get(name, builder) is not builder:
-            raise ValueError(f"zoo model name already registered: {name!r}")
-        _EXTRA_BUILDERS[name] = builder
-        return builder
-
-    return decorator
-
 
 def _builders():
-    builtin = importlib.import_module("zoo.models").BUILDERS
-    taken = sorted(set(builtin) & set(_EXTRA_BUILDERS))
-    if taken:
-        raise ValueError(f"zoo model name already registered: {taken[0]!r}")
-    return {**builtin, **_EXTRA_BUILDERS}
+    return importlib.import_module("zoo.models").BUILDERS
 
 
 def names():
@@ -52,5 +33,4 @@ def build(name, **kwargs):
 
 def load(path):
     """A trained model as a task object: see `zoo.tasks.load`."""
-    tasks = importlib.import_module("zoo.tasks")
-    return tasks.load(path)
+    return importlib.import_module("zoo.tasks").load(path)

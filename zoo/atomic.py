@@ -105,13 +105,12 @@ def _signals_as_exceptions():
 
 
 @contextlib.contextmanager
-def building(target, directory=False, overwrite=True):
+def building(target, directory=False):
     """Yields a temporary path; on success moves it onto `target` atomically.
 
     Args:
-        target: final path.
-        directory: build a directory instead of a file.
-        overwrite: replace an existing file target. Directories are never
+        target: final path; an existing file is replaced.
+        directory: build a directory instead of a file. Directories are never
             replaced: an existing directory target is an error (a TF Serving
             version is immutable).
     On any exception (and on SIGTERM while no other handler is installed) the
@@ -129,31 +128,22 @@ def building(target, directory=False, overwrite=True):
                 os.chmod(tmp, 0o777 & ~_umask())
                 os.rename(tmp, target)
             else:
-                if not overwrite and os.path.exists(target):
-                    raise FileExistsError(f"{target} already exists")
                 os.chmod(tmp, 0o666 & ~_umask())
                 os.replace(tmp, target)
     finally:
         _remove(tmp)
 
 
-def write_with(path, write, mode="wb"):
-    """`write(f)` fills a temporary file object opened with `mode`; it then becomes
-    `path` (flushed to disk first)."""
-    with building(path) as tmp:
-        encoding = None if "b" in mode else "utf-8"
-        with os.fdopen(os.open(tmp, os.O_WRONLY | os.O_TRUNC), mode, encoding=encoding) as f:
-            write(f)
-            f.flush()
-            os.fsync(f.fileno())
-
-
 def write_bytes(path, data):
-    write_with(path, lambda f: f.write(data), "wb")
+    """`data` becomes `path` (flushed to disk first)."""
+    with building(path) as tmp, os.fdopen(os.open(tmp, os.O_WRONLY | os.O_TRUNC), "wb") as f:
+        f.write(data)
+        f.flush()
+        os.fsync(f.fileno())
 
 
 def write_text(path, text):
-    write_with(path, lambda f: f.write(text), "w")
+    write_bytes(path, text.encode("utf-8"))
 
 
 def write_json(path, obj):

@@ -128,17 +128,17 @@ def refuse_if_held(directory):
 
 
 @contextlib.contextmanager
-def locked(directory, usage_error=UsageError):
+def locked(directory):
     """Holds `directory`'s lock for the block (released after, unless held before).
     A lock held by another process, or a directory that cannot take the lock file:
-    `usage_error` (one line)."""
+    UsageError (one line)."""
     held = os.path.realpath(directory) in _held
     try:
         acquire(directory)
     except LockedError as e:
-        raise usage_error(str(e)) from None
+        raise UsageError(str(e)) from None
     except OSError as e:
-        raise usage_error(f"cannot write into {directory}: {e.strerror}") from None
+        raise UsageError(f"cannot write into {directory}: {e.strerror}") from None
     try:
         yield
     finally:
@@ -146,17 +146,17 @@ def locked(directory, usage_error=UsageError):
             release(directory)
 
 
-def check_writable_ancestor(path, flag, usage_error=UsageError, creating=False):
+def check_writable_ancestor(path, flag, creating=False):
     """`path` does not exist yet: its nearest existing ancestor must be a directory this
     process can write into (found before any work, not when the first file is written).
-    Raises `usage_error` naming the flag, the path and the ancestor. `creating`: the
+    Raises UsageError naming the flag, the path and the ancestor. `creating`: the
     not-writable message says the path cannot be created (the train CLIs' wording)."""
     parent = os.path.dirname(os.path.abspath(path))
     while not os.path.exists(parent) and os.path.dirname(parent) != parent:
         parent = os.path.dirname(parent)
     if not os.path.isdir(parent):
-        raise usage_error(f"{flag} {path}: {parent} is not a directory")
+        raise UsageError(f"{flag} {path}: {parent} is not a directory")
     if not os.access(parent, os.W_OK | os.X_OK):
-        raise usage_error(
+        raise UsageError(
             f"{flag} {path}: {'cannot create it, ' if creating else ''}{parent} is not writable"
         )
