@@ -18,21 +18,8 @@ import numpy as np
 WARMUP_PATH = os.path.join("assets.extra", "tf_serving_warmup_requests")
 
 
-def _official():
-    try:
-        from tensorflow_serving.apis import predict_pb2, prediction_log_pb2
-    except ImportError:
-        return None
-    return predict_pb2, prediction_log_pb2
-
-
-_SUBSET = None
-
-
-def _subset_classes():
-    global _SUBSET
-    if _SUBSET is not None:
-        return _SUBSET
+def _subset_class():
+    """PredictionLog built from a descriptor of only the fields written here."""
     from google.protobuf import descriptor_pb2, descriptor_pool, message_factory
 
     F = descriptor_pb2.FieldDescriptorProto
@@ -72,10 +59,9 @@ def _subset_classes():
     )
     pool = descriptor_pool.DescriptorPool()
     pool.Add(fdp)
-    _SUBSET = message_factory.GetMessageClass(
+    return message_factory.GetMessageClass(
         pool.FindMessageTypeByName("tensorflow.serving.PredictionLog")
     )
-    return _SUBSET
 
 
 def prediction_log_bytes(model_name, signature_name, inputs, official=True):
@@ -90,24 +76,19 @@ def prediction_log_bytes(model_name, signature_name, inputs, official=True):
     import tensorflow as tf
 
     tensors = {k: tf.make_tensor_proto(_as_array(v)) for k, v in sorted(inputs.items())}
-    classes = _official() if official else None
-    if classes is not None:
-        predict_pb2, prediction_log_pb2 = classes
-        request = predict_pb2.PredictRequest()
-        request.model_spec.name = model_name
-        request.model_spec.signature_name = signature_name
-        for k, t in tensors.items():
-            request.inputs[k].CopyFrom(t)
-        log = prediction_log_pb2.PredictionLog(
-            predict_log=prediction_log_pb2.PredictLog(request=request)
-        )
-        return log.SerializeToString(deterministic=True)
-    log = _subset_classes()()
+    try:
+        from tensorflow_serving.apis import prediction_log_pb2
+    except ImportError:
+        official = False
+    log = prediction_log_pb2.PredictionLog() if official else _subset_class()()
     request = log.predict_log.request
     request.model_spec.name = model_name
     request.model_spec.signature_name = signature_name
     for k, t in tensors.items():
-        request.inputs.add(key=k, value=t.SerializeToString(deterministic=True))
+        if official:
+            request.inputs[k].CopyFrom(t)
+        else:
+            request.inputs.add(key=k, value=t.SerializeToString(deterministic=True))
     return log.SerializeToString(deterministic=True)
 
 
