@@ -57,27 +57,9 @@ _UNARY = {
     "LEAKY_RELU",
     "PRELU",
 }
-_BINARY = {
-    "ATAN2",
-    "DIV",
-    "EQUAL",
-    "FLOOR_DIV",
-    "FLOOR_MOD",
-    "GREATER",
-    "GREATER_EQUAL",
-    "LOGICAL_AND",
-    "LESS",
-    "LESS_EQUAL",
-    "MAXIMUM",
-    "MINIMUM",
-    "NOT_EQUAL",
-    "POW",
-    "SQUARED_DIFFERENCE",
-    "SUB",
-}
 _OTHER = {
-    "ADD",
     "ADD_N",
+    "ARG_MAX",
     "AVERAGE_POOL_2D",
     "BATCH_MATMUL",
     "CAST",
@@ -95,7 +77,6 @@ _OTHER = {
     "LSTM",
     "MAX_POOL_2D",
     "MEAN",
-    "MUL",
     "PACK",
     "ONE_HOT",
     "QUANTIZE",
@@ -122,7 +103,8 @@ _OTHER = {
     "MIRROR_PAD",
     "STABLEHLO_CLAMP",
 }
-GPU_OPS = frozenset(_UNARY | _BINARY | _OTHER | {"ARG_MAX"})
+# Every broadcasting elementwise op but LOGICAL_OR.
+GPU_OPS = frozenset(_UNARY | (gpu_rewrite.BROADCASTING - {"LOGICAL_OR"}) | _OTHER)
 
 # Seen rejected by the delegate (docs/facts.md); named so the message can say why.
 _KNOWN_REJECTED = {
