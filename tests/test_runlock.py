@@ -135,28 +135,21 @@ def test_one_writable_ancestor_check_keeps_each_cli_s_message(tmp_path, monkeypa
     """train, export and the zoo CLIs share zoo.run_lock.check_writable_ancestor; their
     messages are unchanged (os.access patched: root writes anywhere)."""
     from train import rundir
-    from zoo import cli as cli_input
     from zoo import run_lock
-    from zoo.cli import UsageError as TrainUsage
+    from zoo.cli import UsageError
 
     (tmp_path / "file").write_text("x")
     target = str(tmp_path / "file" / "out")
-    for check, error in (
-        (rundir.check_creatable, TrainUsage),
-        (lambda p: run_lock.check_writable_ancestor(p, "--out"), cli_input.UsageError),
-    ):
+    for check in (rundir.check_creatable, lambda p: run_lock.check_writable_ancestor(p, "--out")):
         with pytest.raises(
-            error, match=f"^--out {target}: {tmp_path / 'file'} is not a directory$"
+            UsageError, match=f"^--out {target}: {tmp_path / 'file'} is not a directory$"
         ):
             check(target)
     monkeypatch.setattr(os, "access", lambda path, mode: False)
     target = str(tmp_path / "new" / "out")
     with pytest.raises(
-        TrainUsage, match=f"^--out {target}: cannot create it, {tmp_path} is not writable$"
+        UsageError, match=f"^--out {target}: cannot create it, {tmp_path} is not writable$"
     ):
         rundir.check_creatable(target)
-    for check, error in (
-        (lambda p: run_lock.check_writable_ancestor(p, "--out"), cli_input.UsageError),
-    ):
-        with pytest.raises(error, match=f"^--out {target}: {tmp_path} is not writable$"):
-            check(target)
+    with pytest.raises(UsageError, match=f"^--out {target}: {tmp_path} is not writable$"):
+        run_lock.check_writable_ancestor(target, "--out")
