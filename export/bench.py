@@ -1,6 +1,5 @@
 """bench: latency percentiles at batch 1 and 32, LiteRT (or SavedModel) vs Keras."""
 
-import json
 import os
 import time
 
@@ -49,11 +48,7 @@ def bench(target, run_dir=None, threads=None, runs=50, warmup=5, batches=(1, 32)
     is_tflite = os.path.isfile(target)
     if is_tflite and not target.endswith(".tflite"):
         raise UsageError(f"not a .tflite file or SavedModel directory: {target}")
-    sidecar = {}
-    if is_tflite and os.path.exists(runtime.sidecar_path(target)):
-        with open(runtime.sidecar_path(target)) as f:
-            sidecar = json.load(f)
-    run_dir = run_dir or sidecar.get("source")
+    run_dir = run_dir or (verify.sidecar(target).get("source") if is_tflite else None)
     src = rundir.resolve(run_dir) if run_dir and os.path.exists(run_dir) else None
     kind = kinds.get(src.kind) if src else None
     report = {"target": target, "size_bytes": _size(target), "threads": threads}

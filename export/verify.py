@@ -4,7 +4,6 @@ The SavedModel runs in a fresh Python process that never imports this
 project (as TF Serving sees it); the process checks that itself.
 """
 
-import json
 import os
 import subprocess
 import sys
@@ -16,7 +15,7 @@ from export import kinds, rundir
 from export.errors import ExportError
 from zoo import litert as runtime
 from zoo.cli import UsageError
-from zoo.rundir import saved_model_version_dir
+from zoo.rundir import load_json, saved_model_version_dir
 
 _PROJECT = ("layers", "zoo", "train", "export", "benchmarks")
 
@@ -41,6 +40,12 @@ def resolve_version_dir(path):
     if found is None:
         raise UsageError(f"not a SavedModel or TF Serving model directory: {path}")
     return found
+
+
+def sidecar(tflite):
+    """FILE.tflite's sidecar FILE.tflite.json as a dict ({} when it has none)."""
+    path = runtime.sidecar_path(tflite)
+    return load_json(path, "sidecar file ") if os.path.exists(path) else {}
 
 
 def tflite_specs(details):
@@ -127,13 +132,9 @@ def verify(run_dir, savedmodel=None, tflite=None, samples=64):
         t_inputs = {s.name: kinds.fit_to_spec(inputs[s.name], s) for s in tspecs}
         t_want = kinds.run_core(fn, specs, t_inputs)
         got = runtime.run(tflite, t_inputs)
-        sidecar = {}
-        if os.path.exists(runtime.sidecar_path(tflite)):
-            with open(runtime.sidecar_path(tflite)) as f:
-                sidecar = json.load(f)
         entry = {
             "path": tflite,
-            "quantize": sidecar.get("quantize"),
+            "quantize": sidecar(tflite).get("quantize"),
             **runtime.compare(t_want, got, kind.valid_mask(t_inputs), kind.class_output),
         }
         entry["metric"] = kind.metric(src, t_inputs, got)
@@ -202,8 +203,7 @@ def _accelerator_target(target, tflite):
             runtime.seq2seq_sidecar_path(os.path.dirname(path)),
         ):
             if os.path.exists(side):
-                with open(side) as f:
-                    source = json.load(f).get("source")
+                source = load_json(side, "sidecar file ").get("source")
                 if source and os.path.exists(source):
                     run = source
                 break
