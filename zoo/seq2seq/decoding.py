@@ -198,32 +198,13 @@ def beam_candidates(model, source_ids, width=4, alpha=0.6, max_length=None):
     return finished_seq, finished_score, alive_seq, alive_logp / length_penalty(max_length, alpha)
 
 
-def _check_sampling(temperature, top_k, top_p):
-    if (
-        isinstance(temperature, bool)
-        or not isinstance(temperature, (int, float))
-        or temperature <= 0
-    ):
-        raise ValueError(
-            f"`temperature` must be a number > 0. Received: temperature={temperature!r}"
-        )
-    if top_k is not None and (
-        isinstance(top_k, bool) or not isinstance(top_k, (int, np.integer)) or top_k <= 0
-    ):
-        raise ValueError(f"`top_k` must be a positive int or None. Received: top_k={top_k!r}")
-    if top_p is not None and (
-        isinstance(top_p, bool) or not isinstance(top_p, (int, float)) or not 0 < top_p <= 1
-    ):
-        raise ValueError(f"`top_p` must be in (0, 1] or None. Received: top_p={top_p!r}")
-
-
 def filter_logits(logits, temperature=1.0, top_k=None, top_p=None):
     """Logits `[B, V]` divided by `temperature`; then every token outside the
     `top_k` most likely set to -1e9; then, of the survivors (renormalised),
     every token outside the smallest set whose probability reaches `top_p`
     (nucleus). The order of Hugging Face's logits warpers; the most likely
     token always stays."""
-    _check_sampling(temperature, top_k, top_p)
+    samplers.Sampling(temperature, top_k, top_p)  # checks the arguments
     logits = ops.cast(logits, "float32") / float(temperature)
     vocab = int(logits.shape[-1])
     if top_k is not None and top_k < vocab:
@@ -271,7 +252,7 @@ def sample(model, source_ids, seed, temperature=1.0, top_k=None, top_p=None, max
     excluded) from
     `_uniform`'s hash of `(seed, i, row, token)`, so equal seeds give equal
     outputs under XLA and without it, and with `zoo.load`'s TFLite step model."""
-    _check_sampling(temperature, top_k, top_p)
+    samplers.Sampling(temperature, top_k, top_p)  # checks the arguments
     seed = ops.cast(seed, "int32")
 
     def pick(logits, i):
@@ -322,7 +303,6 @@ def compiled(
         elif kind == "beam_candidates":
             fn = lambda src: beam_candidates(model, src, width, alpha, max_length)  # noqa: E731
         elif kind == "sample":
-            _check_sampling(temperature, top_k, top_p)
             fn = lambda src, seed: sample(  # noqa: E731
                 model, src, seed, temperature, top_k, top_p, max_length
             )
@@ -348,16 +328,20 @@ def compiled(
     return cache[key]
 
 
-def _batches(model, ids, batch_size, max_length):
-    """Yields (input indices, padded int32 source array, decode length): the batches
+def _each_batch(model, ids, batch_size, max_length, decode):
+    """`decode(source array, decode length)`, one result per row, over the batches
     of `zoo.litert.plan` (similar lengths, a fixed row count, sources padded to
-    multiples of 8), so a handful of XLA programs serve every input."""
+    multiples of 8, so a handful of XLA programs serve every input): the results
+    in input order."""
+    results = [None] * len(ids)
     lengths = [len(row) for row in ids]
     for chunk, width, rows, limit in plan(lengths, model.max_target_length, max_length, batch_size):
         array = np.zeros((rows, width), "int32")
         for r, i in enumerate(chunk):
             array[r, : len(ids[i])] = ids[i]
-        yield chunk, array, limit
+        for i, result in zip(chunk, decode(array, limit)):
+            results[i] = result
+    return results
 
 
 def decode_ids(model, ids, beam_width=1, alpha=0.6, max_length=None, batch_size=64):
@@ -371,13 +355,12 @@ def decode_ids(model, ids, beam_width=1, alpha=0.6, max_length=None, batch_size=
     scale with the inputs, not with the longest output the model allows,
     which matters most for beam search (it reorders every cache each step)."""
     kind = "greedy" if beam_width == 1 else "beam"
-    results = [None] * len(ids)
-    for chunk, array, limit in _batches(model, ids, batch_size, max_length):
+
+    def decode(array, limit):
         fn = compiled(model, kind, width=beam_width, alpha=alpha, max_length=limit)
-        out = np.asarray(fn(array))
-        for r, i in enumerate(chunk):
-            results[i] = _cut(out[r].tolist())
-    return results
+        return [_cut(row) for row in np.asarray(fn(array)).tolist()]
+
+    return _each_batch(model, ids, batch_size, max_length, decode)
 
 
 def generate_ids(
@@ -391,15 +374,9 @@ def generate_ids(
     and sampling, the sequence's log-probability under the model (EOS included,
     temperature and top-k/top-p filtering not applied)."""
     n = samplers.check_request(sampler, num_return_sequences)
-    results = [None] * len(ids)
-    if isinstance(sampler, samplers.Greedy):
-        for chunk, array, limit in _batches(model, ids, batch_size, max_length):
-            out = np.asarray(compiled(model, "greedy", max_length=limit)(array))
-            scores = np.asarray(sequence_log_probability(model, array, out))
-            for r, i in enumerate(chunk):
-                results[i] = [(_cut(out[r].tolist()), float(scores[r]))]
-    elif isinstance(sampler, samplers.Beam):
-        for chunk, array, limit in _batches(model, ids, batch_size, max_length):
+    if isinstance(sampler, samplers.Beam):
+
+        def beams(array, limit):
             fn = compiled(
                 model,
                 "beam_candidates",
@@ -408,7 +385,7 @@ def generate_ids(
                 max_length=limit,
             )
             fin_seq, fin_score, live_seq, live_score = (np.asarray(t) for t in fn(array))
-            for r, i in enumerate(chunk):
+            for r in range(len(array)):
                 # Finished hypotheses first (as `beam` picks its best), then live ones.
                 found = [
                     (fin_seq[r, j], fin_score[r, j])
@@ -416,16 +393,23 @@ def generate_ids(
                     if fin_score[r, j] > _NEG / 2
                 ]
                 found += [(live_seq[r, j], live_score[r, j]) for j in range(sampler.width)]
-                results[i] = [(_cut(s.tolist()), float(v)) for s, v in found[:n]]
-    elif isinstance(sampler, samplers.Sampling):
-        rng = np.random.default_rng(seed)
-        for chunk, array, limit in _batches(
-            model, [row for row in ids for _ in range(n)], batch_size, max_length
-        ):
+                yield [(_cut(s.tolist()), float(v)) for s, v in found[:n]]
+
+        return _each_batch(model, ids, batch_size, max_length, beams)
+    rng = np.random.default_rng(seed)
+
+    def scored(array, limit):
+        if isinstance(sampler, samplers.Greedy):
+            out = compiled(model, "greedy", max_length=limit)(array)
+        else:
             fn = compiled(model, "sample", max_length=limit, sampling=sampler)
-            out = np.asarray(fn(array, np.int32(rng.integers(0, 2**31 - 1))))
-            scores = np.asarray(sequence_log_probability(model, array, out))
-            for r, j in enumerate(chunk):
-                i = j // n
-                results[i] = (results[i] or []) + [(_cut(out[r].tolist()), float(scores[r]))]
-    return results
+            out = fn(array, np.int32(rng.integers(0, 2**31 - 1)))
+        out = np.asarray(out)
+        scores = np.asarray(sequence_log_probability(model, array, out))
+        return [(_cut(row), float(score)) for row, score in zip(out.tolist(), scores)]
+
+    # Sampling decodes each input n times (n = 1 for greedy), as n rows.
+    rows = _each_batch(
+        model, [row for row in ids for _ in range(n)], batch_size, max_length, scored
+    )
+    return [rows[i * n : (i + 1) * n] for i in range(len(ids))]
