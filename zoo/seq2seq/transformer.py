@@ -22,19 +22,12 @@ from layers import (
 )
 from layers.attention_ops import without_keras_mask
 from layers.sinusoidal_position_encoding import position_range
+from layers.validation import check_bool, check_choice, check_int, check_rate
 from zoo.seq2seq import objectives  # noqa: F401  (registers what trained models' compile configs name)
 from zoo.seq2seq.tokenization import BOS_ID, EOS_ID, PAD_ID, Tokenizer, decode_proto
 
 POSITIONS = ("sinusoidal", "learned")
 SOURCE_POSITIONS = ("start", "both_ends")
-
-
-def _check_positive(name, value, allow_none=False):
-    if value is None and allow_none:
-        return None
-    if isinstance(value, bool) or not isinstance(value, int) or value <= 0:
-        raise ValueError(f"`{name}` must be a positive integer. Received: {name}={value!r}")
-    return value
 
 
 @keras.saving.register_keras_serializable(package="zoo")
@@ -119,51 +112,32 @@ class Seq2SeqTransformer(keras.Model):
         **kwargs,
     ):
         super().__init__(**kwargs)
-        self.vocabulary_size = _check_positive("vocabulary_size", vocabulary_size)
-        self.hidden_dim = _check_positive("hidden_dim", hidden_dim)
-        self.num_layers = _check_positive("num_layers", num_layers)
-        self.num_heads = _check_positive("num_heads", num_heads)
+        self.vocabulary_size = check_int("vocabulary_size", vocabulary_size)
+        self.hidden_dim = check_int("hidden_dim", hidden_dim)
+        self.num_layers = check_int("num_layers", num_layers)
+        self.num_heads = check_int("num_heads", num_heads)
         if hidden_dim % num_heads:
             raise ValueError(
                 f"`num_heads` must divide `hidden_dim`. Received: num_heads={num_heads}, "
                 f"hidden_dim={hidden_dim}"
             )
-        self.intermediate_dim = _check_positive("intermediate_dim", intermediate_dim)
-        if not isinstance(dropout, (int, float)) or not 0 <= dropout < 1:
-            raise ValueError(f"`dropout` must be in [0, 1). Received: dropout={dropout!r}")
-        self.dropout = float(dropout)
+        self.intermediate_dim = check_int("intermediate_dim", intermediate_dim)
+        self.dropout = check_rate("dropout", dropout)
         self.norm_first = bool(norm_first)
-        if position not in POSITIONS:
-            raise ValueError(
-                f"`position` must be one of {POSITIONS}. Received: position={position!r}"
-            )
-        self.position = position
+        self.position = check_choice("position", position, POSITIONS)
         self.share_embeddings = bool(share_embeddings)
-        self.max_source_length = _check_positive("max_source_length", max_source_length)
-        self.max_target_length = _check_positive("max_target_length", max_target_length)
-        self.window = _check_positive("window", window, allow_none=True)
-        if not isinstance(random_positions, bool):
-            raise ValueError(
-                f"`random_positions` must be a bool. Received: random_positions={random_positions!r}"
-            )
-        self.random_positions = random_positions
-        if source_positions not in SOURCE_POSITIONS:
-            raise ValueError(
-                f"`source_positions` must be one of {SOURCE_POSITIONS}. "
-                f"Received: source_positions={source_positions!r}"
-            )
-        self.source_positions = source_positions
+        self.max_source_length = check_int("max_source_length", max_source_length)
+        self.max_target_length = check_int("max_target_length", max_target_length)
+        self.window = check_int("window", window, allow_none=True)
+        self.random_positions = check_bool("random_positions", random_positions)
+        self.source_positions = check_choice("source_positions", source_positions, SOURCE_POSITIONS)
         if position == "learned" and (random_positions or source_positions != "start"):
             raise ValueError(
                 "`random_positions` and `source_positions='both_ends'` need "
                 "position='sinusoidal'. Received: position='learned'"
             )
         self.activation = activation
-        if not isinstance(label_smoothing, (int, float)) or not 0 <= label_smoothing < 1:
-            raise ValueError(
-                f"`label_smoothing` must be in [0, 1). Received: label_smoothing={label_smoothing!r}"
-            )
-        self.label_smoothing = float(label_smoothing)
+        self.label_smoothing = check_rate("label_smoothing", label_smoothing)
         self.tokenizer_proto = tokenizer
         self._tokenizer = None
         self.head_dim = hidden_dim // num_heads
@@ -219,9 +193,8 @@ class Seq2SeqTransformer(keras.Model):
     def build(self, input_shape=None):
         if self.built:
             return
-        source = ops.ones((1, 2), "int32")
-        target = ops.ones((1, 2), "int32")
-        self.call({"source_ids": source, "target_ids": target})
+        ids = ops.ones((1, 2), "int32")
+        self.call({"source_ids": ids, "target_ids": ids})
         self.built = True
 
     # ------------------------------------------------------------ pieces
@@ -307,10 +280,20 @@ class Seq2SeqTransformer(keras.Model):
         # projections warn; the mask is returned explicitly instead.
         return without_keras_mask(x), mask
 
-    def _encoder_stack(self, x, encoding, mask, training):
+    def _run_blocks(self, x, encoding, step, part, mask, training):
+        """The embedded `x` plus its position `encoding` through `step(block, t, x)`
+        for t = 0, 1, ... (block t; the Universal Transformer recurs on its one block
+        instead, halting the `part`'s positions where `mask` is true)."""
         x = self.embedding_dropout(x + encoding, training=training)
-        for block in self.encoder_blocks:
-            x = block(x, mask=mask, training=training)
+        for t in range(self.num_layers):
+            x = step(t, t, x)
+        return x
+
+    def _encoder_stack(self, x, encoding, mask, training):
+        def step(block, t, h):
+            return self.encoder_blocks[block](h, mask=mask, training=training)
+
+        x = self._run_blocks(x, encoding, step, "encoder", mask, training)
         return self.encoder_norm(x) if self.norm_first else x
 
     def decode(self, target_ids, encoder_output, source_mask, training=False, positions=None):
@@ -324,16 +307,16 @@ class Seq2SeqTransformer(keras.Model):
         return self._logits(y)
 
     def _decoder_stack(self, y, encoding, encoder_output, source_mask, target_mask, training):
-        y = self.embedding_dropout(y + encoding, training=training)
-        for block in self.decoder_blocks:
-            y = block(
-                y,
+        def step(block, t, h):
+            return self.decoder_blocks[block](
+                h,
                 encoder_output,
                 decoder_mask=target_mask,
                 encoder_mask=source_mask,
                 training=training,
             )
-        return y
+
+        return self._run_blocks(y, encoding, step, "decoder", target_mask, training)
 
     def _logits(self, y):
         if self.norm_first:
@@ -401,17 +384,20 @@ class Seq2SeqTransformer(keras.Model):
         return ops.reshape(logits, (-1, logits.shape[-1])), caches
 
     def _decoder_stack_step(self, y, encoding, index, self_caches, cross_caches, source_mask):
-        y = y + encoding
-        new = []
-        for block, cache, cross in zip(self.decoder_blocks, self_caches, cross_caches):
-            y, cache = block(
-                y,
-                self_attention_cache=cache,
+        new = list(self_caches)
+
+        def step(block, t, h):
+            h, new[t] = self.decoder_blocks[block](
+                h,
+                self_attention_cache=self_caches[t],
                 cache_index=index,
-                cross_attention_cache=cross,
+                cross_attention_cache=cross_caches[block],
                 encoder_mask=source_mask,
             )
-            new.append(cache)
+            return h
+
+        # Dropout at inference is the identity: the step adds the encoding only.
+        y = self._run_blocks(y, encoding, step, "decoder", None, False)
         return y, tuple(new)
 
     # ------------------------------------------------------------ text
@@ -522,10 +508,6 @@ class Seq2SeqTransformer(keras.Model):
             tokenizer=self.tokenizer_proto,
         )
         return config
-
-    @classmethod
-    def from_config(cls, config):
-        return cls(**config)
 
     def hparams(self):
         """The `zoo.build` kwargs without the tokenizer (for config.json)."""

@@ -19,7 +19,8 @@ import keras
 from keras import ops
 
 from layers import SinusoidalPositionEncoding, TransformerDecoderBlock, TransformerEncoderBlock
-from zoo.seq2seq.transformer import Seq2SeqTransformer, _check_positive, build_model
+from layers.validation import check_int
+from zoo.seq2seq.transformer import Seq2SeqTransformer, build_model
 
 
 @keras.saving.register_keras_serializable(package="zoo")
@@ -62,7 +63,7 @@ class UniversalTransformer(Seq2SeqTransformer):
         ponder_weight=0.01,
         **kwargs,
     ):
-        self.num_steps = _check_positive("num_steps", num_steps)
+        self.num_steps = check_int("num_steps", num_steps)
         self.act = bool(act)
         if not isinstance(act_threshold, (int, float)) or not 0 < act_threshold <= 1:
             raise ValueError(
@@ -86,17 +87,14 @@ class UniversalTransformer(Seq2SeqTransformer):
         )
         self.decoder_block = TransformerDecoderBlock(name="decoder_shared", **self._block_kwargs())
         # Bias 1: start by halting after about one or two steps (as tensor2tensor).
-        self.encoder_halting = keras.layers.Dense(
-            1,
-            activation="sigmoid",
-            name="encoder_halting",
-            bias_initializer=keras.initializers.Constant(1.0),
-        )
-        self.decoder_halting = keras.layers.Dense(
-            1,
-            activation="sigmoid",
-            name="decoder_halting",
-            bias_initializer=keras.initializers.Constant(1.0),
+        self.encoder_halting, self.decoder_halting = (
+            keras.layers.Dense(
+                1,
+                "sigmoid",
+                name=f"{part}_halting",
+                bias_initializer=keras.initializers.Constant(1.0),
+            )
+            for part in ("encoder", "decoder")
         )
         self.encoder_blocks = [self.encoder_block]
         self.decoder_blocks = [self.decoder_block]
@@ -109,12 +107,14 @@ class UniversalTransformer(Seq2SeqTransformer):
         # Positions and the timestep are added before every step (eq. 3).
         return x + encoding + ops.cast(self.timestep_signal[step], x.dtype)
 
-    def _recur(self, state, transform, halting_layer, encoding, mask, training):
-        """Applies `transform(step, state)` num_steps times, with ACT if enabled."""
+    def _run_blocks(self, x, encoding, step, part, mask, training):
+        """`step(0, t, x)` (the shared block) num_steps times, with ACT if enabled."""
+        state = self.embedding_dropout(x, training=training)
         if not self.act:
             for t in range(self.num_steps):
-                state = transform(t, self._coordinates(state, t, encoding))
+                state = step(0, t, self._coordinates(state, t, encoding))
             return state
+        halting_layer = self.encoder_halting if part == "encoder" else self.decoder_halting
         halting = ops.zeros_like(state[..., 0])
         remainders = ops.zeros_like(halting)
         updates = ops.zeros_like(halting)
@@ -135,7 +135,7 @@ class UniversalTransformer(Seq2SeqTransformer):
             halting = halting + new_halted * remainders
             updates = updates + running + new_halted
             weight = ops.expand_dims(p * running + new_halted * remainders, -1)
-            state = transform(t, state)
+            state = step(0, t, state)
             output = state * weight + output * (1.0 - weight)
         if training and self.ponder_weight and mask is not None:
             m = ops.cast(mask, output.dtype)
@@ -143,45 +143,8 @@ class UniversalTransformer(Seq2SeqTransformer):
             self.add_loss(self.ponder_weight * ponder)
         return output
 
-    def _encoder_stack(self, x, encoding, mask, training):
-        def transform(t, h):
-            return self.encoder_block(h, mask=mask, training=training)
-
-        x = self.embedding_dropout(x, training=training)
-        x = self._recur(x, transform, self.encoder_halting, encoding, mask, training)
-        return self.encoder_norm(x) if self.norm_first else x
-
-    def _decoder_stack(self, y, encoding, encoder_output, source_mask, target_mask, training):
-        def transform(t, h):
-            return self.decoder_block(
-                h,
-                encoder_output,
-                decoder_mask=target_mask,
-                encoder_mask=source_mask,
-                training=training,
-            )
-
-        y = self.embedding_dropout(y, training=training)
-        return self._recur(y, transform, self.decoder_halting, encoding, target_mask, training)
-
     def cross_caches(self, encoder_output, split=False):
         return (self.decoder_block.compute_cross_attention_cache(encoder_output, split=split),)
-
-    def _decoder_stack_step(self, y, encoding, index, self_caches, cross_caches, source_mask):
-        new = list(self_caches)
-
-        def transform(t, h):
-            h, new[t] = self.decoder_block(
-                h,
-                self_attention_cache=self_caches[t],
-                cache_index=index,
-                cross_attention_cache=cross_caches[0],
-                encoder_mask=source_mask,
-            )
-            return h
-
-        y = self._recur(y, transform, self.decoder_halting, encoding, None, False)
-        return y, tuple(new)
 
     # Keras's get_config: the constructor arguments it adds (a mirror of Keras).
     def get_config(self):
@@ -198,5 +161,4 @@ class UniversalTransformer(Seq2SeqTransformer):
 
 def build_universal_transformer(vocabulary_size=None, tokenizer=None, **kwargs):
     """`zoo.build("universal_transformer", vocabulary_size=..., num_steps=4, act=False, ...)`."""
-    kwargs.pop("num_layers", None)
     return build_model(UniversalTransformer, vocabulary_size, tokenizer, **kwargs)
