@@ -274,22 +274,38 @@ class Compiled:
         return lambda **inputs: self.run(signature, inputs)
 
     def time(self, signature, inputs, runs=20, warmup=3):
-        """Latency percentiles of write + run + a read of the smallest output: the
-        read waits for the device, so the work is inside the timed loop (timing
+        """`latency` of write + run + a read of the smallest output: the read
+        waits for the device, so the work is inside the timed loop (timing
         `run_by_name` alone measures only the enqueue on a GPU)."""
         self.write(signature, inputs)  # resizes first, where inputs ask for it
         _, outs = self._io(signature)
         smallest = min(outs, key=lambda k: int(np.prod(outs[k][1]["shape"])))
-        times = []
-        for i in range(warmup + runs):
-            t = time.perf_counter()
+
+        def call():
             self.write(signature, inputs)
             self.invoke(signature)
             self.read(signature, names=(smallest,))
-            if i >= warmup:
-                times.append((time.perf_counter() - t) * 1e3)
-        p = np.percentile(times, [50, 90])
-        return {"p50_ms": float(p[0]), "p90_ms": float(p[1]), "runs": runs}
+
+        return latency(call, runs, warmup)
+
+
+def latency(call, runs, warmup):
+    """Percentiles and mean of `runs` timed calls (ms) after `warmup` untimed ones."""
+    for _ in range(warmup):
+        call()
+    times = []
+    for _ in range(runs):
+        t = time.perf_counter()
+        call()
+        times.append((time.perf_counter() - t) * 1e3)
+    p = np.percentile(times, [50, 90, 99])
+    return {
+        "p50_ms": float(p[0]),
+        "p90_ms": float(p[1]),
+        "p99_ms": float(p[2]),
+        "mean_ms": float(np.mean(times)),
+        "runs": runs,
+    }
 
 
 def tolerance_for(reference, rel=0.03, floor=0.03):
@@ -450,9 +466,7 @@ def run_many_in_child(jobs, timeout=600, f32=False):
 def synthetic_feeds(path, rows=2, seed=0):
     """{signature: rows of inputs} for any .tflite: floats in [-1, 1], integers in
     [0, 4) (small, so they index any table of >= 4 rows)."""
-    from ai_edge_litert.interpreter import Interpreter
-
-    interp = Interpreter(model_path=str(path))
+    interp = runtime.interpreter(path)
     rng = np.random.default_rng(seed)
     feeds = {}
     for sig in interp.get_signature_list():

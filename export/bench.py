@@ -1,11 +1,10 @@
 """bench: latency percentiles at batch 1 and 32, LiteRT (or SavedModel) vs Keras."""
 
 import os
-import time
 
 import numpy as np
 
-from export import kinds, rundir, verify
+from export import accelerator, kinds, rundir, verify
 from zoo import litert as runtime
 from zoo.cli import UsageError
 
@@ -14,24 +13,6 @@ def _size(path):
     if os.path.isfile(path):
         return os.path.getsize(path)
     return sum(os.path.getsize(os.path.join(d, f)) for d, _, fs in os.walk(path) for f in fs)
-
-
-def _time(call, runs, warmup):
-    for _ in range(warmup):
-        call()
-    times = []
-    for _ in range(runs):
-        t = time.perf_counter()
-        call()
-        times.append((time.perf_counter() - t) * 1e3)
-    p = np.percentile(times, [50, 90, 99])
-    return {
-        "p50_ms": float(p[0]),
-        "p90_ms": float(p[1]),
-        "p99_ms": float(p[2]),
-        "mean_ms": float(np.mean(times)),
-        "runs": runs,
-    }
 
 
 def _batch(inputs, b):
@@ -87,7 +68,7 @@ def bench(target, run_dir=None, threads=None, runs=50, warmup=5, batches=(1, 32)
         else:
             feed = {k: tf.constant(v) for k, v in x.items()}
             call = lambda feed=feed: signature(**feed)  # noqa: E731
-        report[key][b] = _time(call, runs, warmup)
+        report[key][b] = accelerator.latency(call, runs, warmup)
     if src:
         core = kind.core(src)
         names = [s.name for s in specs]
@@ -95,7 +76,9 @@ def bench(target, run_dir=None, threads=None, runs=50, warmup=5, batches=(1, 32)
         for b in batches:
             x = {k: tf.constant(v) for k, v in _batch(base, b).items()}
             arg = x[names[0]] if len(names) == 1 else x
-            report["keras"][b] = _time(lambda arg=arg: core(arg, training=False), runs, warmup)
+            report["keras"][b] = accelerator.latency(
+                lambda arg=arg: core(arg, training=False), runs, warmup
+            )
     return report
 
 

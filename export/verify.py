@@ -404,15 +404,10 @@ def format_accelerator_report(report):
         + (f" (rows from {report['source']})" if report.get("source") else " (synthetic rows)")
     ]
     static = report["static_problems"]
+    first = static[0].splitlines()[0] if static else ""
     lines.append(
         "  static check --target gpu: "
-        + (
-            "compatible"
-            if not static
-            else f"NOT compatible ({len(static)} problems; first: "
-            + static[0].splitlines()[0]
-            + ")"
-        )
+        + (f"NOT compatible ({len(static)} problems; first: {first})" if static else "compatible")
     )
     if "no_device" in report:
         lines.append("  " + report["no_device"])
@@ -453,11 +448,8 @@ def format_accelerator_report(report):
         agree = "" if e["agreement"] is None else f"; argmax agreement {e['agreement']:.2%}"
         exact = "".join(f"; {k} equal {v:.2%}" for k, v in e.get("equal_fraction", {}).items())
         if e.get("max_abs_diff_gpu_f32"):
-            diffs += (
-                " [GPU in float32: "
-                + ", ".join(f"{v:.2g}" for v in e["max_abs_diff_gpu_f32"].values())
-                + "]"
-            )
+            f32 = ", ".join(f"{v:.2g}" for v in e["max_abs_diff_gpu_f32"].values())
+            diffs += f" [GPU in float32: {f32}]"
         lines.append(
             f"  {sig}: {e['rows']} rows, max abs diff vs CPU {diffs or '-'}{agree}{exact}; "
             + (
