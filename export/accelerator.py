@@ -501,31 +501,61 @@ def real_verdicts(paths, feeds=None):
 
 
 def _verdict(result, feeds):
-    """(accepted, why) of one `run_many_in_child` result, failing closed: the CPU
-    reference and the GPU both ran every row of every signature without an error,
-    and every signature passes `compare_rows` (integer outputs all equal)."""
+    """(accepted, why) of one `run_many_in_child` result by `judge`, integer
+    outputs all equal."""
+    report = judge(result, feeds, min_equal=1.0)
+    if not report["compiled"]:
+        return False, report["error"]
+    return report["ok"], (report["fails"] or ["fully accelerated, outputs match CPU"])[0]
+
+
+def judge(result, feeds, min_equal=0.95, class_output=None, masks=None):
+    """The verdict on one `run_many_in_child` result, failing closed: the CPU
+    reference and the GPU alone both compiled and ran every row of every
+    signature without an error, the GPU fully accelerated, and every signature
+    passes `compare_rows` (`masks`: {signature: mask} for its rows).
+
+    Returns:
+        {"compiled", "error" (when not compiled), "fully_accelerated",
+        "delegate_log", "run_errors", "signatures": {signature: `compare_rows`
+        entry}, "fails", "ok"}.
+    """
     if result["crashed"]:
-        return False, result["crashed"]
-    gpu, cpu = result["gpu"], result["cpu"]
+        return {"compiled": False, "error": result["crashed"], "ok": False}
+    cpu, gpu = result["cpu"], result["gpu"]
     if not cpu.get("compiled"):
-        return False, f"LiteRT's CPU runtime (the reference) cannot run it: {cpu.get('error')}"
-    if cpu.get("run_error"):
-        return False, f"LiteRT's CPU runtime (the reference) failed to run it: {cpu['run_error']}"
+        why = f"LiteRT's CPU runtime (the reference) cannot run it: {cpu.get('error')}"
+        return {"compiled": False, "error": why, "ok": False}
     if not gpu["compiled"]:
-        return False, gpu["error"]
-    if not gpu["fully_accelerated"]:
-        return False, "compiled but not fully accelerated"
-    if gpu.get("run_error"):
-        return False, f"compiled, then failed to run: {gpu['run_error']}"
-    if not feeds:
-        return False, "no signature was fed: nothing compared"
-    for sig, rows in feeds.items():
-        entry = compare_rows(
-            cpu["outputs"].get(sig, []), gpu["outputs"].get(sig, []), len(rows), min_equal=1.0
+        return {"compiled": False, "error": gpu["error"], "log": gpu["log"], "ok": False}
+    errors = [
+        f"{k}: {result[k]['run_error']}" for k in ("cpu", "gpu") if result[k].get("run_error")
+    ]
+    signatures = {
+        sig: compare_rows(
+            cpu["outputs"].get(sig, []),
+            gpu["outputs"].get(sig, []),
+            len(rows),
+            class_output,
+            (masks or {}).get(sig),
+            min_equal,
         )
-        if not entry["ok"]:
-            return False, f"{sig}: {entry['fails'][0]}"
-    return True, "fully accelerated, outputs match CPU"
+        for sig, rows in feeds.items()
+    }
+    fails = [] if gpu["fully_accelerated"] else ["compiled but not fully accelerated"]
+    fails += [f"failed to run on {e}" for e in errors]
+    fails += [f"{sig}: {why}" for sig, e in signatures.items() for why in e["fails"]]
+    if not feeds:
+        fails.append("no signature was fed: nothing compared")
+    return {
+        "compiled": True,
+        "fully_accelerated": gpu["fully_accelerated"],
+        "delegate_log": list(dict.fromkeys(gpu["log"] + gpu["run_log"])),
+        "run_errors": errors,
+        "signatures": signatures,
+        "fails": fails,
+        "ok": not fails,
+    }
 
 
 def stack(rows):

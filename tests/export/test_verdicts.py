@@ -1,8 +1,9 @@
 """Every verdict fails closed (#47): `export tflite`'s and `export verify`'s parity
 gates (zoo.litert.compare / gate), the real accelerator's verdict
 (export/accelerator.py `_verdict`) and `export verify --accelerator gpu`'s report
-(export/verify.py) see FAIL for a missing output, an empty reference, a crashed
-child or a run error, and a NaN; the same inputs without the defect PASS, so each
+(export/verify.py), both `accelerator.judge` on those gates, see FAIL for a
+missing output, an empty reference, a crashed child or a run error, and a NaN;
+the same inputs without the defect PASS, so each
 case fails for its defect alone. No device and no TensorFlow model needed: the
 results are what the accelerator's child process returns, built by hand."""
 
@@ -169,7 +170,16 @@ def test_verify_accelerator_passes_equal_outputs(probe):
 
 @pytest.mark.parametrize(
     "case",
-    ["missing output", "empty reference", "run error", "NaN", "rows lost", "crashed"],
+    [
+        "missing output",
+        "empty reference",
+        "run error",
+        "CPU run error",
+        "not fully accelerated",
+        "NaN",
+        "rows lost",
+        "crashed",
+    ],
 )
 def test_verify_accelerator_fails_closed(probe, case):
     answer, y = probe
@@ -178,6 +188,8 @@ def test_verify_accelerator_fails_closed(probe, case):
         "missing output": lambda: answer([y, y], [y, {}]),
         "empty reference": lambda: answer([{}, {}], [y, y]),
         "run error": lambda: answer([y, y], [y, y], gpu={"run_error": "Failed to invoke"}),
+        "CPU run error": lambda: answer([y, y], [y, y], cpu={"run_error": "Failed to invoke"}),
+        "not fully accelerated": lambda: answer([y, y], [y, y], gpu={"fully_accelerated": False}),
         "NaN": lambda: answer([y, y], [y, nan]),
         "rows lost": lambda: answer([y], [y]),
         "crashed": lambda: answer([y, y], [y, y], crashed="the accelerator's process died"),
