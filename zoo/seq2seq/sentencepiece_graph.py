@@ -144,7 +144,6 @@ def build(proto):
     class _Tokenizer(tf.Module):
         def __init__(self):
             super().__init__(name="sentencepiece_graph")
-            self.proto = proto
             self.max_rule_chars = max((len(k.decode("utf-8")) for k in rules), default=0)
             if rules:
                 # Input sequence -> its normalized form; a miss gives _NO_RULE,
@@ -219,8 +218,9 @@ def build(proto):
             batch, width = tf.shape(chars)[0], tf.shape(chars)[1]
             positions = tf.range(width)[None, :]
             neg_inf = tf.constant(-np.inf, tf.float32)
-            # Candidates by start position, one per length k = K..1 (the
-            # library's order of arrival at an end position: earliest start first).
+            # Candidates by end position (candidate (end j, k) starts at j - k), one
+            # per length k = K..1 (the library's order of arrival at an end
+            # position: earliest start first).
             ids, scores = [], []
             for k in range(self.max_piece_chars, 0, -1):
                 piece_id = self._pieces_table.lookup(_windows(chars, k))
@@ -230,21 +230,10 @@ def build(proto):
                     unknown = (positions < lengths[:, None]) & (piece_id < 0)
                     score = tf.where(unknown, unk_score, score)
                     piece_id = tf.where(unknown, tf.cast(unk_id, piece_id.dtype), piece_id)
-                ids.append(tf.cast(piece_id, tf.int32))
-                scores.append(score)
+                ids.append(_shift_right(tf.cast(piece_id, tf.int32), k, -1))
+                scores.append(_shift_right(score, k, neg_inf))
             lengths_k = tf.constant(list(range(self.max_piece_chars, 0, -1)), tf.int32)
-            # End-indexed: candidate (end j, k) starts at j - k.
-            end_scores = tf.stack(
-                [
-                    _shift_right(s, k, neg_inf)
-                    for s, k in zip(scores, range(self.max_piece_chars, 0, -1))
-                ],
-                axis=2,
-            )
-            end_ids = tf.stack(
-                [_shift_right(i, k, -1) for i, k in zip(ids, range(self.max_piece_chars, 0, -1))],
-                axis=2,
-            )
+            end_scores, end_ids = tf.stack(scores, axis=2), tf.stack(ids, axis=2)
 
             def step(j, best, back):
                 prev_index = j - lengths_k
