@@ -16,7 +16,7 @@ from zoo.tagger.config import ARCHS
 from zoo.tagger.layers import Presence, WordDropout
 
 
-def char_features(char_ids, num_chars, char_dim, char_filters, char_kernels, dropout):
+def char_features(char_ids, num_chars, char_dim, char_filters, char_kernels):
     chars = TokenEmbedding(num_chars, char_dim, name="char_embedding")(char_ids)
     present = ops.expand_dims(Presence(num_chars, name="char_presence")(char_ids), -1)
     pooled = []
@@ -26,8 +26,7 @@ def char_features(char_ids, num_chars, char_dim, char_filters, char_kernels, dro
         )(chars)
         # ReLU output is >= 0, so zeroing padded characters keeps them out of the max.
         pooled.append(ops.max(conv * present, axis=2))
-    out = pooled[0] if len(pooled) == 1 else keras.layers.Concatenate(name="char_concat")(pooled)
-    return out
+    return pooled[0] if len(pooled) == 1 else keras.layers.Concatenate(name="char_concat")(pooled)
 
 
 def build_core(arch, num_words, num_chars, num_tags, max_chars, max_len, cfg):
@@ -41,12 +40,7 @@ def build_core(arch, num_words, num_chars, num_tags, max_chars, max_len, cfg):
     dropped = WordDropout(cfg["word_dropout"], name="word_dropout")(word_ids)
     words = TokenEmbedding(num_words, cfg["word_dim"], name="word_embedding")(dropped)
     chars = char_features(
-        char_ids,
-        num_chars,
-        cfg["char_dim"],
-        cfg["char_filters"],
-        cfg["char_kernels"],
-        cfg["dropout"],
+        char_ids, num_chars, cfg["char_dim"], cfg["char_filters"], cfg["char_kernels"]
     )
     x = keras.layers.Concatenate(name="features")([words, chars])
     x = keras.layers.Dropout(cfg["dropout"], name="features_dropout")(x)
@@ -70,7 +64,7 @@ def build_core(arch, num_words, num_chars, num_tags, max_chars, max_len, cfg):
     elif arch == "attention":
         # The 0/1 float presence, not the boolean mask: in an int8 model a
         # bool -> float cast would run outside the integer kernels.
-        x = _attention_context(x, presence, fmask, cfg, max_len)
+        x = _attention_context(x, presence, fmask, cfg)
     else:
         raise ValueError(f"`arch` must be one of {ARCHS}. Received: arch={arch!r}")
 
@@ -78,7 +72,7 @@ def build_core(arch, num_words, num_chars, num_tags, max_chars, max_len, cfg):
     return keras.Model({"word_ids": word_ids, "char_ids": char_ids}, probs, name=f"{arch}_core")
 
 
-def _attention_context(x, mask, fmask, cfg, max_len):
+def _attention_context(x, mask, fmask, cfg):
     d = cfg["hidden_dim"]
     x = keras.layers.Dense(d, name="attention_in")(x)
     for i in range(cfg["num_layers"]):

@@ -9,6 +9,8 @@ agree on every id.
 import keras
 import tensorflow as tf
 
+from layers.validation import check_int
+
 PAD = "<pad>"
 UNK = "<unk>"
 
@@ -66,11 +68,7 @@ class TokenEncoder(keras.layers.Layer):
         super().__init__(**kwargs)
         self.words = _check_vocab("words", words)
         self.chars = _check_vocab("chars", chars)
-        if isinstance(max_chars, bool) or not isinstance(max_chars, int) or max_chars <= 0:
-            raise ValueError(
-                f"`max_chars` must be a positive integer. Received: max_chars={max_chars!r}"
-            )
-        self.max_chars = max_chars
+        self.max_chars = check_int("max_chars", max_chars)
         self.word_lookup = keras.layers.StringLookup(
             vocabulary=self.words[2:], mask_token="", oov_token=UNK, name="word_lookup"
         )

@@ -5,6 +5,7 @@ import numpy as np
 from keras import ops
 
 from layers.token_embedding import lookup_rows
+from layers.validation import check_int, check_rate
 
 
 @keras.saving.register_keras_serializable(package="zoo")
@@ -36,9 +37,7 @@ class WordDropout(keras.layers.Layer):
 
     def __init__(self, rate, unknown_id=1, seed=None, **kwargs):
         super().__init__(**kwargs)
-        if not 0.0 <= float(rate) < 1.0:
-            raise ValueError(f"`rate` must be in [0, 1). Received: rate={rate!r}")
-        self.rate = float(rate)
+        self.rate = check_rate("rate", rate)
         self.unknown_id = int(unknown_id)
         self.seed = seed
         self.seed_generator = keras.random.SeedGenerator(seed)
@@ -87,9 +86,7 @@ class Presence(keras.layers.Layer):
 
     def __init__(self, size, **kwargs):
         super().__init__(**kwargs)
-        if isinstance(size, bool) or not isinstance(size, int) or size < 1:
-            raise ValueError(f"`size` must be a positive int. Received: size={size!r}")
-        self.size = size
+        self.size = check_int("size", size)
 
     def call(self, inputs):
         table = np.ones((self.size,), "float32")

@@ -9,15 +9,10 @@ import keras
 import numpy as np
 import tensorflow as tf
 
+from layers.validation import check_choice, check_int, check_rate
 from zoo.tagger.archs import build_core
 from zoo.tagger.config import ARCH_DEFAULTS, ARCHS, DEFAULTS
 from zoo.tagger.encoding import PAD, UNK, TokenEncoder
-
-
-def _positive_int(name, value):
-    if isinstance(value, bool) or not isinstance(value, (int, np.integer)) or value <= 0:
-        raise ValueError(f"`{name}` must be a positive integer. Received: {name}={value!r}")
-    return int(value)
 
 
 @keras.saving.register_keras_serializable(package="zoo")
@@ -55,8 +50,7 @@ class Tagger(keras.Model):
         for key in ("trainable", "dtype"):
             hparams.pop(key, None)
         super().__init__(name=name)
-        if arch not in ARCHS:
-            raise ValueError(f"`arch` must be one of {ARCHS}. Received: arch={arch!r}")
+        check_choice("arch", arch, ARCHS)
         unknown = set(hparams) - set(DEFAULTS)
         if unknown:
             raise ValueError(f"unknown tagger hyper-parameter(s): {sorted(unknown)}")
@@ -78,13 +72,12 @@ class Tagger(keras.Model):
             "num_heads",
             "window",
         ):
-            cfg[key] = _positive_int(key, cfg[key])
+            cfg[key] = check_int(key, cfg[key])
         for key in ("dropout", "word_dropout"):
-            if not 0.0 <= float(cfg[key]) < 1.0:
-                raise ValueError(f"`{key}` must be in [0, 1). Received: {key}={cfg[key]!r}")
+            check_rate(key, cfg[key])
         self.arch = arch
-        self.max_chars = _positive_int("max_chars", max_chars)
-        self.max_len = _positive_int("max_len", max_len)
+        self.max_chars = check_int("max_chars", max_chars)
+        self.max_len = check_int("max_len", max_len)
         self.hparams = cfg
         self.encoder = TokenEncoder(list(words), list(chars), self.max_chars, name="encoder")
         self.words = self.encoder.words
@@ -154,18 +147,11 @@ class Tagger(keras.Model):
         config.update(self.hparams)
         return config
 
-    @classmethod
-    def from_config(cls, config):
-        return cls(**config)
-
 
 def split_sentences(sentences):
     if isinstance(sentences, str):
         sentences = [sentences]
-    out = []
-    for s in sentences:
-        out.append(s.split() if isinstance(s, str) else [str(t) for t in s])
-    return out
+    return [s.split() if isinstance(s, str) else [str(t) for t in s] for s in sentences]
 
 
 def pad_tokens(token_lists):
