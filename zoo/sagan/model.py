@@ -32,6 +32,7 @@ import keras
 from keras import ops
 
 from layers import ConditionalBatchNormalization, SelfAttention2D, SNConv2D, SNDense
+from layers.validation import check_bool, check_int
 
 MIN_SIZE = 32
 ATTENTION_LAYER = "self_attention"
@@ -74,8 +75,7 @@ def channels_at(width, image_size, resolution):
 def _validate(image_size, channels, num_classes, width, latent_dim):
     check_image_size(image_size)
     for name, value in (("channels", channels), ("width", width), ("latent_dim", latent_dim)):
-        if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-            raise ValueError(f"`{name}` must be a positive integer. Received: {name}={value!r}")
+        check_int(name, value)
     if num_classes is not None and (
         isinstance(num_classes, bool) or not isinstance(num_classes, int) or num_classes < 2
     ):
@@ -132,11 +132,7 @@ class GeneratorBlock(keras.layers.Layer):
         self.num_classes = num_classes
         self.momentum = float(momentum)
         self.seed = seed
-        if not isinstance(synchronized, bool):
-            raise ValueError(
-                f"`synchronized` must be True or False. Received: synchronized={synchronized!r}"
-            )
-        self.synchronized = synchronized
+        self.synchronized = check_bool("synchronized", synchronized)
         self.bn1 = self._norm("bn1")
         self.bn2 = self._norm("bn2")
         self.conv1 = SNConv2D(self.filters, 3, seed=seed, name="conv1", dtype=self.dtype_policy)
@@ -144,10 +140,6 @@ class GeneratorBlock(keras.layers.Layer):
         self.shortcut = SNConv2D(
             self.filters, 1, seed=seed, name="shortcut", dtype=self.dtype_policy
         )
-
-    @staticmethod
-    def upsample(x):
-        return upsample_nearest_2x(x)
 
     def _norm(self, name):
         if self.num_classes:
@@ -172,24 +164,21 @@ class GeneratorBlock(keras.layers.Layer):
         return bn(x, training=training)
 
     def build(self, inputs_shape, labels_shape=None):
-        b, h, w, c = inputs_shape
-        up = (b, None if h is None else 2 * h, None if w is None else 2 * w)
-        if self.num_classes:
-            self.bn1.build(inputs_shape, (b,))
-            self.bn2.build((*up, self.filters), (b,))
-        else:
-            self.bn1.build(inputs_shape)
-            self.bn2.build((*up, self.filters))
-        self.conv1.build((*up, c))
-        self.conv2.build((*up, self.filters))
-        self.shortcut.build((*up, c))
+        out = self.compute_output_shape(inputs_shape)
+        up = (*out[:3], inputs_shape[-1])  # the input upsampled
+        labels = [(out[0],)] if self.num_classes else []
+        self.bn1.build(inputs_shape, *labels)
+        self.bn2.build(out, *labels)
+        self.conv1.build(up)
+        self.conv2.build(out)
+        self.shortcut.build(up)
 
     def call(self, inputs, labels=None, training=None):
         h = ops.relu(self._bn(self.bn1, inputs, labels, training))
-        h = self.conv1(self.upsample(h), training=training)
+        h = self.conv1(upsample_nearest_2x(h), training=training)
         h = ops.relu(self._bn(self.bn2, h, labels, training))
         h = self.conv2(h, training=training)
-        return h + self.shortcut(self.upsample(inputs), training=training)
+        return h + self.shortcut(upsample_nearest_2x(inputs), training=training)
 
     def compute_output_shape(self, inputs_shape, labels_shape=None):
         b, h, w, _ = inputs_shape
@@ -409,15 +398,7 @@ def build_generator(
         A functional `keras.Model` named "sagan_generator".
     """
     _validate(image_size, channels, num_classes, width, latent_dim)
-    if (
-        isinstance(class_embedding, bool)
-        or not isinstance(class_embedding, int)
-        or class_embedding < 0
-    ):
-        raise ValueError(
-            "`class_embedding` must be an integer >= 0 (0: none). "
-            f"Received: class_embedding={class_embedding!r}"
-        )
+    check_int("class_embedding", class_embedding, minimum=0)
     attention = resolve_attention(image_size, attention_resolution)
     noise = keras.Input((latent_dim,), name="noise")
     label = keras.Input((), dtype="int32", name="label") if num_classes else None
