@@ -12,6 +12,7 @@ import tensorflow as tf
 
 from export.__main__ import main
 from export.check import check_model, op_counts
+from tests.support import gpu_calibration_models
 
 
 def _convert(fn, specs, flex=False, int8_data=None):
@@ -137,18 +138,8 @@ def test_rejected_ops_and_softmax_beta_fail():
     )
     assert any(r.startswith("GATHER_ND: not supported") for r in _reasons(nd))
     # SOFTMAX with beta 2: set in the flatbuffer itself (the converter keeps a MUL).
-    from ai_edge_litert.tools import flatbuffer_utils
-
     content = _convert(_clean, [tf.TensorSpec([5], tf.int32, name="ids")])
-    model = flatbuffer_utils.convert_bytearray_to_object(bytearray(content))
-    softmax = [
-        op
-        for op in model.subgraphs[0].operators
-        if op.builtinOptions is not None and hasattr(op.builtinOptions, "beta")
-    ]
-    assert len(softmax) == 1
-    softmax[0].builtinOptions.beta = 2.0
-    edited = bytes(flatbuffer_utils.convert_object_to_bytearray(model))
+    edited = gpu_calibration_models.with_softmax_beta(content, 2.0)
     assert _reasons(edited) == ["SOFTMAX: SOFTMAX beta 2.0 != 1"]
 
 
