@@ -70,20 +70,25 @@ BACKENDS = ("tensorflow", "jax")
 _EXTRAS = {"tensorflow": "pip install tensorflow", "jax": "pip install '.[jax]'"}
 
 
-def _flag_value(argv, flag):
-    value = None
-    for i, item in enumerate(argv):
+def _split_flag(argv, flag):
+    """(the value of the last `FLAG VALUE` or `FLAG=VALUE`, "" for a FLAG with nothing
+    after it, None without one; argv without them)."""
+    value, rest = None, []
+    items = iter(argv)
+    for item in items:
         if item == flag:
-            value = argv[i + 1] if i + 1 < len(argv) else ""
+            value = next(items, "")
         elif item.startswith(flag + "="):
             value = item.split("=", 1)[1]
-    return value
+        else:
+            rest.append(item)
+    return value, rest
 
 
 def select_backend(argv):
     """Sets KERAS_BACKEND from --backend (or checks the one the environment names) before
     anything imports Keras, whose backend is fixed at import."""
-    asked = _flag_value(argv, "--backend")
+    asked, _ = _split_flag(argv, "--backend")
     name = asked if asked is not None else os.environ.get("KERAS_BACKEND") or "tensorflow"
     where = "--backend" if asked is not None else "KERAS_BACKEND"
     if name not in BACKENDS:
@@ -174,7 +179,7 @@ def _run(name, rest, commands):
         metavar="FILE",
         help="replay the settings of a run's config.json (later flags override)",
     )
-    config_path, rest = replay.split_config(rest)
+    config_path, rest = _split_flag(rest, "--config")
     if config_path is not None:
         rest = config_argv(replay.read_config(config_path, name)) + rest
     args = parser.parse_args(rest)

@@ -29,8 +29,7 @@ def option(
     `check(value)`: True, or what is wrong ("must be >= 0"); `record`: written to
     config.json; `group`: the --help section; `name`: the flag, when not the field's.
     Other keywords go to argparse (metavar; action="append")."""
-    meta = dict(help=help, check=check, kind=kind, record=record)
-    meta.update(group=group, name=name)
+    meta = dict(help=help, check=check, kind=kind, record=record, group=group, name=name)
     return dataclasses.field(default=default, metadata={**meta, "argparse": argparse_kwargs})
 
 

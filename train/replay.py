@@ -8,10 +8,10 @@ recorded (relative to the directory the run was started from). `out`, `resume` a
 `compare` are never recorded.
 """
 
-import json
 import os
 
 from zoo.cli import UsageError
+from zoo.rundir import load_json
 
 _KINDS = {
     "tagger": ("tagger",),
@@ -21,32 +21,14 @@ _KINDS = {
 }
 
 
-def split_config(argv):
-    """(path or None, argv without `--config PATH` / `--config=PATH`)."""
-    rest, path = [], None
-    items = iter(argv)
-    for item in items:
-        if item == "--config":
-            path = next(items, None)
-            if path is None:
-                raise UsageError("--config needs a FILE (a run's config.json)")
-        elif item.startswith("--config="):
-            path = item.split("=", 1)[1]
-        else:
-            rest.append(item)
-    return path, rest
-
-
 def read_config(path, command):
+    if not path:
+        raise UsageError("--config needs a FILE (a run's config.json)")
     if os.path.isdir(path):
         path = os.path.join(path, "config.json")
-    try:
-        with open(path, encoding="utf-8") as f:
-            config = json.load(f)
-    except FileNotFoundError:
-        raise UsageError(f"--config: file not found: {path}") from None
-    except (OSError, ValueError) as e:
-        raise UsageError(f"--config: unreadable {path}: {e}") from None
+    if not os.path.exists(path):
+        raise UsageError(f"--config: file not found: {path}")
+    config = load_json(path, "--config file ")
     if not isinstance(config, dict):
         raise UsageError(f"--config: {path} does not hold a JSON object")
     kind = config.get("kind")
