@@ -72,17 +72,10 @@ def _fold_fp16_constants(model, sg):
     }
     if not fold:
         return False
-    from ai_edge_litert import schema_py_generated as schema
-
     for t in fold:
         src = sg.tensors[g.dequantized[t]]
-        values = np.frombuffer(bytes(bytearray(model.buffers[src.buffer].data)), np.float16).astype(
-            np.float32
-        )
-        buf = schema.BufferT()
-        buf.data = np.frombuffer(values.tobytes(), np.uint8)
-        model.buffers.append(buf)
-        sg.tensors[t].buffer = len(model.buffers) - 1
+        half = np.frombuffer(bytes(bytearray(model.buffers[src.buffer].data)), np.float16)
+        sg.tensors[t].buffer = _buffer(model, half.astype(np.float32))
     # the DEQUANTIZEs that made them go
     sg.operators = [op for op in sg.operators if fold.isdisjoint(op.outputs)]
     return True
@@ -96,40 +89,24 @@ def legalize(content):
     from ai_edge_litert import schema_py_generated as schema
 
     model = read_model(content)
-    reshape_code = None
     changed = False
     for sg in model.subgraphs or []:
         changed |= _fold_fp16_constants(model, sg)
         g = Graph(model, sg)
         new_ops = []
         for op in sg.operators if sg.operators is not None else []:
-            name = op_name(model, op)
-            for slot in low_rank_operands(g, op, name):
-                if reshape_code is None:
-                    reshape_code = _opcode(model, schema, schema.BuiltinOperator.RESHAPE)
+            for slot in low_rank_operands(g, op, op_name(model, op)):
                 src = op.inputs[slot]
-                dims = [1] * (len(g.dims(op.outputs[0])) - len(g.dims(src))) + g.dims(src)
-                shape_t = _tensor(
-                    model,
-                    sg,
-                    schema,
-                    b"gpu_rewrite/shape",
-                    [len(dims)],
-                    schema.TensorType.INT32,
-                    np.asarray(dims, np.int32).tobytes(),
-                )
                 old = sg.tensors[src]
-                out_t = _tensor(
-                    model,
-                    sg,
-                    schema,
-                    (old.name or b"t") + b"/rank%d" % len(dims),
-                    dims,
-                    old.type,
-                    quantization=old.quantization,
+                dims = [1] * (len(g.dims(op.outputs[0])) - len(g.dims(src))) + g.dims(src)
+                values = _buffer(model, np.asarray(dims, np.int32))
+                shape_t = _tensor(
+                    sg, b"gpu_rewrite/shape", [len(dims)], schema.TensorType.INT32, values
                 )
+                name = (old.name or b"t") + b"/rank%d" % len(dims)
+                out_t = _tensor(sg, name, dims, old.type, _buffer(model), old.quantization)
                 r = schema.OperatorT()
-                r.opcodeIndex = reshape_code
+                r.opcodeIndex = _opcode(model, schema, schema.BuiltinOperator.RESHAPE)
                 r.inputs, r.outputs = [src, shape_t], [out_t]
                 r.builtinOptionsType = schema.BuiltinOptions.ReshapeOptions
                 r.builtinOptions = schema.ReshapeOptionsT()
@@ -160,14 +137,22 @@ def _opcode(model, schema, builtin):
     return len(model.operatorCodes) - 1
 
 
-def _tensor(model, sg, schema, name, shape, dtype, data=None, quantization=None):
+def _buffer(model, array=None):
+    """Appends a buffer holding `array`'s bytes (empty without one); its index."""
+    from ai_edge_litert import schema_py_generated as schema
+
     buf = schema.BufferT()
-    if data is not None:
-        buf.data = np.frombuffer(data, np.uint8)
+    if array is not None:
+        buf.data = np.frombuffer(array.tobytes(), np.uint8)
     model.buffers.append(buf)
+    return len(model.buffers) - 1
+
+
+def _tensor(sg, name, shape, dtype, buffer, quantization=None):
+    from ai_edge_litert import schema_py_generated as schema
+
     t = schema.TensorT()
-    t.name, t.shape, t.type = name, list(shape), dtype
-    t.buffer = len(model.buffers) - 1
+    t.name, t.shape, t.type, t.buffer = name, list(shape), dtype, buffer
     t.quantization = quantization
     sg.tensors.append(t)
     return len(sg.tensors) - 1
