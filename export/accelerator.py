@@ -157,10 +157,9 @@ def _options(name):
 class CompileError(RuntimeError):
     """The accelerator refused the model; `.log` holds the delegate's lines."""
 
-    def __init__(self, message, log=(), raw=""):
+    def __init__(self, message, log=()):
         super().__init__(message)
         self.log = list(log)
-        self.raw = raw
 
 
 class Compiled:
@@ -172,7 +171,6 @@ class Compiled:
 
         if accelerator != "cpu":
             ensure_runtime_dir()
-        self.accelerator = accelerator
         with captured_stderr() as log:
             try:
                 options = _options(accelerator)
@@ -193,10 +191,8 @@ class Compiled:
             raise CompileError(
                 f"{accelerator} accelerator refused the model: {'; '.join(ops) or lines[0]}",
                 lines,
-                self.log,
             )
         self.fully_accelerated = bool(self.model.is_fully_accelerated())
-        self.signatures = self.model.get_signature_list()
         self._buffers = {}
 
     def _io(self, signature):
@@ -352,7 +348,6 @@ def _child_main(workdir):
                 compiled=True,
                 fully_accelerated=m.fully_accelerated,
                 log=log_errors(m.log),
-                signatures=sorted(m.signatures),
                 latency={},
             )
             with captured_stderr() as run_log:
