@@ -12,6 +12,8 @@ import os
 
 import numpy as np
 
+from zoo.seq2seq import samplers
+
 # Beside FILE.tflite: FILE.tflite.json (`sidecar_path`); beside the two files of
 # `python -m export.kinds.seq2seq`: one sidecar for both.
 SIDECAR_SUFFIX = ".json"
@@ -404,60 +406,38 @@ class StepModel:
         found += list(zip(alive_seq, alive_logp / length_penalty(limit, alpha)))
         return [(cut(s), float(v)) for s, v in found]
 
-    # ------------------------------------------------------------ batches
-    def _limit(self, max_length):
-        from zoo.seq2seq.samplers import positive_int
-
-        if max_length is None:
-            return None
-        max_length = positive_int("max_length", max_length)
-        if max_length > self.max_target_length:
-            raise ValueError(
-                "`max_length` exceeds the export's max_target_length "
-                f"({self.max_target_length}). Received: max_length={max_length}"
-            )
-        return max_length
-
     def generate_ids(self, ids, sampler, num_return_sequences=1, max_length=None, seed=None):
         """`zoo.seq2seq.decoding.generate_ids` on the exported steps: list of id lists
         -> per input, `num_return_sequences` (ids, score) pairs (ids cut at EOS); the
         same batches, limits and seeds, so the Keras model's tokens."""
-        from zoo.seq2seq import samplers
-
         n = samplers.check_request(sampler, num_return_sequences)
-        max_length = self._limit(max_length)
-        lengths = [len(row) for row in ids]
-        results = [[] for _ in ids]
-        if isinstance(sampler, samplers.Greedy):
-            for chunk, _, _, limit in plan(lengths, self.max_target_length, max_length):
-                for i in chunk:
-                    out, score = self.greedy(ids[i], limit)
-                    results[i] = [(cut(out), score)]
-        elif isinstance(sampler, samplers.Beam):
-            if 2 * sampler.width > self.vocabulary_size:
+        if max_length is not None:
+            max_length = samplers.positive_int("max_length", max_length)
+            if max_length > self.max_target_length:
                 raise ValueError(
-                    f"`width` must be at most half the vocabulary ({self.vocabulary_size}). "
-                    f"Received: width={sampler.width}"
+                    "`max_length` exceeds the export's max_target_length "
+                    f"({self.max_target_length}). Received: max_length={max_length}"
                 )
-            for chunk, _, _, limit in plan(lengths, self.max_target_length, max_length):
-                for i in chunk:
-                    found = self.beam(ids[i], sampler.width, sampler.length_penalty, limit)
-                    results[i] = found[:n]
-        elif isinstance(sampler, samplers.Sampling):
-            rng = np.random.default_rng(seed)
-            repeated = [i for i in range(len(ids)) for _ in range(n)]
-            lengths = [lengths[i] for i in repeated]
-            for chunk, _, _, limit in plan(lengths, self.max_target_length, max_length):
-                chunk_seed = int(np.int32(rng.integers(0, 2**31 - 1)))
-                for r, j in enumerate(chunk):
-                    out, score = self.sample(ids[repeated[j]], limit, chunk_seed, r, sampler)
-                    results[repeated[j]].append((cut(out), score))
+        if isinstance(sampler, samplers.Beam) and 2 * sampler.width > self.vocabulary_size:
+            raise ValueError(
+                f"`width` must be at most half the vocabulary ({self.vocabulary_size}). "
+                f"Received: width={sampler.width}"
+            )
+        # Sampling decodes each input n times (independent draws); the others once.
+        draws = n if isinstance(sampler, samplers.Sampling) else 1
+        rows = [i for i in range(len(ids)) for _ in range(draws)]
+        rng = np.random.default_rng(seed)
+        results = [[] for _ in ids]
+        lengths = [len(ids[i]) for i in rows]
+        for chunk, _, _, limit in plan(lengths, self.max_target_length, max_length):
+            chunk_seed = int(np.int32(rng.integers(0, 2**31 - 1)))
+            for r, j in enumerate(chunk):
+                source = ids[rows[j]]
+                if isinstance(sampler, samplers.Beam):
+                    found = self.beam(source, sampler.width, sampler.length_penalty, limit)[:n]
+                elif isinstance(sampler, samplers.Greedy):
+                    found = [self.greedy(source, limit)]
+                else:
+                    found = [self.sample(source, limit, chunk_seed, r, sampler)]
+                results[rows[j]] += [(cut(out), score) for out, score in found]
         return results
-
-    def decode_ids(self, ids, beam_width=1, alpha=0.6, max_length=None):
-        """list of id lists -> output id lists (cut at EOS): greedy, or the best of a
-        beam search (`zoo.seq2seq.decoding.decode_ids` on the exported steps)."""
-        from zoo.seq2seq import samplers
-
-        sampler = samplers.Greedy() if beam_width == 1 else samplers.Beam(beam_width, alpha)
-        return [found[0][0] for found in self.generate_ids(ids, sampler, max_length=max_length)]
