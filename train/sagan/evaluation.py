@@ -32,54 +32,48 @@ class Evaluator:
         subset = min(500, self.n)
         return round(kernel_inception_distance(features, self.ref_features, subset_size=subset), 5)
 
-    def _generate(self, generator, seed, batch_size=128):
-        """The classifier's view of n generated images ((features, outputs)), and the
-        labels asked for (classes in turn)."""
-        n, num_classes = self.n, self.num_classes
+    def evaluate(self, generator, seed, quick=False):
+        """FID, KID, class accuracy (per class too) and consistency of the generator, and
+        the floors; `quick`: the per-epoch signal (no KID), its keys ending in _quick, with
+        the worst-drawn class's accuracy (--keep best prefers epochs that draw every class)."""
+        n, batch = self.n, 128
         noise = np.random.default_rng(seed).standard_normal((n, self.latent_dim)).astype(np.float32)
-        labels = (np.arange(n) % (num_classes or 1)).astype(np.int32)  # 0: unconditional
+        labels = (np.arange(n) % (self.num_classes or 1)).astype(np.int32)  # classes in turn
         images = []
-        for i in range(0, n, batch_size):
-            feed = {"noise": noise[i : i + batch_size]}
-            if num_classes:
-                feed["label"] = labels[i : i + batch_size]
+        for i in range(0, n, batch):
+            feed = {"noise": noise[i : i + batch]}
+            if self.num_classes:
+                feed["label"] = labels[i : i + batch]
             images.append(np.asarray(generator.predict_on_batch(feed)))
-        return features_and_outputs(self.classifier, np.concatenate(images)), labels
-
-    def progress(self, generator, seed):
-        """The per-epoch signal: FID, class accuracy and consistency (no KID)."""
-        (features, out), labels = self._generate(generator, seed)
-        accuracy = class_min = None
+        features, out = features_and_outputs(self.classifier, np.concatenate(images))
+        fid = round(frechet_distance(features, self.ref_features), 4)
+        accuracy, per_class = None, {}
         if self.num_classes:
             hits = np.argmax(out["class"], axis=-1) == labels
-            accuracy = float(np.mean(hits))
-            class_min = min(float(np.mean(hits[labels == k])) for k in np.unique(labels))
-        return {
-            "fid_quick": round(frechet_distance(features, self.ref_features), 4),
-            "class_accuracy_quick": None if accuracy is None else round(accuracy, 4),
-            # The worst-drawn class: --keep best prefers epochs that draw every class.
-            "class_min_quick": None if class_min is None else round(class_min, 4),
-            "consistent_quick": round(float(np.mean(out["consistent"][:, 0] > 0.5)), 4),
-        }
-
-    def evaluate(self, generator, seed):
-        (features, out), labels = self._generate(generator, seed)
+            accuracy = round(float(np.mean(hits)), 4)
+            per_class = {
+                self.class_names[k]: round(float(np.mean(hits[labels == k])), 4)
+                for k in range(self.num_classes)
+                if np.any(labels == k)
+            }
+        consistent = round(float(np.mean(out["consistent"][:, 0] > 0.5)), 4)
+        if quick:
+            return {
+                "fid_quick": fid,
+                "class_accuracy_quick": accuracy,
+                "class_min_quick": min(per_class.values()) if per_class else None,
+                "consistent_quick": consistent,
+            }
         metrics = {
-            "fid": round(frechet_distance(features, self.ref_features), 4),
+            "fid": fid,
             "kid": self._kid(features),
             "fid_floor": round(frechet_distance(self.test_features, self.ref_features), 4),
             "kid_floor": self._kid(self.test_features),
-            "class_accuracy": None,
-            "consistent": round(float(np.mean(out["consistent"][:, 0] > 0.5)), 4),
+            "class_accuracy": accuracy,
+            "consistent": consistent,
             "real_consistent": round(self.real_consistent, 4),
             "eval_samples": self.n,
         }
         if self.num_classes:
-            predicted = np.argmax(out["class"], axis=-1)
-            metrics["class_accuracy"] = round(float(np.mean(predicted == labels)), 4)
-            metrics["class_accuracy_per_class"] = {
-                self.class_names[k]: round(float(np.mean(predicted[labels == k] == k)), 4)
-                for k in range(self.num_classes)
-                if np.any(labels == k)
-            }
+            metrics["class_accuracy_per_class"] = per_class
         return metrics

@@ -118,7 +118,6 @@ def _sampler(source, model_cfg):
         model.set_weights(source.get_weights())
         return model
 
-    refresh()
     return refresh
 
 
@@ -135,20 +134,17 @@ def get_classifier(out, data, train_cfg, classifier=None):
     """The run's frozen classifier: given (compare), already in the run, or trained now."""
     from train.sagan import fid_classifier
 
-    seed = train_cfg["data_seed"]
-    cached = fid_classifier.load_cached(out, data, seed) if classifier is None else None
-    if cached is not None:
-        return cached
-    if classifier is None:
-        print(
-            f"training the evaluation classifier ({train_cfg['classifier_epochs']} epochs)...",
-            file=sys.stderr,
-            flush=True,
-        )
-        epochs = train_cfg["classifier_epochs"]
-        classifier, report = fid_classifier.train_classifier(data, epochs=epochs, seed=seed)
-    else:
+    seed, epochs = train_cfg["data_seed"], train_cfg["classifier_epochs"]
+    if classifier is not None:
         report = fid_classifier.evaluate_real(classifier, data)
+    else:
+        cached = fid_classifier.load_cached(out, data, seed)
+        if cached is not None:
+            return cached
+        print(
+            f"training the evaluation classifier ({epochs} epochs)...", file=sys.stderr, flush=True
+        )
+        classifier, report = fid_classifier.train_classifier(data, epochs=epochs, seed=seed)
     fid_classifier.save_cached(classifier, report, out)
     return classifier, report
 
@@ -253,40 +249,31 @@ def _step(models, model_cfg, train_cfg):
 CLASS_FLOOR = 0.9
 
 
-def _draws_every_class(class_min):
-    """Whether the worst class was recognised in >= CLASS_FLOOR of its images (None:
-    unconditional, counts as yes)."""
-    return class_min is None or class_min >= CLASS_FLOOR
-
-
 def best_key(logs):
     """`Plan.best` of --keep best: among the epochs that draw every class (the worst
     class recognised in >= 90% of 1,000 images of fresh noise), the lowest quick FID;
     until one does, the lowest quick FID. The final evaluation draws other noise. GAN
     runs swing late, and FID alone can keep an epoch that has lost one class
     (benchmarks/sagan.md); this keeps a good epoch instead of the last."""
-    fid = logs.get("fid_quick")
+    fid, worst = logs.get("fid_quick"), logs.get("class_min_quick")
     if fid is None:
         return None
-    return [0 if _draws_every_class(logs.get("class_min_quick")) else 1, fid]
+    return [0 if worst is None or worst >= CLASS_FLOOR else 1, fid]  # None: unconditional
 
 
 def _fixed_latents(model_cfg, seed):
     """The sample grids' inputs: a row per class (at most 10) over the same GRID_COLUMNS
     noises, or unconditional, GRID_COLUMNS rows of other noises."""
-    num_classes = model_cfg["num_classes"]
-    rows = min(num_classes, 10) if num_classes else GRID_COLUMNS
+    num_classes, latent_dim = model_cfg["num_classes"], model_cfg["latent_dim"]
     rng = np.random.default_rng(seed + 12345)
-    noise = rng.standard_normal((GRID_COLUMNS, model_cfg["latent_dim"])).astype(np.float32)
-    noise = (
-        np.tile(noise, (rows, 1))
-        if num_classes
-        else rng.standard_normal((rows * GRID_COLUMNS, model_cfg["latent_dim"])).astype(np.float32)
-    )
-    feed = {"noise": noise}
-    if num_classes:
-        feed["label"] = np.repeat(np.arange(rows), GRID_COLUMNS).astype(np.int32)
-    return feed
+    noise = rng.standard_normal((GRID_COLUMNS, latent_dim)).astype(np.float32)
+    if not num_classes:
+        return {"noise": rng.standard_normal((GRID_COLUMNS**2, latent_dim)).astype(np.float32)}
+    rows = min(num_classes, 10)
+    return {
+        "noise": np.tile(noise, (rows, 1)),
+        "label": np.repeat(np.arange(rows), GRID_COLUMNS).astype(np.int32),
+    }
 
 
 class _Run(typing.NamedTuple):
@@ -318,55 +305,43 @@ class _Batches:
             yield real, labels.astype(np.int32)
 
 
-class _EpochEnd:
-    """The engine's epoch-end hook: the quick evaluation (its values join the epoch's
-    logs, which pick the best epoch), the epoch's sample grid and progress.png."""
-
-    def __init__(self, run, sampling, state):
-        from train.sagan.evaluation import Evaluator
-
-        self.run, self.sampling, self.state = run, sampling, state
-        self.model_cfg, self.train_cfg = run.config["model"], run.config["train"]
-        self.samples_dir = os.path.join(run.out, "samples")
-        os.makedirs(self.samples_dir, exist_ok=True)
-        samples, seed = self.train_cfg["epoch_eval_samples"], self.train_cfg["data_seed"]
-        self.quick = samples and Evaluator(run.classifier, run.data, samples, seed, self.model_cfg)
-        self.fixed = _fixed_latents(self.model_cfg, self.train_cfg["seed"])
-
-    def quick_eval(self):
-        if not self.quick:
-            return {"fid_quick": None}
-        return self.quick.progress(self.sampling(), seed=self.train_cfg["seed"] + 7)
-
-    def __call__(self, epoch, logs):
-        from train.sagan.figures import save_progress_figure, save_sample_grid
-
-        logs.update(self.quick_eval())
-        images = np.asarray(self.sampling().predict_on_batch(self.fixed))
-        path = os.path.join(self.samples_dir, f"epoch_{epoch + 1:03d}.png")
-        save_sample_grid(images, GRID_COLUMNS, path)
-        if dist.is_chief():
-            history = self.state["history"] + [{"epoch": epoch + 1, **logs}]
-            save_progress_figure(history, os.path.join(self.run.out, "progress.png"))
-
-
 def _fit_and_finish(run, resuming):
     from train import engine
+    from train.sagan.evaluation import Evaluator
+    from train.sagan.figures import save_progress_figure, save_sample_grid
 
     g, d, ema = run.models
-    train_cfg = run.config["train"]
-    step = _step(run.models, run.config["model"], train_cfg)
+    model_cfg, train_cfg = run.config["model"], run.config["train"]
+    step = _step(run.models, model_cfg, train_cfg)
     # What the steps really run with: SAGAN's are not XLA-compiled on several replicas
     # even when --jit-compile (or a GPU's default) asks for it.
     step.runtime = {**dist.runtime(), "jit_compile": step.jit_compile}
     if run.config.get("runtime") != step.runtime:
         run.config["runtime"] = step.runtime
         atomic.write_json(os.path.join(run.out, "config.json"), run.config)
-    sampling = _sampler(ema if ema is not None else g, run.config["model"])
+    sampling = _sampler(ema if ema is not None else g, model_cfg)
+    seed, samples = train_cfg["seed"], train_cfg["epoch_eval_samples"]
+    quick = samples and Evaluator(
+        run.classifier, run.data, samples, train_cfg["data_seed"], model_cfg
+    )
+    fixed = _fixed_latents(model_cfg, seed)
+    os.makedirs(os.path.join(run.out, "samples"), exist_ok=True)
     state = {}
-    epoch_end = _EpochEnd(run, sampling, state)
+
+    def quick_eval():
+        return quick.evaluate(sampling(), seed + 7, quick=True) if quick else {"fid_quick": None}
+
+    def epoch_end(epoch, logs):
+        # The quick evaluation joins the epoch's logs, which pick the best epoch.
+        logs.update(quick_eval())
+        grid = os.path.join(run.out, "samples", f"epoch_{epoch + 1:03d}.png")
+        save_sample_grid(sampling().predict_on_batch(fixed), GRID_COLUMNS, grid)
+        if dist.is_chief():
+            history = state["history"] + [{"epoch": epoch + 1, **logs}]
+            save_progress_figure(history, os.path.join(run.out, "progress.png"))
+
     if not resuming:  # a resumed run's checkpoint holds it
-        state["initial_fid"] = epoch_end.quick_eval()["fid_quick"]
+        state["initial_fid"] = quick_eval()["fid_quick"]
     verbose = train_cfg["verbose"]
     plan = engine.run_plan(
         run.out,
@@ -376,8 +351,7 @@ def _fit_and_finish(run, resuming):
         best=best_key if train_cfg["keep"] == "best" else None,
         hooks=(epoch_end,),
     )
-    seed, batch = train_cfg["seed"], train_cfg["batch_size"]
-    conditional = bool(run.config["model"]["num_classes"])
+    batch, conditional = train_cfg["batch_size"], bool(model_cfg["num_classes"])
 
     def source(epoch):
         order = np.random.default_rng(seed + epoch).permutation(len(run.data.train))
@@ -390,7 +364,7 @@ def _fit_and_finish(run, resuming):
         worst = best["logs"].get("class_min_quick")
         which = (
             f"every class >= {CLASS_FLOOR:.0%}, the lowest FID of such epochs"
-            if worst is not None and _draws_every_class(worst)
+            if worst is not None and worst >= CLASS_FLOOR
             else "the lowest of the run"
         )
         print(
@@ -400,10 +374,10 @@ def _fit_and_finish(run, resuming):
             flush=True,
         )
     distribution = {**dist.describe(), "jit_compile": step.jit_compile}
-    return _finish(run, sampler, state, distribution)
+    return _finish(run, sampler, state, distribution, fixed)
 
 
-def _finish(run, sampler, state, distribution):
+def _finish(run, sampler, state, distribution, fixed):
     from train.sagan.evaluation import Evaluator
     from train.sagan.figures import save_attention_figure, save_sample_grid
     from zoo.sagan.model import attention_scores
@@ -447,22 +421,14 @@ def _finish(run, sampler, state, distribution):
     if model_cfg["num_classes"]:
         calibration["label"] = (np.arange(200) % model_cfg["num_classes"]).astype(np.int32)
     atomic.save_npz(os.path.join(out, "calibration.npz"), **calibration)
-    fixed = _fixed_latents(model_cfg, train_cfg["seed"])
     save_sample_grid(
-        np.asarray(sampler.predict_on_batch(fixed)), GRID_COLUMNS, os.path.join(out, "samples.png")
+        sampler.predict_on_batch(fixed), GRID_COLUMNS, os.path.join(out, "samples.png")
     )
     feed = {k: v[:: GRID_COLUMNS + 1][:3] for k, v in fixed.items()}
     result = attention_scores(sampler, feed)
-    if result is not None:
-        images, scores, side = result
-        save_attention_figure(
-            np.asarray(images),
-            np.asarray(scores),
-            side,
-            os.path.join(out, "attention.png"),
-            data.class_names,
-            feed.get("label"),
-        )
+    if result is not None:  # (images, scores, side)
+        path = os.path.join(out, "attention.png")
+        save_attention_figure(*result, path, data.class_names, feed.get("label"))
     row = {"name": os.path.basename(os.path.normpath(out)), **metrics}
     print(f"\n{out}")
     print(markdown_table([row], SUMMARY_COLUMNS))
@@ -490,22 +456,20 @@ def summarize_compare(rows):
                 entry[f"{key}_std"] = (
                     round(float(np.std(values, ddof=1)), 4) if len(values) > 1 else 0.0
                 )
-        entry["fid_floor"] = runs[0].get("fid_floor") if runs else None
-        entry["real_consistent"] = runs[0].get("real_consistent") if runs else None
+        entry["fid_floor"] = runs[0].get("fid_floor")
+        entry["real_consistent"] = runs[0].get("real_consistent")
         summary.append(entry)
     return summary
 
 
 def _summary_table(summary):
-    def cell(entry, key):
-        if f"{key}_mean" not in entry:
-            return ""
-        return f"{entry[f'{key}_mean']:.4g} ± {entry[f'{key}_std']:.2g}"
-
     titles = [title for _, title in COMPARE_METRICS] + ["FID floor", "real consistent"]
     lines = ["| arm | seeds | " + " | ".join(titles) + " |", "|" + "---|" * (len(titles) + 2)]
     for e in summary:
-        cells = [cell(e, key) for key, _ in COMPARE_METRICS]
+        cells = [
+            f"{e[f'{k}_mean']:.4g} ± {e[f'{k}_std']:.2g}" if f"{k}_mean" in e else ""
+            for k, _ in COMPARE_METRICS
+        ]
         cells += [str(e["fid_floor"]), str(e["real_consistent"])]
         lines.append(f"| {e['name']} | {e['seeds']} | " + " | ".join(cells) + " |")
     return "\n".join(lines)
