@@ -130,19 +130,24 @@ def test_r1_penalty_falls_on_every_fourth_d_step_only():
     assert not any(off.r1_due(step) for step in range(12))
 
 
-def test_r1_step_gradient_is_the_hinge_plus_penalty_gradient():
+def test_r1_step_gradient_is_the_hinge_plus_penalty_gradient(monkeypatch):
     """The R1 D step's gradient against a reference written here: nested tapes on the
     real images alone, mean hinge terms, gamma/2 * E|grad_x D|^2 times the lazy interval."""
     import tensorflow as tf
 
+    import train.sagan.fit as sagan_fit
     from tests.support import sagan_steps
     from train.sagan.losses import R1_EVERY
 
     gamma, rows = 10.0, 4
     trainer, g, d = _r1_trainer(gamma)
     captured = []
-    trainer._apply = lambda optimizer, grads, variables: captured.append(
-        [np.asarray(x) for x in grads]
+    monkeypatch.setattr(
+        sagan_fit,
+        "apply_global",
+        lambda optimizer, grads, variables, replicas: captured.append(
+            [np.asarray(x) for x in grads]
+        ),
     )
     rng = np.random.default_rng(5)
     real = tf.constant(rng.uniform(-1, 1, (rows, 32, 32, 3)).astype("float32"))

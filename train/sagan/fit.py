@@ -60,7 +60,9 @@ class SaganStep(Step):
     in the strategy's scope; `recipe` holds num_classes, latent_dim, lr_g, lr_d, beta1,
     beta2, n_dis, ema (the decay), seed (of the noise and fake labels of every step),
     mode_seeking, class_loss, r1 and lr_decay_from. The optimizers are built here.
-    `jit_compile` XLA-compiles the steps where they can be (`self.jit_compile` says)."""
+    `jit_compile` XLA-compiles the steps where they can be (`self.jit_compile` says).
+    A backend's `_make_steps` sets `d_step`, `d_step_r1` and `g_step`, which its
+    `_run(fn, optimizer, parts, rows)` runs on the host's NumPy rows."""
 
     # The loss scales (mixed_float16 only): a checkpoint moves between precisions.
     optional = ("g_scale", "d_scale")
@@ -115,18 +117,24 @@ class SaganStep(Step):
     def train(self, batch, at):
         """One D step on the global batch (real images, labels: NumPy, all rows) at D
         step `at.step`, and a G step (+ EMA) when it is G's turn."""
-        if self.decay_from < 1.0:
-            self.set_lr_scale(lr_scale(at.progress, self.decay_from))
+        scale = float(lr_scale(at.progress, self.decay_from))
+        if self.decay_from < 1.0 and scale != self._lr_scale:
+            # The rates are optimizer variables, so a checkpoint carries the current ones.
+            for optimizer, base in ((self.g_opt, self.lr_g), (self.d_opt, self.lr_d)):
+                _inner(optimizer).learning_rate.assign(base * scale)
+            self._lr_scale = scale
         real, labels = (np.asarray(batch[0], np.float32), np.asarray(batch[1], np.int32))
         rows, step = len(real), at.step
         noise, fake_labels = self.latents(step, _D_NOISE, rows)
-        d_loss, d_real, d_fake = self._run_d((real, labels, noise, fake_labels), rows, step)
+        d_step = self.d_step_r1 if self.r1_due(step) else self.d_step
+        parts = (real, labels, noise, fake_labels)
+        d_loss, d_real, d_fake = self._run(d_step, self.d_opt, parts, rows)
         logs = {"d_loss": d_loss, "d_real": d_real, "d_fake": d_fake}
         if (step + 1) % self.n_dis == 0:
             noise, fake_labels = self.latents(step, _G_NOISE, rows)
             if self.mode_seeking:  # rows 2i and 2i+1 share a label
                 fake_labels[1::2] = fake_labels[0::2][: rows // 2]
-            logs["g_loss"], seeking = self._run_g((noise, fake_labels), rows)
+            logs["g_loss"], seeking = self._run(self.g_step, self.g_opt, (noise, fake_labels), rows)
             if self.mode_seeking:
                 logs["mode_seeking"] = seeking
             if self.ema is not None:
@@ -134,16 +142,6 @@ class SaganStep(Step):
         return {k: (float(v), 1.0) for k, v in logs.items()}
 
     # ------------------------------------------------------------ host side
-    def set_lr_scale(self, scale):
-        """Sets both learning rates to `scale` times the initial ones (the decay over the
-        end of the budget); the rates are optimizer variables, so a checkpoint carries
-        the current ones."""
-        scale = float(scale)
-        if scale != self._lr_scale:
-            for optimizer, base in ((self.g_opt, self.lr_g), (self.d_opt, self.lr_d)):
-                _inner(optimizer).learning_rate.assign(base * scale)
-            self._lr_scale = scale
-
     def latents(self, step, which, batch):
         """Noise [batch, latent_dim] and fake labels [batch] of D step `step` (which=0)
         or of the G step after it (which=1): a function of (seed, step, which) only."""
@@ -200,9 +198,6 @@ class TfSaganStep(SaganStep):
         self.g_step = distributed(self._g_replica)
         self.ema_step = tf.function(self._ema_step)
 
-    def _apply(self, optimizer, grads, variables):
-        apply_global(optimizer, grads, variables, self.replicas)
-
     def _d_replica(self, real, labels, noise, fake_labels, global_batch, r1=False):
         fake = self.g(self._g_inputs(noise, fake_labels), training=True)
         images = tf.concat([real, tf.cast(fake, real.dtype)], axis=0)
@@ -218,7 +213,7 @@ class TfSaganStep(SaganStep):
             total, logs = losses.d_loss(self, logits, scores, labels, global_batch, grads_x)
             scaled = self.d_opt.scale_loss(total)
         grads = tape.gradient(scaled, self.d.trainable_variables)
-        self._apply(self.d_opt, grads, self.d.trainable_variables)
+        apply_global(self.d_opt, grads, self.d.trainable_variables, self.replicas)
         return logs
 
     def _g_replica(self, noise, labels, global_batch):
@@ -228,7 +223,7 @@ class TfSaganStep(SaganStep):
             total, logs = losses.g_loss(self, logits, scores, fake, noise, labels, global_batch)
             scaled = self.g_opt.scale_loss(total)
         grads = tape.gradient(scaled, self.g.trainable_variables)
-        self._apply(self.g_opt, grads, self.g.trainable_variables)
+        apply_global(self.g_opt, grads, self.g.trainable_variables, self.replicas)
         return logs
 
     def _ema_step(self, step):
@@ -238,12 +233,8 @@ class TfSaganStep(SaganStep):
             if "float" in str(target.dtype):
                 target.assign(value)
 
-    def _run_d(self, parts, rows, step):
-        d_step = self.d_step_r1 if self.r1_due(step) else self.d_step
-        return d_step(*split(self.strategy, parts), tf.constant(float(rows), tf.float32))
-
-    def _run_g(self, parts, rows):
-        return self.g_step(*split(self.strategy, parts), tf.constant(float(rows), tf.float32))
+    def _run(self, fn, optimizer, parts, rows):
+        return fn(*split(self.strategy, parts), tf.constant(float(rows), tf.float32))
 
     def _run_ema(self):
         with self.strategy.scope():

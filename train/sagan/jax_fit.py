@@ -36,9 +36,9 @@ class JaxSaganStep(SaganStep):
         # Unjitted only when asked (--no-jit-compile): a JAX step op by op is for debugging.
         self.jit_compile = jit_compile is not False
         wrap = jax.jit if self.jit_compile else (lambda f: f)
-        self._d_fn = wrap(self._d_pure)
-        self._d_r1_fn = wrap(functools.partial(self._d_pure, r1=True))
-        self._g_fn = wrap(self._g_pure)
+        self.d_step = wrap(self._d_pure)
+        self.d_step_r1 = wrap(functools.partial(self._d_pure, r1=True))
+        self.g_step = wrap(self._g_pure)
         self._ema_fn = wrap(functools.partial(losses.ema_update, decay=self.ema_decay))
 
     # ------------------------------------------------------------ pure steps
@@ -129,20 +129,13 @@ class JaxSaganStep(SaganStep):
         return self._descend(self.g, self.g_opt, state, run)
 
     # ------------------------------------------------------------ host side
-    def _step(self, fn, optimizer, parts, rows):
+    def _run(self, fn, optimizer, parts, rows):
         groups = (self.g.variables, self.d.variables, optimizer.variables)
         state = tuple(values(group) for group in groups)
         logs, state = fn(state, place_batch(parts), np.float32(rows))
         for group, new in zip(groups, state):
             assign(group, new)
         return logs
-
-    def _run_d(self, parts, rows, step):
-        fn = self._d_r1_fn if self.r1_due(step) else self._d_fn
-        return self._step(fn, self.d_opt, parts, rows)
-
-    def _run_g(self, parts, rows):
-        return self._step(self._g_fn, self.g_opt, parts, rows)
 
     def _run_ema(self):
         step = np.int64(keras.ops.convert_to_numpy(self.g_opt.iterations.value))
