@@ -718,6 +718,40 @@ def test_image_dir_reader_labels_by_sub_folder(tmp_path):
     assert sorted(labels.tolist()) == [0] * 6 + [1] * 4
 
 
+def test_tfds_reader_resizes_both_splits_and_caps_them(monkeypatch):
+    """--dataset tfds:NAME through a stand-in builder (nothing downloaded): images resized
+    to 32, labels and class names from the builder, --max-images caps the training split
+    (over more than one batch of 1,024) and a fifth of it the test split."""
+    import types
+
+    import tensorflow as tf
+
+    from train import tfds
+    from train.sagan.images import load_tfds_images
+
+    class Builder:
+        info = types.SimpleNamespace(features={"label": types.SimpleNamespace(names=["a", "b"])})
+
+        def as_dataset(self, split):
+            n = 1100 if split == "train" else 300
+            images = np.random.default_rng(0).integers(0, 256, (n, 28, 28, 1), dtype=np.uint8)
+            return tf.data.Dataset.from_tensor_slices({"image": images, "label": np.arange(n) % 2})
+
+    monkeypatch.setattr(tfds, "open_builder", lambda name, data_dir=None: Builder())
+    monkeypatch.setattr(tfds, "prepare", lambda builder, name: None)
+    data = load_tfds_images("tfds:mnist", max_images=1030)
+    assert data.train.shape == (1030, 32, 32, 1) and data.train.dtype == np.uint8
+    assert data.test.shape == (206, 32, 32, 1) and data.test_labels.dtype == np.int32
+    assert data.class_names == ["a", "b"]
+    assert data.train_labels.tolist() == [i % 2 for i in range(1030)]
+    assert data.source == {"name": "tfds:mnist", "image_size": 32, "train": 1030, "test": 206}
+
+
+# The --compare tests' data and models (their training is stubbed).
+_SMALL = ["--train-size", "64", "--test-size", "16", "--batch-size", "32", "--width", "4"]
+_SMALL += ["--latent-dim", "8"]
+
+
 def _stub_training(monkeypatch, metrics):
     """--compare's orchestration without training: each run writes metrics(config, has_attention)."""
     import train.sagan.training as sagan_run
@@ -746,29 +780,7 @@ def test_compare_trains_one_run_with_and_one_without_attention(tmp_path, monkeyp
         },
     )
     out = str(tmp_path / "cmp")
-    assert (
-        main(
-            [
-                "sagan",
-                "--compare",
-                "--seeds",
-                "1",
-                "--out",
-                out,
-                "--train-size",
-                "64",
-                "--batch-size",
-                "32",
-                "--test-size",
-                "16",
-                "--width",
-                "4",
-                "--latent-dim",
-                "8",
-            ]
-        )
-        == 0
-    )
+    assert main(["sagan", "--compare", "--seeds", "1", "--out", out, *_SMALL]) == 0
     runs = {
         name: json.load(open(os.path.join(out, name, "config.json")))["model"][
             "attention_resolution"
@@ -805,29 +817,7 @@ def test_compare_over_seeds_reports_mean_and_spread(tmp_path, monkeypatch):
 
     _stub_training(monkeypatch, metrics)
     out = str(tmp_path / "cmp")
-    assert (
-        main(
-            [
-                "sagan",
-                "--compare",
-                "--seed",
-                "5",
-                "--out",
-                out,
-                "--train-size",
-                "64",
-                "--batch-size",
-                "32",
-                "--test-size",
-                "16",
-                "--width",
-                "4",
-                "--latent-dim",
-                "8",
-            ]
-        )
-        == 0
-    )
+    assert main(["sagan", "--compare", "--seed", "5", "--out", out, *_SMALL]) == 0
     assert sorted(fids) == [(a, s) for a in (False, True) for s in (5, 6, 7)]
     summary = {e["name"]: e for e in json.load(open(os.path.join(out, "compare.json")))["summary"]}
     for arm, factor in (("attention", 1.0), ("no_attention", 2.0)):
@@ -872,8 +862,7 @@ def test_data_seed_reproduces_one_compare_run(tmp_path, monkeypatch):
     monkeypatch.setattr(fid_classifier, "train_classifier", fake_classifier)
     monkeypatch.setattr(fid_classifier, "save_cached", lambda *a, **k: None)
     monkeypatch.setattr(fid_classifier, "evaluate_real", lambda *a, **k: {})
-    small = ["--train-size", "64", "--test-size", "16", "--batch-size", "32", "--width", "4"]
-    small += ["--latent-dim", "8", "--max-minutes", "1"]
+    small = [*_SMALL, "--max-minutes", "1"]
 
     def run(out, *flags):
         assert main(["sagan", "--out", str(tmp_path / out), *flags]) == 0

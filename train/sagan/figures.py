@@ -2,10 +2,14 @@
 
 import io
 
+import matplotlib
 import numpy as np
 
 from zoo import atomic
-from zoo.generate import grid, save_png  # noqa: F401  (one implementation for train and zoo)
+from zoo.generate import grid, save_png  # one implementation for train and zoo
+
+matplotlib.use("Agg")
+import matplotlib.pyplot as plt  # noqa: E402
 
 
 def to_uint8(images):
@@ -20,12 +24,6 @@ def save_sample_grid(images, columns, path):
     save_png(grid(to_uint8(images), columns), path)
 
 
-def query_points(side):
-    """Four query pixels on the image (row, col): the four quadrant centres."""
-    q = side // 4
-    return [(q, q), (q, side - 1 - q), (side - 1 - q, q), (side - 1 - q, side - 1 - q)]
-
-
 def save_attention_figure(images, scores, feature_side, path, class_names=None, labels=None):
     """For each image, where four query pixels look (like the SAGAN paper's Fig. 1).
 
@@ -37,38 +35,32 @@ def save_attention_figure(images, scores, feature_side, path, class_names=None, 
         feature_side: the attention's feature-map side.
         path: the PNG to write.
     """
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
     images = to_uint8(images)
     scores = np.asarray(scores, np.float32)
     b, size = images.shape[0], images.shape[1]
-    keys = scores.shape[-1]
-    key_side = int(round(np.sqrt(keys)))
-    points = query_points(size)
+    key_side = int(round(np.sqrt(scores.shape[-1])))
+    q = size // 4  # the query pixels (row, col): the four quadrant centres
+    points = [(q, q), (q, size - 1 - q), (size - 1 - q, q), (size - 1 - q, size - 1 - q)]
     colours = ["#ff3030", "#30c0ff", "#ffd700", "#40ff40"]
+    cmap = "gray" if images.shape[-1] == 1 else None
     fig, axes = plt.subplots(
         b, len(points) + 1, figsize=(2.0 * (len(points) + 1), 2.0 * b), squeeze=False
     )
     for i in range(b):
         shown = images[i][..., 0] if images.shape[-1] == 1 else images[i]
-        ax = axes[i, 0]
-        ax.imshow(shown, cmap="gray" if images.shape[-1] == 1 else None)
+        axes[i, 0].imshow(shown, cmap=cmap)
         title = "sample" if labels is None or not class_names else class_names[int(labels[i])]
-        ax.set_title(title, fontsize=8)
-        for (r, c), colour in zip(points, colours):
-            ax.plot(c, r, "o", color=colour, markersize=5, markeredgecolor="black")
+        axes[i, 0].set_title(title, fontsize=8)
         for j, ((r, c), colour) in enumerate(zip(points, colours)):
             fr, fc = r * feature_side // size, c * feature_side // size
             weights = scores[i, fr * feature_side + fc].reshape(key_side, key_side)
             heat = np.kron(weights, np.ones((size // key_side, size // key_side)))
             ax = axes[i, j + 1]
-            ax.imshow(shown, cmap="gray" if images.shape[-1] == 1 else None)
+            ax.imshow(shown, cmap=cmap)
             ax.imshow(heat, cmap="inferno", alpha=0.6)
-            ax.plot(c, r, "o", color=colour, markersize=5, markeredgecolor="black")
             ax.set_title(f"query ({r},{c})", fontsize=8)
+            for ax in (axes[i, 0], ax):  # the query on the sample and on its map
+                ax.plot(c, r, "o", color=colour, markersize=5, markeredgecolor="black")
     for ax in axes.ravel():
         ax.set_xticks([])
         ax.set_yticks([])
@@ -83,11 +75,6 @@ def save_attention_figure(images, scores, feature_side, path, class_names=None, 
 
 def save_progress_figure(history, path):
     """FID (log scale), class accuracy and consistency of the per-epoch evaluations."""
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
     epochs = [h["epoch"] for h in history]
     fig, (left, right) = plt.subplots(1, 2, figsize=(9, 3.2))
     fids = [h.get("fid_quick") for h in history]

@@ -64,21 +64,15 @@ def load_images(cfg):
     size = image_size or 32
     train, train_labels = make_shapes(cfg.train_size, size, seed=seed)
     test, test_labels = make_shapes(cfg.test_size, size, seed=seed + 10_000)
-    return ImageData(
-        train,
-        train_labels,
-        test,
-        test_labels,
-        list(CLASS_NAMES),
-        {
-            "name": "embedded",
-            "generator": "train.sagan.shapes",
-            "seed": seed,
-            "train": cfg.train_size,
-            "test": cfg.test_size,
-            "image_size": size,
-        },
-    )
+    source = {
+        "name": "embedded",
+        "generator": "train.sagan.shapes",
+        "seed": seed,
+        "train": cfg.train_size,
+        "test": cfg.test_size,
+        "image_size": size,
+    }
+    return ImageData(train, train_labels, test, test_labels, list(CLASS_NAMES), source)
 
 
 def _list_image_dir(path):
@@ -176,34 +170,25 @@ def load_image_dir(path, image_size=None, max_images=None, seed=0):
         order = order[:max_images]
     n_test = max(1, len(order) // 10)
     test, train = order[:n_test], order[n_test:]
+    source = {
+        "name": "image_dir",
+        "path": os.path.abspath(path),
+        "images": len(order),
+        "image_size": size,
+        "test": "10% held out",
+    }
     return ImageData(
-        images[train],
-        labels[train],
-        images[test],
-        labels[test],
-        sorted(files),
-        {
-            "name": "image_dir",
-            "path": os.path.abspath(path),
-            "images": int(len(order)),
-            "image_size": size,
-            "test": "10% held out",
-        },
+        images[train], labels[train], images[test], labels[test], sorted(files), source
     )
 
 
-def parse_tfds_flag(value):
+def load_tfds_images(value, image_size=None, max_images=None):
+    """mnist / fashion_mnist / cifar10 / celeb_a through tensorflow-datasets (downloads)."""
     name = value[len("tfds:") :].strip() if value.startswith("tfds:") else None
     if name not in TFDS_NAMES:
         raise UsageError(
             f"--dataset must be tfds:NAME with NAME in {', '.join(TFDS_NAMES)}: {value!r}"
         )
-    return name
-
-
-def load_tfds_images(value, image_size=None, max_images=None):
-    """mnist / fashion_mnist / cifar10 / celeb_a through tensorflow-datasets (downloads)."""
-    name = parse_tfds_flag(value)
     import tensorflow as tf
 
     from train import tfds
@@ -211,10 +196,7 @@ def load_tfds_images(value, image_size=None, max_images=None):
     size = image_size or (64 if name == "celeb_a" else 32)
     builder = tfds.open_builder(name)
     tfds.prepare(builder, name)
-    if name == "celeb_a":
-        class_names = ["face"]
-    else:
-        class_names = list(builder.info.features["label"].names)
+    class_names = ["face"] if name == "celeb_a" else list(builder.info.features["label"].names)
 
     def prepare(example):
         image = tf.cast(example["image"], tf.float32)
@@ -228,24 +210,10 @@ def load_tfds_images(value, image_size=None, max_images=None):
         ds = builder.as_dataset(split=which).map(prepare)
         if limit:
             ds = ds.take(limit)
-        images, labels = [], []
-        for image, label in ds.batch(1024).as_numpy_iterator():
-            images.append(image)
-            labels.append(label)
+        images, labels = zip(*ds.batch(1024).as_numpy_iterator())
         return np.concatenate(images), np.concatenate(labels).astype(np.int32)
 
     train, train_labels = split("train", max_images)
     test, test_labels = split("test", max_images and max(1, max_images // 5))
-    return ImageData(
-        train,
-        train_labels,
-        test,
-        test_labels,
-        class_names,
-        {
-            "name": f"tfds:{name}",
-            "image_size": size,
-            "train": int(len(train)),
-            "test": int(len(test)),
-        },
-    )
+    source = {"name": f"tfds:{name}", "image_size": size, "train": len(train), "test": len(test)}
+    return ImageData(train, train_labels, test, test_labels, class_names, source)
