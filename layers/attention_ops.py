@@ -123,7 +123,7 @@ def additive_scores(query, key, vector):
     return ops.einsum("bhqkd,hd->bhqk", ops.tanh(q + k), vector)
 
 
-def normalize_scores(scores, mask, normalize):
+def normalize_scores(scores, mask, normalize="softmax"):
     """Turns raw scores into attention weights, in float32.
 
     Args:
@@ -155,11 +155,6 @@ def normalize_scores(scores, mask, normalize):
     if keep is not None:
         weights = weights * keep
     return weights
-
-
-def softmax_weights(scores, keep):
-    """`normalize_scores` with softmax: the forward `softmax_attention` shares."""
-    return normalize_scores(scores, keep, "softmax")
 
 
 # `keras.ops.dot_product_attention` for plain softmax attention, by backend
@@ -278,30 +273,6 @@ def fused_context(query, key, value, mask, is_causal=False, local_window=None):
     return context[:, :, 0] if single else context
 
 
-def fused_local_context(query, key, value, visibility, local_window):
-    """Self-attention with a local window on the fused kernel, the window its
-    own (`fused_window`'s `local_window`): only the padding and explicit
-    masks are passed as a mask.
-
-    Args:
-        query, key, value: as `attention_context` takes them, the same
-            positions (self-attention without a cache offset).
-        visibility: a `masks.Visibility` with a `window` and `include_self`.
-        local_window: what `fused_window(window, causal, dtype)` returned.
-
-    Returns:
-        `(context, has_keys)`: `has_keys` as `query_has_keys` of the whole
-        mask (a query whose window holds no unmasked key is empty), `None`
-        when nothing but the window masks (every query keeps itself).
-    """
-    padding = visibility.padding()
-    context = fused_context(query, key, value, padding, visibility.causal, local_window)
-    if padding is None:
-        return context, None
-    length = ops.shape(query)[1]
-    return context, query_has_keys(visibility.combined(length, length))
-
-
 def takes_softmax_backward(weighting, need_weights):
     """Whether attention can run through `softmax_attention`'s hand-written
     backward: dot-product softmax scores, weights not returned, no active
@@ -355,7 +326,7 @@ def attention_context(query, key, value, mask, weighting, *, need_weights=True, 
     if is_causal:
         raise ValueError("`is_causal=True` is only for the fused path (see `takes_fused`).")
     if takes_softmax_backward(weighting, need_weights):
-        return softmax_attention(query, key, value, head_mask, softmax_weights), None
+        return softmax_attention(query, key, value, head_mask, normalize_scores), None
     if weighting.score == "additive":
         scores = additive_scores(query, key, weighting.score_vector)
     else:

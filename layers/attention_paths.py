@@ -1,6 +1,6 @@
 """The path one attention call takes, shared by `SelfAttention` and `MultiHeadAttention`.
 
-Block by block (`layers.chunked_attention`) when a chunk size is given; else
+Block by block (`layers.flash_attention`) when a chunk size is given; else
 the fused kernel with its own local window or causal mask where
 `attention_ops.takes_fused` allows; else the full path
 (`attention_ops.attention_context`) under one combined mask.
@@ -10,8 +10,7 @@ import dataclasses
 
 from keras import ops
 
-from layers import attention_ops
-from layers.chunked_attention import chunked_attention_context
+from layers import attention_ops, flash_attention
 
 
 def attend(query, key, value, weighting, visibility, *, need_weights, chunk_size, aligned):
@@ -49,8 +48,8 @@ def attend(query, key, value, weighting, visibility, *, need_weights, chunk_size
             if weighting.score_vector is not None:
                 vector = ops.expand_dims(weighting.score_vector, 0)
                 weighting = dataclasses.replace(weighting, score_vector=vector)
-        context, has_keys = chunked_attention_context(
-            query, key, value, chunk_size=chunk_size, weighting=weighting, visibility=visibility
+        context, has_keys = flash_attention.flash_attention(
+            query, key, value, chunk_size=chunk_size, visibility=visibility, weighting=weighting
         )
         return (context[:, :, 0] if single else context), None, has_keys
     fused = attention_ops.takes_fused(weighting, need_weights)
@@ -60,10 +59,15 @@ def attend(query, key, value, weighting, visibility, *, need_weights, chunk_size
     if fused and aligned and v.window is not None and v.include_self:
         local_window = attention_ops.fused_window(v.window, v.causal, query.dtype)
     if local_window is not None:
-        context, has_keys = attention_ops.fused_local_context(
-            query, key, value, visibility, local_window
-        )
-        return context, None, has_keys
+        # Only the padding and explicit masks go to the kernel. A query whose
+        # window holds no unmasked key is empty; without padding, every query
+        # keeps itself.
+        padding = visibility.padding()
+        context = attention_ops.fused_context(query, key, value, padding, v.causal, local_window)
+        if padding is None:
+            return context, None, None
+        length = ops.shape(query)[1]
+        return context, None, attention_ops.query_has_keys(visibility.combined(length, length))
     # The fused kernel's own causal mask (cuDNN's causal flash attention)
     # when nothing else is masked: no [T, T] mask at all.
     is_causal = fused and aligned and v.causal and v.window is None and v.include_self

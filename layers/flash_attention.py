@@ -1,20 +1,24 @@
-"""Block-wise softmax attention with a linear-memory backward pass.
+"""Attention block by block with an online softmax, and its linear-memory backward.
 
 Flash-attention-2 in `keras.ops`: the forward visits key blocks with an
-online softmax and keeps, per query row, only the output and the log-sum-exp
-of its scores; the backward recomputes each visible block's scores once from
-them and accumulates dQ, dK and dV in one pass. Autodiff
-of the block loop would instead keep every block's weights (quadratic memory:
-under JAX the scan stores them all). One `keras.ops.custom_gradient` serves
-TensorFlow and JAX.
+online softmax (a running max `m`, normaliser `l` and accumulator per query),
+so no `[Tq, Tk]` tensor is ever built, and keeps, per query row, only the
+output and the log-sum-exp of its scores; the backward recomputes each visible
+block's scores once from them and accumulates dQ, dK and dV in one pass.
+Autodiff of the block loop would instead keep every block's weights (quadratic
+memory: under JAX the scan stores them all). One `keras.ops.custom_gradient`
+serves TensorFlow and JAX. Additive scores and dropout on the weights have no
+hand-written backward: they differentiate the same block loop.
 
 Layout as in `attention_ops`: queries `[B, Tq, H, d]`, keys `[B, Tk, H, d]`,
 values `[B, Tk, H, dv]`. Inside, everything is head-major `[B, H, T, d]`,
 where every product is a plain batched matmul, and float32.
 """
 
+import keras
 from keras import ops
 
+from layers import attention_ops
 from layers.masks import (
     MASK_PENALTY,
     Visibility,
@@ -23,28 +27,23 @@ from layers.masks import (
     padded_block_masks,
     visible_key_blocks,
 )
+from layers.softmax_attention import head_major, transpose_last
 
 
-def _head_major(x):
-    return ops.transpose(x, (0, 2, 1, 3))
-
-
-def _t(x):
-    return ops.transpose(x, (0, 1, 3, 2))
-
-
-def flash_attention(query, key, value, *, chunk_size, visibility=None, normalize="softmax"):
-    """Dot-product attention in blocks; gradients in linear memory.
+def flash_attention(query, key, value, *, chunk_size, visibility=None, weighting=None):
+    """Attention in blocks: the same result as `attention_ops.attention_context`.
 
     Args:
         query: `[B, Tq, H, d]`, already scaled.
         key: `[B, Tk, H, d]`.
         value: `[B, Tk, H, dv]`.
         chunk_size: int, the block size of queries and keys.
-        visibility: a `layers.masks.Visibility` (`None`: every key visible).
-        normalize: `"softmax"`, or `"relu"` (weights `relu(q.k)`, no
-            normalisation: no row statistics, the backward needs only the
-            scores' sign).
+        visibility: a `layers.masks.Visibility` (`None`: every key visible);
+            its `attention_mask` is itself quadratic in memory (sliced per
+            block).
+        weighting: an `attention_ops.Weighting` (`None`: dot-product
+            softmax). ReLU weights (`relu(q.k)`, no normalisation) need no
+            row statistics, and their backward only the scores' sign.
 
     Returns:
         `(context [B, Tq, H, dv] in the value dtype, has_keys [B, Tq, 1]
@@ -52,7 +51,9 @@ def flash_attention(query, key, value, *, chunk_size, visibility=None, normalize
         and `has_keys` 0.
     """
     c = int(chunk_size)
-    relu = normalize == "relu"
+    weighting = weighting or attention_ops.Weighting(score="dot")
+    relu = weighting.normalize == "relu"
+    additive = weighting.score == "additive"
     given = visibility or Visibility()
     causal, window = given.causal, given.window
     batch = ops.shape(query)[0]
@@ -109,14 +110,15 @@ def flash_attention(query, key, value, *, chunk_size, visibility=None, normalize
         blocks = ops.transpose(blocks, (1, 2, 0, 3, 4))
         return ops.reshape(blocks, (batch, heads, -1, width))
 
-    @ops.custom_gradient
-    def attend(q, k, v):
-        in_dtypes = (q.dtype, k.dtype, v.dtype)
-        # TensorFlow's eager custom_gradient runs this body with the tape
-        # still recording, which would keep every block's intermediates
-        # alive; nothing in it needs autodiff (`grad` below is the gradient).
-        q, k, v = (ops.stop_gradient(t) for t in (q, k, v))
-        q, k, v = (ops.cast(_head_major(pad_axis1(t, c)), "float32") for t in (q, k, v))
+    def forward(q, k, v, static_bounds=False):
+        """`(out, lse, has)` of the head-major, padded, float32 `q`, `k`, `v`:
+        `[B, H, Tq', dv]`, `[B, H, Tq', 1]` and `[B, H, Tq', 1]`."""
+
+        def mix(p, ki):
+            """The block's weights (after the dropout when active) times its values."""
+            if weighting.dropping:
+                p = weighting.dropout(p, training=weighting.training)
+            return ops.matmul(p, block(v, ki, value_dim))
 
         def forward_block(qi):
             qb = block(q, qi, key_dim)
@@ -124,11 +126,16 @@ def flash_attention(query, key, value, *, chunk_size, visibility=None, normalize
             def step(ki, carry):
                 m, l, acc = carry
                 keep = keep_block(qi, ki)
-                s = ops.matmul(qb, _t(block(k, ki, key_dim)))
+                kb = block(k, ki, key_dim)
+                if additive:
+                    vector = weighting.score_vector
+                    s = attention_ops.additive_scores(head_major(qb), head_major(kb), vector)
+                else:
+                    s = ops.matmul(qb, transpose_last(kb))
                 if relu:
                     p = ops.relu(s) if keep is None else ops.relu(s) * keep
                     seen = float(c) if keep is None else ops.sum(keep, axis=-1, keepdims=True)
-                    return m, l + seen, acc + ops.matmul(p, block(v, ki, value_dim))
+                    return m, l + seen, acc + mix(p, ki)
                 if keep is not None:
                     s = s + (1.0 - keep) * MASK_PENALTY
                 m_new = ops.maximum(m, ops.max(s, axis=-1, keepdims=True))
@@ -137,13 +144,13 @@ def flash_attention(query, key, value, *, chunk_size, visibility=None, normalize
                     p = p * keep
                 rescale = ops.exp(m - m_new)
                 l = l * rescale + ops.sum(p, axis=-1, keepdims=True)
-                acc = acc * rescale + ops.matmul(p, block(v, ki, value_dim))
+                acc = acc * rescale + mix(p, ki)
                 return m_new, l, acc
 
             m0 = ops.full((batch, heads, c, 1), -1e30, "float32")
             l0 = ops.zeros((batch, heads, c, 1), "float32")
             acc0 = ops.zeros((batch, heads, c, value_dim), "float32")
-            start, stop = key_range(qi)
+            start, stop = (0, num_k) if static_bounds else key_range(qi)
             m, l, acc = ops.fori_loop(start, stop, step, (m0, l0, acc0))
             # Rows that saw no key keep l == 0 and acc == 0: output zero, and
             # a log-sum-exp of 0 (their keys are all masked in the backward).
@@ -156,16 +163,40 @@ def flash_attention(query, key, value, *, chunk_size, visibility=None, normalize
             return out, lse, ops.cast(has, "float32")
 
         out, lse, has = ops.map(forward_block, ops.arange(num_q, dtype="int32"))
-        out = stack_blocks(out, value_dim)  # [B, H, Tq_pad, dv] float32
-        lse = stack_blocks(lse, 1)  # [B, H, Tq_pad, 1]
-        has_keys = ops.transpose(stack_blocks(has, 1)[:, :1], (0, 2, 1, 3))[:, :, 0]
-        context = ops.cast(_head_major(out)[:, :length_q], in_dtypes[2])
+        return stack_blocks(out, value_dim), stack_blocks(lse, 1), stack_blocks(has, 1)
+
+    def prepare(t):
+        return ops.cast(head_major(pad_axis1(t, c)), "float32")
+
+    def context_and_has_keys(out, has):
+        has_keys = ops.transpose(has[:, :1], (0, 2, 1, 3))[:, :, 0]
+        return ops.cast(head_major(out)[:, :length_q], value.dtype), has_keys
+
+    if additive or weighting.dropping:
+        # No hand-written backward: autodiff through the block loop (linear
+        # memory forward; its backward keeps every block). JAX differentiates
+        # loops only with static bounds: there every key block is visited
+        # (fully masked ones add nothing) instead of skipping.
+        static = keras.backend.backend() == "jax"
+        out, _, has = forward(*(prepare(t) for t in (query, key, value)), static)
+        context, has_keys = context_and_has_keys(out, has)
+        return context, has_keys[:, :length_q]
+
+    @ops.custom_gradient
+    def attend(q, k, v):
+        # TensorFlow's eager custom_gradient runs this body with the tape
+        # still recording, which would keep every block's intermediates
+        # alive; nothing in it needs autodiff (`grad` below is the gradient).
+        in_dtypes = (q.dtype, k.dtype, v.dtype)
+        q, k, v = (prepare(ops.stop_gradient(t)) for t in (q, k, v))
+        out, lse, has = forward(q, k, v)
+        context, has_keys = context_and_has_keys(out, has)
 
         def grad(*upstream, **unused):
             d_out = upstream[0]
             if isinstance(d_out, (tuple, list)):  # JAX passes the outputs' tuple
                 d_out = d_out[0]
-            d_out = ops.cast(_head_major(pad_axis1(d_out, c)), "float32")
+            d_out = ops.cast(head_major(pad_axis1(d_out, c)), "float32")
             # flash-attention's D: sum_j P_ij dP_ij equals rowsum(dO * O).
             row = ops.sum(d_out * out, axis=-1, keepdims=True)
 
@@ -178,7 +209,7 @@ def flash_attention(query, key, value, *, chunk_size, visibility=None, normalize
                 def query_step(qi, inner):
                     d_q, d_kb, d_vb = inner
                     qb, d_ob = block(q, qi, key_dim), block(d_out, qi, value_dim)
-                    s = ops.matmul(qb, _t(kb))
+                    s = ops.matmul(qb, transpose_last(kb))
                     keep = keep_block(qi, ki)
                     if relu:
                         active = ops.cast(s > 0, "float32")
@@ -191,10 +222,10 @@ def flash_attention(query, key, value, *, chunk_size, visibility=None, normalize
                         p = ops.exp(s - block(lse, qi, 1))
                         if keep is not None:
                             p = p * keep
-                    d_vb = d_vb + ops.matmul(_t(p), d_ob)
-                    d_p = ops.matmul(d_ob, _t(vb))
+                    d_vb = d_vb + ops.matmul(transpose_last(p), d_ob)
+                    d_p = ops.matmul(d_ob, transpose_last(vb))
                     d_s = d_p * active if relu else p * (d_p - block(row, qi, 1))
-                    d_kb = d_kb + ops.matmul(_t(d_s), qb)
+                    d_kb = d_kb + ops.matmul(transpose_last(d_s), qb)
                     start = [zero, zero, qi * c, zero]
                     d_q = ops.slice_update(
                         d_q, start, block(d_q, qi, key_dim) + ops.matmul(d_s, kb)
@@ -215,7 +246,7 @@ def flash_attention(query, key, value, *, chunk_size, visibility=None, normalize
                 (ops.zeros_like(q), ops.zeros_like(k), ops.zeros_like(v)),
             )
             return tuple(
-                ops.cast(_head_major(g)[:, :n], dtype)
+                ops.cast(head_major(g)[:, :n], dtype)
                 for g, n, dtype in zip((d_q, d_k, d_v), (length_q, length_k, length_k), in_dtypes)
             )
 
@@ -223,14 +254,3 @@ def flash_attention(query, key, value, *, chunk_size, visibility=None, normalize
 
     context, has_keys = attend(query, key, value)
     return context, has_keys[:, :length_q]
-
-
-def uses_flash(weighting):
-    """Whether the chunked path can take `flash_attention`: dot-product
-    scores (softmax or ReLU weights) and no active dropout on them
-    (`weighting`: an `attention_ops.Weighting`)."""
-    return (
-        weighting.score != "additive"
-        and weighting.normalize in ("softmax", "relu")
-        and not weighting.dropping
-    )

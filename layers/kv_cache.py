@@ -20,11 +20,6 @@ def is_split(cache):
     return isinstance(cache, (tuple, list))
 
 
-def cached_keys(cache):
-    """The key part of either form: `[batch, max_length, num_heads, key_dim]`."""
-    return cache[0] if is_split(cache) else cache[:, 0]
-
-
 def cache_length(cache):
     """The static `max_length` of either form (None if unknown)."""
     return cache[0].shape[1] if is_split(cache) else cache.shape[2]
@@ -44,12 +39,12 @@ def update_cache(cache, keys, values, cache_index):
         `(all_keys, all_values, new_cache)`: the cache's full keys and values
         with the step's written in, and the cache in the form it came in.
     """
-    key_cache, value_cache = cache if is_split(cache) else (cache[:, 0], cache[:, 1])
+    key_cache, value_cache = read_cache(cache)
     zero = ops.zeros((), "int32")
     start = [zero, ops.cast(cache_index, "int32"), zero, zero]
     keys = ops.slice_update(key_cache, start, ops.cast(keys, key_cache.dtype))
     values = ops.slice_update(value_cache, start, ops.cast(values, value_cache.dtype))
-    return keys, values, (keys, values) if is_split(cache) else ops.stack([keys, values], axis=1)
+    return keys, values, make_cache(keys, values, split=is_split(cache))
 
 
 def read_cache(cache):

@@ -13,50 +13,8 @@ import dataclasses
 from keras import ops
 
 
-def structural_mask(
-    query_length,
-    key_length,
-    *,
-    causal=False,
-    window=None,
-    include_self=True,
-    query_offset=0,
-    key_valid_length=None,
-):
-    """Returns a `[query_length, key_length]` boolean mask, or `None`.
-
-    Args:
-        query_length: int or scalar tensor, number of queries.
-        key_length: int or scalar tensor, number of keys.
-        causal: query `i` may only attend to keys `j <= i` (absolute positions).
-        window: `None` or int; query `i` may only attend to `|i - j| <= window`.
-        include_self: whether query `i` may attend to key `i`.
-        query_offset: absolute position of the first query (the cache index
-            during incremental decoding; keys always start at position 0).
-        key_valid_length: `None` or int/scalar tensor; keys at positions
-            `>= key_valid_length` are masked (unwritten cache slots).
-
-    Returns:
-        A boolean tensor, or `None` when nothing is masked.
-    """
-    needs_mask = causal or window is not None or not include_self or key_valid_length is not None
-    if not needs_mask:
-        return None
-    q_pos = ops.expand_dims(ops.arange(query_length, dtype="int32"), 1)
-    q_pos = q_pos + ops.cast(query_offset, "int32")
-    k_pos = ops.expand_dims(ops.arange(key_length, dtype="int32"), 0)
-    return position_mask(
-        q_pos,
-        k_pos,
-        causal=causal,
-        window=window,
-        include_self=include_self,
-        key_valid_length=key_valid_length,
-    )
-
-
 def position_mask(q_pos, k_pos, *, causal, window, include_self, key_valid_length=None):
-    """The structural mask for query positions `[Tq, 1]` and key positions
+    """The structure's mask for query positions `[Tq, 1]` and key positions
     `[1, Tk]` (absolute, int32); also used per block by the chunked path."""
     mask = ops.ones_like(q_pos - k_pos, dtype="bool")
     if causal:
@@ -79,7 +37,7 @@ def combine_masks(
     """Merges all mask sources into one broadcastable `[B|1, Tq, Tk]` mask.
 
     Args:
-        structural: `[Tq, Tk]` mask from `structural_mask`, or `None`.
+        structural: `[Tq, Tk]` mask from `Visibility.structural`, or `None`.
         query_mask: `[B, Tq]` padding mask of the queries, or `None`.
         key_mask: `[B, Tk]` padding mask of the keys, or `None`.
         attention_mask: `[B, Tq, Tk]` (or broadcastable) explicit mask, or
@@ -123,7 +81,11 @@ def combine_masks(
 @dataclasses.dataclass(frozen=True, eq=False)
 class Visibility:
     """Which keys each query may attend to, as every attention path takes it:
-    the structure (`structural_mask`'s arguments) and the padding and
+    the structure (`causal`: query `i` attends to keys `j <= i`, absolute
+    positions; `window`: to `|i - j| <= window`; `include_self`: to key `i`;
+    `query_offset`: the position of the first query, the cache index while
+    decoding; `key_valid_length`: keys from there on are unwritten cache
+    slots) and the padding and
     explicit masks (`combine_masks`' `[B, Tq]`, `[B, Tk]` and `[B|1, Tq|1, Tk]`,
     each `None` when absent)."""
 
@@ -136,22 +98,46 @@ class Visibility:
     key_mask: object = None
     attention_mask: object = None
 
+    @classmethod
+    def of(cls, layer, causal, query_mask, key_mask, attention_mask, **structure):
+        """An attention layer's call: the layer's `window` and `include_self`,
+        the call's causality, masks and `structure` (the offsets)."""
+        return cls(
+            causal,
+            layer.window,
+            layer.include_self,
+            query_mask=query_mask,
+            key_mask=key_mask,
+            attention_mask=attention_mask,
+            **structure,
+        )
+
     def structural(self, query_length, key_length):
-        """`structural_mask` of these settings, or `None`."""
-        return structural_mask(
-            query_length,
-            key_length,
+        """The `[query_length, key_length]` boolean mask of the structure
+        (lengths: ints or scalar tensors; keys start at position 0, queries at
+        `query_offset`), or `None` when it masks nothing."""
+        if not (
+            self.causal
+            or self.window is not None
+            or not self.include_self
+            or self.key_valid_length is not None
+        ):
+            return None
+        q_pos = ops.expand_dims(ops.arange(query_length, dtype="int32"), 1)
+        q_pos = q_pos + ops.cast(self.query_offset, "int32")
+        k_pos = ops.expand_dims(ops.arange(key_length, dtype="int32"), 0)
+        return position_mask(
+            q_pos,
+            k_pos,
             causal=self.causal,
             window=self.window,
             include_self=self.include_self,
-            query_offset=self.query_offset,
             key_valid_length=self.key_valid_length,
         )
 
     def combined(self, query_length, key_length):
         """Every source in one `[B|1, Tq, Tk]` mask (`combine_masks`), or `None`."""
-        structural = self.structural(query_length, key_length)
-        return self.padding(structural)
+        return self.padding(self.structural(query_length, key_length))
 
     def padding(self, structural=None):
         """The padding and explicit masks, with `structural` if given, combined."""
@@ -165,7 +151,7 @@ class Visibility:
         )
 
 
-# Block-wise paths (`layers.chunked_attention`, `layers.flash_attention`): masks
+# The block-wise path (`layers.flash_attention`): masks
 # are built per (query block, key block) pair, never as one [Tq, Tk] tensor.
 
 # Added to masked scores before an online softmax: finite (no inf - inf = NaN)

@@ -249,12 +249,10 @@ class MultiHeadAttention(keras.layers.Layer):
         )
 
     def build(self, query_shape, value_shape=None, key_shape=None):
-        check_rank("query", query_shape, 3)
         value_shape = query_shape if value_shape is None else value_shape
-        check_rank("value", value_shape, 3)
         key_shape = value_shape if key_shape is None else key_shape
-        check_rank("key", key_shape, 3)
         for name, shape in (("query", query_shape), ("value", value_shape), ("key", key_shape)):
+            check_rank(name, shape, 3)
             if shape[-1] is None:
                 raise ValueError(
                     f"The last dimension of `{name}` must be known. "
@@ -354,21 +352,6 @@ class MultiHeadAttention(keras.layers.Layer):
         bias = ops.concatenate([w[1] for w in weights], axis=0) if self.use_bias else None
         return ops.split(flat_matmul(inputs, kernel, bias), 3, axis=2)
 
-    def _chunk_size(self, query, value, key, cache, return_attention_scores):
-        """The call's block size: `chunk_size`, or for `"auto"` what the
-        static shapes call for (`chunked_attention.resolve_chunk_size`); the
-        full path when scores are asked for."""
-        if self.chunk_size != "auto":
-            return self.chunk_size
-        if return_attention_scores:
-            return None
-        source = value if value is not None else (key if key is not None else query)
-        if cache is not None:
-            source = kv_cache.cached_keys(cache)
-        q_shape = known_shape(query) or (None, None)
-        k_shape = known_shape(source) or (None, None)
-        return resolve_chunk_size("auto", q_shape[0], self.num_heads, q_shape[1], k_shape[1])
-
     def _heads_first(self, self_attention, cache, return_attention_scores, training, chunk_size):
         """Whether self-attention can run in the `[H, B, T, d]` layout: the
         dot-product softmax path with the hand-written backward (see
@@ -408,25 +391,12 @@ class MultiHeadAttention(keras.layers.Layer):
                 for t in (q, k)
             )
         length = ops.shape(query)[1]
-        visibility = self._visibility(causal, query_mask, key_mask, attention_mask)
+        visibility = Visibility.of(self, causal, query_mask, key_mask, attention_mask)
         mask = visibility.combined(length, length)
         keep = None if mask is None else ops.expand_dims(mask, 0)
-        context = softmax_attention(q, k, v, keep, attention_ops.softmax_weights, heads_first=True)
+        context = softmax_attention(q, k, v, keep, attention_ops.normalize_scores, heads_first=True)
         has_keys = None if mask is None else attention_ops.query_has_keys(mask)
         return self._output_projection(ops.transpose(context, (1, 2, 0, 3)), has_keys)
-
-    def _visibility(self, causal, query_mask, key_mask, attention_mask, **structure):
-        """The call's `Visibility`: the layer's window and `include_self`,
-        the call's causality and masks, and `structure`'s offsets."""
-        return Visibility(
-            causal=causal,
-            window=self.window,
-            include_self=self.include_self,
-            query_mask=query_mask,
-            key_mask=key_mask,
-            attention_mask=attention_mask,
-            **structure,
-        )
 
     def _check_call_shapes(self, query, value, key, cache, cache_index):
         """Checks the inputs' and the cache's shapes (mismatched shapes would
@@ -446,16 +416,10 @@ class MultiHeadAttention(keras.layers.Layer):
             k_len = (known_shape(source) or (None, None))[1]
         elif cache is None:
             k_len = q_len
-        if self.built:
-            kernel_dims = (
-                ("query", query, self.query_dense),
-                ("value", value, self.value_dense),
-                ("key", key, self.key_dense),
-            )
-            for name, x, dense in kernel_dims:
-                if x is not None and dense.kernel.shape[0] is not None:
-                    want = dense.kernel.shape[0]
-                    check_shape(name, x, (None, None, want), f"(batch, length, {want}) as built")
+        for name, x in (("query", query), ("value", value), ("key", key)):
+            if self.built and x is not None:
+                want = getattr(self, f"{name}_dense").kernel.shape[0]
+                check_shape(name, x, (None, None, want), f"(batch, length, {want}) as built")
         if cache is not None or cache_index is not None:
             k_len = kv_cache.check_cache(
                 cache,
@@ -503,14 +467,15 @@ class MultiHeadAttention(keras.layers.Layer):
         # The stages: check -> project -> rotate -> cache -> _compute_attention
         # -> output projection.
         causal = self.causal or check_python_bool("use_causal_mask", use_causal_mask)
-        query = attention_ops.without_keras_mask(query)
-        value = attention_ops.without_keras_mask(value)
-        key = attention_ops.without_keras_mask(key)
+        query, value, key = (attention_ops.without_keras_mask(t) for t in (query, value, key))
         lengths = self._check_call_shapes(query, value, key, cache, cache_index)
         step = cache is not None and cache_index is not None
         self._check_mask_shapes(lengths, query_mask, value_mask, key_mask, attention_mask, step)
         self_attention = value is None and key is None
-        chunk_size = self._chunk_size(query, value, key, cache, return_attention_scores)
+        batch, q_len, k_len = lengths
+        chunk_size = resolve_chunk_size(
+            self.chunk_size, batch, self.num_heads, q_len, k_len, return_attention_scores
+        )
         if value is None:
             value = query
             if value_mask is None and cache is None:
@@ -575,8 +540,7 @@ class MultiHeadAttention(keras.layers.Layer):
         if cross_cache:
             return self._project(self.query_dense, query, scale=query_scale), None, None
         if self_attention and self.value_dim == self.key_dim:
-            q, k, v = self._fused_projection(query, query_scale)
-            return q, k, v
+            return self._fused_projection(query, query_scale)
         q = self._project(self.query_dense, query, scale=query_scale)
         k = self._project(self.key_dense, key)
         v = self._project(self.value_dense, value)
@@ -628,7 +592,7 @@ class MultiHeadAttention(keras.layers.Layer):
             key_valid_length: `None` or scalar tensor; keys from there on are
                 unwritten cache slots.
             chunk_size: `None` or int, run block by block
-                (`layers.chunked_attention`).
+                (`layers.flash_attention`).
             aligned: bool, queries and keys are the same positions
                 (self-attention without a cache), so a causal mask or a local
                 window may be the fused kernel's own.
@@ -640,7 +604,8 @@ class MultiHeadAttention(keras.layers.Layer):
             `[B|1, Tq, 1]` float 0/1, 0 for query rows that may attend to
             nothing.
         """
-        visibility = self._visibility(
+        visibility = Visibility.of(
+            self,
             causal,
             query_mask,
             key_mask,

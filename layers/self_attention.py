@@ -149,12 +149,13 @@ class SelfAttention(ScoresOutputSpec, keras.layers.Layer):
         self.built = True
 
     def _check_call_shapes(self, inputs, mask, attention_mask):
+        """Returns `(batch, length)`, each `None` where unknown."""
         # Wrong shapes would otherwise broadcast silently or fail in a kernel.
         shape = known_shape(inputs)
         if shape is not None:
             check_rank("inputs", shape, 3)
         batch, length = (shape or (None, None))[:2]
-        if self.built and self.query_dense.kernel.shape[0] is not None:
+        if self.built:
             want = self.query_dense.kernel.shape[0]
             check_shape("inputs", inputs, (None, None, want), f"(batch, length, {want}) as built")
         check_shape("mask", mask, (batch, length), "(batch, length)")
@@ -164,6 +165,7 @@ class SelfAttention(ScoresOutputSpec, keras.layers.Layer):
             (None if batch is None else (batch, 1), length, length),
             "(batch or 1, length, length)",
         )
+        return batch, length
 
     # Keras's call convention (a mirror of Keras): inputs, mask, the options, training last.
     def call(
@@ -175,44 +177,30 @@ class SelfAttention(ScoresOutputSpec, keras.layers.Layer):
         training=None,
     ):
         inputs = attention_ops.without_keras_mask(inputs)
-        self._check_call_shapes(inputs, mask, attention_mask)
+        batch, length = self._check_call_shapes(inputs, mask, attention_mask)
         q = self.query_dense(inputs)
         k = self.key_dense(inputs)
         v = self.value_dense(inputs)
         if self.score == "scaled_dot":
             q = ops.multiply(q, ops.cast(1.0 / math.sqrt(self.units), q.dtype))
-        chunk_size = self.chunk_size
-        if chunk_size == "auto":
-            shape = known_shape(inputs) or (None, None)
-            chunk_size = (
-                None
-                if return_attention_scores
-                else resolve_chunk_size("auto", shape[0], 1, shape[1], shape[1])
-            )
-        visibility = Visibility(
-            causal=self.causal,
-            window=self.window,
-            include_self=self.include_self,
-            query_mask=mask,
-            key_mask=mask,
-            attention_mask=attention_mask,
+        chunk_size = resolve_chunk_size(
+            self.chunk_size, batch, 1, length, length, return_attention_scores
         )
         context, weights, has_keys = attend(
             q,
             k,
             v,
             attention_ops.Weighting.of(self, training),
-            visibility,
+            Visibility.of(self, self.causal, mask, mask, attention_mask),
             need_weights=return_attention_scores,
             chunk_size=chunk_size,
             aligned=True,
         )
-        output = context
         if has_keys is not None:
-            output = output * ops.cast(has_keys, output.dtype)
+            context = context * ops.cast(has_keys, context.dtype)
         if return_attention_scores:
-            return output, ops.cast(weights, self.compute_dtype)
-        return output
+            return context, ops.cast(weights, self.compute_dtype)
+        return context
 
     def compute_mask(self, inputs, mask=None):
         return mask

@@ -17,11 +17,13 @@ operands again for each of the six products of forward and backward.
 from keras import ops
 
 
-def _to_head_major(x):
+def head_major(x):
+    """`[B, T, H, d]` <-> `[B, H, T, d]`; rank 3 (no head axis) unchanged."""
     return x if len(x.shape) == 3 else ops.transpose(x, (0, 2, 1, 3))
 
 
-def _transpose_last(x):
+def transpose_last(x):
+    """Swaps the last two axes."""
     rank = len(x.shape)
     return ops.transpose(x, tuple(range(rank - 2)) + (rank - 1, rank - 2))
 
@@ -36,8 +38,8 @@ def softmax_attention(query, key, value, keep, normalize_scores, heads_first=Fal
         keep: `None` or 0/1 mask (float or boolean) broadcastable to the weights
             `[B, 1, Tq, Tk]` (or `[B, Tq, Tk]`); constant for the gradient.
         normalize_scores: the function turning float scores and `keep` into
-            float32 weights (`attention_ops.normalize_scores` with softmax),
-            so that both paths share one forward.
+            float32 weights (`attention_ops.normalize_scores`, softmax by
+            default), so that both paths share one forward.
         heads_first: bool; with `True` the operands already are
             `[H, B, T, d]` (see `projection.heads_first_projection`), `keep`
             broadcasts to `[1, B, Tq, Tk]`, and the context is returned in
@@ -47,17 +49,17 @@ def softmax_attention(query, key, value, keep, normalize_scores, heads_first=Fal
         The context `[B, Tq, H, dv]` (or `[B, Tq, dv]`) in the value dtype.
     """
     per_head = len(query.shape) == 4 and not heads_first
-    q, k, v = (_to_head_major(t) for t in (query, key, value)) if per_head else (query, key, value)
+    q, k, v = (head_major(t) for t in (query, key, value)) if per_head else (query, key, value)
 
     @ops.custom_gradient
     def attend(q, k, v):
-        weights = normalize_scores(ops.matmul(q, _transpose_last(k)), keep)
+        weights = normalize_scores(ops.matmul(q, transpose_last(k)), keep)
         out = ops.matmul(ops.cast(weights, v.dtype), v)
 
         def grad(*args, upstream=None):
             d_out = args[0] if upstream is None else upstream
             d_out = ops.cast(d_out, v.dtype)
-            d_v = ops.matmul(_transpose_last(ops.cast(weights, v.dtype)), d_out)
+            d_v = ops.matmul(transpose_last(ops.cast(weights, v.dtype)), d_out)
             row = ops.sum(
                 ops.cast(d_out, "float32") * ops.cast(out, "float32"), axis=-1, keepdims=True
             )
@@ -65,14 +67,14 @@ def softmax_attention(query, key, value, keep, normalize_scores, heads_first=Fal
             # [dO, -D] [V, 1]^T: no separate pass over the [Tq, Tk] tensor.
             d_weights = ops.matmul(
                 ops.concatenate([d_out, ops.cast(-row, v.dtype)], axis=-1),
-                _transpose_last(ops.concatenate([v, ops.ones_like(v[..., :1])], axis=-1)),
+                transpose_last(ops.concatenate([v, ops.ones_like(v[..., :1])], axis=-1)),
             )
             d_scores = ops.cast(weights * ops.cast(d_weights, "float32"), q.dtype)
             d_q = ops.matmul(d_scores, k)
-            d_k = ops.matmul(_transpose_last(d_scores), q)
+            d_k = ops.matmul(transpose_last(d_scores), q)
             return d_q, d_k, d_v
 
         return out, grad
 
     context = attend(q, k, v)
-    return _to_head_major(context) if per_head else context
+    return head_major(context) if per_head else context
