@@ -3,7 +3,7 @@
 import keras
 from keras import ops
 
-from layers.validation import check_bool, check_int, check_positive_float, check_rate
+from layers.validation import check_bool, check_int, check_positive_number, check_rate
 
 
 @keras.saving.register_keras_serializable(package="layers")
@@ -78,7 +78,7 @@ class ConditionalBatchNormalization(keras.layers.Layer):
         super().__init__(**kwargs)
         self.num_classes = check_int("num_classes", num_classes)
         self.momentum = check_rate("momentum", momentum)
-        self.epsilon = check_positive_float("epsilon", epsilon)
+        self.epsilon = float(check_positive_number("epsilon", epsilon))
         self.gamma_initializer = keras.initializers.get(gamma_initializer)
         self.beta_initializer = keras.initializers.get(beta_initializer)
         self.synchronized = check_bool("synchronized", synchronized)

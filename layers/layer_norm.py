@@ -3,7 +3,7 @@
 import keras
 from keras import ops
 
-from layers.validation import check_axis, check_positive_float
+from layers.validation import check_axis, check_positive_number
 
 
 @keras.saving.register_keras_serializable(package="layers")
@@ -64,11 +64,10 @@ class LayerNorm(keras.layers.Layer):
         **kwargs,
     ):
         super().__init__(**kwargs)
-        axis = check_axis("axis", axis)
-        self.epsilon = check_positive_float("epsilon", epsilon)
+        self.epsilon = float(check_positive_number("epsilon", epsilon))
         self.center = bool(center)
         self.scale = bool(scale)
-        self.axis = axis
+        self.axis = check_axis("axis", axis)
         self.beta_initializer = keras.initializers.get(beta_initializer)
         self.gamma_initializer = keras.initializers.get(gamma_initializer)
         self.supports_masking = True

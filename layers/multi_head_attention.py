@@ -14,12 +14,12 @@ from layers.projection import flat_matmul, heads_first_projection
 from layers.rotary_embedding import RotaryEmbedding
 from layers.softmax_attention import softmax_attention
 from layers.validation import (
+    check_bool,
     check_choice,
     check_chunk_size,
     check_even,
     check_int,
     check_keras_attention_names,
-    check_python_bool,
     check_rank,
     check_rate,
     check_shape,
@@ -466,7 +466,7 @@ class MultiHeadAttention(keras.layers.Layer):
     ):
         # The stages: check -> project -> rotate -> cache -> _compute_attention
         # -> output projection.
-        causal = self.causal or check_python_bool("use_causal_mask", use_causal_mask)
+        causal = self.causal or check_bool("use_causal_mask", use_causal_mask)
         query, value, key = (attention_ops.without_keras_mask(t) for t in (query, value, key))
         lengths = self._check_call_shapes(query, value, key, cache, cache_index)
         step = cache is not None and cache_index is not None

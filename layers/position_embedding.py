@@ -3,7 +3,7 @@
 import keras
 from keras import ops
 
-from layers.validation import check_input_rank, check_positive_int, check_start_index, static_int
+from layers.validation import check_input_rank, check_int, check_start_index, static_int
 
 
 @keras.saving.register_keras_serializable(package="layers")
@@ -53,8 +53,7 @@ class PositionEmbedding(keras.layers.Layer):
 
     def __init__(self, sequence_length, initializer="glorot_uniform", **kwargs):
         super().__init__(**kwargs)
-        check_positive_int("sequence_length", sequence_length)
-        self.sequence_length = int(sequence_length)
+        self.sequence_length = check_int("sequence_length", sequence_length)
         self.initializer = keras.initializers.get(initializer)
         self.supports_masking = True
 

@@ -60,10 +60,8 @@ class RotaryEmbedding(keras.layers.Layer):
 
     def __init__(self, max_wavelength=10000, scaling_factor=1.0, **kwargs):
         super().__init__(**kwargs)
-        check_positive_number("max_wavelength", max_wavelength)
-        check_positive_number("scaling_factor", scaling_factor)
-        self.max_wavelength = max_wavelength
-        self.scaling_factor = scaling_factor
+        self.max_wavelength = check_positive_number("max_wavelength", max_wavelength)
+        self.scaling_factor = check_positive_number("scaling_factor", scaling_factor)
         self.supports_masking = True
         self.built = True
 

@@ -74,8 +74,7 @@ class SinusoidalPositionEncoding(keras.layers.Layer):
 
     def __init__(self, max_wavelength=10000, **kwargs):
         super().__init__(**kwargs)
-        check_positive_number("max_wavelength", max_wavelength)
-        self.max_wavelength = max_wavelength
+        self.max_wavelength = check_positive_number("max_wavelength", max_wavelength)
         self.supports_masking = True
         self.built = True
 

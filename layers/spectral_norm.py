@@ -14,7 +14,7 @@ is state.
 import keras
 from keras import ops
 
-from layers.validation import check_choice, check_int, check_pair, check_positive_float
+from layers.validation import check_choice, check_int, check_pair, check_positive_number
 
 
 def _l2_normalize(x, epsilon):
@@ -56,7 +56,7 @@ class _SpectralKernelMixin:
         self.kernel_initializer = keras.initializers.get(kernel_initializer)
         self.bias_initializer = keras.initializers.get(bias_initializer)
         self.power_iterations = check_int("power_iterations", power_iterations)
-        self.epsilon = check_positive_float("epsilon", epsilon)
+        self.epsilon = float(check_positive_number("epsilon", epsilon))
         self.seed = seed
 
     def _build_weights(self, kernel_shape):

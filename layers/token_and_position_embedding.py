@@ -8,7 +8,7 @@ from keras import ops
 from layers.position_embedding import PositionEmbedding
 from layers.sinusoidal_position_encoding import SinusoidalPositionEncoding
 from layers.token_embedding import TokenEmbedding
-from layers.validation import check_choice, check_input_rank, check_positive_int, check_start_index
+from layers.validation import check_choice, check_input_rank, check_int, check_start_index
 
 _POSITION_KINDS = ("learned", "sinusoidal")
 
@@ -76,15 +76,11 @@ class TokenAndPositionEmbedding(keras.layers.Layer):
         **kwargs,
     ):
         super().__init__(**kwargs)
-        check_positive_int("vocabulary_size", vocabulary_size)
-        check_positive_int("sequence_length", sequence_length)
-        check_positive_int("embedding_dim", embedding_dim)
-        check_choice("position", position, _POSITION_KINDS)
-        self.vocabulary_size = int(vocabulary_size)
-        self.sequence_length = int(sequence_length)
-        self.embedding_dim = int(embedding_dim)
+        self.vocabulary_size = check_int("vocabulary_size", vocabulary_size)
+        self.sequence_length = check_int("sequence_length", sequence_length)
+        self.embedding_dim = check_int("embedding_dim", embedding_dim)
         self.mask_zero = bool(mask_zero)
-        self.position = position
+        self.position = check_choice("position", position, _POSITION_KINDS)
         self.scale_by_sqrt_dim = bool(scale_by_sqrt_dim)
         self.embeddings_initializer = keras.initializers.get(embeddings_initializer)
         self.max_wavelength = max_wavelength

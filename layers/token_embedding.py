@@ -3,22 +3,7 @@
 import keras
 from keras import ops
 
-from layers.validation import check_positive_int
-
-
-def _gather_rows(table, flat_ids):
-    """`table[flat_ids]` for 1-D int32 `flat_ids`.
-
-    `keras.ops.take` on TensorFlow first maps negative ids with `tf.where`,
-    which becomes an int32 SELECT that the TFLite mobile GPU delegate rejects.
-    Ids are non-negative by contract here, so on TensorFlow the gather is
-    emitted directly; other backends use `ops.take` (same result).
-    """
-    if keras.backend.backend() == "tensorflow":
-        import tensorflow as tf
-
-        return tf.gather(table, flat_ids, axis=0)
-    return ops.take(table, flat_ids, axis=0)
+from layers.validation import check_int
 
 
 def lookup_rows(table, ids):
@@ -27,14 +12,21 @@ def lookup_rows(table, ids):
 
     The ids are flattened so the lookup converts to a TFLite GATHER with 1-D
     int32 indices, the only form the mobile GPU delegate runs.
+    `keras.ops.take` on TensorFlow first maps negative ids with `tf.where`,
+    which becomes an int32 SELECT that the delegate rejects. Ids are
+    non-negative by contract here, so on TensorFlow the gather is emitted
+    directly; other backends use `ops.take` (same result).
     """
     if ids.dtype != "int32":
         ids = ops.cast(ids, "int32")
-    rows = _gather_rows(table, ops.reshape(ids, (-1,)))
-    if all(d is not None for d in ids.shape):
-        lead = tuple(ids.shape)
+    flat_ids = ops.reshape(ids, (-1,))
+    if keras.backend.backend() == "tensorflow":
+        import tensorflow as tf
+
+        rows = tf.gather(table, flat_ids, axis=0)
     else:
-        lead = tuple(ops.shape(ids))
+        rows = ops.take(table, flat_ids, axis=0)
+    lead = tuple(ids.shape) if None not in tuple(ids.shape) else tuple(ops.shape(ids))
     return ops.reshape(rows, lead + tuple(table.shape[1:]))
 
 
@@ -91,8 +83,8 @@ class TokenEmbedding(keras.layers.Layer):
         **kwargs,
     ):
         super().__init__(**kwargs)
-        self.input_dim = check_positive_int("input_dim", input_dim)
-        self.output_dim = check_positive_int("output_dim", output_dim)
+        self.input_dim = check_int("input_dim", input_dim)
+        self.output_dim = check_int("output_dim", output_dim)
         self.mask_zero = bool(mask_zero)
         self.embeddings_initializer = keras.initializers.get(embeddings_initializer)
         self.embeddings_regularizer = keras.regularizers.get(embeddings_regularizer)

@@ -11,7 +11,7 @@ from layers.validation import (
     check_choice,
     check_chunk_size,
     check_int,
-    check_positive_float,
+    check_positive_number,
     check_rate,
 )
 
@@ -61,7 +61,9 @@ class TransformerBlockBase(keras.layers.Layer):
         self.include_self = bool(include_self)
         self.score = check_choice("score", score, attention_ops.SCORES)
         self.normalize = check_choice("normalize", normalize, attention_ops.NORMALIZATIONS)
-        self.layer_norm_epsilon = check_positive_float("layer_norm_epsilon", layer_norm_epsilon)
+        self.layer_norm_epsilon = float(
+            check_positive_number("layer_norm_epsilon", layer_norm_epsilon)
+        )
         self.kernel_initializer = keras.initializers.get(kernel_initializer)
         self.supports_masking = True
 

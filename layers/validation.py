@@ -52,17 +52,13 @@ def check_activation(name, value):
 
 def check_axis(name, value):
     """An int, or a non-empty list or tuple of ints (returned as a list)."""
-    if isinstance(value, (list, tuple)):
-        if not value or not all(isinstance(a, int) and not isinstance(a, bool) for a in value):
-            raise ValueError(
-                f"`{name}` must be an int or a non-empty list of ints. Received: {name}={value!r}"
-            )
-        return list(value)
-    if isinstance(value, bool) or not isinstance(value, int):
+    many = isinstance(value, (list, tuple))
+    axes = list(value) if many else [value]
+    if not axes or not all(isinstance(a, int) and not isinstance(a, bool) for a in axes):
         raise ValueError(
             f"`{name}` must be an int or a non-empty list of ints. Received: {name}={value!r}"
         )
-    return value
+    return axes if many else value
 
 
 def check_even(name, value, *, when):
@@ -70,15 +66,6 @@ def check_even(name, value, *, when):
     if value % 2:
         raise ValueError(f"`{name}` must be even when {when}. Received: {name}={value}")
     return value
-
-
-def check_positive_int(name, value):
-    """An int > 0 (NumPy ints too, not bools), returned as a Python int."""
-    if isinstance(value, bool) or not isinstance(value, (int, np.integer)):
-        raise ValueError(f"`{name}` must be a positive integer. Received: {name}={value!r}")
-    if value <= 0:
-        raise ValueError(f"`{name}` must be a positive integer. Received: {name}={value}")
-    return int(value)
 
 
 def check_positive_number(name, value):
@@ -93,13 +80,6 @@ def check_positive_number(name, value):
     return value
 
 
-def check_positive_float(name, value):
-    """An int or float > 0 (not a bool: an epsilon), returned as a float."""
-    if isinstance(value, bool) or not isinstance(value, (int, float)) or not value > 0:
-        raise ValueError(f"`{name}` must be a positive float. Received: {name}={value!r}")
-    return float(value)
-
-
 def check_rate(name, value):
     if isinstance(value, bool) or not isinstance(value, numbers.Real) or not 0.0 <= value < 1.0:
         raise ValueError(f"`{name}` must be a float in [0, 1). Received: {name}={value!r}")
@@ -107,17 +87,10 @@ def check_rate(name, value):
 
 
 def check_bool(name, value):
-    """A Python bool, strictly (a truthy string or 1 is a mistake here)."""
-    if not isinstance(value, bool):
-        raise ValueError(f"`{name}` must be True or False. Received: {name}={value!r}")
-    return value
-
-
-def check_python_bool(name, value):
-    """A Python or NumPy bool, returned as a Python bool (a call argument that
-    decides the graph's structure, so it may not be a tensor)."""
+    """A Python or NumPy bool, returned as a Python bool (not a truthy string,
+    a 1 or a tensor: a call argument that decides the graph's structure)."""
     if not isinstance(value, (bool, np.bool_)):
-        raise ValueError(f"`{name}` must be a Python bool. Received: {name}={value!r}")
+        raise ValueError(f"`{name}` must be True or False. Received: {name}={value!r}")
     return bool(value)
 
 
@@ -213,8 +186,6 @@ def static_int(value):
     if isinstance(value, (bool, np.bool_)):
         return None
     if isinstance(value, (int, np.integer)):
-        return int(value)
-    if isinstance(value, np.ndarray) and value.ndim == 0:
         return int(value)
     try:
         array = ops.convert_to_numpy(value)
