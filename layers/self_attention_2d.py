@@ -84,24 +84,15 @@ class SelfAttention2D(ScoresOutputSpec, keras.layers.Layer):
         self.seed = seed
 
     def _conv(self, filters, name):
-        if self.spectral_norm:
-            return SNConv2D(
-                filters,
-                1,
-                use_bias=False,
-                kernel_initializer=self.kernel_initializer,
-                seed=self.seed,
-                name=name,
-                dtype=self.dtype_policy,
-            )
-        return keras.layers.Conv2D(
-            filters,
-            1,
+        kwargs = dict(
             use_bias=False,
             kernel_initializer=self.kernel_initializer,
             name=name,
             dtype=self.dtype_policy,
         )
+        if self.spectral_norm:
+            return SNConv2D(filters, 1, seed=self.seed, **kwargs)
+        return keras.layers.Conv2D(filters, 1, **kwargs)
 
     def build(self, input_shape):
         if len(input_shape) != 4 or input_shape[-1] is None:
@@ -122,9 +113,8 @@ class SelfAttention2D(ScoresOutputSpec, keras.layers.Layer):
         self.value_conv = self._conv(channels // self.value_ratio, "value")
         self.output_conv = self._conv(channels, "attention_output")
         shape = tuple(input_shape)
-        self.query_conv.build(shape)
-        self.key_conv.build(shape)
-        self.value_conv.build(shape)
+        for conv in (self.query_conv, self.key_conv, self.value_conv):
+            conv.build(shape)
         self.output_conv.build((*shape[:3], channels // self.value_ratio))
         self.gamma = self.add_weight(name="gamma", shape=(), initializer=self.gamma_initializer)
 
@@ -163,12 +153,10 @@ class SelfAttention2D(ScoresOutputSpec, keras.layers.Layer):
         if not return_attention_scores:
             return input_shape
         batch, height, width = input_shape[:3]
-        queries = None if height is None or width is None else height * width
-        if self.pool:
-            keys = None if height is None or width is None else (height // 2) * (width // 2)
-        else:
-            keys = queries
-        return input_shape, (batch, queries, keys)
+        if height is None or width is None:
+            return input_shape, (batch, None, None)
+        keys = (height // 2) * (width // 2) if self.pool else height * width
+        return input_shape, (batch, height * width, keys)
 
     def get_config(self):
         config = super().get_config()

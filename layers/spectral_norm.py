@@ -71,24 +71,6 @@ class _SpectralKernelMixin:
             if self.use_bias
             else None
         )
-        self._build_u(n_out)
-
-    def _add_bias(self, outputs):
-        if self.use_bias:
-            outputs = outputs + ops.cast(self.bias, self.compute_dtype)
-        return outputs
-
-    def _spectral_config(self):
-        return dict(
-            use_bias=self.use_bias,
-            kernel_initializer=keras.initializers.serialize(self.kernel_initializer),
-            bias_initializer=keras.initializers.serialize(self.bias_initializer),
-            power_iterations=self.power_iterations,
-            epsilon=self.epsilon,
-            seed=self.seed,
-        )
-
-    def _build_u(self, n_out):
         # `u` is assigned in training, i.e. inside each replica under tf.distribute, so
         # it needs an aggregation (with the default "none" every replica silently keeps
         # its own copy). The new `u` is a function of the kernel and the old `u` only,
@@ -103,6 +85,21 @@ class _SpectralKernelMixin:
             trainable=False,
             autocast=False,
             aggregation="only_first_replica",
+        )
+
+    def _add_bias(self, outputs):
+        if self.use_bias:
+            outputs = outputs + ops.cast(self.bias, self.compute_dtype)
+        return outputs
+
+    def _spectral_config(self):
+        return dict(
+            use_bias=self.use_bias,
+            kernel_initializer=keras.initializers.serialize(self.kernel_initializer),
+            bias_initializer=keras.initializers.serialize(self.bias_initializer),
+            power_iterations=self.power_iterations,
+            epsilon=self.epsilon,
+            seed=self.seed,
         )
 
     def normalized_kernel(self, training=False):

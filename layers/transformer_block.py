@@ -12,6 +12,7 @@ from layers.validation import (
     check_chunk_size,
     check_int,
     check_positive_number,
+    check_rank,
     check_rate,
 )
 
@@ -100,6 +101,18 @@ class TransformerBlockBase(keras.layers.Layer):
 
     def _norm(self, name):
         return LayerNorm(epsilon=self.layer_norm_epsilon, dtype=self.dtype_policy, name=name)
+
+    def _build_self_attention(self, inputs_shape):
+        """The self-attention and its norm; returns the hidden size."""
+        check_rank("inputs", inputs_shape, 3)
+        hidden_dim = inputs_shape[-1]
+        self.self_attention = self._attention(
+            hidden_dim, "self_attention", self.causal, self.window, self.rotary
+        )
+        self.self_attention.build(inputs_shape)
+        self.self_attention_norm = self._norm("self_attention_norm")
+        self.self_attention_norm.build(inputs_shape)
+        return hidden_dim
 
     def _build_feedforward(self, shape):
         hidden_dim = shape[-1]

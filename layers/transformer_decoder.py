@@ -65,14 +65,7 @@ class TransformerDecoderBlock(TransformerBlockBase):
         self.cross_attention = bool(cross_attention)
 
     def build(self, inputs_shape, encoder_outputs_shape=None):
-        check_rank("inputs", inputs_shape, 3)
-        hidden_dim = inputs_shape[-1]
-        self.self_attention = self._attention(
-            hidden_dim, "self_attention", True, self.window, self.rotary
-        )
-        self.self_attention.build(inputs_shape)
-        self.self_attention_norm = self._norm("self_attention_norm")
-        self.self_attention_norm.build(inputs_shape)
+        hidden_dim = self._build_self_attention(inputs_shape)
         if self.cross_attention:
             source_shape = encoder_outputs_shape or inputs_shape
             check_rank("encoder_outputs", source_shape, 3)
@@ -135,23 +128,17 @@ class TransformerDecoderBlock(TransformerBlockBase):
         if self.cross_attention:
 
             def cross_attend(h):
-                if cross_attention_cache is not None:
-                    out, _ = self.cross_attention_layer(
-                        h,
-                        query_mask=decoder_mask,
-                        value_mask=encoder_mask,
-                        cache=cross_attention_cache,
-                        training=training,
-                    )
-                else:
-                    out = self.cross_attention_layer(
-                        h,
-                        encoder_outputs,
-                        query_mask=decoder_mask,
-                        value_mask=encoder_mask,
-                        training=training,
-                    )
-                return out, None
+                # A cache holds the projected encoder outputs (and comes back).
+                cached = cross_attention_cache is not None
+                out = self.cross_attention_layer(
+                    h,
+                    None if cached else encoder_outputs,
+                    query_mask=decoder_mask,
+                    value_mask=encoder_mask,
+                    cache=cross_attention_cache,
+                    training=training,
+                )
+                return (out[0] if cached else out), None
 
             x, _ = self._residual(x, self.cross_attention_norm, cross_attend, training)
         x = self._feedforward(x, training)

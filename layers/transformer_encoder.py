@@ -4,7 +4,6 @@ import keras
 
 from layers.scores_output_spec import ScoresOutputSpec
 from layers.transformer_block import TransformerBlockBase
-from layers.validation import check_rank
 
 
 @keras.saving.register_keras_serializable(package="layers")
@@ -65,14 +64,7 @@ class TransformerEncoderBlock(ScoresOutputSpec, TransformerBlockBase):
     """
 
     def build(self, inputs_shape):
-        check_rank("inputs", inputs_shape, 3)
-        hidden_dim = inputs_shape[-1]
-        self.self_attention = self._attention(
-            hidden_dim, "self_attention", self.causal, self.window, self.rotary
-        )
-        self.self_attention.build(inputs_shape)
-        self.self_attention_norm = self._norm("self_attention_norm")
-        self.self_attention_norm.build(inputs_shape)
+        self._build_self_attention(inputs_shape)
         self._build_feedforward(inputs_shape)
         self.built = True
 
