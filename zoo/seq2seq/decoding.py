@@ -167,16 +167,12 @@ def beam_candidates(model, source_ids, width=4, alpha=0.6, max_length=None):
         current = ops.reshape(ops.take_along_axis(token, order, axis=1), (-1,))
 
         penalty = length_penalty(i + 1, alpha)
+        # Inputs already done keep their finished set unchanged.
         final = ops.logical_and(is_eos, rank < k)
+        final = ops.logical_and(final, ops.logical_not(ops.reshape(done, (-1, 1))))
         eos_score = ops.where(final, top_logp / penalty, _NEG)
         all_score = ops.concatenate([finished_score, eos_score], axis=1)
         all_seq = ops.concatenate([finished_seq, candidates], axis=1)
-        # Inputs already done keep their finished set unchanged.
-        all_score = ops.where(
-            ops.reshape(done, (-1, 1)),
-            ops.concatenate([finished_score, ops.full_like(eos_score, _NEG)], 1),
-            all_score,
-        )
         new_score, order2 = ops.top_k(all_score, k)
         new_finished = _gather_beams(all_seq, ops.cast(order2, "int32"), batch, 3 * k, grouped=True)
         best_live = live_logp[:, 0] / penalty

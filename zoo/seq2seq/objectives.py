@@ -60,10 +60,6 @@ class MaskedAccuracy(keras.metrics.Metric):
     def result(self):
         return self.correct / ops.maximum(self.count, 1.0)
 
-    def reset_state(self):
-        self.correct.assign(0.0)
-        self.count.assign(0.0)
-
 
 @keras.saving.register_keras_serializable(package="train")
 class WarmupInverseSqrt(keras.optimizers.schedules.LearningRateSchedule):

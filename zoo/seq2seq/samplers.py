@@ -32,7 +32,9 @@ def positive_int(name, value):
     return int(value)
 
 
-def _number(name, value, low, high=None, low_open=True):
+def check_number(name, value, low, high=None, low_open=True):
+    """`value` as a float; ValueError naming `name` unless it is a number above `low`
+    (or at it, without `low_open`) and at most `high`."""
     bad = isinstance(value, bool) or not isinstance(value, numbers.Real)
     if not bad:
         bad = value <= low if low_open else value < low
@@ -59,7 +61,7 @@ class Beam:
 
     def __post_init__(self):
         positive_int("width", self.width)
-        _number("length_penalty", self.length_penalty, 0.0, low_open=False)
+        check_number("length_penalty", self.length_penalty, 0.0, low_open=False)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -71,11 +73,11 @@ class Sampling:
     top_p: float = None
 
     def __post_init__(self):
-        _number("temperature", self.temperature, 0.0)
+        check_number("temperature", self.temperature, 0.0)
         if self.top_k is not None:
             positive_int("top_k", self.top_k)
         if self.top_p is not None:
-            _number("top_p", self.top_p, 0.0, 1.0)
+            check_number("top_p", self.top_p, 0.0, 1.0)
 
 
 def TopK(k=10, temperature=1.0):  # noqa: N802  (reads as a class, like KerasHub's TopKSampler)
@@ -88,7 +90,7 @@ def TopK(k=10, temperature=1.0):  # noqa: N802  (reads as a class, like KerasHub
 
 def TopP(p=0.9, temperature=1.0):  # noqa: N802
     """Nucleus sampling: from the smallest set of tokens whose probability reaches `p`."""
-    _number("p", p, 0.0, 1.0)
+    check_number("p", p, 0.0, 1.0)
     return _Named(
         "TopP", f"p={p}, temperature={float(temperature)}", temperature=temperature, top_p=p
     )

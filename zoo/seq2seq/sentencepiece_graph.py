@@ -31,6 +31,7 @@ Malformed UTF-8 becomes one U+FFFD per byte, as in sentencepiece.
 import struct
 
 import numpy as np
+import tensorflow as tf
 
 _UNIGRAM, _BPE, _WORD, _CHAR = 1, 2, 3, 4
 _NORMAL, _UNKNOWN, _CONTROL, _USER_DEFINED, _UNUSED, _BYTE = 1, 2, 3, 4, 5, 6
@@ -126,8 +127,6 @@ def build(proto):
     Args:
         proto: bytes, a serialized SentencePiece `ModelProto`.
     """
-    import tensorflow as tf
-
     proto = bytes(proto)
     model, rules = check_supported(proto)
     trainer, norm = model.trainer_spec, model.normalizer_spec
@@ -287,17 +286,16 @@ def build(proto):
             present = dense >= 0
             safe = tf.maximum(dense, 0)
             kind = tf.gather(self._types, safe)
-            text = tf.gather(self._pieces, safe)
-            text = tf.where(tf.equal(kind, _UNKNOWN), trainer.unk_surface, text)
+            unknown = tf.equal(kind, _UNKNOWN)
+            text = tf.where(unknown, trainer.unk_surface, tf.gather(self._pieces, safe))
             visible = present & ~tf.equal(kind, _CONTROL)
             text = tf.where(visible, text, "")
             if norm.add_dummy_prefix or norm.remove_extra_whitespaces:
                 first = tf.argmax(tf.cast(visible, tf.int32), axis=1, output_type=tf.int32)
                 is_first = tf.equal(tf.range(tf.shape(dense)[1])[None, :], first[:, None]) & visible
                 pattern = f"^({SPACE})+" if norm.remove_extra_whitespaces else f"^{SPACE}"
-                first_unk = tf.equal(kind, _UNKNOWN)
                 stripped = tf.strings.regex_replace(text, pattern, "")
-                text = tf.where(is_first & ~first_unk, stripped, text)
+                text = tf.where(is_first & ~unknown, stripped, text)
             joined = tf.strings.reduce_join(text, axis=1)
             return tf.strings.regex_replace(joined, SPACE, " ")
 
@@ -309,8 +307,6 @@ def _decoded_chars(texts):
     bytes as they are; shown [B, N]: the same with a malformed sequence of n bytes
     written as n U+FFFD, as sentencepiece's normalizer writes it (past the
     character map, one U+FFFD per byte); lengths int32 [B])."""
-    import tensorflow as tf
-
     codes, offsets = tf.strings.unicode_decode_with_offsets(
         texts, "UTF-8", errors="replace", replacement_char=0xFFFD
     )
@@ -338,8 +334,6 @@ def _decoded_chars(texts):
 
 def _dense_chars(texts):
     """string [B] -> (chars string [B, N] padded with "", lengths int32 [B])."""
-    import tensorflow as tf
-
     ragged = tf.strings.unicode_split(texts, "UTF-8", errors="replace", replacement_char=0xFFFD)
     lengths = tf.cast(ragged.row_lengths(), tf.int32)
     return ragged.to_tensor(default_value="", shape=[None, None]), lengths
@@ -348,8 +342,6 @@ def _dense_chars(texts):
 def _windows(chars, k):
     """[B, N] chars -> [B, N]: the k characters starting at each position
     (shorter near the end; callers mask those)."""
-    import tensorflow as tf
-
     if k == 1:
         return chars
     padded = tf.pad(chars, [[0, 0], [0, k - 1]], constant_values="")
@@ -359,8 +351,6 @@ def _windows(chars, k):
 
 def _shift_right(values, k, fill):
     """[B, N] start-indexed -> [B, N] indexed by end - 1 (end = start + k)."""
-    import tensorflow as tf
-
     width = tf.shape(values)[1]
     padded = tf.pad(values, [[0, 0], [k - 1, 0]], constant_values=fill)
     return padded[:, :width]
@@ -369,8 +359,6 @@ def _shift_right(values, k, fill):
 def _greedy_starts(match_len, lengths):
     """bool [B, N]: where a left-to-right longest-match scan starts a rule
     (match_len >= 1 at every position)."""
-    import tensorflow as tf
-
     width = tf.shape(match_len)[1]
 
     def step(i, nxt, starts):

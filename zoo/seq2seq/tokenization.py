@@ -109,7 +109,6 @@ class Tokenizer:
 
         self.proto = bytes(proto)
         self._sp = spm.SentencePieceProcessor(model_proto=self.proto)
-        self._tf = None
         self._graph = None
 
     @property
@@ -145,28 +144,22 @@ class Tokenizer:
             out.append(self._sp.decode([i for i in row if i > BOS_ID]))
         return out
 
-    def tf_tokenizer(self):
-        """The in-graph `tensorflow_text.SentencepieceTokenizer` (a trackable;
-        needs `tensorflow_text` wherever its graph runs)."""
-        if self._tf is None:
-            import tensorflow as tf
-            import tensorflow_text as tf_text
-
-            self._tf = tf_text.SentencepieceTokenizer(model=self.proto, out_type=tf.int32)
-        return self._tf
-
     def graph_tokenizer(self):
         """The in-graph tokenizer (a trackable with `tokenize` / `detokenize`):
         `sentencepiece_graph.build`'s core-op one when it supports the model
         (unigram and char models: everything this project trains), else
-        `tf_tokenizer()`."""
+        `tensorflow_text.SentencepieceTokenizer` (which needs `tensorflow_text`
+        wherever its graph runs)."""
         if self._graph is None:
             from zoo.seq2seq import sentencepiece_graph
 
             try:
                 self._graph = sentencepiece_graph.build(self.proto)
             except NotImplementedError:
-                self._graph = self.tf_tokenizer()
+                import tensorflow as tf
+                import tensorflow_text as tf_text
+
+                self._graph = tf_text.SentencepieceTokenizer(model=self.proto, out_type=tf.int32)
         return self._graph
 
     def encode_tf(self, texts, length):

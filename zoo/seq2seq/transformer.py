@@ -415,7 +415,7 @@ class Seq2SeqTransformer(keras.Model):
         """Raw strings in, strings out (greedy, or beam search if `beam_width > 1`)."""
         from zoo.seq2seq import decoding
 
-        texts, single, ids = self._encode(texts)
+        single, ids = self._encode(texts)
         out_ids = decoding.decode_ids(
             self,
             ids,
@@ -459,7 +459,7 @@ class Seq2SeqTransformer(keras.Model):
         """
         from zoo.seq2seq import decoding, samplers
 
-        texts, single, ids = self._encode(texts)
+        single, ids = self._encode(texts)
         found = decoding.generate_ids(
             self,
             ids,
@@ -477,10 +477,9 @@ class Seq2SeqTransformer(keras.Model):
         return outputs[0] if single else outputs
 
     def _encode(self, texts):
-        """(`texts` as a list, whether one str came, their source ids)."""
+        """(whether one str came, the source ids of `texts`)."""
         single = isinstance(texts, str)
-        texts = [texts] if single else list(texts)
-        return texts, single, self._source_ids(texts)
+        return single, self._source_ids([texts] if single else list(texts))
 
     def _source_ids(self, texts):
         return self.tokenizer.encode_within(texts, self.max_source_length)

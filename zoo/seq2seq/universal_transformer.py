@@ -20,6 +20,7 @@ from keras import ops
 
 from layers import SinusoidalPositionEncoding, TransformerDecoderBlock, TransformerEncoderBlock
 from layers.validation import check_int
+from zoo.seq2seq.samplers import check_number
 from zoo.seq2seq.transformer import Seq2SeqTransformer, build_model
 
 
@@ -65,16 +66,8 @@ class UniversalTransformer(Seq2SeqTransformer):
     ):
         self.num_steps = check_int("num_steps", num_steps)
         self.act = bool(act)
-        if not isinstance(act_threshold, (int, float)) or not 0 < act_threshold <= 1:
-            raise ValueError(
-                f"`act_threshold` must be in (0, 1]. Received: act_threshold={act_threshold!r}"
-            )
-        self.act_threshold = float(act_threshold)
-        if not isinstance(ponder_weight, (int, float)) or ponder_weight < 0:
-            raise ValueError(
-                f"`ponder_weight` must be >= 0. Received: ponder_weight={ponder_weight!r}"
-            )
-        self.ponder_weight = float(ponder_weight)
+        self.act_threshold = check_number("act_threshold", act_threshold, 0.0, 1.0)
+        self.ponder_weight = check_number("ponder_weight", ponder_weight, 0.0, low_open=False)
         kwargs["num_layers"] = 1
         super().__init__(vocabulary_size, **kwargs)
         self.timestep_signal = SinusoidalPositionEncoding().encoding(
