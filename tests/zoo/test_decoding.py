@@ -43,30 +43,34 @@ def _model(name, seed=0):
     )
 
 
+def train_on_reversal(model, n, epochs, warmup, vocab=VOCAB):
+    """Trains `model` briefly to reverse `n` random id rows (2 to 7 ids of
+    `4..vocab-1`); returns their source array `[n, 8]`."""
+    from train.seq2seq.fit import compile_seq2seq
+
+    rng = np.random.default_rng(0)
+    src = np.zeros((n, 8), "int32")
+    tgt_in = np.zeros((n, LENGTH), "int32")
+    tgt_out = np.zeros((n, LENGTH), "int32")
+    for i, k in enumerate(rng.integers(2, 8, n)):
+        row = rng.integers(4, vocab, k)
+        src[i, :k] = row
+        tgt_in[i, : k + 1] = [BOS_ID, *row[::-1]]
+        tgt_out[i, : k + 1] = [*row[::-1], EOS_ID]
+    compile_seq2seq(model, 3e-3, warmup, 0.0, jit_compile=False)
+    model.fit(
+        {"source_ids": src, "target_ids": tgt_in}, tgt_out, batch_size=64, epochs=epochs, verbose=0
+    )
+    return src
+
+
 def _trained(name):
     """A briefly trained model (reverse a sequence of ids): untrained models
     repeat one token, which would make token comparisons pass trivially.
     Half-trained is what we want: varied tokens, EOS sometimes, near-ties rare."""
     if name not in _TRAINED:
-        from train.seq2seq.fit import compile_seq2seq
-
-        model = _model(name)
-        rng = np.random.default_rng(0)
-        n = 1024
-        lengths = rng.integers(2, 8, n)
-        src = np.zeros((n, 8), "int32")
-        tgt_in = np.zeros((n, LENGTH), "int32")
-        tgt_out = np.zeros((n, LENGTH), "int32")
-        for i, k in enumerate(lengths):
-            row = rng.integers(4, VOCAB, k)
-            src[i, :k] = row
-            tgt_in[i, : k + 1] = [BOS_ID, *row[::-1]]
-            tgt_out[i, : k + 1] = [*row[::-1], EOS_ID]
-        compile_seq2seq(model, 3e-3, 20, 0.0, jit_compile=False)
-        model.fit(
-            {"source_ids": src, "target_ids": tgt_in}, tgt_out, batch_size=64, epochs=3, verbose=0
-        )
-        _TRAINED[name] = model
+        _TRAINED[name] = _model(name)
+        train_on_reversal(_TRAINED[name], 1024, epochs=3, warmup=20)
     return _TRAINED[name]
 
 

@@ -7,8 +7,9 @@ import numpy as np
 import pytest
 
 import zoo
+from tests.zoo.test_decoding import reference_greedy, train_on_reversal
 from zoo.seq2seq import decoding
-from zoo.seq2seq.tokenization import BOS_ID, EOS_ID
+from zoo.seq2seq.tokenization import BOS_ID
 
 VOCAB = 20
 
@@ -83,20 +84,6 @@ def test_random_positions_only_change_training_calls():
     assert np.abs(np.asarray(model(inputs, training=True)) - plain).max() > 1e-3
 
 
-def reference_greedy(model, source, length):
-    """Re-runs the whole model on the growing prefix at every step (no cache)."""
-    prefix = np.full((len(source), 1), BOS_ID, "int32")
-    out = np.zeros((len(source), length), "int32")
-    done = np.zeros(len(source), bool)
-    for i in range(length):
-        logits = np.asarray(model({"source_ids": source, "target_ids": prefix}))
-        nxt = np.where(done, 0, logits[:, -1].argmax(-1)).astype("int32")
-        out[:, i] = nxt
-        done |= nxt == EOS_ID
-        prefix = np.concatenate([prefix, nxt[:, None]], 1)
-    return out
-
-
 @pytest.mark.slow
 @pytest.mark.parametrize(
     "kind, options",
@@ -108,23 +95,8 @@ def reference_greedy(model, source, length):
 )
 def test_cached_greedy_equals_full_recompute(kind, options):
     model = build(kind, **options)
-    # Briefly trained on reversal, so the tokens vary (an untrained model repeats one).
-    from train.seq2seq.fit import compile_seq2seq
-
-    rng = np.random.default_rng(0)
-    src = np.zeros((256, 8), "int32")
-    tgt_in = np.zeros((256, 10), "int32")
-    tgt_out = np.zeros((256, 10), "int32")
-    for i, k in enumerate(rng.integers(2, 8, 256)):
-        row = rng.integers(4, VOCAB, k)
-        src[i, :k] = row
-        tgt_in[i, : k + 1] = [BOS_ID, *row[::-1]]
-        tgt_out[i, : k + 1] = [*row[::-1], EOS_ID]
-    compile_seq2seq(model, 3e-3, 10, 0.0, jit_compile=False)
-    model.fit(
-        {"source_ids": src, "target_ids": tgt_in}, tgt_out, batch_size=64, epochs=2, verbose=0
-    )
-    source = src[:4]
+    # Briefly trained, so the tokens vary (an untrained model repeats one).
+    source = train_on_reversal(model, 256, epochs=2, warmup=10, vocab=VOCAB)[:4]
     np.testing.assert_array_equal(
         np.asarray(decoding.greedy(model, source, 10)), reference_greedy(model, source, 10)
     )
