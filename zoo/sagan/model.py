@@ -227,9 +227,8 @@ class DiscriminatorBlock(keras.layers.Layer):
         self.pool = keras.layers.AveragePooling2D(2, name="pool", dtype=self.dtype_policy)
 
     def build(self, inputs_shape):
-        b, h, w, c = inputs_shape
         self.conv1.build(inputs_shape)
-        self.conv2.build((b, h, w, self.filters))
+        self.conv2.build((*inputs_shape[:3], self.filters))
         self.shortcut.build(inputs_shape)
 
     def _pool(self, x):
