@@ -15,7 +15,6 @@ import subprocess
 import sys
 import warnings
 
-EXIT_OK = 0
 EXIT_FAILURE = 1
 EXIT_USAGE = 2
 
@@ -55,19 +54,15 @@ def cli_boundary(body, argv=None):
     start-up lines are filtered meanwhile (`runtime_logs`)."""
     argv = list(sys.argv[1:] if argv is None else argv)
     with runtime_logs(verbose_flag(argv)):
-        return _boundary(body, argv)
-
-
-def _boundary(body, argv):
-    try:
-        return body()
-    except UsageError as e:
-        print(f"error: {e}", file=sys.stderr)
-        return 2
-    except Exception as e:  # noqa: BLE001  (CLI boundary)
-        if "--debug" in argv:
-            raise
-        return unexpected(e)
+        try:
+            return body()
+        except UsageError as e:
+            print(f"error: {e}", file=sys.stderr)
+            return EXIT_USAGE
+        except Exception as e:  # noqa: BLE001  (CLI boundary)
+            if "--debug" in argv:
+                raise
+            return unexpected(e)
 
 
 def unexpected(e, hint=True):
@@ -79,36 +74,28 @@ def unexpected(e, hint=True):
     return EXIT_FAILURE
 
 
-VERBOSE_HELP = (
-    "messages besides the results: auto (the default, as 1), 0 (results and errors "
-    "only: no progress lines, no TensorFlow / LiteRT runtime logs), 1, 2; the train "
-    "commands' flag"
-)
-
-
 def command_parser(module, doc):
     """The parser of `python -m MODULE`, a user command whose description is
-    `doc`'s first line; sets the Keras backend and TensorFlow's log level
+    `doc`'s first line, with `--verbose auto/0/1/2` (spelled as on the train
+    commands) and `--debug`; sets the Keras backend and TensorFlow's log level
     defaults first (each command is an entry point)."""
     os.environ.setdefault("KERAS_BACKEND", "tensorflow")
     os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
-    return OneLineParser(prog=f"python -m {module}", description=doc.splitlines()[0])
-
-
-def add_output_arguments(parser):
-    """`--verbose auto/0/1/2`, spelled as on the train commands, and `--debug`."""
-    parser.add_argument("--verbose", default="auto", help=VERBOSE_HELP)
+    parser = OneLineParser(prog=f"python -m {module}", description=doc.splitlines()[0])
+    parser.add_argument(
+        "--verbose",
+        default="auto",
+        help="messages besides the results: auto (the default, as 1), 0 (results and errors "
+        "only: no progress lines, no TensorFlow / LiteRT runtime logs), 1, 2; the train "
+        "commands' flag",
+    )
     parser.add_argument("--debug", action="store_true", help="show tracebacks")
-
-
-def quiet_output(args):
-    """`quiet_stderr` for the model's runtime under `--verbose 0` (`args.verbose`,
-    checked now: a bad value is a UsageError before any other work)."""
-    return quiet_stderr(verbosity(args.verbose) == 0)
+    return parser
 
 
 def verbosity(value):
-    """The `--verbose` value as 0, 1 or 2 ("auto" is 1 outside training)."""
+    """The `--verbose` value as 0, 1 or 2 ("auto" is 1 outside training); a bad
+    value is a UsageError, checked before any other work."""
     if value not in ("auto", "0", "1", "2", 0, 1, 2):
         raise UsageError(f"--verbose must be auto, 0, 1 or 2, got {value!r}")
     return 1 if value == "auto" else int(value)

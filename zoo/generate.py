@@ -18,35 +18,12 @@ import numpy as np
 from zoo import atomic, run_lock
 from zoo.cli import UsageError as _Usage
 from zoo.cli import (
-    add_output_arguments,
     cli_boundary,
     command_parser,
-    import_keras_quietly,
     quiet_stderr,
     verbosity,
 )
-from zoo.rundir import run_kind
-
-
-def _keras_generator(run_dir):
-    """The run's model.keras as `zoo.load` runs it (an `ImageGenerator`), after the
-    checks that make a wrong directory one clear line."""
-    import_keras_quietly()
-    from zoo import model_file
-    from zoo.tasks import load
-
-    for name in ("model.keras", "config.json"):
-        if not os.path.isfile(os.path.join(run_dir, name)):
-            raise _Usage(
-                f"not a SAGAN run directory (needs model.keras and config.json): {run_dir}"
-            )
-    kind = run_kind(run_dir)
-    if kind != "sagan":
-        raise _Usage(f"{run_dir} is a {kind!r} run, not 'sagan'")
-    try:
-        return load(run_dir)
-    except model_file.ModelFileError as e:
-        raise _Usage(str(e)) from None
+from zoo.tasks import load_for_command
 
 
 def grid(images, columns, pad=1):
@@ -107,7 +84,6 @@ def main(argv=None):
     parser.add_argument("--columns", type=int, default=8, help="grid columns (default 8)")
     parser.add_argument("--seed", type=int, default=0, help="noise seed")
     parser.add_argument("--force", action="store_true", help="overwrite --out")
-    add_output_arguments(parser)
 
     def body():
         args = parser.parse_args(argv)
@@ -126,12 +102,7 @@ def main(argv=None):
         if not os.path.isdir(args.path) and not args.path.endswith(".tflite"):
             raise _Usage(f"expected a run directory or a .tflite file: {args.path}")
         with quiet_stderr(level == 0):
-            from zoo import lite
-
-            if lite.is_export(args.path):
-                generator = lite.load_file(args.path, "sagan")
-            else:
-                generator = _keras_generator(args.path)
+            generator = load_for_command(args.path, "sagan")()
             k = _class_id(args.class_, generator)
             if generator.num_classes and k is None:
                 labels = np.repeat(np.arange(generator.num_classes), args.num).astype(np.int32)
@@ -139,12 +110,10 @@ def main(argv=None):
             else:
                 labels = np.full(args.num, k or 0, np.int32)
                 columns = min(args.columns, args.num)
-            noise = (
-                np.random.default_rng(args.seed)
-                .standard_normal((len(labels), generator.latent_dim))
-                .astype(np.float32)
-            )
-            images = generator.images(noise, labels)
+            if generator.conditional:
+                images = generator.generate(labels, seed=args.seed)
+            else:
+                images = generator.generate(seed=args.seed, num_images=len(labels))
         uint8 = np.clip(np.round(np.asarray(images) * 255.0), 0, 255).astype(np.uint8)
         save_png(grid(uint8, columns), args.out)
         if level:  # the PNG is the result; this line is progress

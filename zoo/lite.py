@@ -55,7 +55,7 @@ run in parallel).
 """
 
 import base64
-import dataclasses
+import contextlib
 import os
 import re
 import threading
@@ -64,41 +64,37 @@ import numpy as np
 
 from zoo import litert
 from zoo.cli import UsageError
-
-
-def load(path):
-    """Loads a `.tflite` file or an export folder (see the module docstring)."""
-    path = os.fspath(path)
-    if not os.path.exists(path):
-        raise UsageError(f"`path` does not exist. Received: path={path!r}")
-    model_path, meta = resolve(path)
-    return _from_file(model_path, meta)
-
-
-def load_file(path, kind=None):
-    """A `.tflite` file with its sidecar as a task object; `kind` (if given) is the
-    sidecar kind the caller needs ("tagger", "seq2seq", "sagan")."""
-    model_path, meta = resolve(path)
-    found = meta.get("kind")
-    if kind is not None and not (found == kind or {found, kind} <= SEQ2SEQ_KINDS):
-        raise UsageError(f"{litert.sidecar_path(model_path)}: kind is {found!r}, not {kind!r}")
-    return _from_file(model_path, meta)
-
+from zoo.seq2seq import samplers
 
 SEQ2SEQ_KINDS = {"seq2seq", "universal_transformer"}
 
 
-def _from_file(model_path, meta):
-    kind = meta.get("kind")
-    if kind == "tagger":
+def same_kind(found, kind):
+    """Whether a model of kind `found` serves a caller that needs `kind` (either
+    seq2seq kind serves the other)."""
+    return found == kind or {found, kind} <= SEQ2SEQ_KINDS
+
+
+def load(path, kind=None):
+    """Loads a `.tflite` file or an export folder (see the module docstring);
+    `kind` (if given) is the sidecar kind the caller needs ("tagger", "seq2seq",
+    "sagan")."""
+    path = os.fspath(path)
+    if not os.path.exists(path):
+        raise UsageError(f"`path` does not exist. Received: path={path!r}")
+    model_path, meta = resolve(path)
+    found = meta.get("kind")
+    if kind is not None and not same_kind(found, kind):
+        raise UsageError(f"{litert.sidecar_path(model_path)}: kind is {found!r}, not {kind!r}")
+    if found == "tagger":
         tagger = LiteTagger(model_path, meta)
-        return TaggerTask(tagger, tags=list(tagger.tags), fmt="tflite", lock=True)
-    if kind in SEQ2SEQ_KINDS:
+        return TaggerTask(tagger, tags=list(tagger.tags), fmt="tflite")
+    if found in SEQ2SEQ_KINDS:
         return _translator(model_path, meta)
-    if kind == "sagan":
+    if found == "sagan":
         return tflite_image_generator(meta, litert.interpreter(model_path))
     raise UsageError(
-        f"{model_path}: sidecar kind {kind!r} is not one of 'tagger', 'seq2seq', 'sagan'"
+        f"{model_path}: sidecar kind {found!r} is not one of 'tagger', 'seq2seq', 'sagan'"
     )
 
 
@@ -201,7 +197,6 @@ class LiteTagger:
             raise UsageError(
                 f"bad sidecar file {litert.sidecar_path(path)}: {type(e).__name__}: {e}"
             ) from None
-        self.path = path
         interpreter = litert.interpreter(path)
         self._runner = interpreter.get_signature_runner(
             next(iter(interpreter.get_signature_list()))
@@ -237,9 +232,6 @@ class LiteTagger:
                 )
         results = []
         for tokens in token_lists:  # one at a time: a static export has batch 1
-            if not tokens:
-                results.append([])
-                continue
             words, chars = self.encode(tokens, self.static_length or len(tokens))
             out = self._runner(word_ids=words, char_ids=chars)
             tag_ids = (
@@ -250,20 +242,18 @@ class LiteTagger:
 
 
 class _Task:
-    """What every task holds: its `format` ("keras", "savedmodel" or "tflite"),
-    the loaded `model`, and with `lock` a lock that runs its calls one at a
-    time (a LiteRT interpreter serves one call at a time)."""
+    """What every task holds: its `format` ("keras", "savedmodel" or "tflite")
+    and the loaded `model`. A "tflite" task runs its calls one at a time (a
+    LiteRT interpreter serves one call at a time)."""
 
-    def __init__(self, fmt, model, lock):
+    def __init__(self, fmt, model):
         self.format = fmt
         self.model = model
-        self._lock = threading.Lock() if lock else None
+        self._lock = threading.Lock() if fmt == "tflite" else contextlib.nullcontext()
 
-    def _locked(self, fn, *args):
-        if self._lock is None:
-            return fn(*args)
+    def _locked(self, fn, *args, **kwargs):
         with self._lock:
-            return fn(*args)
+            return fn(*args, **kwargs)
 
 
 class TaggerTask(_Task):
@@ -273,8 +263,8 @@ class TaggerTask(_Task):
 
     kind = "tagger"
 
-    def __init__(self, tag_tokens, tags, fmt, model=None, lock=False):
-        super().__init__(fmt, model, lock)
+    def __init__(self, tag_tokens, tags, fmt, model=None):
+        super().__init__(fmt, model)
         self._tag_tokens = tag_tokens
         self.tags = tags
 
@@ -340,45 +330,33 @@ def _translator(path, meta):
     signatures = interpreter.get_signature_list()
     if "decode_step" in signatures:
         steps = litert.StepModel.from_interpreter(interpreter)
-        return Translator(fmt="tflite", kind=kind, steps=steps, tokenizer=tokenizer, lock=True)
+        return Translator(steps.generate_ids, tokenizer, steps.max_source_length, "tflite", kind)
     runner = interpreter.get_signature_runner(sorted(signatures)[0])
     length = int(runner.get_input_details()["source_ids"]["shape"][1])
 
-    def greedy(ids):
-        outputs = []
+    def greedy(ids, sampler, n, max_length=None, seed=None):
+        outs = []
         for row in ids:
             source = np.zeros((1, length), np.int32)
             source[0, : len(row)] = row
-            outputs.append(runner(source_ids=source)["tokens"][0].tolist())
-        return outputs
+            outs.append(runner(source_ids=source)["tokens"][0].tolist())
+        found = [None] * len(ids)
+        # The graph decodes to its max_target_length: cut at the batch's limit.
+        for chunk, _, _, limit in litert.plan([len(row) for row in ids], len(outs[0])):
+            for i in chunk:
+                found[i] = [(litert.cut(outs[i][:limit]), 0.0)]
+        return found
 
-    graph = GreedyGraph(
-        ids=greedy,
-        max_source_length=length,
-        why=f"{os.path.basename(path)} decodes greedily inside one WHILE op "
+    return Translator(
+        greedy,
+        tokenizer,
+        length,
+        "tflite",
+        kind,
+        greedy_only=f"{os.path.basename(path)} decodes greedily inside one WHILE op "
         "(the step model steps.tflite, written next to it by "
         "`python -m export.kinds.seq2seq`, runs every sampler)",
     )
-    return Translator(fmt="tflite", kind=kind, tokenizer=tokenizer, graph=graph, lock=True)
-
-
-@dataclasses.dataclass(frozen=True)
-class GreedyGraph:
-    """A translator's graph that decodes greedily inside itself (a one-file
-    `greedy.tflite`, a SavedModel's `translate` signature).
-
-    Attributes:
-        texts: texts -> strings (a graph with its own tokenizer), or `None`.
-        ids: id lists -> output id lists, or `None`.
-        max_source_length: its source length (`None`: the model's).
-        why: what the refusal of other samplers says about it (`None`: a
-            generic line naming the format).
-    """
-
-    texts: object = None
-    ids: object = None
-    max_source_length: int = None
-    why: str = None
 
 
 class Translator(_Task):
@@ -388,35 +366,37 @@ class Translator(_Task):
     from a Keras file, from `steps.tflite` and from a SavedModel (their
     `encode` / `decode_step` signatures driven by `zoo.litert.StepModel`;
     outputs equal Keras's up to float rounding). A one-file `greedy.tflite`
-    and a SavedModel exported without those signatures decode greedily inside
-    their graphs: other samplers, scores and `max_length` raise `ValueError`
-    naming the sampler and the format.
+    decodes greedily inside its graph: other samplers, scores and `max_length`
+    raise `ValueError` naming the sampler and the format.
     `translate(texts, beam_width=1, alpha=0.6, max_length=None)`: greedy, or the
     best of a beam search, as strings. See the module docstring for what each
-    input gives."""
+    input gives.
+
+    Args:
+        generate_ids: `(ids, sampler, n, max_length=, seed=)` -> per input, n
+            (ids, score) pairs (`zoo.seq2seq.decoding.generate_ids`'s contract).
+        tokenizer: a `zoo.seq2seq.tokenization.Tokenizer`.
+        max_source_length: the most ids an input may have.
+        greedy_only: for a graph that decodes greedily only, what the refusal
+            of other samplers says about it.
+    """
 
     def __init__(
         self,
-        model=None,
+        generate_ids,
+        tokenizer,
+        max_source_length,
         fmt="keras",
         kind="seq2seq",
-        steps=None,
-        tokenizer=None,
-        graph=None,
-        lock=False,
+        model=None,
+        greedy_only=None,
     ):
-        super().__init__(fmt, model, lock)
-        graph = graph or GreedyGraph()
-        self._greedy = graph.texts
-        self._greedy_ids = graph.ids
-        self._steps = steps
-        self._tokenizer = tokenizer if tokenizer is not None else getattr(model, "tokenizer", None)
-        self._greedy_only = graph.why or f"a {fmt} translator decodes greedily inside its graph"
-        self.kind = kind
-        max_source_length = graph.max_source_length
-        if max_source_length is None:
-            max_source_length = getattr(steps or model, "max_source_length", None)
+        super().__init__(fmt, model)
+        self._generate_ids = generate_ids
+        self._tokenizer = tokenizer
         self.max_source_length = max_source_length
+        self.kind = kind
+        self._greedy_only = greedy_only
 
     # Seq2SeqTransformer.generate's arguments (KerasHub's convention): one call for every format.
     def generate(
@@ -428,74 +408,38 @@ class Translator(_Task):
         max_length=None,
         seed=None,
     ):
-        from zoo.seq2seq import samplers
-
         picked = samplers.get(sampler)
         texts, single = _texts(texts)
         greedy_one = isinstance(picked, samplers.Greedy) and num_return_sequences == 1
-        if self._steps is None and self.format != "keras":
-            if not greedy_one or return_scores or max_length is not None:
-                raise ValueError(
-                    f"{self._greedy_only}: only sampler='greedy' with one sequence, no "
-                    "scores and the default length; load the run directory (or steps.tflite) "
-                    f"for sampler={sampler!r}. Received: sampler={sampler!r}, "
-                    f"format={self.format!r}, num_return_sequences={num_return_sequences}, "
-                    f"return_scores={return_scores}, max_length={max_length}"
-                )
-        if self._tokenizer is None:  # a SavedModel's in-graph tokenizer only
-            out = self._locked(self._greedy, texts)
-            return out[0] if single else out
+        if self._greedy_only and (not greedy_one or return_scores or max_length is not None):
+            raise ValueError(
+                f"{self._greedy_only}: only sampler='greedy' with one sequence, no "
+                "scores and the default length; load the run directory (or steps.tflite) "
+                f"for sampler={sampler!r}. Received: sampler={sampler!r}, "
+                f"format={self.format!r}, num_return_sequences={num_return_sequences}, "
+                f"return_scores={return_scores}, max_length={max_length}"
+            )
         ids = self._tokenizer.encode_within(texts, self.max_source_length)
         todo = [i for i, row in enumerate(ids) if row]
-        empty = ("", 0.0)
-        found = [[empty] * num_return_sequences for _ in ids]
+        found = [[("", 0.0)] * num_return_sequences for _ in ids]
         if todo:
             done = self._locked(
-                self._generate,
-                [texts[i] for i in todo],
+                self._generate_ids,
                 [ids[i] for i in todo],
                 picked,
                 num_return_sequences,
-                max_length,
-                seed,
-            )
-            for i, row in zip(todo, done):
-                found[i] = row
-        out = [row if return_scores or num_return_sequences != 1 else row[0][0] for row in found]
-        return out[0] if single else out
-
-    def _generate(self, texts, ids, sampler, n, max_length, seed):
-        """[(text, score)] * n per input, each input with at least one id."""
-        if self.format == "keras":
-            got = self.model.generate(
-                texts,
-                sampler=sampler,
-                num_return_sequences=n,
-                return_scores=True,
                 max_length=max_length,
                 seed=seed,
             )
-            return [row if isinstance(row, list) else [row] for row in got]
-        if self._steps is not None:
-            candidates = self._steps.generate_ids(ids, sampler, n, max_length=max_length, seed=seed)
-        else:  # the graph decodes to its max_target_length: cut at the batch's limit
-            outs = self._greedy_ids(ids)
-            candidates = [None] * len(ids)
-            lengths = [len(row) for row in ids]
-            for chunk, _, _, limit in litert.plan(lengths, len(outs[0])):
-                for i in chunk:
-                    candidates[i] = [(litert.cut(outs[i][:limit]), 0.0)]
-        out = []
-        for row in candidates:
-            decoded = self._tokenizer.decode([c[0] for c in row])
-            out.append([(text, score) for text, (_, score) in zip(decoded, row)])
-        return out
+            for i, row in zip(todo, done):
+                decoded = self._tokenizer.decode([c[0] for c in row])
+                found[i] = [(text, score) for text, (_, score) in zip(decoded, row)]
+        out = [row if return_scores or num_return_sequences != 1 else row[0][0] for row in found]
+        return out[0] if single else out
 
     def translate(self, texts, beam_width=1, alpha=0.6, max_length=None):
         """str or list of str -> str or list of str: greedy, or the best of a beam
         search of `beam_width` with length penalty `alpha`."""
-        from zoo.seq2seq import samplers
-
         if beam_width == 1 and not isinstance(beam_width, bool):
             return self.generate(texts, max_length=max_length)
         return self.generate(texts, sampler=samplers.Beam(beam_width, alpha), max_length=max_length)
@@ -533,7 +477,6 @@ def tflite_image_generator(meta, interpreter):
         meta.get("num_classes"),
         meta.get("class_names") or [],
         fmt="tflite",
-        lock=True,
     )
 
 
@@ -555,9 +498,8 @@ class ImageGenerator(_Task):
         fmt,
         model=None,
         conditional=None,
-        lock=False,
     ):
-        super().__init__(fmt, model, lock)
+        super().__init__(fmt, model)
         self._run = run
         self.latent_dim = latent_dim
         self.num_classes = num_classes
@@ -603,15 +545,7 @@ class ImageGenerator(_Task):
                     f"this generator is unconditional: pass `num_images`, not "
                     f"`class_ids`. Received: class_ids={class_ids!r}"
                 )
-            if (
-                isinstance(num_images, bool)
-                or not isinstance(num_images, (int, np.integer))
-                or num_images < 1
-            ):
-                raise ValueError(
-                    f"`num_images` must be a positive int. Received: num_images={num_images!r}"
-                )
-            labels = np.zeros(int(num_images), np.int32)
+            labels = np.zeros(samplers.positive_int("num_images", num_images), np.int32)
         if len(labels) == 0:
             raise ValueError("`class_ids` is empty")
         noise = (

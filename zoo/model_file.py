@@ -74,16 +74,3 @@ def load(path, expected=None, compile=False):
         )
         raise ModelFileError(f"{path} holds a {type(model).__name__}, not a {names}")
     return model
-
-
-def load_for_command(path, model_class):
-    """`load` for a user command: Keras imported quietly first, `model_class()`
-    returns the class to load `path` as, and a file that holds no such model is
-    a `zoo.cli.UsageError` (one line, exit 2)."""
-    from zoo.cli import UsageError, import_keras_quietly
-
-    import_keras_quietly()
-    try:
-        return load(path, model_class())
-    except ModelFileError as e:
-        raise UsageError(str(e)) from None

@@ -14,41 +14,23 @@ import sys
 
 from zoo.cli import UsageError as _Usage
 from zoo.cli import (
-    add_output_arguments,
     check_utf8,
     cli_boundary,
     command_parser,
-    quiet_output,
+    quiet_stderr,
+    verbosity,
 )
-from zoo.model_file import load_for_command
-from zoo.rundir import run_kind
-
-
-def load_keras_tagger(run_dir):
-    path = os.path.join(run_dir, "model.keras")
-    if not os.path.isfile(path):
-        raise _Usage(f"no model.keras in run directory: {run_dir}")
-    kind = run_kind(run_dir)
-    if kind not in (None, "tagger"):
-        raise _Usage(f"{run_dir} is a {kind!r} run, not a tagger")
-
-    def tagger_class():
-        from zoo.tagger.model import Tagger
-
-        return Tagger
-
-    return load_for_command(path, tagger_class).tag
+from zoo.tasks import load_for_command
 
 
 def main(argv=None):
     parser = command_parser("zoo.tag", __doc__)
     parser.add_argument("path", help="run directory (model.keras), .tflite file or export folder")
     parser.add_argument("sentences", nargs="+", help="sentences (split on whitespace)")
-    add_output_arguments(parser)
 
     def body():
         args = parser.parse_args(argv)
-        quiet = quiet_output(args)
+        quiet = quiet_stderr(verbosity(args.verbose) == 0)
         if not os.path.exists(args.path):
             raise _Usage(f"no such run directory or .tflite file: {args.path}")
         check_utf8(args.sentences, "sentence")
@@ -59,14 +41,9 @@ def main(argv=None):
         if not os.path.isdir(args.path) and not args.path.endswith(".tflite"):
             raise _Usage(f"expected a run directory or a .tflite file: {args.path}")
         with quiet:
-            from zoo import lite
-
-            if lite.is_export(args.path):
-                tagger = lite.load_file(args.path, "tagger")._tag_tokens
-            else:
-                tagger = load_keras_tagger(args.path)
+            tagger = load_for_command(args.path, "tagger")()
             try:
-                tagged = tagger(token_lists)
+                tagged = tagger._tag_tokens(token_lists)
             except ValueError as e:  # a sentence longer than the model's length
                 raise _Usage(str(e)) from None
         for pairs in tagged:

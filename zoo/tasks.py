@@ -10,8 +10,8 @@ directory) or a `.tflite` file with its sidecar `<file>.json`
   return_scores=...)` (all samplers from Keras files, from `steps.tflite` and
   from a SavedModel, whose `encode` / `decode_step` signatures
   `zoo.litert.StepModel` drives step by step; greedy only from a one-file
-  `greedy.tflite` or a SavedModel exported without those signatures, whose
-  graphs decode greedily), and `translate(texts, beam_width=1, alpha=0.6)`.
+  `greedy.tflite`, whose graph decodes greedily), and `translate(texts,
+  beam_width=1, alpha=0.6)`.
 - `ImageGenerator`: `generate(class_ids, seed=...)` -> float images in [0, 1]
   `[N, S, S, C]`; the same noise as `python -m zoo.generate --seed`.
 
@@ -21,18 +21,15 @@ docstring says what every input gives). Each object has `.kind`, `.format`
 files raise `ValueError` naming the path.
 """
 
+import functools
 import os
 
 import numpy as np
 
-from zoo import litert
-from zoo.lite import (  # noqa: F401
-    ImageGenerator,
-    TaggerTask,
-    Translator,
-    tflite_image_generator,
-)
-from zoo.rundir import load_json, saved_model_version_dir
+from zoo import lite, litert
+from zoo.cli import UsageError, import_keras_quietly
+from zoo.lite import ImageGenerator, TaggerTask, Translator
+from zoo.rundir import read_config, run_kind, saved_model_version_dir
 
 KINDS = ("tagger", "seq2seq", "universal_transformer", "sagan")
 
@@ -44,9 +41,7 @@ def load(path):
         raise ValueError(f"`path` does not exist. Received: path={path!r}")
     if os.path.isdir(path):
         if os.path.isfile(os.path.join(path, "model.keras")):
-            return _from_keras(
-                os.path.join(path, "model.keras"), _read_json(os.path.join(path, "config.json"))
-            )
+            return _from_keras(os.path.join(path, "model.keras"), read_config(path) or {})
         saved_model = saved_model_version_dir(path)
         if saved_model:
             return _from_savedmodel(saved_model)
@@ -55,29 +50,44 @@ def load(path):
             f"numbered versions holding one). Received: path={path!r}"
         )
     if path.endswith(".keras"):
-        sibling = os.path.join(os.path.dirname(os.path.abspath(path)), "config.json")
-        return _from_keras(path, _read_json(sibling))
+        return _from_keras(path, read_config(os.path.dirname(os.path.abspath(path))) or {})
     if path.endswith(".tflite"):
-        return _from_tflite(path)
+        try:
+            return lite.load(path)
+        except UsageError as e:
+            raise ValueError(str(e)) from None
     raise ValueError(
         "`path` must be a run directory, a .keras file, a SavedModel directory "
         f"or a .tflite file. Received: path={path!r}"
     )
 
 
-def _read_json(path):
-    if not os.path.isfile(path):
-        return {}
-    data = load_json(path)
-    if not isinstance(data, dict):
-        raise ValueError(f"{path} does not hold a JSON object")
-    return data
+def load_for_command(path, kind):
+    """`load` for a user command (`zoo.tag`, `zoo.translate`, `zoo.generate`):
+    checks now that `path` is an export or holds a model file, and returns a
+    function that loads it: an export with `zoo.lite` (no Keras), else, once
+    the run is found to be of `kind`, its model.keras with Keras imported
+    quietly. What fails is a `zoo.cli.UsageError` (one line, exit 2)."""
+    if lite.is_export(path):
+        return lambda: lite.load(path, kind)
+    model_path = os.path.join(path, "model.keras") if os.path.isdir(path) else path
+    if not os.path.isfile(model_path):
+        raise UsageError(f"no model found: {model_path}")
 
+    def load_keras():
+        found = run_kind(path) if os.path.isdir(path) else None
+        if found is not None and not lite.same_kind(found, kind):
+            raise UsageError(f"{path} is a {found!r} run, not {kind!r}")
+        import_keras_quietly()
+        try:
+            task = load(model_path)
+        except ValueError as e:  # zoo.model_file's one line, or not a zoo task model
+            raise UsageError(str(e)) from None
+        if not lite.same_kind(task.kind, kind):
+            raise UsageError(f"{model_path} holds a {task.kind} model, not a {kind} one")
+        return task
 
-def _quiet_keras():
-    from zoo.cli import import_keras_quietly
-
-    import_keras_quietly()
+    return load_keras
 
 
 # ---------------------------------------------------------------- keras
@@ -91,7 +101,15 @@ def _from_keras(path, config):
     if isinstance(model, Tagger):
         return TaggerTask(model.tag, tags=model.tags, fmt="keras", model=model)
     if isinstance(model, Seq2SeqTransformer):
-        return Translator(model=model, fmt="keras", kind=kind or _seq2seq_kind(model))
+        from zoo.seq2seq import decoding
+
+        return Translator(
+            functools.partial(decoding.generate_ids, model),
+            model.tokenizer,
+            model.max_source_length,
+            kind=kind or _seq2seq_kind(model),
+            model=model,
+        )
     inputs = model.input if isinstance(model.input, dict) else {}
     if "noise" in inputs:
         cfg = config.get("model", {}) if kind == "sagan" else {}
@@ -131,7 +149,7 @@ def _seq2seq_kind(model):
 
 # ---------------------------------------------------------------- savedmodel
 def _from_savedmodel(path):
-    _quiet_keras()
+    import_keras_quietly()
     import tensorflow as tf
 
     try:
@@ -161,8 +179,8 @@ def _from_savedmodel(path):
 
         return TaggerTask(tag, tags=None, fmt="savedmodel", model=loaded)
     if "translate" in signatures:
-        tokenizer = _savedmodel_tokenizer(path)
-        if "decode_step" not in signatures or tokenizer is None:
+        asset = os.path.join(path, "assets.extra", "spm.model")
+        if "decode_step" not in signatures or not os.path.isfile(asset):
             # There has been no release: an export from before the encode /
             # decode_step signatures and the spm.model asset is refused, not decoded.
             raise ValueError(
@@ -170,12 +188,13 @@ def _from_savedmodel(path):
                 "signatures or assets.extra/spm.model, written by an earlier exporter; "
                 "export its run again (python -m export savedmodel RUN)"
             )
+        from zoo.seq2seq.tokenization import Tokenizer
+
+        with open(asset, "rb") as f:
+            tokenizer = Tokenizer(f.read())
+        steps = _savedmodel_steps(signatures)
         return Translator(
-            fmt="savedmodel",
-            kind="seq2seq",
-            model=loaded,
-            tokenizer=tokenizer,
-            steps=_savedmodel_steps(signatures),
+            steps.generate_ids, tokenizer, steps.max_source_length, "savedmodel", model=loaded
         )
     if "generate" in signatures:
         fn = signatures["serving_default"]
@@ -201,29 +220,6 @@ def _from_savedmodel(path):
         f"SavedModel {path} has none of the zoo's signatures "
         f"(tag_tokens, translate, generate): {sorted(signatures)}"
     )
-
-
-# ---------------------------------------------------------------- tflite
-def _from_tflite(path):
-    from zoo.cli import UsageError
-    from zoo.lite import load_file
-
-    try:
-        return load_file(path)
-    except UsageError as e:
-        raise ValueError(str(e)) from None
-
-
-def _savedmodel_tokenizer(path):
-    """The SentencePiece model of a seq2seq SavedModel (`assets.extra/spm.model`) as a
-    `zoo.seq2seq.tokenization.Tokenizer`; None if there is none."""
-    from zoo.seq2seq.tokenization import Tokenizer
-
-    asset = os.path.join(path, "assets.extra", "spm.model")
-    if not os.path.isfile(asset):
-        return None
-    with open(asset, "rb") as f:
-        return Tokenizer(f.read())
 
 
 def _savedmodel_steps(signatures):

@@ -9,19 +9,17 @@ by line. `--beam-width N` uses beam search (length penalty `--alpha`).
 Exit codes: 0 ok, 2 bad input (one line on stderr), 1 unexpected error.
 """
 
-import os
 import sys
 
 from zoo.cli import (
     UsageError,
-    add_output_arguments,
     check_utf8,
     cli_boundary,
     command_parser,
-    quiet_output,
+    quiet_stderr,
+    verbosity,
 )
-from zoo.model_file import load_for_command
-from zoo.rundir import run_kind
+from zoo.tasks import load_for_command
 
 
 def _stdin_lines():
@@ -44,33 +42,23 @@ def main(argv=None):
     parser.add_argument("text", nargs="*", help="input text (default: lines of stdin)")
     parser.add_argument("--beam-width", type=int, default=1)
     parser.add_argument("--alpha", type=float, default=0.6)
-    add_output_arguments(parser)
 
     def body():
         args = parser.parse_args(argv)
-        quiet = quiet_output(args)
-        path = args.run_dir
-        from zoo import lite
-
-        if lite.is_export(path):
-            if not os.path.exists(path):
-                raise UsageError(f"no model found: {path}")
-            return _print(_run(args, _texts(args), lambda: lite.load_file(path, "seq2seq"), quiet))
-        if os.path.isdir(path):
-            path = os.path.join(path, "model.keras")
-        if not os.path.isfile(path):
-            raise UsageError(f"no model found: {path}")
+        quiet = quiet_stderr(verbosity(args.verbose) == 0)
+        load = load_for_command(args.run_dir, "seq2seq")  # the path, checked before stdin
         texts = _texts(args)
-        kind = run_kind(args.run_dir) if os.path.isdir(args.run_dir) else None
-        if kind not in (None, "seq2seq", "universal_transformer"):
-            raise UsageError(f"{args.run_dir} is a {kind!r} run, not a seq2seq run")
-
-        def model_class():
-            from zoo.seq2seq.transformer import Seq2SeqTransformer
-
-            return Seq2SeqTransformer
-
-        return _print(_run(args, texts, lambda: load_for_command(path, model_class), quiet))
+        with quiet:
+            task = load()
+            # A Keras model translates with its own loop (decode_ids: no scores).
+            model = task.model if task.format == "keras" else task
+            try:
+                outputs = model.translate(texts, beam_width=args.beam_width, alpha=args.alpha)
+            except ValueError as e:  # e.g. an input longer than max_source_length
+                raise UsageError(str(e)) from None
+        for line in outputs:
+            print(line)
+        return 0
 
     return cli_boundary(body, argv)
 
@@ -88,23 +76,6 @@ def _texts(args):
     if empty:
         raise UsageError(f"input {empty[0]} is empty: {texts[empty[0] - 1]!r}")
     return texts
-
-
-def _run(args, texts, load, quiet):
-    """`load()`'s translations of `texts` (a Keras model or a `zoo.lite`
-    translator), inside `quiet` (`zoo.cli.quiet_output`'s)."""
-    with quiet:
-        model = load()
-        try:
-            return model.translate(texts, beam_width=args.beam_width, alpha=args.alpha)
-        except ValueError as e:  # e.g. an input longer than max_source_length
-            raise UsageError(str(e)) from None
-
-
-def _print(outputs):
-    for line in outputs:
-        print(line)
-    return 0
 
 
 if __name__ == "__main__":

@@ -19,6 +19,23 @@ from zoo.seq2seq import samplers
 pytestmark = pytest.mark.slow  # seconds per test: make test-fast leaves the file out
 
 TEXTS = ["abcde", "jjab", "ba"]
+# Greedy and beam search (n-best, length penalty, max_length), for every step format.
+DECODE_CASES = [
+    dict(sampler="greedy"),
+    dict(sampler="greedy", return_scores=True),
+    dict(sampler="beam", return_scores=True),
+    dict(
+        sampler=samplers.Beam(width=3, length_penalty=1.0),
+        num_return_sequences=3,
+        return_scores=True,
+    ),
+    dict(
+        sampler=samplers.Beam(width=2, length_penalty=0.0),
+        num_return_sequences=2,
+        return_scores=True,
+        max_length=4,
+    ),
+]
 
 
 @pytest.fixture(scope="module")
@@ -66,23 +83,7 @@ def test_steps_tflite_decodes_what_keras_decodes(exported, keras_task):
     run, files = exported
     lite = zoo.load(files["steps"])
     assert (keras_task.format, lite.format, lite.kind) == ("keras", "tflite", "seq2seq")
-    cases = [
-        dict(sampler="greedy"),
-        dict(sampler="greedy", return_scores=True),
-        dict(sampler="beam", return_scores=True),
-        dict(
-            sampler=samplers.Beam(width=3, length_penalty=1.0),
-            num_return_sequences=3,
-            return_scores=True,
-        ),
-        dict(
-            sampler=samplers.Beam(width=2, length_penalty=0.0),
-            num_return_sequences=2,
-            return_scores=True,
-            max_length=4,
-        ),
-    ]
-    for case in cases:
+    for case in DECODE_CASES:
         _check(lite.generate(TEXTS, **case), keras_task.generate(TEXTS, **case), case)
     # The untrained model's n-best lists are real alternatives, not copies of one string.
     best = lite.generate(
@@ -116,7 +117,7 @@ def test_steps_tflite_samples_what_keras_samples_with_the_same_seed(exported, ke
         (samplers.Sampling(), 3),
     ):
         want = decoding.generate_ids(model, ids, sampler, num_return_sequences=4, seed=seed)
-        got = lite._steps.generate_ids(ids, sampler, num_return_sequences=4, seed=seed)
+        got = lite._generate_ids(ids, sampler, 4, seed=seed)  # StepModel.generate_ids
         assert [[t for t, _ in row] for row in got] == [[t for t, _ in row] for row in want], (
             sampler
         )
@@ -149,20 +150,7 @@ def test_savedmodel_step_signatures_decode_and_sample_what_keras_does(exported, 
     run, files = exported
     saved = zoo.load(files["savedmodel"])
     assert (saved.format, saved.kind) == ("savedmodel", "seq2seq")
-    cases = [
-        dict(sampler="greedy"),
-        dict(sampler="beam", return_scores=True),
-        dict(
-            sampler=samplers.Beam(width=3, length_penalty=1.0),
-            num_return_sequences=3,
-            return_scores=True,
-        ),
-        dict(
-            sampler=samplers.Beam(width=2, length_penalty=0.0),
-            num_return_sequences=2,
-            return_scores=True,
-            max_length=4,
-        ),
+    cases = DECODE_CASES + [
         dict(sampler=samplers.TopK(5), num_return_sequences=4, seed=7, return_scores=True),
         dict(
             sampler=samplers.Sampling(temperature=1.5, top_p=0.9),
@@ -234,7 +222,7 @@ def test_greedy_only_formats_name_the_sampler_and_the_format(
     one_file = zoo.load(files["greedy"])
     # Its graph decodes up to max_target_length; cut at the limit the others scale to
     # the input, it answers what they answer.
-    full = lite._steps.max_target_length
+    full = keras_task.model.max_target_length  # the export's too
     want = keras_task.generate(TEXTS)
     assert one_file.generate(TEXTS) == lite.generate(TEXTS) == want
     assert lite.generate(TEXTS, max_length=full) == keras_task.generate(TEXTS, max_length=full)
@@ -257,7 +245,7 @@ def test_greedy_only_formats_name_the_sampler_and_the_format(
     with pytest.raises(ValueError, match=r"without the encode / decode_step.*export its run"):
         zoo.load(export_savedmodel(run, str(tmp_path / "serving" / "s2s")))
     with pytest.raises(ValueError, match="max_length"):
-        lite.generate(TEXTS, sampler="beam", max_length=lite._steps.max_target_length + 1)
+        lite.generate(TEXTS, sampler="beam", max_length=full + 1)
     with pytest.raises(ValueError, match="num_return_sequences"):
         lite.generate(TEXTS, sampler=samplers.Beam(width=2), num_return_sequences=3)
     with pytest.raises(ValueError, match="more than the model's"):
