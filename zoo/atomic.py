@@ -94,7 +94,7 @@ def _signals_as_exceptions():
         yield
         return
 
-    def handler(signum, frame):
+    def handler(signum, _frame):
         raise Interrupted(f"interrupted by signal {signum}")
 
     old = signal.signal(signal.SIGTERM, handler)
