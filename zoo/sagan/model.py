@@ -451,16 +451,14 @@ def build_discriminator(
     label = keras.Input((), dtype="int32", name="label") if num_classes else None
     x = image
     resolution = image_size
-    first = True
     while resolution > 4:
         resolution //= 2
         x = DiscriminatorBlock(
             channels_at(width, image_size, resolution),
-            first=first,
+            first=resolution == image_size // 2,
             seed=seed,
             name=f"down_{resolution}",
         )(x)
-        first = False
         if resolution == attention:
             x = SelfAttention2D(seed=seed, name=ATTENTION_LAYER)(x)
     x = DiscriminatorBlock(
