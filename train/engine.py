@@ -182,10 +182,6 @@ def averaged_weights(model):
         yield
 
 
-def _all_variables(step):
-    return [v for group in step.variables().values() for v in group]
-
-
 def seconds_per_step(step, batches, warmup=1):
     """Mean wall time of one training step over `batches` (a list of global batches;
     the first `warmup` are run untimed, tracing included). The mean, not the median: an
@@ -197,7 +193,7 @@ def seconds_per_step(step, batches, warmup=1):
     step.build(batches[0])
     times = []
     try:
-        with _restoring(_all_variables(step)):
+        with _restoring([v for group in step.variables().values() for v in group]):
             for i, batch in enumerate(batches):
                 if i >= warmup and getattr(step, "compiles_per_shape", False):
                     step.train(batch, At(i, 0.0))  # JAX: a new shape compiles; time the run only
@@ -210,37 +206,12 @@ def seconds_per_step(step, batches, warmup=1):
     return float(np.mean(times)) if times else 0.0
 
 
-def _verbosity(verbose):
-    if verbose in (None, "auto"):
-        return 1 if sys.stdout.isatty() else 2
-    return int(verbose)
-
-
 def _numbers(logs):
     return {
         k: float(v)
         for k, v in logs.items()
         if isinstance(v, (int, float, np.floating)) and not isinstance(v, bool)
     }
-
-
-class _Board:
-    """TensorBoard: every epoch's numeric logs as scalars."""
-
-    def __init__(self, log_dir):
-        self.dir, self.writer = log_dir, None
-
-    def write(self, epoch, logs):
-        if not self.dir:
-            return
-        import tensorflow as tf
-
-        if self.writer is None:
-            self.writer = tf.summary.create_file_writer(self.dir)
-        with self.writer.as_default(step=epoch):
-            for key, value in _numbers(logs).items():
-                tf.summary.scalar(key, value)
-        self.writer.flush()
 
 
 class _Training:
@@ -257,17 +228,21 @@ class _Training:
         # The fraction of the time budget used, on the chief's clock and budget (agreed).
         self.used = self.seconds / self.limit if self.limit else 0.0
         self.stopped_by_time = False
-        verbose = _verbosity(plan.verbose)
+        verbose = plan.verbose
+        if verbose in (None, "auto"):  # a bar on a terminal, else a line per epoch
+            verbose = 1 if sys.stdout.isatty() else 2
         self.bar = keras.callbacks.CallbackList(
             add_history=False,
-            add_progbar=verbose != 0,
-            verbose=verbose,
+            add_progbar=int(verbose) != 0,
+            verbose=int(verbose),
             epochs=plan.epochs,
             steps=self.steps,
         )
-        self.board = _Board(plan.log_dir)
-        # Several workers agree on the step to stop after and on the clock.
-        self.stops = preemption.StepStops(*dist.worker())
+        self.board = None  # TensorBoard's writer, made at the first epoch end
+        # Several workers agree on the step to stop after and on the clock; one worker
+        # polls its own signal flag and clock.
+        index, workers = dist.worker()
+        self.cluster = preemption.ClusterStop(index, workers) if workers > 1 else None
 
     # ------------------------------------------------------------ checkpoints
     def save(self, epoch, done):
@@ -299,9 +274,6 @@ class _Training:
         return f"wrote {checkpoint.path_for(directory, self.state['step'])}"
 
     # ------------------------------------------------------------ steps
-    def time_up(self):
-        return self.used >= 1.0
-
     def progress(self):
         return max(self.state["step"] / max(1, self.steps * self.plan.epochs), self.used)
 
@@ -330,25 +302,27 @@ class _Training:
         for batch in _prefetched(self.data.batches(epoch, skip)):
             logs = self.step.train(batch, At(self.state["step"], self.progress()))
             self.state["step"] += 1
-            done += 1
+            step, done = self.state["step"], done + 1
             self._check_finite(logs, epoch)
             for name, (value, weight) in logs.items():
                 total = self.sums.setdefault(name, [0.0, 0.0])
                 total[0] += value * weight
                 total[1] += weight
             self.seconds = base + time.perf_counter() - started
-            used = self.seconds / self.limit if self.limit else 0.0
-            self.used = self.stops.clock(self.state["step"], used)
+            self.used = self.seconds / self.limit if self.limit else 0.0
+            if self.cluster:
+                self.used = self.cluster.clock(step, self.used)
             self.bar.on_train_batch_end(done - 1, self.logs())
-            if every and self.state["step"] % every == 0 and done < self.steps:
+            if every and step % every == 0 and done < self.steps:
                 self.save(epoch, done)
-            if self.stops.signalled(self.state["step"]):
+            # A signal: this process's, or (several workers) a peer's.
+            if self.cluster.poll(step) if self.cluster else preemption.requested() is not None:
                 # The step is finished: save it (within the epoch, so that the resumed run
                 # still closes the epoch), then leave with the signal's exit code.
                 self.state["train_seconds"] = self.seconds
                 self.save(epoch, done)
                 preemption.stop(f"{self.written()} at epoch {epoch + 1}, batch {done}")
-            if self.time_up():
+            if self.used >= 1.0:
                 self.stopped_by_time = True
                 break
         return done
@@ -381,7 +355,14 @@ class _Training:
                     models=self.step.models,
                 )
         self.bar.on_epoch_end(epoch, {k: v for k, v in logs.items() if v is not None})
-        self.board.write(epoch + 1, logs)
+        if plan.log_dir:  # TensorBoard: every epoch's numeric logs as scalars
+            import tensorflow as tf
+
+            self.board = self.board or tf.summary.create_file_writer(plan.log_dir)
+            with self.board.as_default(step=epoch + 1):
+                for key, value in _numbers(logs).items():
+                    tf.summary.scalar(key, value)
+            self.board.flush()
         self.sums = {}
         self.save(epoch + 1, 0)
 
@@ -390,20 +371,21 @@ class _Training:
         with preemption.listening():
             try:
                 while epoch < self.plan.epochs:
-                    if self.time_up():
+                    if self.used >= 1.0:
                         self.stopped_by_time = True
                         break
                     done = self.epoch(epoch, skip)
                     self.end_epoch(epoch, done)
-                    if self.stops.cluster is None and preemption.requested() is not None:
+                    if self.cluster is None and preemption.requested() is not None:
                         preemption.stop(f"{self.written()} at the end of epoch {epoch + 1}")
                     epoch, skip = epoch + 1, 0
                     if self.stopped_by_time:
                         break
-                if self.stops.finish():  # a signal after the last step
+                if self.cluster and self.cluster.finish():  # a signal after the last step
                     preemption.stop(f"{self.written()} at the end of epoch {epoch}")
             finally:
-                self.stops.close()
+                if self.cluster:
+                    self.cluster.close()
                 self.bar.on_train_end()
 
 

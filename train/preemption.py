@@ -55,7 +55,7 @@ def _name(signum):
         return f"signal {signum}"
 
 
-def _handler(signum, frame):
+def _handler(signum, _frame):
     if _state["listening"] and _state["requested"] is None:
         _state["requested"] = signum
         return
@@ -165,13 +165,6 @@ class ClusterStop:
                     file=sys.stderr,
                 )
 
-    def _wait_for_acks(self, key):
-        try:
-            for i in range(self.workers):
-                self.ctx.get_config_key_value(f"{self.prefix}/{key}_ack/{i}", self.ACK_TIMEOUT_MS)
-        except Exception:  # noqa: BLE001  (a worker that does not answer is gone: stop anyway)
-            pass
-
     def clock(self, step, seconds):
         """The chief's clock (`seconds`: any float) after `step`, on every worker (the
         chief publishes it, the others wait for it: they would wait for the chief in the
@@ -201,7 +194,9 @@ class ClusterStop:
             return
         self.claimed = True
         self.target = self.target or (step + 1, int(signum))
-        self._wait_for_acks("target")
+        with contextlib.suppress(Exception):  # a worker that does not answer is gone: stop
+            for i in range(self.workers):
+                self.ctx.get_config_key_value(f"{self.prefix}/target_ack/{i}", self.ACK_TIMEOUT_MS)
 
     def _own(self):
         return _state["requested"] if not _state["peer"] else None
@@ -232,31 +227,3 @@ class ClusterStop:
     def close(self):
         self._closing.set()
         self._thread.join(timeout=2.0)
-
-
-class StepStops:
-    """A training loop's checks after each step, on one process or several workers:
-    a signal (`signalled`) and the clock (`clock`). One worker polls the process flag
-    and its own clock; several agree through a `ClusterStop` (`cluster`, None on one
-    worker)."""
-
-    def __init__(self, index, workers):
-        self.cluster = ClusterStop(index, workers) if workers > 1 else None
-
-    def signalled(self, step):
-        """Whether to stop after `step` for a signal (this process's or a peer's)."""
-        if self.cluster is not None:
-            return self.cluster.poll(step)
-        return requested() is not None
-
-    def clock(self, step, seconds):
-        """This worker's `seconds` after `step`; several workers: the chief's."""
-        return seconds if self.cluster is None else self.cluster.clock(step, seconds)
-
-    def finish(self):
-        """After the loop: True when a signal after the last poll must stop it."""
-        return self.cluster is not None and self.cluster.finish()
-
-    def close(self):
-        if self.cluster is not None:
-            self.cluster.close()
