@@ -13,7 +13,8 @@ The exporters talk to a kind through these methods:
 - `serving_endpoints(source)`: the SavedModel signatures (`Endpoint`s), e.g.
   raw text in, tags out for the tagger; each with example inputs used for the
   warm-up requests and the REST examples in signature.json.
-- `resources(source)`: extra trackables the endpoints use (lookup tables).
+- `resources(source)`: extra trackables the endpoints use (lookup tables);
+  `extra_files(source)`: files for clients in the SavedModel's `assets.extra/`.
 - `sample_inputs(source, n)`: id-level inputs for calibration and checks.
 - `valid_mask(inputs)`: which output positions count in comparisons.
 - `metric(source, inputs, outputs)`: the task metric for `verify`.
@@ -202,7 +203,7 @@ class ExportKind:
                 for i in range(1, len(shape)):
                     if shape[i] is None:
                         shape[i] = int(static_length)
-            specs.append(tf.TensorSpec(shape, _tf_dtype(t.dtype), name=_input_name(t)))
+            specs.append(tf.TensorSpec(shape, tf.as_dtype(t.dtype), name=_input_name(t)))
         return specs
 
     def output_names(self, source):
@@ -219,11 +220,10 @@ class ExportKind:
         out_names = self.output_names(source)
 
         def fn(*args):
-            if len(args) == 1:
-                y = core(args[0], training=False)
-            else:
-                y = core(dict(zip(names, args)), training=False)
-            return _as_dict(y, out_names)
+            y = core(args[0] if len(args) == 1 else dict(zip(names, args)), training=False)
+            if isinstance(y, dict):
+                return dict(y)
+            return dict(zip(out_names, y)) if isinstance(y, (list, tuple)) else {out_names[0]: y}
 
         return fn
 
@@ -256,6 +256,10 @@ class ExportKind:
     def resources(self, source):
         return []
 
+    def extra_files(self, source):
+        """{file name: bytes} the SavedModel ships in `assets.extra/` for clients."""
+        return {}
+
     # ---------------------------------------------------------- data
     def sample_inputs(self, source, n, specs=None):
         """n rows of id-level inputs: calibration.npz rows, else synthetic."""
@@ -267,9 +271,7 @@ class ExportKind:
         rng = np.random.default_rng(0)
         out = {}
         for s in specs:
-            shape = [n if i == 0 and d is None else (d or 8) for i, d in enumerate(s.shape)]
-            if s.shape[0] == 1:
-                shape[0] = n
+            shape = [n if i == 0 and d in (None, 1) else (d or 8) for i, d in enumerate(s.shape)]
             dtype = s.dtype.as_numpy_dtype
             if np.issubdtype(dtype, np.integer):
                 out[s.name] = rng.integers(0, 2, size=shape).astype(dtype)
@@ -324,23 +326,9 @@ class ExportKind:
         ]
 
 
-def _tf_dtype(dtype):
-    import tensorflow as tf
-
-    return tf.as_dtype(str(dtype).replace("<dtype: '", "").replace("'>", ""))
-
-
 def _input_name(t):
     name = getattr(t, "name", None) or "input"
     return name.split(":")[0]
-
-
-def _as_dict(y, names):
-    if isinstance(y, dict):
-        return dict(y)
-    if isinstance(y, (list, tuple)):
-        return dict(zip(names, y))
-    return {names[0]: y}
 
 
 def fit_to_spec(array, spec):
