@@ -1,6 +1,6 @@
 """SavedModel export in the TF Serving layout: BASE/NAME/<version>/.
 
-Built with `keras.export.ExportArchive`; each kind supplies named signatures.
+Each kind supplies named signatures (`write`: each traced once).
 The version directory is built under a temporary name beside it, proven
 (reloaded and every signature called on its example, outputs compared with
 the live functions), and only then renamed into place, with the app bundle
@@ -17,7 +17,7 @@ import numpy as np
 
 from export import kinds, rundir, warmup
 from export.errors import ExportError
-from zoo import atomic
+from zoo import atomic, litert
 from zoo import run_lock as runlock
 from zoo.cli import UsageError
 
@@ -41,22 +41,33 @@ def _check_out(out, version):
             raise UsageError(f"version {version} already exists: {target} (versions are immutable)")
 
 
-def build_archive(source, kind):
-    import keras
+def write(path, functions, tracked=()):
+    """Writes `functions` ({signature name: (fn, input specs)}) as a SavedModel at `path`,
+    each traced once, with the variables they use and the lookup tables of `tracked`
+    (Keras layers, TF trackables). `keras.export.ExportArchive` traces every endpoint
+    twice: once to list its variables, again inside `tf.saved_model.save`."""
+    import tensorflow as tf
 
-    model = kind.model(source)
-    endpoints = kind.serving_endpoints(source)
-    names = [e.name for e in endpoints]
-    if "serve" in names and len(names) > 1:
+    if "serve" in functions and len(functions) > 1:
         # docs/facts.md: the converter then silently keeps only serving_default.
         raise ExportError("an endpoint may not be called 'serve' next to others")
-    archive = keras.export.ExportArchive()
-    archive.track(model)
-    for resource in kind.resources(source):
-        archive.track(resource)
-    for e in endpoints:
-        archive.add_endpoint(e.name, _shape_checked(e), input_signature=list(e.specs))
-    return archive, endpoints
+    traced = {}  # signatures of one fn and specs share one trace (seq2seq's translate)
+    for fn, specs in functions.values():
+        if (fn, tuple(specs)) not in traced:
+            function = tf.function(fn, input_signature=list(specs), autograph=False)
+            traced[fn, tuple(specs)] = function.get_concrete_function()
+    signatures = {name: traced[fn, tuple(specs)] for name, (fn, specs) in functions.items()}
+    root = tf.Module()
+    root.used_variables = list(
+        {id(v): v for c in signatures.values() for v in c.variables}.values()
+    )
+    root.resources = [
+        r
+        for t in tracked
+        for r in tf.train.TrackableView(t).descendants()
+        if isinstance(r, tf.saved_model.experimental.TrackableResource)
+    ]
+    tf.saved_model.save(root, path, signatures=signatures)
 
 
 def _shape_checked(endpoint):
@@ -104,12 +115,6 @@ def rest_bodies(endpoint):
     return instances, {"signature_name": endpoint.name, "inputs": columns}
 
 
-def _same_tensors(a, b):
-    return len(a) == len(b) and all(
-        x.dtype == y.dtype and np.array_equal(x.numpy(), y.numpy()) for x, y in zip(a, b)
-    )
-
-
 def _prove(tmp, endpoints):
     """Reloads the written SavedModel and checks every signature against its fn."""
     import tensorflow as tf
@@ -130,19 +135,16 @@ def _prove(tmp, endpoints):
         got = signature(**feed)
         args = [feed[s.name] for s in e.specs]
         seen = reference.get(id(e.fn))
-        if seen is None or not _same_tensors(seen[0], args):
+        if not (
+            seen
+            and len(seen[0]) == len(args)
+            and all(x.dtype == y.dtype and np.array_equal(x, y) for x, y in zip(seen[0], args))
+        ):
             reference[id(e.fn)] = seen = (args, e.fn(*args))
-        want = seen[1]
-        for name, value in want.items():
-            a, b = np.asarray(value), np.asarray(got[name])
-            if a.dtype.kind in "fc":
-                diff = float(np.max(np.abs(a - b))) if a.size else 0.0
-                if not diff <= 1e-5:
-                    raise ExportError(
-                        f"signature {e.name!r} output {name!r} differs from Keras by {diff:g}"
-                    )
-            elif not np.array_equal(a, b):
-                raise ExportError(f"signature {e.name!r} output {name!r} differs from Keras")
+        want = {k: np.asarray(v) for k, v in seen[1].items()}
+        why = litert.gate(litert.compare(want, {k: np.asarray(v) for k, v in got.items()}), 1e-5, 1)
+        if why:
+            raise ExportError(f"signature {e.name!r} differs from Keras: {'; '.join(why)}")
         outputs[e.name] = {k: v for k, v in signature.structured_outputs.items()}
     return outputs
 
@@ -161,57 +163,45 @@ def export_savedmodel(source, out, version=None, model_name=None):
     """
     out = os.path.abspath(os.fspath(out))
     _check_out(out, version)
-    _check_unlocked(out)
+    runlock.refuse_if_held(out)
     src = rundir.resolve(source)
     kind = kinds.get(src.kind)
-    archive, endpoints = build_archive(src, kind)
+    tracked = [kind.model(src), *kind.resources(src)]
+    endpoints = kind.serving_endpoints(src)
     try:
         os.makedirs(out, exist_ok=True)
     except OSError as e:
         raise UsageError(f"cannot create --out {out}: {e.strerror}") from None
     with runlock.locked(out):
-        return _write_version(out, version, model_name, kind, archive, endpoints, src)
+        return _write_version(out, version, model_name, kind, src, tracked, endpoints)
 
 
-def _check_unlocked(out):
-    runlock.refuse_if_held(out)
-
-
-def extra_files(kind, source):
-    """{file name: bytes} a kind ships in `assets.extra/` (e.g. seq2seq's
-    `spm.model`); kinds without an `extra_files` method ship none."""
-    method = getattr(kind, "extra_files", None)
-    return dict(method(source)) if method is not None else {}
-
-
-def _bundle(kind, source, extras):
+def _write_version(out, version, model_name, kind, source, tracked, endpoints):
     from export import bundle
 
-    refs = {"tokenizer": "assets.extra/spm.model"} if "spm.model" in extras else {}
-    shipped = ["saved_model.pb", "variables/", SIGNATURE_JSON, "assets.extra/"]
-    return bundle.files(source, kind, "savedmodel", shipped, refs=refs)
-
-
-def _write_version(out, version, model_name, kind, archive, endpoints, source=None):
     atomic.clean_stale(out)
     version = version or next_version(out)
     target = os.path.join(out, str(version))
     model_name = model_name or os.path.basename(out)
     with atomic.building(target, directory=True) as tmp:
-        archive.write_out(tmp, verbose=False)
+        checked = {}
+        for e in endpoints:
+            checked.setdefault((e.fn, tuple(e.specs)), _shape_checked(e))
+        write(tmp, {e.name: (checked[e.fn, tuple(e.specs)], e.specs) for e in endpoints}, tracked)
         warmup.write(tmp, model_name, [(e.name, e.example) for e in endpoints])
-        extras = extra_files(kind, source) if source is not None else {}
+        extras = kind.extra_files(source)
         for name, content in extras.items():
             # Files for clients, beside the graph (the graph never reads them).
             os.makedirs(os.path.join(tmp, "assets.extra"), exist_ok=True)
             with open(os.path.join(tmp, "assets.extra", name), "wb") as f:
                 f.write(content)
-        if source is not None:
-            # The app bundle (export/bundle.py), inside the version directory that
-            # is renamed into place as a whole.
-            for name, content in _bundle(kind, source, extras).items():
-                with open(os.path.join(tmp, name), "wb") as f:
-                    f.write(content)
+        # The app bundle (export/bundle.py), inside the version directory that is
+        # renamed into place as a whole.
+        refs = {"tokenizer": "assets.extra/spm.model"} if "spm.model" in extras else {}
+        shipped = ["saved_model.pb", "variables/", SIGNATURE_JSON, "assets.extra/"]
+        for name, content in bundle.files(source, kind, "savedmodel", shipped, refs=refs).items():
+            with open(os.path.join(tmp, name), "wb") as f:
+                f.write(content)
         outputs = _prove(tmp, endpoints)
         doc = {
             "model": model_name,

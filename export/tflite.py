@@ -1,4 +1,4 @@
-"""TFLite export: ExportArchive -> SavedModel -> TFLiteConverter, builtin ops only.
+"""TFLite export: SavedModel (export.savedmodel.write) -> TFLiteConverter, builtin ops only.
 
 Every model is run in ai_edge_litert and compared with Keras before anything
 is written (docs/facts.md: converted models can silently return zeros). The model,
@@ -49,58 +49,65 @@ class Result:
     report: dict
 
 
-def _flex_ops(message):
-    names = set(re.findall(r"\bFlex(\w+)", message))
-    names |= set(re.findall(r"'?tf\.(\w+)'?\s*(?:op|\()", message))
-    names |= set(re.findall(r"\btf\.(\w+)\b", message))
-    return sorted(names)
-
-
-def converter(saved_dir, quantize="none", representative=None, signature_keys=(ENDPOINT,)):
-    """The one TFLiteConverter setup of every export: builtin ops only (no
-    SELECT_TF_OPS), `quantize` one of QUANTIZE, the SavedModel's `signature_keys`."""
+def from_functions(functions, tracked, quantize="none", representative=None):
+    """TFLite bytes of `functions` ({signature: (fn, input specs)}; the variables and
+    tables of `tracked`) through a temporary SavedModel (`export.savedmodel.write`):
+    the one TFLiteConverter setup of every export, builtin ops only (no SELECT_TF_OPS),
+    `quantize` one of QUANTIZE; an ExportError names the ops outside the builtins."""
     import tensorflow as tf
 
-    conv = tf.lite.TFLiteConverter.from_saved_model(saved_dir, signature_keys=list(signature_keys))
-    ops = [tf.lite.OpsSet.TFLITE_BUILTINS]
-    if quantize == "fp16":
-        conv.optimizations = [tf.lite.Optimize.DEFAULT]
-        conv.target_spec.supported_types = [tf.float16]
-    elif quantize == "dynamic":
-        conv.optimizations = [tf.lite.Optimize.DEFAULT]
-    elif quantize == "int8":
-        conv.optimizations = [tf.lite.Optimize.DEFAULT]
-        conv.representative_dataset = representative
-        ops = [tf.lite.OpsSet.TFLITE_BUILTINS_INT8]
-    elif quantize == "int16x8":
-        conv.optimizations = [tf.lite.Optimize.DEFAULT]
-        conv.representative_dataset = representative
-        # Ops without a 16x8 kernel (the rotary SIN/COS, mask CASTs) stay float rather
-        # than failing the conversion; `check --target int8` lists them.
-        ops = [
-            tf.lite.OpsSet.EXPERIMENTAL_TFLITE_BUILTINS_ACTIVATIONS_INT16_WEIGHTS_INT8,
-            tf.lite.OpsSet.TFLITE_BUILTINS,
-        ]
-    # No SELECT_TF_OPS: a Flex op must fail here, not on the phone.
-    conv.target_spec.supported_ops = ops
-    return conv
+    from export import savedmodel
+    from export.check import op_counts
+
+    workdir = tempfile.mkdtemp(prefix="export-savedmodel-")
+    try:
+        savedmodel.write(workdir, functions, tracked)
+        conv = tf.lite.TFLiteConverter.from_saved_model(workdir, signature_keys=list(functions))
+        ops = [tf.lite.OpsSet.TFLITE_BUILTINS]
+        if quantize != "none":
+            conv.optimizations = [tf.lite.Optimize.DEFAULT]
+        if quantize == "fp16":
+            conv.target_spec.supported_types = [tf.float16]
+        elif quantize in ("int8", "int16x8"):
+            conv.representative_dataset = representative
+            ops = [tf.lite.OpsSet.TFLITE_BUILTINS_INT8]
+        if quantize == "int16x8":
+            # Ops without a 16x8 kernel (the rotary SIN/COS, mask CASTs) stay float rather
+            # than failing the conversion; `check --target int8` lists them.
+            ops = [
+                tf.lite.OpsSet.EXPERIMENTAL_TFLITE_BUILTINS_ACTIVATIONS_INT16_WEIGHTS_INT8,
+                tf.lite.OpsSet.TFLITE_BUILTINS,
+            ]
+        # No SELECT_TF_OPS: a Flex op must fail here, not on the phone.
+        conv.target_spec.supported_ops = ops
+        try:
+            content = conv.convert()
+        except Exception as e:  # ConverterError and friends carry the op names
+            message = str(e)
+            names = set(re.findall(r"\bFlex(\w+)", message))
+            names |= set(re.findall(r"'?tf\.(\w+)'?\s*(?:op|\()", message))
+            names |= set(re.findall(r"\btf\.(\w+)\b", message))
+            if names:
+                raise ExportError(
+                    "model needs ops outside TFLite builtins: " + ", ".join(sorted(names))
+                ) from e
+            first = next((l for l in message.splitlines() if "error" in l.lower()), message[:300])
+            raise ExportError(f"TFLite conversion failed: {first.strip()}") from e
+    finally:
+        shutil.rmtree(workdir, ignore_errors=True)
+    custom = sorted(n for n in op_counts(content) if n.startswith(("Flex", "CUSTOM:")))
+    if custom:
+        raise ExportError("model contains non-builtin ops: " + ", ".join(custom))
+    return content
 
 
 def convert(source, quantize="none", static_length=None, calibration=None):
     """Converts to TFLite bytes. Returns (bytes, specs, kind, source)."""
-    import keras
-
     src = source if isinstance(source, rundir.Source) else rundir.resolve(source)
     kind = kinds.get(src.kind)
     kind.model(src)
     static = static_length is not None
     specs = kind.core_specs(src, static_length=static_length)
-    archive = keras.export.ExportArchive()
-    # Only the id-level core: tracking the whole model would carry its string
-    # lookup tables (HASHTABLE ops) into the .tflite.
-    archive.track(kind.core(src))
-    archive.add_endpoint(ENDPOINT, kind.core_fn(src, static=static), input_signature=list(specs))
-
     rows = None
     if quantize in ("int8", "int16x8"):
         if calibration is None:
@@ -116,24 +123,10 @@ def convert(source, quantize="none", static_length=None, calibration=None):
         for i in range(n):
             yield {k: v[i : i + 1] for k, v in rows.items()}
 
-    workdir = tempfile.mkdtemp(prefix="export-savedmodel-")
-    try:
-        archive.write_out(workdir, verbose=False)
-        conv = converter(workdir, quantize, representative)
-        try:
-            content = conv.convert()
-        except Exception as e:  # ConverterError and friends carry the op names
-            message = str(e)
-            ops = _flex_ops(message)
-            if ops:
-                raise ExportError(
-                    "model needs ops outside TFLite builtins: " + ", ".join(ops)
-                ) from e
-            first = next((l for l in message.splitlines() if "error" in l.lower()), message[:300])
-            raise ExportError(f"TFLite conversion failed: {first.strip()}") from e
-    finally:
-        shutil.rmtree(workdir, ignore_errors=True)
-    _reject_custom_ops(content)
+    # Only the id-level core: tracking the whole model would carry its string
+    # lookup tables (HASHTABLE ops) into the .tflite.
+    functions = {ENDPOINT: (kind.core_fn(src, static=static), specs)}
+    content = from_functions(functions, [kind.core(src)], quantize, representative)
     if static:
         # The GPU mode: low-rank elementwise operands reshaped for LiteRT's GPU
         # accelerator (export/gpu_rewrite.py; the same arithmetic).
@@ -141,14 +134,6 @@ def convert(source, quantize="none", static_length=None, calibration=None):
 
         content = gpu_rewrite.legalize(content)
     return content, specs, kind, src
-
-
-def _reject_custom_ops(content):
-    from export.check import op_counts
-
-    custom = sorted(n for n in op_counts(content) if n.startswith(("Flex", "CUSTOM:")))
-    if custom:
-        raise ExportError("model contains non-builtin ops: " + ", ".join(custom))
 
 
 def proof(content, src, kind, specs, quantize, samples=64, tolerance=None, min_agreement=None):
@@ -229,7 +214,7 @@ def export_tflite(
         static_length = static_length or 0
     elif length is not None:
         raise UsageError("--length only applies with --static-shape")
-    content, specs, kind, src = convert(src, quantize, static_length if static_shape else None)
+    content, specs, kind, src = convert(src, quantize, static_length)
     try:
         report = proof(
             content, src, kind, specs, quantize, tolerance=tolerance, min_agreement=min_agreement
@@ -247,22 +232,20 @@ def export_tflite(
     from zoo.litert import interpreter, signature_runner
 
     runner, _ = signature_runner(interpreter(content))
-    sidecar = dict(kind.sidecar(src, static_length=static_length if static_shape else None))
+
+    def tensors(details):
+        return {
+            k: {
+                "dtype": np.dtype(d["dtype"]).name,
+                "shape": [int(x) for x in d.get("shape_signature", d["shape"])],
+            }
+            for k, d in details.items()
+        }
+
+    sidecar = dict(kind.sidecar(src, static_length=static_length))
     sidecar.update(
-        inputs={
-            k: {
-                "dtype": np.dtype(d["dtype"]).name,
-                "shape": [int(x) for x in d.get("shape_signature", d["shape"])],
-            }
-            for k, d in runner.get_input_details().items()
-        },
-        outputs={
-            k: {
-                "dtype": np.dtype(d["dtype"]).name,
-                "shape": [int(x) for x in d.get("shape_signature", d["shape"])],
-            }
-            for k, d in runner.get_output_details().items()
-        },
+        inputs=tensors(runner.get_input_details()),
+        outputs=tensors(runner.get_output_details()),
         signature=ENDPOINT,
         quantize=quantize,
         static_shape=bool(static_shape),

@@ -190,7 +190,6 @@ class Seq2SeqKind(ExportKind):
         return [self.model(source).tokenizer.graph_tokenizer()]
 
     def extra_files(self, source):
-        """SavedModel `assets.extra/` files: the SentencePiece model, for clients."""
         return {"spm.model": bytes(self.model(source).tokenizer.proto)}
 
     def _example_texts(self, source, n=3):
@@ -368,29 +367,16 @@ def step_functions(model, source_length=None):
 
 def convert_steps(model, source_length=None):
     """The two-signature (encode, decode_step) TFLite model, builtin ops only."""
-    import shutil
-    import tempfile
-
-    import keras
+    from export import gpu_rewrite, tflite
 
     encode, decode_step, specs = step_functions(model, source_length)
-    archive = keras.export.ExportArchive()
-    archive.track(model)
-    archive.add_endpoint("encode", encode, input_signature=specs["encode"])
-    archive.add_endpoint("decode_step", decode_step, input_signature=specs["decode_step"])
-    workdir = tempfile.mkdtemp(prefix="export-seq2seq-steps-")
-    try:
-        archive.write_out(workdir, verbose=False)
-        from export import tflite
-
-        converter = tflite.converter(workdir, signature_keys=["encode", "decode_step"])
-        # Low-rank elementwise operands reshaped for the GPU accelerator
-        # (export/gpu_rewrite.py); the same arithmetic.
-        from export import gpu_rewrite
-
-        return gpu_rewrite.legalize(converter.convert())
-    finally:
-        shutil.rmtree(workdir, ignore_errors=True)
+    functions = {
+        "encode": (encode, specs["encode"]),
+        "decode_step": (decode_step, specs["decode_step"]),
+    }
+    # Low-rank elementwise operands reshaped for the GPU accelerator
+    # (export/gpu_rewrite.py); the same arithmetic.
+    return gpu_rewrite.legalize(tflite.from_functions(functions, [model]))
 
 
 def litert_greedy(tflite, source_ids, max_length, model=None, margins=None):
@@ -430,17 +416,17 @@ def export_all(run_dir, out_dir):
     SentencePiece model), their sidecar OUT/seq2seq.tflite.json and the app bundle
     (export/bundle.py: preprocessing.json, model_card.json, MODEL_CARD.md);
     checks both against Keras greedy decoding on calibration rows first."""
-    from export import rundir, tflite
+    from export import bundle, rundir, tflite
+    from export.check import check_model
     from zoo import atomic, litert
     from zoo.seq2seq import decoding
 
     src = rundir.resolve(run_dir)
-    kind = KIND
-    model = kind.model(src)
+    model = KIND.model(src)
     os.makedirs(out_dir, exist_ok=True)
     steps = convert_steps(model)
     greedy_bytes, specs, _, _ = tflite.convert(src)
-    rows = kind.sample_inputs(src, 4, specs=specs)["source_ids"]
+    rows = KIND.sample_inputs(src, 4, specs=specs)["source_ids"]
     report = {"checked_rows": int(len(rows))}
     # One traced graph for the rows (eagerly, the loop runs its Python body once per
     # token, seconds a row), proven on the first row to give the eager loop's tokens.
@@ -449,51 +435,38 @@ def export_all(run_dir, out_dir):
     if not np.array_equal(np.asarray(keras_greedy(rows[:1])), eager):
         raise RuntimeError("Keras greedy decoding differs traced and eager on row 0")
     for i, row in enumerate(rows):
-        want = np.asarray(keras_greedy(row[None]))[0].tolist()
-        want = want[: want.index(3) + 1] if 3 in want else want
-        got_steps = litert_greedy(steps, row[None], model.max_target_length)
-        got_loop = litert.run(greedy_bytes, {"source_ids": row[None]})["tokens"][0].tolist()
-        got_loop = got_loop[: got_loop.index(3) + 1] if 3 in got_loop else got_loop
+        # Tokens before EOS: the app loop (zoo.litert.StepModel) and the WHILE loop.
+        want = litert.cut(np.asarray(keras_greedy(row[None]))[0])
+        got_steps = litert.cut(litert_greedy(steps, row[None], model.max_target_length))
+        got_loop = litert.cut(litert.run(greedy_bytes, {"source_ids": row[None]})["tokens"][0])
         if got_steps != want or got_loop != want:
             raise RuntimeError(
                 f"row {i}: LiteRT tokens differ from Keras greedy "
                 f"(steps {got_steps[:10]}, loop {got_loop[:10]}, keras {want[:10]})"
             )
-    from export.check import check_model
-
     # The step model is the GPU mode; its verdict ships with it so an app
     # knows before trying the delegate.
     report["steps_gpu_problems"] = [str(p) for p in check_model(steps, "gpu")]
     sidecar = dict(
-        kind.sidecar(src),
+        KIND.sidecar(src),
         files={"steps": "steps.tflite", "greedy": "greedy.tflite"},
         source=os.path.abspath(src.path) if src.run_dir or os.path.exists(src.path) else None,
         parity=report,
         num_self_caches=int(model.num_self_caches),
         tokenizer_file="spm.model",
     )
-    # The SentencePiece model as the file an app's tokenizer library opens
-    # (also base64 in the sidecar's "tokenizer").
-    for name, content in (
-        ("steps.tflite", steps),
-        ("greedy.tflite", greedy_bytes),
-        ("spm.model", bytes(model.tokenizer.proto)),
-    ):
-        with atomic.building(os.path.join(out_dir, name)) as tmp:
-            with open(tmp, "wb") as f:
-                f.write(content)
-    with atomic.building(litert.seq2seq_sidecar_path(out_dir)) as tmp:
-        with open(tmp, "w") as f:
-            json.dump(sidecar, f, indent=2)
-    from export import bundle
-
-    # The app bundle (export/bundle.py): preprocessing.json (pointing to the
-    # spm.model above), model_card.json and MODEL_CARD.md.
-    shipped = ["steps.tflite", "greedy.tflite", "spm.model", litert.SEQ2SEQ_SIDECAR]
-    extras = bundle.files(
-        src, kind, "tflite", shipped, parity=report, refs={"tokenizer": "spm.model"}
-    )
-    for name, content in extras.items():
+    # The SentencePiece model as the file an app's tokenizer library opens (also
+    # base64 in the sidecar's "tokenizer"), and the app bundle (export/bundle.py):
+    # preprocessing.json (pointing to that spm.model), model_card.json, MODEL_CARD.md.
+    files = {
+        "steps.tflite": steps,
+        "greedy.tflite": greedy_bytes,
+        "spm.model": bytes(model.tokenizer.proto),
+        litert.SEQ2SEQ_SIDECAR: json.dumps(sidecar, indent=2).encode(),
+    }
+    refs = {"tokenizer": "spm.model"}
+    files.update(bundle.files(src, KIND, "tflite", list(files), parity=report, refs=refs))
+    for name, content in files.items():
         atomic.write_bytes(os.path.join(out_dir, name), content)
     return {
         "steps": os.path.join(out_dir, "steps.tflite"),
@@ -506,13 +479,11 @@ def export_all(run_dir, out_dir):
 
 def main(argv=None):
     from export.errors import ExportError
-    from zoo.cli import OneLineParser, cli_boundary
+    from zoo.cli import cli_boundary, command_parser
 
-    os.environ.setdefault("KERAS_BACKEND", "tensorflow")
-    os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
-    parser = OneLineParser(
-        prog="python -m export.kinds.seq2seq",
-        description="seq2seq TFLite: steps.tflite (encode, decode_step) + greedy.tflite",
+    parser = command_parser(
+        "export.kinds.seq2seq",
+        "seq2seq TFLite: steps.tflite (encode, decode_step) + greedy.tflite",
     )
     parser.add_argument("run_dir")
     parser.add_argument("--out", required=True, help="output directory")
