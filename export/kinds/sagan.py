@@ -22,8 +22,6 @@ from export.kinds import Endpoint, ExportKind, assert_ids_in_range, checked, cut
 
 class SaganKind(ExportKind):
     name = "sagan"
-    class_output = None
-    id_signature = "serving_default"
     expected = "a SAGAN generator"
 
     def matches(self, model):
@@ -48,9 +46,6 @@ class SaganKind(ExportKind):
         if conditional:
             specs.append(tf.TensorSpec([batch], tf.int32, name="label"))
         return specs
-
-    def check_static(self, source, static_length):
-        return None
 
     def core_fn(self, source, static=False):
         import tensorflow as tf

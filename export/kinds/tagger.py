@@ -191,26 +191,23 @@ class TaggerKind(ExportKind):
         specs = specs or self.core_specs(source)
         calib = source.calibration()
         if calib is not None and "word_ids" in calib and "char_ids" in calib:
-            reps = -(-n // len(calib["word_ids"]))
-            rows = {k: np.concatenate([calib[k]] * reps)[:n] for k in ("word_ids", "char_ids")}
-        else:
-            rows = self._synthetic(source, n)
+            # n rows, the stored ones repeated as often as needed
+            rows = {
+                k: np.resize(calib[k], (n, *calib[k].shape[1:])) for k in ("word_ids", "char_ids")
+            }
+        else:  # sentences of random vocabulary words, encoded by the tagger's own rules
+            from zoo.tagger.model import pad_tokens
+
+            m = self.model(source)
+            rng = np.random.default_rng(0)
+            vocab = m.words[2:] or ["x"]
+            longest = min(int(m.max_len), 12)
+            sentences = [
+                [vocab[i] for i in rng.integers(0, len(vocab), rng.integers(1, longest + 1))]
+                for _ in range(n)
+            ]
+            rows = {k: np.asarray(v) for k, v in m.encode_tf(pad_tokens(sentences)).items()}
         return {s.name: fit_to_spec(rows[s.name], s) for s in specs}
-
-    def _synthetic(self, source, n):
-        """Sentences of random vocabulary words, encoded by the tagger's own rules."""
-        from zoo.tagger.model import pad_tokens
-
-        m = self.model(source)
-        rng = np.random.default_rng(0)
-        vocab = m.words[2:] or ["x"]
-        longest = min(int(m.max_len), 12)
-        sentences = [
-            [vocab[i] for i in rng.integers(0, len(vocab), rng.integers(1, longest + 1))]
-            for _ in range(n)
-        ]
-        ids = m.encode_tf(pad_tokens(sentences))
-        return {k: np.asarray(v) for k, v in ids.items()}
 
     def calibration_inputs(self, source, specs, n=200):
         return self.sample_inputs(
@@ -227,8 +224,7 @@ class TaggerKind(ExportKind):
         if key is None:
             return None
         n, t = np.asarray(inputs["word_ids"]).shape
-        reps = -(-n // len(calib[key]))
-        gold = np.concatenate([calib[key]] * reps)[:n]
+        gold = np.resize(calib[key], (n, *calib[key].shape[1:]))  # as sample_inputs repeats
         gold_fit = np.full((n, t), -1, dtype=np.int64)
         w = min(t, gold.shape[1])
         gold_fit[:, :w] = gold[:, :w]
