@@ -48,12 +48,6 @@ def _jsonable(value):
     )
 
 
-def card_metrics(kind, source):
-    """The metrics.json entries the card reports (the kind's choice; test split)."""
-    metrics = source.metrics()
-    return {k: metrics[k] for k in kind.card_metric_keys(metrics)}
-
-
 def files(source, kind, fmt, model_files, prefix="", quantize="none", parity=None, refs=None):
     """{file name: bytes} of the bundle (names already prefixed).
 
@@ -95,7 +89,8 @@ def _json_bytes(obj):
 def model_card(source, kind, fmt, file_names, quantize, parity):
     model = kind.model(source)
     config = source.config or {}
-    metrics = card_metrics(kind, source)
+    metrics = source.metrics()
+    metrics = {k: metrics[k] for k in kind.card_metric_keys(metrics)}  # the kind's choice
     card = {
         "model": {
             "kind": kind.name,

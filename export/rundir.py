@@ -1,11 +1,11 @@
 """Reading a run directory (the contract train/ writes) or a bare model file."""
 
 import dataclasses
-import json
 import os
 
+from export import kinds
 from zoo.cli import UsageError
-from zoo.rundir import read_config
+from zoo.rundir import load_json, read_config
 
 
 @dataclasses.dataclass
@@ -60,10 +60,7 @@ class Source:
 
     def metrics(self):
         path = self.file("metrics.json")
-        if not path or not os.path.exists(path):
-            return {}
-        with open(path) as f:
-            return json.load(f)
+        return load_json(path) if path and os.path.exists(path) else {}
 
 
 def load_model(path):
@@ -88,7 +85,7 @@ def resolve(path_or_model, kind=None):
 
     if isinstance(path_or_model, keras.Model):
         model = path_or_model
-        return Source(path="<model>", kind=kind or _kind_of_model(model), model=model)
+        return Source(path="<model>", kind=kind or kinds.detect(model), model=model)
     path = os.fspath(path_or_model)
     if not os.path.exists(path):
         raise UsageError(f"no such run directory or model file: {path}")
@@ -96,7 +93,7 @@ def resolve(path_or_model, kind=None):
         if not path.endswith(".keras"):
             raise UsageError(f"not a run directory or .keras model file: {path}")
         model = load_model(path)
-        return Source(path=path, kind=kind or _kind_of_model(model), model=model)
+        return Source(path=path, kind=kind or kinds.detect(model), model=model)
     config_path = os.path.join(path, "config.json")
     model_path = os.path.join(path, "model.keras")
     if not os.path.exists(config_path) or not os.path.exists(model_path):
@@ -105,9 +102,3 @@ def resolve(path_or_model, kind=None):
     if "kind" not in config:
         raise UsageError(f'{config_path} has no "kind"')
     return Source(path=path, kind=kind or str(config["kind"]), run_dir=path, config=config)
-
-
-def _kind_of_model(model):
-    from export import kinds
-
-    return kinds.detect(model)
