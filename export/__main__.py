@@ -19,30 +19,19 @@ import sys
 from zoo.cli import OneLineParser, import_keras_quietly, quiet_stderr, runtime_logs
 
 
-def _positive_int(text):
+def _number(text, ok, rule, cast=float):
     try:
-        value = int(text)
+        value = cast(text)
     except ValueError:
-        raise argparse.ArgumentTypeError(f"not an integer: {text!r}")
-    if value < 1:
-        raise argparse.ArgumentTypeError(f"must be >= 1, got {value}")
-    return value
-
-
-def _number(text, ok, rule):
-    try:
-        value = float(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"not a number: {text!r}")
+        what = "an integer" if cast is int else "a number"
+        raise argparse.ArgumentTypeError(f"not {what}: {text!r}")
     if not ok(value):  # also refuses nan
         raise argparse.ArgumentTypeError(f"must be {rule}, got {value:g}")
     return value
 
 
-def _verbosity(text):
-    if text not in ("auto", "0", "1", "2"):
-        raise argparse.ArgumentTypeError(f"must be auto, 0, 1 or 2, got {text!r}")
-    return 1 if text == "auto" else int(text)
+def _positive_int(text):
+    return _number(text, lambda v: v >= 1, ">= 1", int)
 
 
 def _fraction(text):
@@ -51,6 +40,12 @@ def _fraction(text):
 
 def _non_negative(text):
     return _number(text, lambda v: v >= 0.0, ">= 0")
+
+
+def _verbosity(text):
+    if text not in ("auto", "0", "1", "2"):
+        raise argparse.ArgumentTypeError(f"must be auto, 0, 1 or 2, got {text!r}")
+    return 1 if text == "auto" else int(text)
 
 
 def build_parser():
@@ -167,51 +162,35 @@ def _run(args):
             return 1
         print(f"{args.file}: compatible with --target {args.target}")
         return 0
+    from export import bench, verify
+
     if args.command == "verify" and args.accelerator:
-        from export.verify import format_accelerator_report, verify_accelerator
         from zoo.cli import UsageError
 
         if args.savedmodel:
             raise UsageError("--accelerator runs a .tflite file; --savedmodel does not apply")
-        report = verify_accelerator(
+        report = verify.verify_accelerator(
             args.run_dir, tflite=args.tflite, samples=args.samples, runs=args.runs
         )
-        print(json.dumps(report, indent=2) if args.json else format_accelerator_report(report))
-        if "no_device" in report:
-            return 3
-        return 0 if report["ok"] else 1
-    if args.command == "verify":
-        from export.verify import format_report, verify
-
-        report = verify(
+        text = verify.format_accelerator_report
+        code = 3 if "no_device" in report else 0 if report["ok"] else 1
+    elif args.command == "verify":
+        report = verify.verify(
             args.run_dir, savedmodel=args.savedmodel, tflite=args.tflite, samples=args.samples
         )
-        print(json.dumps(report, indent=2) if args.json else format_report(report))
-        return 0 if report["ok"] else 1
-    if args.command == "bench":
-        from export.bench import bench, format_report
-
-        report = bench(args.target, run_dir=args.run, threads=args.threads, runs=args.runs)
-        print(json.dumps(report, indent=2) if args.json else format_report(report))
-        return 0
-    raise AssertionError(args.command)
-
-
-def _import_runtimes():
-    """Imports TensorFlow/Keras and LiteRT before the work, so a bad input found
-    later still gets its one line after their start-up lines (which
-    `zoo.cli.runtime_logs` filters). A failed import still raises."""
-    import_keras_quietly()
-    try:
-        import ai_edge_litert.interpreter  # noqa: F401
-    except ImportError:
-        pass
+        text, code = verify.format_report, 0 if report["ok"] else 1
+    else:
+        report = bench.bench(args.target, run_dir=args.run, threads=args.threads, runs=args.runs)
+        text, code = bench.format_report, 0
+    print(json.dumps(report, indent=2) if args.json else text(report))
+    return code
 
 
 def main(argv=None):
     os.environ.setdefault("KERAS_BACKEND", "tensorflow")
     os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
-    from zoo.cli import UsageError
+    from export.errors import ExportError
+    from zoo.cli import UsageError, unexpected
 
     try:
         args = build_parser().parse_args(argv)
@@ -220,35 +199,33 @@ def main(argv=None):
     except UsageError as e:
         print(f"error: {e}", file=sys.stderr)
         return 2
-
     with runtime_logs(args.verbose):
-        return _main(args)
-
-
-def _main(args):
-    from export.errors import ExportError
-    from zoo.cli import UsageError, unexpected
-
-    try:
-        if args.command != "check":  # check reads the flatbuffer itself
-            _import_runtimes()
-        with quiet_stderr(args.verbose == 0):
-            return _run(args)
-    except UsageError as e:
-        print(f"error: {e}", file=sys.stderr)
-        return 2
-    except ExportError as e:
-        if args.debug:
-            raise
-        print(f"export failed: {e}", file=sys.stderr)
-        return 1
-    except KeyboardInterrupt:
-        print("interrupted", file=sys.stderr)
-        return 130
-    except Exception as e:  # noqa: BLE001 - the CLI's last line of defence
-        if args.debug:
-            raise
-        return unexpected(e)
+        try:
+            if args.command != "check":  # check reads the flatbuffer itself
+                # TensorFlow/Keras and LiteRT first, so a bad input found later still
+                # gets its one line after their start-up lines (which runtime_logs filters).
+                import_keras_quietly()
+                try:
+                    import ai_edge_litert.interpreter  # noqa: F401
+                except ImportError:
+                    pass
+            with quiet_stderr(args.verbose == 0):
+                return _run(args)
+        except UsageError as e:
+            print(f"error: {e}", file=sys.stderr)
+            return 2
+        except ExportError as e:
+            if args.debug:
+                raise
+            print(f"export failed: {e}", file=sys.stderr)
+            return 1
+        except KeyboardInterrupt:
+            print("interrupted", file=sys.stderr)
+            return 130
+        except Exception as e:  # noqa: BLE001 - the CLI's last line of defence
+            if args.debug:
+                raise
+            return unexpected(e)
 
 
 if __name__ == "__main__":
