@@ -574,7 +574,7 @@ def test_unexpected_error_exit_1_traceback_only_with_debug(sandbox, cli, capsys,
     else:
         import zoo.tag
 
-        monkeypatch.setattr(zoo.tag, "load_keras_tagger", boom)
+        monkeypatch.setattr(zoo.tag, "load_for_command", boom)
         argv = [os.path.join(sandbox, "tagger_run"), "I saw"]
     rc = _main(cli)(argv)
     err = capsys.readouterr().err
