@@ -137,23 +137,6 @@ def device_problem():
     return f"{HOW_TO_GET_ONE} ({why})"
 
 
-def _options(name):
-    """CompiledModel options: "cpu", "gpu" (the GPU alone, its default reduced
-    precision, as an app gets it) or "gpu_f32" (the GPU alone computing in
-    float32: tells precision from a wrong op)."""
-    from ai_edge_litert.hardware_accelerator import HardwareAccelerator
-    from ai_edge_litert.options import CpuOptions, GpuOptions, Options
-
-    if name == "cpu":
-        return Options(
-            hardware_accelerators=HardwareAccelerator.CPU, cpu_options=CpuOptions(num_threads=1)
-        )
-    return Options(
-        hardware_accelerators=HardwareAccelerator.GPU,
-        gpu_options=GpuOptions(enforce_f32=name == "gpu_f32"),
-    )
-
-
 class CompileError(RuntimeError):
     """The accelerator refused the model; `.log` holds the delegate's lines."""
 
@@ -163,17 +146,28 @@ class CompileError(RuntimeError):
 
 
 class Compiled:
-    """A .tflite (path or bytes) compiled for one accelerator ("gpu" only, or "cpu"),
-    with one set of input/output buffers per signature, reused across runs."""
+    """A .tflite (path or bytes) compiled for one accelerator: "cpu", "gpu" (the
+    GPU alone, its default reduced precision, as an app gets it) or "gpu_f32"
+    (the GPU alone computing in float32: tells precision from a wrong op), with
+    one set of input/output buffers per signature, reused across runs."""
 
     def __init__(self, model, accelerator="gpu"):
         from ai_edge_litert.compiled_model import CompiledModel
+        from ai_edge_litert.hardware_accelerator import HardwareAccelerator
+        from ai_edge_litert.options import CpuOptions, GpuOptions, Options
 
-        if accelerator != "cpu":
+        if accelerator == "cpu":
+            options = Options(
+                hardware_accelerators=HardwareAccelerator.CPU, cpu_options=CpuOptions(num_threads=1)
+            )
+        else:
             ensure_runtime_dir()
+            options = Options(
+                hardware_accelerators=HardwareAccelerator.GPU,
+                gpu_options=GpuOptions(enforce_f32=accelerator == "gpu_f32"),
+            )
         with captured_stderr() as log:
             try:
-                options = _options(accelerator)
                 if isinstance(model, (bytes, bytearray)):
                     self.model = CompiledModel.from_buffer(bytes(model), options=options)
                 else:
