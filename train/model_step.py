@@ -26,16 +26,6 @@ def host_numpy(batch):
     )
 
 
-def compiled_metrics(model):
-    """Fresh copies of the metrics `model` was compiled with: [(metric, weighted)]."""
-    config = model.get_compile_config() or {}
-    return [
-        (keras.metrics.get(m), key == "weighted_metrics")
-        for key in ("metrics", "weighted_metrics")
-        for m in config.get(key) or []
-    ]
-
-
 def split(strategy, batch):
     """Per-replica slices of a global batch: replica r of R gets rows [r*B/R, (r+1)*B/R)."""
     import tensorflow as tf
@@ -118,8 +108,13 @@ class ModelStep(Step):
         self.terms = loss_terms or weighted_terms(model.loss)
         self.strategy = strategy or dist.get()
         self.jit_compile = dist.jit_compile() if jit_compile is None else bool(jit_compile)
-        with self.strategy.scope():
-            self.metrics = compiled_metrics(model)
+        compiled = model.get_compile_config() or {}
+        with self.strategy.scope():  # fresh copies of the compiled metrics: (metric, weighted)
+            self.metrics = [
+                (keras.metrics.get(m), key == "weighted_metrics")
+                for key in ("metrics", "weighted_metrics")
+                for m in compiled.get(key) or []
+            ]
         self._fns = {}
 
     def build(self, batch):
@@ -245,7 +240,7 @@ class TfModelStep(ModelStep):
             graph = tf.function(
                 lambda x_, y_, c: fn(x_, y_, None, c), input_signature=[xs, ys, count]
             )
-            return lambda x_, y_, w_, c: graph(x_, y_, c)
+            return lambda x_, y_, _, c: graph(x_, y_, c)
         return tf.function(fn, input_signature=[xs, ys, spec(w), count])
 
     def _run(self, mode, x, y, w, count):

@@ -39,7 +39,6 @@ _DEFAULTS = {
     "mixed_precision": "auto",
     "jit_compile": None,
     "checkpoint_every": 0,
-    "device": "auto",
     "announced": True,
 }
 _state = dict(_DEFAULTS)
@@ -114,28 +113,25 @@ def backend():
     return os.environ.get("KERAS_BACKEND") or "tensorflow"
 
 
-def _jax_devices(kind):
-    import jax
-
-    try:
-        return jax.devices(kind)
-    except RuntimeError:  # no backend of that kind (e.g. jax without CUDA)
-        return []
-
-
 def _gpus():
     """[(name, (major, minor) or None)] of the visible GPUs (physical devices: no device
     context is started)."""
+    out = []
     if backend() == "jax":
-        out = []
-        for d in _jax_devices("gpu"):
+        import jax
+
+        try:
+            devices = jax.devices("gpu")
+        except RuntimeError:  # no backend of that kind (e.g. jax without CUDA)
+            devices = []
+        for d in devices:
             cc = getattr(d, "compute_capability", None)
-            major_minor = tuple(int(p) for p in str(cc).split(".")[:2]) if cc else None
-            out.append((d.device_kind, major_minor))
+            out.append(
+                (d.device_kind, tuple(int(p) for p in str(cc).split(".")[:2]) if cc else None)
+            )
         return out
     import tensorflow as tf
 
-    out = []
     for gpu in tf.config.list_physical_devices("GPU"):
         details = tf.config.experimental.get_device_details(gpu)
         out.append((details.get("device_name", gpu.name), details.get("compute_capability")))
@@ -203,7 +199,6 @@ def configure(args):
         jit_compile=getattr(args, "jit_compile", None),
         checkpoint_every=every,
         tpu=getattr(args, "tpu", None),
-        device=device,
         announced=False,
     )
     if name == "multi_worker" and hasattr(args, "out") and not args.out:
@@ -219,16 +214,6 @@ def configure(args):
     return _state
 
 
-def _bfloat16_device():
-    kind = device_kind()
-    if kind == "tpu":
-        return True
-    if kind != "gpu":
-        return False
-    capabilities = [cc for _, cc in _gpus()]
-    return bool(capabilities) and all(cc is not None and tuple(cc) >= (8, 0) for cc in capabilities)
-
-
 def _set_policy():
     """The dtype policy --mixed-precision resolves to on this device (set once)."""
     if "policy" in _state:
@@ -236,10 +221,15 @@ def _set_policy():
     import keras
 
     asked = _state["mixed_precision"]
+    kind = device_kind() if asked in (_BARE, "auto") else None
     if asked == _BARE:
-        policy = "mixed_float16" if device_kind() == "gpu" else "mixed_bfloat16"
-    elif asked == "auto":
-        policy = "mixed_bfloat16" if _bfloat16_device() else None
+        policy = "mixed_float16" if kind == "gpu" else "mixed_bfloat16"
+    elif asked == "auto":  # bfloat16 on TPUs, and on GPUs all of compute capability 8+
+        capabilities = [cc for _, cc in _gpus()] if kind == "gpu" else []
+        bfloat16 = bool(capabilities) and all(
+            cc is not None and tuple(cc) >= (8, 0) for cc in capabilities
+        )
+        policy = "mixed_bfloat16" if kind == "tpu" or bfloat16 else None
     else:
         policy = None if asked == "float32" else asked
     if policy:
