@@ -163,6 +163,7 @@ class ConditionalBatchNormalization(keras.layers.Layer):
         )
         return mean, squares / count
 
+    # Keras's compute_output_shape and get_config, every constructor argument (a mirror of Keras).
     def compute_output_shape(self, inputs_shape, labels_shape=None):
         return tuple(inputs_shape)
 

@@ -130,6 +130,7 @@ class LayerNorm(keras.layers.Layer):
             outputs = outputs + self._param(self.beta, inputs.shape, axes)
         return ops.cast(outputs, self.compute_dtype)
 
+    # Keras's compute_output_shape and get_config, every constructor argument (a mirror of Keras).
     def compute_output_shape(self, input_shape):
         self._axes(len(input_shape))
         return tuple(input_shape)

@@ -93,6 +93,7 @@ class PositionEmbedding(keras.layers.Layer):
         rows = ops.reshape(rows, (1, -1, table.shape[1]))
         return ops.broadcast_to(rows, shape)
 
+    # Keras's compute_output_shape and get_config, every constructor argument (a mirror of Keras).
     def compute_output_shape(self, input_shape):
         check_input_rank(input_shape, (3,), "PositionEmbedding")
         return tuple(input_shape)

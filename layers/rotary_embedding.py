@@ -102,6 +102,7 @@ class RotaryEmbedding(keras.layers.Layer):
         x1, x2 = x[..., :half], x[..., half:]
         return ops.concatenate([x1 * cos - x2 * sin, x2 * cos + x1 * sin], axis=-1)
 
+    # Keras's compute_output_shape and get_config, every constructor argument (a mirror of Keras).
     def compute_output_shape(self, input_shape):
         self._check_shape(input_shape)
         return tuple(input_shape)

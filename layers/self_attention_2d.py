@@ -148,6 +148,7 @@ class SelfAttention2D(ScoresOutputSpec, keras.layers.Layer):
             return outputs, scores
         return outputs
 
+    # Keras's compute_output_shape and get_config, every constructor argument (a mirror of Keras).
     def compute_output_shape(self, inputs_shape, return_attention_scores=False):
         input_shape = tuple(inputs_shape)
         if not return_attention_scores:

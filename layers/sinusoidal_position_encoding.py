@@ -117,6 +117,7 @@ class SinusoidalPositionEncoding(keras.layers.Layer):
         encoding = ops.reshape(encoding, (1, -1, features))
         return ops.broadcast_to(encoding, shape)
 
+    # Keras's compute_output_shape and get_config, every constructor argument (a mirror of Keras).
     def compute_output_shape(self, input_shape):
         check_input_rank(input_shape, (3,), "SinusoidalPositionEncoding")
         return tuple(input_shape)

@@ -127,6 +127,7 @@ class TokenAndPositionEmbedding(keras.layers.Layer):
     def compute_mask(self, inputs, mask=None):
         return self.token_embedding.compute_mask(inputs, mask)
 
+    # Keras's compute_output_shape and get_config, every constructor argument (a mirror of Keras).
     def compute_output_shape(self, input_shape):
         check_input_rank(input_shape, (2,), "TokenAndPositionEmbedding")
         return tuple(input_shape) + (self.embedding_dim,)

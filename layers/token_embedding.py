@@ -113,6 +113,7 @@ class TokenEmbedding(keras.layers.Layer):
             return None
         return ops.not_equal(inputs, 0)
 
+    # Keras's compute_output_shape and get_config, every constructor argument (a mirror of Keras).
     def compute_output_shape(self, input_shape):
         return tuple(input_shape) + (self.output_dim,)
 
