@@ -236,11 +236,8 @@ def _rows(details, src, kind, n):
     import tensorflow as tf
 
     specs = [tf.TensorSpec([None] + d["shape"][1:], d["dtype"], name=k) for k, d in details.items()]
-    if src is not None:
-        inputs = kind.sample_inputs(src, n, specs=specs)
-        inputs = {s.name: kinds.fit_to_spec(inputs[s.name], s) for s in specs}
-    else:
-        inputs = kinds.ExportKind().sample_inputs(rundir.Source("", "keras"), n, specs=specs)
+    inputs = (kind or kinds.get("keras")).sample_inputs(src or rundir.Source("", "keras"), n, specs)
+    inputs = {s.name: kinds.fit_to_spec(inputs[s.name], s) for s in specs}
     count = min(len(v) for v in inputs.values())
     return [
         {k: v[i : i + 1].reshape(details[k]["shape"]) for k, v in inputs.items()}
