@@ -27,20 +27,12 @@ CONFIGS = {
 _TRAINED = {}
 
 
-def _model(name, seed=0):
+def _model(name, seed=0, **overrides):
     kind, kwargs = CONFIGS[name]
     keras.utils.set_random_seed(seed)
-    return zoo.build(
-        kind,
-        vocabulary_size=VOCAB,
-        hidden_dim=32,
-        num_heads=4,
-        intermediate_dim=64,
-        dropout=0.0,
-        max_source_length=16,
-        max_target_length=LENGTH,
-        **kwargs,
-    )
+    options = dict(hidden_dim=32, num_heads=4, intermediate_dim=64, dropout=0.0)
+    options.update(max_source_length=16, max_target_length=LENGTH, **kwargs)
+    return zoo.build(kind, vocabulary_size=VOCAB, **options | overrides)
 
 
 def train_on_reversal(model, n, epochs, warmup, vocab=VOCAB):
@@ -210,17 +202,7 @@ def test_decode_ids_batches_and_cuts_at_eos():
 
 
 def test_decode_ids_caps_output_length_by_source_length():
-    keras.utils.set_random_seed(3)
-    model = zoo.build(
-        "seq2seq",
-        vocabulary_size=VOCAB,
-        hidden_dim=32,
-        num_heads=4,
-        intermediate_dim=64,
-        dropout=0.0,
-        max_source_length=16,
-        max_target_length=64,
-    )
+    model = _model("preln-sinusoidal-shared", seed=3, num_layers=3, max_target_length=64)
     rows = [[int(t) for t in r if t] for r in _source()]
     # Sources pad to 8 positions: at most 2 * 8 + 10 -> 32 tokens (EOS included).
     capped = decoding.decode_ids(model, rows)

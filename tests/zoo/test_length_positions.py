@@ -7,21 +7,12 @@ import numpy as np
 import pytest
 
 import zoo
+from tests.layers.test_sinusoidal_position_encoding import paper_formula_at as pe
 from tests.zoo.test_decoding import reference_greedy, train_on_reversal
 from zoo.seq2seq import decoding
 from zoo.seq2seq.tokenization import BOS_ID
 
 VOCAB = 20
-
-
-def pe(positions, dim, base=10000.0):
-    """PE(pos, 2i) = sin(pos / base^(2i/d)), PE(pos, 2i+1) = cos(same), at any positions."""
-    positions = np.asarray(positions, "float64")
-    out = np.zeros(positions.shape + (dim,))
-    for j in range(dim):
-        angle = positions / base ** (2 * (j // 2) / dim)
-        out[..., j] = np.sin(angle) if j % 2 == 0 else np.cos(angle)
-    return out
 
 
 def build(kind="universal_transformer", **kwargs):
