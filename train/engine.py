@@ -425,20 +425,6 @@ def _restore(step, plan, state):
     return record["epoch"], record["batches_done"], record["partial"], os.path.basename(path)
 
 
-def restore_best(step, plan, state):
-    """Puts the best checkpoint's weights into the step's models (no-op without one)."""
-    if state.get("best") is None or not plan.checkpoint_dir:
-        return
-    path, _, _ = checkpoint.latest(
-        plan.checkpoint_dir, "best", accept=lambda r: r["step"] == state["best"]["step"]
-    )
-    if path is None:
-        raise checkpoint.DamagedCheckpoint(
-            f"the best checkpoint of step {state['best']['step']} cannot be read"
-        )
-    checkpoint.restore(path, step.best_variables(), models=step.models)
-
-
 def fit(step, source, plan, state=None, name=None):
     """Trains `step` by `plan` on `source` and returns the run's state (`state`, updated
     in place: epoch, step, train_seconds, history, best, stopped_by_time_limit, and any
@@ -473,8 +459,16 @@ def fit(step, source, plan, state=None, name=None):
     training.sums = {k: list(v) for k, v in partial.items()}
     training.run(epoch, skip)
     state["stopped_by_time_limit"] = training.stopped_by_time
-    if plan.best:
-        restore_best(step, plan, state)
+    best = state.get("best")
+    if plan.best and best is not None and plan.checkpoint_dir:  # the best weights, kept
+        path, _, _ = checkpoint.latest(
+            plan.checkpoint_dir, "best", accept=lambda r: r["step"] == best["step"]
+        )
+        if path is None:
+            raise checkpoint.DamagedCheckpoint(
+                f"the best checkpoint of step {best['step']} cannot be read"
+            )
+        checkpoint.restore(path, step.best_variables(), models=step.models)
     return state
 
 
