@@ -40,6 +40,14 @@ def test_scores_count_characters_in_place_and_whole_strings():
     assert length.score(outputs, refs) == (13, 18, 1)
 
 
+def test_the_first_bucket_scores_the_outputs_already_decoded():
+    # A compare's first bucket is its runs' test set: no model is asked again.
+    pairs = [("ab", "ab"), ("cd", "dc")]
+    (result,) = length.evaluate_buckets(None, [("1-2", 1, 2, pairs)], first=["ab", "cd"])
+    assert (result["char_accuracy"], result["seq_accuracy"]) == (0.5, 0.5)
+    assert result["sample"] == {"source": "ab", "reference": "ab", "output": "ab"}
+
+
 def test_buckets_default_to_2_5_10_times_the_trained_length():
     class Args:
         train_lengths, test_lengths, task_length = "1-20", None, 8

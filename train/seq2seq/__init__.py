@@ -226,13 +226,8 @@ class Seq2SeqConfig:
         for name in FILES:
             options.check_data_file(getattr(self, name), "--" + name.replace("_", "-"))
         if self.out is None:
-            self.out = os.path.join(
-                "runs", "seq2seq-text" if self.text() else f"seq2seq-{self.task}"
-            )
-
-    def text(self):
-        """Whether the run reads text (files or a data set), not an embedded task."""
-        return bool(self.dataset or self.train_source or self.train_tsv)
+            text = self.dataset or self.train_source or self.train_tsv
+            self.out = os.path.join("runs", "seq2seq-text" if text else f"seq2seq-{self.task}")
 
 
 CONFIG = Seq2SeqConfig
@@ -249,17 +244,19 @@ def run(args):
     from train import rundir
 
     rundir.check_out_dir(cfg.out, resume=cfg.resume, kinds=("seq2seq", "universal_transformer"))
+    data = None
+    if not cfg.resume:
+        # Bad input is found before the (slow) TensorFlow import and before anything is written.
+        from train.seq2seq.data import load_data
+
+        data = load_data(cfg)
+    from zoo.cli import import_keras_quietly
+
+    import_keras_quietly()  # after the cheap checks: bad input still gets one line
+    from train.seq2seq import training
+
     if cfg.resume:
-        from zoo.cli import import_keras_quietly
-
-        import_keras_quietly()  # after the cheap checks: bad input still gets one line
-        from train.seq2seq import training as seq2seq_run
-
-        return seq2seq_run.resume_run(cfg)
-    # Input problems are found before the (slow) TensorFlow import and before anything is written.
-    from train.seq2seq.data import load_data
-
-    data = load_data(cfg)
-    from train.seq2seq import training as seq2seq_run
-
-    return seq2seq_run.train_new(cfg, data)
+        training.resume_run(cfg)
+    else:
+        training.train_new(cfg, data)
+    return 0

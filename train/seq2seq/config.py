@@ -30,15 +30,7 @@ TASK_MODEL = {
 
 def model_config(args, text):
     base = dict(TEXT_MODEL if text else TASK_MODEL)
-    for key in (
-        "hidden_dim",
-        "num_layers",
-        "num_heads",
-        "intermediate_dim",
-        "dropout",
-        "max_source_length",
-        "max_target_length",
-    ):
+    for key in base:  # the flags of the same names override the sizes
         if getattr(args, key) is not None:
             base[key] = getattr(args, key)
     base.update(

@@ -95,7 +95,6 @@ class Encoded:
     def __init__(
         self, tokenizer, pairs, max_source_length, max_target_length, name, truncate=False
     ):
-        self.pairs = pairs
         self.sources = tokenizer.encode([s for s, _ in pairs])
         targets = tokenizer.encode([t for _, t in pairs])
         for i, (s, t) in enumerate(zip(self.sources, targets)):

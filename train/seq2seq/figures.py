@@ -1,7 +1,6 @@
 """attention.png: where the decoder looked in the source for each word it wrote."""
 
 import contextlib
-import os
 
 import matplotlib
 import numpy as np
@@ -10,6 +9,7 @@ from keras import ops
 matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402
 
+from zoo import atomic  # noqa: E402
 from zoo.seq2seq import decoding  # noqa: E402
 from zoo.seq2seq.tokenization import BOS_ID, EOS_ID  # noqa: E402
 
@@ -71,7 +71,6 @@ def plot_cross_attention(model, text, path):
     ax.set_ylabel("output (greedy)")
     ax.set_title("Cross-attention of the last decoder block, mean of the heads", fontsize=9)
     fig.tight_layout()
-    tmp = path + ".tmp.png"
-    fig.savefig(tmp, dpi=90)
+    with atomic.building(path) as tmp:
+        fig.savefig(tmp, format="png", dpi=90)
     plt.close(fig)
-    os.replace(tmp, path)

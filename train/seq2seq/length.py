@@ -15,7 +15,13 @@ import re
 
 from zoo.cli import UsageError
 
-ARMS = ("transformer", "universal_transformer", "universal_transformer_act")
+# Each arm's --arch and --act.
+_ARM_OPTIONS = {
+    "transformer": ("transformer", False),
+    "universal_transformer": ("universal_transformer", False),
+    "universal_transformer_act": ("universal_transformer", True),
+}
+ARMS = tuple(_ARM_OPTIONS)
 # The default protocol: strings of lengths 1-20, each arm 10 epochs of 300 batches of 64
 # (unless --epochs / --steps-per-epoch are given), about 12 minutes an arm on a 2-core CPU.
 TRAIN_LENGTHS = (1, 20)
@@ -51,8 +57,7 @@ def test_ranges(args):
 
 
 def validate(args):
-    train_range(args)
-    test_ranges(args)
+    test_ranges(args)  # --train-lengths first
     arms = [a.strip() for a in args.arms.split(",") if a.strip()]
     for arm in arms:
         if arm not in ARMS:
@@ -60,15 +65,6 @@ def validate(args):
     if not arms:
         raise UsageError(f"--arms names no arm, got {args.arms!r}")
     args.arms = ",".join(arms)
-
-
-def _arm_options(arm):
-    """(--arch, --act) of an arm."""
-    return {
-        "transformer": ("transformer", False),
-        "universal_transformer": ("universal_transformer", False),
-        "universal_transformer_act": ("universal_transformer", True),
-    }[arm]
 
 
 def bucket_name(lo, hi, trained_hi):
@@ -89,15 +85,19 @@ def score(outputs, references):
     return chars, sum(len(r) for r in references), sum(o == r for o, r in zip(outputs, references))
 
 
-def evaluate_buckets(model, buckets):
+def evaluate_buckets(model, buckets, first=None):
     """Greedy outputs for every bucket: [{bucket, lo, hi, char_accuracy, seq_accuracy,
-    examples}], each bucket a list of (source, target) pairs."""
+    examples}], each bucket a list of (source, target) pairs; `first`: the first
+    bucket's outputs when they are decoded already (a run's test set)."""
     from zoo.seq2seq import decoding
 
     results = []
-    for name, lo, hi, pairs in buckets:
-        ids = model.tokenizer.encode([s for s, _ in pairs])
-        outputs = model.tokenizer.decode(decoding.decode_ids(model, ids))
+    for k, (name, lo, hi, pairs) in enumerate(buckets):
+        if k == 0 and first is not None:
+            outputs = first
+        else:
+            ids = model.tokenizer.encode([s for s, _ in pairs])
+            outputs = model.tokenizer.decode(decoding.decode_ids(model, ids))
         refs = [t for _, t in pairs]
         right, total, exact = score(outputs, refs)
         results.append(
@@ -244,8 +244,6 @@ def run_compare(args):
     from zoo.cli import import_keras_quietly
 
     import_keras_quietly()
-    import keras
-
     from train.progress import markdown_table
     from train.seq2seq import training
     from zoo import atomic
@@ -259,7 +257,7 @@ def run_compare(args):
         for arm in arms:
             arm_args = copy.copy(args)
             arm_args.compare = False
-            arm_args.arch, arm_args.act = _arm_options(arm)
+            arm_args.arch, arm_args.act = _ARM_OPTIONS[arm]
             arm_args.seed = args.seed + k
             arm_args.dev_sample = min(args.dev_sample, args.eval_size)
             if args.epochs is None and args.steps_per_epoch is None:
@@ -272,23 +270,17 @@ def run_compare(args):
             name = f"{arm}_seed{arm_args.seed}"
             arm_args.out = os.path.join(args.out, name)
             print(f"\n=== {name} ===", flush=True)
-            training.train_new(arm_args, data)
+            # The test set is the first bucket: its outputs are decoded once.
+            model, greedy = training.train_new(arm_args, data)
+            results = evaluate_buckets(model, buckets, first=greedy)
             run = arm_args.out
-            model = keras.models.load_model(os.path.join(run, "model.keras"))
-            results = evaluate_buckets(model, buckets)
             metrics = rundir.load_json(os.path.join(run, "metrics.json"))
             metrics["length"] = results
             atomic.write_json(os.path.join(run, "metrics.json"), metrics)
             row = {"name": name, "arm": arm, "seed": arm_args.seed, "length": results}
-            row["train_seconds"] = metrics.get("train_seconds")
-            rows.append(row)
-            flat = [{"bucket": r["bucket"], **r} for r in results]
-            print(
-                markdown_table(
-                    flat, [("bucket", "length"), ("char_accuracy", "char"), ("seq_accuracy", "seq")]
-                ),
-                flush=True,
-            )
+            rows.append({**row, "train_seconds": metrics.get("train_seconds")})
+            columns = [("bucket", "length"), ("char_accuracy", "char"), ("seq_accuracy", "seq")]
+            print(markdown_table(results, columns), flush=True)
     summary = summarize(rows, arms, buckets)
     lo, hi = train_range(args)
     title = (

@@ -59,23 +59,30 @@ def _defaults(cfg, text):
 
 
 def _encode_all(tokenizer, data, model, truncate):
-    names = {"train": data.train, "dev": data.dev, "test": data.test, **data.extra}
-    encoded = {}
-    for name, pairs in names.items():
-        # Longer-than-trained test sets are meant to exceed nothing but the
-        # training lengths; the model limits still apply.
-        encoded[name] = Encoded(
-            tokenizer,
-            pairs,
-            model.max_source_length,
-            model.max_target_length,
-            name,
-            truncate=truncate,
+    # Longer-than-trained test sets are meant to exceed nothing but the training
+    # lengths; the model limits still apply.
+    limits = (model.max_source_length, model.max_target_length)
+    splits = {"train": data.train, "dev": data.dev, "test": data.test, **data.extra}
+    return {
+        name: Encoded(tokenizer, pairs, *limits, name, truncate=truncate)
+        for name, pairs in splits.items()
+    }
+
+
+def _compile(model, train_cfg):
+    with distribute.scope():
+        compile_seq2seq(
+            model,
+            train_cfg["learning_rate"],
+            train_cfg["warmup_steps"],
+            train_cfg["label_smoothing"],
+            jit_compile=distribute.jit_compile(),
         )
-    return encoded
 
 
 def train_new(cfg, data):
+    """A new run of `cfg` (train.seq2seq.Seq2SeqConfig) on `data` into `cfg.out`; returns
+    the trained model and its greedy outputs for the test set."""
     from train.seq2seq.config import model_config
 
     text = data.task == "text"
@@ -111,14 +118,7 @@ def train_new(cfg, data):
         "runtime": distribute.runtime(),
     }
     atomic.write_json(os.path.join(out, "config.json"), run_config)
-    with distribute.scope():
-        compile_seq2seq(
-            model,
-            cfg.learning_rate,
-            cfg.warmup_steps,
-            cfg.label_smoothing,
-            jit_compile=distribute.jit_compile(),
-        )
+    _compile(model, train_cfg)
     return _fit_and_finish(model, data, encoded, out, train_cfg)
 
 
@@ -130,13 +130,7 @@ def _rebuild(out, config, train_cfg):
         proto = f.read()
     with distribute.scope():
         model = zoo.build(config["kind"], tokenizer=encode_proto(proto), **config["model"])
-        compile_seq2seq(
-            model,
-            train_cfg["learning_rate"],
-            train_cfg["warmup_steps"],
-            train_cfg["label_smoothing"],
-            jit_compile=distribute.jit_compile(),
-        )
+    _compile(model, train_cfg)
     return model
 
 
@@ -197,7 +191,7 @@ def _fit_and_finish(model, data, encoded, out, train_cfg, name=None):
     )
     step = make_step(model, loss_terms.masked_mean_terms(model.loss, PAD_ID))
     state = engine.fit(step, train_batches, plan, name=name)
-    metrics = evaluate(model, data, encoded, train_cfg)
+    metrics, greedy = evaluate(model, data, encoded, train_cfg)
     best = state.get("best") or {}
     metrics.update(
         arch=train_cfg["arch"],
@@ -222,9 +216,9 @@ def _fit_and_finish(model, data, encoded, out, train_cfg, name=None):
     atomic.save_model(model, os.path.join(out, "model.keras"))
     atomic.write_json(os.path.join(out, "metrics.json"), metrics)
     _write_calibration(out, encoded["train"], model, train_cfg["seed"])
-    print(f"\n{out}: {sample!r} -> {model.translate(sample)!r}")
+    print(f"\n{out}: {sample!r} -> {greedy[0]!r}")
     print(markdown_table([metrics], SUMMARY))
-    return 0
+    return model, greedy
 
 
 def _train_speed(encoded, train_cfg, state):
@@ -260,26 +254,23 @@ def _rouge(hyps, refs):
     return {f"test_{k}": round(100.0 * v / max(1, len(refs)), 2) for k, v in totals.items()}
 
 
-def _timed_decode(model, ids, beam_width, alpha, sample=256):
-    """Decodes every input, then times a second pass over (at most) `sample` of
-    them: the first pass compiles one XLA program per batch shape, which a
-    speed figure should not include (it made beam look 7.8x slower than greedy
-    at batch 64 where the compiled programs differ by ~2x)."""
-    out = decoding.decode_ids(model, ids, beam_width=beam_width, alpha=alpha)
-    timed = ids[:sample]
+def _timed_decode(model, ids, beam_width, alpha):
+    """The outputs of one decoding pass over every input and its speed, which includes
+    compiling the decoder's XLA programs (one per batch shape)."""
     started = time.perf_counter()
-    again = decoding.decode_ids(model, timed, beam_width=beam_width, alpha=alpha)
+    out = decoding.decode_ids(model, ids, beam_width=beam_width, alpha=alpha)
     seconds = time.perf_counter() - started
-    tokens = sum(len(o) + 1 for o in again)
+    tokens = sum(len(o) + 1 for o in out)
     return out, {
         "tokens_per_second": round(tokens / seconds, 1),
-        "sentences_per_second": round(len(timed) / seconds, 1),
+        "sentences_per_second": round(len(ids) / seconds, 1),
     }
 
 
 def evaluate(model, data, encoded, train_cfg):
-    """Test metrics plus decode speed. Text: sacreBLEU and chrF on detokenized
-    output against the raw references, ROUGE (rouge-score); tasks: exact match."""
+    """Test metrics plus decode speed, and the greedy outputs of the test set. Text:
+    sacreBLEU and chrF on detokenized output against the raw references, ROUGE
+    (rouge-score); tasks: exact match."""
     import sacrebleu
 
     metrics = {"task": data.task}
@@ -322,7 +313,7 @@ def evaluate(model, data, encoded, train_cfg):
     metrics["test_examples"] = [
         {"source": s, "reference": r, "output": h} for (s, r), h in list(zip(data.test, hyps))[:5]
     ]
-    return metrics
+    return metrics, greedy
 
 
 def _write_calibration(out, encoded, model, seed, rows=200):
