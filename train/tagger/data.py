@@ -1,4 +1,4 @@
-"""Tagger data: choose the source from the flags, build vocabularies, encode, batch."""
+"""Tagger data: build vocabularies, encode, batch."""
 
 import collections
 import math
@@ -6,7 +6,6 @@ import math
 import numpy as np
 import tensorflow as tf
 
-from train.tagger.select import load_data  # noqa: F401  (re-exported for callers)
 from zoo.tagger.encoding import PAD, UNK, word_keys
 from zoo.tagger.model import pad_tokens
 

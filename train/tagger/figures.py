@@ -1,18 +1,19 @@
 """attention.png: the attention weights of every head, for one sample sentence."""
 
-import os
-
 import matplotlib
 
 matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402
 
+from zoo import atomic  # noqa: E402
+
 
 def plot_attention(model, tokens, path):
-    """Grid of heatmaps (rows: blocks, columns: heads). Returns False if no attention."""
+    """Grid of heatmaps (rows: blocks, columns: heads); nothing for an arch without
+    attention."""
     scores = model.attention_scores(tokens)
     if not scores:
-        return False
+        return
     predicted = [tag for _, tag in model.tag([list(tokens)])[0]]
     labels = [f"{tok}/{tag}" for tok, tag in zip(tokens, predicted)]
     rows, cols = len(scores), scores[0].shape[0]
@@ -28,8 +29,6 @@ def plot_attention(model, tokens, path):
             ax.set_yticks(range(n), labels if h == 0 else [""] * n, fontsize=8)
     fig.suptitle("Self-attention weights (row: query word/predicted tag, column: key)")
     fig.tight_layout()
-    tmp = path + ".tmp.png"
-    fig.savefig(tmp, dpi=90)
+    with atomic.building(path) as tmp:
+        fig.savefig(tmp, format="png", dpi=90)
     plt.close(fig)
-    os.replace(tmp, path)
-    return True

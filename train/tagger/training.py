@@ -12,9 +12,10 @@ from train import config, engine, rundir
 from train import strategy as distribute
 from train.progress import markdown_table
 from train.steps import make_step
-from train.tagger.data import Batches, Encoded, build_vocab, load_data, word_tag_stats
+from train.tagger.data import Batches, Encoded, build_vocab, word_tag_stats
 from train.tagger.fit import compile_tagger
 from train.tagger.metrics import accuracies
+from train.tagger.select import load_data
 from zoo import atomic
 from zoo.cli import UsageError
 from zoo.tagger.config import ARCHS
@@ -148,17 +149,13 @@ def _rebuild(out, config):
 def resume_run(cfg):
     out = cfg.out
     run_config = rundir.resumable_config(out, ("tagger",), "tagger")
-    epochs = cfg.epochs  # --epochs and --verbose as given now; the rest as recorded
+    # --epochs and --verbose as given now; the rest as recorded.
     recorded = config.from_record(type(cfg), run_config["train"], verbose=cfg.verbose)
-    train_cfg = config.record(
-        recorded if epochs is None else dataclasses.replace(recorded, epochs=epochs)
-    )
+    if cfg.epochs is not None:
+        recorded.epochs = cfg.epochs
+    train_cfg = config.record(recorded)
     data = load_data(
-        train_cfg["train_file"],
-        train_cfg["dev_file"],
-        train_cfg["test_file"],
-        train_cfg["dataset"],
-        train_cfg["seed"],
+        recorded.train_file, recorded.dev_file, recorded.test_file, recorded.dataset, recorded.seed
     )
     keras.utils.set_random_seed(train_cfg["seed"] + 1)
     model = _rebuild(out, run_config)
@@ -201,8 +198,7 @@ def _fit_and_finish(model, data, encoded, out, train_cfg, name=None):
     _write_rows(out, "evaluation.npz", encoded["test"], train_cfg["seed"], rows=2000)
     from train.tagger.figures import plot_attention
 
-    if plot_attention(model, SAMPLE, os.path.join(out, "attention.png")):
-        metrics["figure"] = "attention.png"
+    plot_attention(model, SAMPLE, os.path.join(out, "attention.png"))
     sample = " ".join(f"{w}/{t}" for w, t in model.tag([SAMPLE])[0])
     print(f"\n{out}: {sample}")
     print(markdown_table([metrics], SUMMARY_COLUMNS))
