@@ -212,8 +212,11 @@ def build(proto):
         @tf.autograph.experimental.do_not_convert
         def tokenize(self, texts):
             """string [B] -> int32 RaggedTensor [B, None], `sentencepiece`'s ids."""
-            normalized = self.normalize(texts)
-            chars, lengths = _dense_chars(normalized)
+            ragged = tf.strings.unicode_split(
+                self.normalize(texts), "UTF-8", errors="replace", replacement_char=0xFFFD
+            )
+            chars = ragged.to_tensor(default_value="", shape=[None, None])
+            lengths = tf.cast(ragged.row_lengths(), tf.int32)
             batch, width = tf.shape(chars)[0], tf.shape(chars)[1]
             positions = tf.range(width)[None, :]
             neg_inf = tf.constant(-np.inf, tf.float32)
@@ -330,13 +333,6 @@ def _decoded_chars(texts):
         return codes.with_flat_values(values).to_tensor(default_value="", shape=[None, None])
 
     return dense(raw), dense(shown), lengths
-
-
-def _dense_chars(texts):
-    """string [B] -> (chars string [B, N] padded with "", lengths int32 [B])."""
-    ragged = tf.strings.unicode_split(texts, "UTF-8", errors="replace", replacement_char=0xFFFD)
-    lengths = tf.cast(ragged.row_lengths(), tf.int32)
-    return ragged.to_tensor(default_value="", shape=[None, None]), lengths
 
 
 def _windows(chars, k):
