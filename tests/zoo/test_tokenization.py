@@ -67,9 +67,7 @@ def test_in_graph_matches_python(tokenizer):
     for row, want in zip(dense.numpy(), expected):
         assert row[: min(12, len(want))].tolist() == want[:12]
         assert (row[len(want) :] == PAD_ID).all()
-    out = np.array(
-        [[*tokenizer.encode(["two dogs"])[0], EOS_ID, 9, 9], [EOS_ID, 5, 5, 5, 5, 5]][0:1]
-    )
+    out = np.array([[*tokenizer.encode(["two dogs"])[0], EOS_ID, 9, 9]])
     assert [s.decode() for s in tokenizer.decode_tf(out).numpy()] == tokenizer.decode(out.tolist())
 
 
