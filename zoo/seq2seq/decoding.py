@@ -117,8 +117,7 @@ def beam_candidates(model, source_ids, width=4, alpha=0.6, max_length=None):
     normalised scores `[B, width]` (best first; `-1e9` marks an empty slot),
     live ids `[B, width, L]`, their scores normalised at length L)."""
     width = samplers.positive_int("width", width)
-    if not isinstance(alpha, (int, float)) or alpha < 0:
-        raise ValueError(f"`alpha` must be a float >= 0. Received: alpha={alpha!r}")
+    alpha = samplers.check_number("alpha", alpha, 0.0, low_open=False)
     if 2 * width > model.vocabulary_size:
         raise ValueError(
             f"`width` must be at most half the vocabulary ({model.vocabulary_size}). "
