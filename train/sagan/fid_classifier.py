@@ -63,12 +63,11 @@ def splice(images):
     return tf.concat([images[:, :, :half], tf.roll(images, 1, axis=0)[:, :, half:]], axis=2)
 
 
-def _dataset(images, labels, batch_size, seed, shuffle):
+def _dataset(images, labels, batch_size, seed):
     import tensorflow as tf
 
     ds = tf.data.Dataset.from_tensor_slices((images, labels))
-    if shuffle:
-        ds = ds.shuffle(len(images), seed=seed, reshuffle_each_iteration=True)
+    ds = ds.shuffle(len(images), seed=seed, reshuffle_each_iteration=True)
 
     def both(x, y):
         x = tf.cast(x, tf.float32) / 127.5 - 1.0
@@ -85,7 +84,7 @@ def _dataset(images, labels, batch_size, seed, shuffle):
     return ds.batch(batch_size, drop_remainder=True).map(both).prefetch(2)
 
 
-def train_classifier(data, epochs=3, batch_size=64, seed=0, verbose=0):
+def train_classifier(data, epochs=3, seed=0):
     """Trains the classifier on `data.train`; returns (model, test metrics dict)."""
     import keras
 
@@ -95,10 +94,8 @@ def train_classifier(data, epochs=3, batch_size=64, seed=0, verbose=0):
         loss={"class": "sparse_categorical_crossentropy", "consistent": "binary_crossentropy"},
         weighted_metrics={"class": ["accuracy"], "consistent": ["binary_accuracy"]},
     )
-    batch = min(batch_size, max(2, len(data.train) // 2))
-    model.fit(
-        _dataset(data.train, data.train_labels, batch, seed, True), epochs=epochs, verbose=verbose
-    )
+    batch = min(64, max(2, len(data.train) // 2))
+    model.fit(_dataset(data.train, data.train_labels, batch, seed), epochs=epochs, verbose=0)
     model.trainable = False
     return model, evaluate_real(model, data)
 
@@ -108,9 +105,9 @@ def evaluate_real(model, data):
     import tensorflow as tf
 
     x = to_float(data.test)
-    out = predict(model, x)
+    out = model.predict(x, batch_size=256, verbose=0)
     class_acc = float(np.mean(np.argmax(out["class"], -1) == data.test_labels))
-    spliced = predict(model, np.asarray(splice(tf.constant(x))))
+    spliced = model.predict(np.asarray(splice(tf.constant(x))), batch_size=256, verbose=0)
     consistent = float(np.mean(out["consistent"][:, 0] > 0.5))
     rejected = float(np.mean(spliced["consistent"][:, 0] <= 0.5))
     return {
@@ -118,11 +115,6 @@ def evaluate_real(model, data):
         "classifier_test_consistent": round(consistent, 4),
         "classifier_test_spliced_rejected": round(rejected, 4),
     }
-
-
-def predict(model, images, batch_size=256):
-    outs = model.predict(images, batch_size=batch_size, verbose=0)
-    return {k: np.asarray(v) for k, v in outs.items()}
 
 
 def features_and_outputs(model, images, batch_size=256):

@@ -44,7 +44,6 @@ def check_size(size, flag="--image-size"):
         raise UsageError(
             f"{flag} must be a power of two >= 32 (the generator doubles 4x4 up to it), got {size}"
         )
-    return size
 
 
 def load_images(cfg):

@@ -42,11 +42,6 @@ class JaxSaganStep(SaganStep):
         self._ema_fn = wrap(functools.partial(losses.ema_update, decay=self.ema_decay))
 
     # ------------------------------------------------------------ pure steps
-    @staticmethod
-    def _trained_index(model):
-        ids = {id(v) for v in model.trainable_variables}
-        return [i for i, v in enumerate(model.variables) if id(v) in ids]
-
     def _forward(self, g_vals, d_vals, fn):
         """fn() run with G's and D's variables holding g_vals / d_vals; returns fn's
         result and the variables' values after it (updated statistics)."""
@@ -75,23 +70,21 @@ class JaxSaganStep(SaganStep):
             variable.assign(value)
         return logits, scores, grads[:batch]
 
-    @staticmethod
-    def _scaled(optimizer, opt_vals, loss):
-        with keras.StatelessScope(state_mapping=list(zip(optimizer.variables, opt_vals))):
-            return optimizer.scale_loss(loss)
-
     def _descend(self, model, optimizer, state, run):
         """One `optimizer` step on `model` (G or D) down the loss `run(d_vals)` returns with
         G and D holding the state's values; returns (logs, the new state)."""
         g_vals, d_vals, opt_vals = state
         is_g = model is self.g
-        own, index = (g_vals if is_g else d_vals), self._trained_index(model)
+        own = g_vals if is_g else d_vals
+        trainable = {id(v) for v in model.trainable_variables}
+        index = [i for i, v in enumerate(model.variables) if id(v) in trainable]
 
         def loss_fn(trained):
             now = _with(own, index, trained)
             g_now, d_now = (now, d_vals) if is_g else (g_vals, now)
             (total, logs), g_new, d_new = self._forward(g_now, d_now, lambda: run(d_now))
-            return self._scaled(optimizer, opt_vals, total), (logs, g_new, d_new)
+            with keras.StatelessScope(state_mapping=list(zip(optimizer.variables, opt_vals))):
+                return optimizer.scale_loss(total), (logs, g_new, d_new)
 
         trained = [own[i] for i in index]
         (_, (logs, g_new, d_new)), grads = jax.value_and_grad(loss_fn, has_aux=True)(trained)

@@ -30,11 +30,10 @@ def _shape_mask(kind, size, cy, cx, r):
         return dy * dy + dx * dx <= r * r
     if kind == 1:
         return (np.abs(dy) <= r * 0.8) & (np.abs(dx) <= r * 0.8)
+    inside = (np.abs(dy) <= r) & (np.abs(dx) <= r)
     if kind == 2:  # right angle at bottom-left, hypotenuse rising to the right
-        inside = (np.abs(dy) <= r) & (np.abs(dx) <= r)
         return inside & (dy >= dx)
     bar = max(1.0, r * 0.45)
-    inside = (np.abs(dy) <= r) & (np.abs(dx) <= r)
     return inside & ((dx <= -r + bar) | (dy >= r - bar))
 
 
