@@ -1,6 +1,6 @@
 """SavedModel export in the TF Serving layout: BASE/NAME/<version>/.
 
-Each kind supplies named signatures (`write`: each traced once).
+Built with `keras.export.ExportArchive` (`write`); each kind supplies named signatures.
 The version directory is built under a temporary name beside it, proven
 (reloaded and every signature called on its example, outputs compared with
 the live functions), and only then renamed into place, with the app bundle
@@ -42,32 +42,20 @@ def _check_out(out, version):
 
 
 def write(path, functions, tracked=()):
-    """Writes `functions` ({signature name: (fn, input specs)}) as a SavedModel at `path`,
-    each traced once, with the variables they use and the lookup tables of `tracked`
-    (Keras layers, TF trackables). `keras.export.ExportArchive` traces every endpoint
-    twice: once to list its variables, again inside `tf.saved_model.save`."""
-    import tensorflow as tf
+    """Writes `functions` ({signature name: (fn, input specs)}) as a SavedModel at `path`
+    with `keras.export.ExportArchive`, tracking `tracked` (the Keras model or layers whose
+    variables the functions use, and TF trackables such as lookup tables)."""
+    import keras
 
     if "serve" in functions and len(functions) > 1:
         # docs/facts.md: the converter then silently keeps only serving_default.
         raise ExportError("an endpoint may not be called 'serve' next to others")
-    traced = {}  # signatures of one fn and specs share one trace (seq2seq's translate)
-    for fn, specs in functions.values():
-        if (fn, tuple(specs)) not in traced:
-            function = tf.function(fn, input_signature=list(specs), autograph=False)
-            traced[fn, tuple(specs)] = function.get_concrete_function()
-    signatures = {name: traced[fn, tuple(specs)] for name, (fn, specs) in functions.items()}
-    root = tf.Module()
-    root.used_variables = list(
-        {id(v): v for c in signatures.values() for v in c.variables}.values()
-    )
-    root.resources = [
-        r
-        for t in tracked
-        for r in tf.train.TrackableView(t).descendants()
-        if isinstance(r, tf.saved_model.experimental.TrackableResource)
-    ]
-    tf.saved_model.save(root, path, signatures=signatures)
+    archive = keras.export.ExportArchive()
+    for t in tracked:
+        archive.track(t)
+    for name, (fn, specs) in functions.items():
+        archive.add_endpoint(name, fn, input_signature=list(specs))
+    archive.write_out(path, verbose=False)
 
 
 def _shape_checked(endpoint):

@@ -1,4 +1,4 @@
-"""TFLite export: SavedModel (export.savedmodel.write) -> TFLiteConverter, builtin ops only.
+"""TFLite export: ExportArchive (export.savedmodel.write) -> SavedModel -> TFLiteConverter, builtin ops.
 
 Every model is run in ai_edge_litert and compared with Keras before anything
 is written (docs/facts.md: converted models can silently return zeros). The model,
