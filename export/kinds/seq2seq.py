@@ -487,7 +487,6 @@ def main(argv=None):
     )
     parser.add_argument("run_dir")
     parser.add_argument("--out", required=True, help="output directory")
-    parser.add_argument("--debug", action="store_true", help="show tracebacks")
 
     def body():
         args = parser.parse_args(argv)
