@@ -79,18 +79,33 @@ def create_run_dir(path, kind):
         atomic.write_text(marker, kind + "\n")
 
 
-def resumable_config(out, kinds, what):
-    """The config.json of the run `out` to --resume, once it is known to hold step
-    checkpoints; `kinds` are the run kinds the command continues, `what` names them."""
-    from train import checkpoint
+def resumed(cfg, kinds, what):
+    """(config.json, the options to continue with) of the run `cfg.out` to --resume, once
+    it is known to hold step checkpoints; `kinds` are the run kinds the command
+    continues, `what` names them. --epochs and --verbose as given now, the rest as
+    recorded (missing: the defaults)."""
+    from train import checkpoint, config
 
+    out = cfg.out
     config_path = os.path.join(out, "config.json")
     ckpt_dir = os.path.join(out, "checkpoints")
     if not os.path.exists(config_path) or not checkpoint.list_checkpoints(ckpt_dir):
         raise UsageError(
             f"--resume: no checkpoint to resume in {out} (missing config.json or checkpoints/)"
         )
-    config = load_json(config_path)
-    if config.get("kind") not in kinds:
-        raise UsageError(f"--resume: {out} is not a {what} run (kind={config.get('kind')!r})")
-    return config
+    run_config = load_json(config_path)
+    if run_config.get("kind") not in kinds:
+        raise UsageError(f"--resume: {out} is not a {what} run (kind={run_config.get('kind')!r})")
+    recorded = config.from_record(type(cfg), run_config["train"], verbose=cfg.verbose)
+    if cfg.epochs is not None:
+        recorded.epochs = cfg.epochs
+    return run_config, recorded
+
+
+def save_resumed(out, run_config, train_cfg):
+    """Rewrites config.json with the options and the runtime the resumed part trains with."""
+    from train import strategy
+
+    run_config["train"] = train_cfg
+    run_config["runtime"] = strategy.runtime()
+    atomic.write_json(os.path.join(out, "config.json"), run_config)

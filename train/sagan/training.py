@@ -206,11 +206,7 @@ def train_one(cfg, data, out, classifier=None, started=None):
 
 def resume_run(cfg):
     out = cfg.out
-    run_config = rundir.resumable_config(out, ("sagan",), "sagan")
-    # --epochs and --verbose as given now; the rest as recorded (missing: the defaults).
-    recorded = config.from_record(type(cfg), run_config["train"], verbose=cfg.verbose)
-    if cfg.epochs is not None:
-        recorded.epochs = cfg.epochs
+    run_config, recorded = rundir.resumed(cfg, ("sagan",), "sagan")
     if recorded.max_minutes is None:  # stopped before its budget was set
         recorded.max_minutes = DEFAULT_MAX_MINUTES
     train_cfg = config.record(recorded)
@@ -223,9 +219,7 @@ def resume_run(cfg):
     keras.utils.set_random_seed(train_cfg["seed"])
     models = _build(run_config["model"], train_cfg)
     classifier, report = get_classifier(out, data, train_cfg)
-    run_config["train"] = train_cfg
-    run_config["runtime"] = dist.runtime()  # where the resumed part trains
-    atomic.write_json(os.path.join(out, "config.json"), run_config)
+    rundir.save_resumed(out, run_config, train_cfg)
     return _fit_and_finish(_Run(out, run_config, data, models, classifier, report), resuming=True)
 
 

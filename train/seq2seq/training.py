@@ -136,18 +136,12 @@ def _rebuild(out, config, train_cfg):
 
 def resume_run(cfg):
     out = cfg.out
-    run_config = rundir.resumable_config(out, ("seq2seq", "universal_transformer"), "seq2seq")
-    # --epochs and --verbose as given now; the rest as recorded (missing: the defaults).
-    recorded = config.from_record(type(cfg), run_config["train"], verbose=cfg.verbose)
-    if cfg.epochs is not None:
-        recorded.epochs = cfg.epochs
+    run_config, recorded = rundir.resumed(cfg, ("seq2seq", "universal_transformer"), "seq2seq")
     data = load_data(recorded)
     train_cfg = config.record(recorded)
     model = _rebuild(out, run_config, train_cfg)
     encoded = _encode_all(model.tokenizer, data, model, train_cfg["truncate"])
-    run_config["train"] = train_cfg
-    run_config["runtime"] = distribute.runtime()  # where the resumed part trains
-    atomic.write_json(os.path.join(out, "config.json"), run_config)
+    rundir.save_resumed(out, run_config, train_cfg)
     return _fit_and_finish(model, data, encoded, out, train_cfg, name=out)
 
 

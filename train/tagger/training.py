@@ -148,11 +148,7 @@ def _rebuild(out, config):
 
 def resume_run(cfg):
     out = cfg.out
-    run_config = rundir.resumable_config(out, ("tagger",), "tagger")
-    # --epochs and --verbose as given now; the rest as recorded.
-    recorded = config.from_record(type(cfg), run_config["train"], verbose=cfg.verbose)
-    if cfg.epochs is not None:
-        recorded.epochs = cfg.epochs
+    run_config, recorded = rundir.resumed(cfg, ("tagger",), "tagger")
     train_cfg = config.record(recorded)
     data = load_data(
         recorded.train_file, recorded.dev_file, recorded.test_file, recorded.dataset, recorded.seed
@@ -161,9 +157,7 @@ def resume_run(cfg):
     model = _rebuild(out, run_config)
     encoded = _encode(model, data)
     _compile(model, encoded, train_cfg)
-    run_config["train"] = train_cfg
-    run_config["runtime"] = distribute.runtime()  # where the resumed part trains
-    atomic.write_json(os.path.join(out, "config.json"), run_config)
+    rundir.save_resumed(out, run_config, train_cfg)
     return _fit_and_finish(model, data, encoded, out, train_cfg, name=out)
 
 
