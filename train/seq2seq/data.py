@@ -2,7 +2,7 @@
 
 import numpy as np
 
-from train import tfds
+from train import buckets, tfds
 from train.seq2seq import algorithmic, parallel
 from zoo.cli import DataError, UsageError
 from zoo.seq2seq.tokenization import BOS_ID, EOS_ID, train_sentencepiece
@@ -143,24 +143,12 @@ class Batches:
         self.epoch = 0
 
     def _order(self):
-        n = len(self.encoded)
         lengths = np.array(
             [len(s) + len(t) for s, t in zip(self.encoded.sources, self.encoded.targets)]
         )
-        if not self.shuffle:
-            order = np.argsort(lengths, kind="stable")
-            return [order[i : i + self.batch_size] for i in range(0, n, self.batch_size)]
-        rng = np.random.default_rng(self.seed + self.epoch)
-        self.epoch += 1
-        order = rng.permutation(n)
-        chunk = self.batch_size * 50
-        batches = []
-        for start in range(0, n, chunk):
-            part = order[start : start + chunk]
-            part = part[np.argsort(lengths[part], kind="stable")]
-            batches += [part[i : i + self.batch_size] for i in range(0, len(part), self.batch_size)]
-        rng.shuffle(batches)
-        return batches
+        seed = self.seed + self.epoch if self.shuffle else None
+        self.epoch += 1  # a repeated dataset reshuffles
+        return buckets.bucketed(lengths, self.batch_size, seed)
 
     def __len__(self):
         return -(-len(self.encoded) // self.batch_size)

@@ -6,6 +6,7 @@ import math
 import numpy as np
 import tensorflow as tf
 
+from train import buckets
 from zoo.tagger.encoding import PAD, UNK, word_keys
 from zoo.tagger.model import pad_tokens
 
@@ -101,23 +102,7 @@ class Batches:
 
     def __init__(self, encoded, batch_size, shuffle=False, seed=0):
         self.encoded = encoded
-        n = len(encoded)
-        if shuffle:
-            rng = np.random.default_rng(seed)
-            order = rng.permutation(n)
-            pool = batch_size * 50
-            # Sort within pools of 50 batches: random batches, but similar lengths inside.
-            order = np.concatenate(
-                [
-                    sorted(order[i : i + pool], key=lambda j: encoded.lengths[j])
-                    for i in range(0, n, pool)
-                ]
-            )
-        else:
-            order = np.argsort(encoded.lengths, kind="stable")
-        self.batches = [order[i : i + batch_size] for i in range(0, n, batch_size)]
-        if shuffle:
-            rng.shuffle(self.batches)
+        self.batches = buckets.bucketed(encoded.lengths, batch_size, seed if shuffle else None)
 
     def __len__(self):
         return len(self.batches)
