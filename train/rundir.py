@@ -51,6 +51,17 @@ def check_out_dir(path, resume=False, kinds=None):
     return True
 
 
+def prepare(cfg, kinds, load):
+    """Checks --out and reads a new run's data (None for --resume) before anything is
+    written or Keras imported (then it is), so that bad input is one line."""
+    check_out_dir(cfg.out, resume=cfg.resume, kinds=kinds)
+    data = None if cfg.resume else load(cfg)
+    from zoo.cli import import_keras_quietly
+
+    import_keras_quietly()
+    return data
+
+
 def lock(path):
     """Locks the run directory `path` for this process (zoo.run_lock); another live
     process holding it is a UsageError naming its PID. Released when the CLI ends."""
@@ -79,10 +90,10 @@ def create_run_dir(path, kind):
         atomic.write_text(marker, kind + "\n")
 
 
-def resumed(cfg, kinds, what):
+def resumed(cfg, kinds):
     """(config.json, the options to continue with) of the run `cfg.out` to --resume, once
     it is known to hold step checkpoints; `kinds` are the run kinds the command
-    continues, `what` names them. --epochs and --verbose as given now, the rest as
+    continues (the first names them). --epochs and --verbose as given now, the rest as
     recorded (missing: the defaults)."""
     from train import checkpoint, config
 
@@ -95,7 +106,9 @@ def resumed(cfg, kinds, what):
         )
     run_config = load_json(config_path)
     if run_config.get("kind") not in kinds:
-        raise UsageError(f"--resume: {out} is not a {what} run (kind={run_config.get('kind')!r})")
+        raise UsageError(
+            f"--resume: {out} is not a {kinds[0]} run (kind={run_config.get('kind')!r})"
+        )
     recorded = config.from_record(type(cfg), run_config["train"], verbose=cfg.verbose)
     if cfg.epochs is not None:
         recorded.epochs = cfg.epochs

@@ -225,28 +225,27 @@ def build_trainer(image_size=32, channels=3, num_classes=4, argv=()):
     return g, d, ema, _step((g, d, ema), model_cfg, train_cfg), train_cfg
 
 
+def _load(cfg):
+    from train.sagan.images import load_images
+
+    data = load_images(cfg)
+    if cfg.attention() not in ("auto", None):
+        from zoo.sagan.model import resolve_attention
+
+        try:
+            resolve_attention(data.image_size, cfg.attention())
+        except ValueError as e:
+            raise UsageError(f"--attention-resolution {cfg.attention()}: {e}") from None
+    return data
+
+
 def run(args):
     # The default budget counts the whole run (data, classifier) from here.
     started = time.monotonic()
     cfg = config.from_args(SaganConfig, args)
     from train import rundir
 
-    rundir.check_out_dir(cfg.out, resume=cfg.resume, kinds=("sagan",))
-    if not cfg.resume:
-        # Everything that can be wrong with the input is found before anything is written.
-        from train.sagan.images import load_images
-
-        data = load_images(cfg)
-        if cfg.attention() not in ("auto", None):
-            from zoo.sagan.model import resolve_attention
-
-            try:
-                resolve_attention(data.image_size, cfg.attention())
-            except ValueError as e:
-                raise UsageError(f"--attention-resolution {cfg.attention()}: {e}") from None
-    from zoo.cli import import_keras_quietly
-
-    import_keras_quietly()  # after the cheap checks: bad input still gets one line
+    data = rundir.prepare(cfg, ("sagan",), _load)
     from train.sagan import training
 
     if cfg.resume:

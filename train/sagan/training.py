@@ -206,7 +206,7 @@ def train_one(cfg, data, out, classifier=None, started=None):
 
 def resume_run(cfg):
     out = cfg.out
-    run_config, recorded = rundir.resumed(cfg, ("sagan",), "sagan")
+    run_config, recorded = rundir.resumed(cfg, ("sagan",))
     if recorded.max_minutes is None:  # stopped before its budget was set
         recorded.max_minutes = DEFAULT_MAX_MINUTES
     train_cfg = config.record(recorded)

@@ -242,17 +242,9 @@ def run(args):
     if cfg.compare:
         return length.run_compare(cfg)
     from train import rundir
+    from train.seq2seq.data import load_data
 
-    rundir.check_out_dir(cfg.out, resume=cfg.resume, kinds=("seq2seq", "universal_transformer"))
-    data = None
-    if not cfg.resume:
-        # Bad input is found before the (slow) TensorFlow import and before anything is written.
-        from train.seq2seq.data import load_data
-
-        data = load_data(cfg)
-    from zoo.cli import import_keras_quietly
-
-    import_keras_quietly()  # after the cheap checks: bad input still gets one line
+    data = rundir.prepare(cfg, ("seq2seq", "universal_transformer"), load_data)
     from train.seq2seq import training
 
     if cfg.resume:

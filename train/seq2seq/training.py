@@ -136,7 +136,7 @@ def _rebuild(out, config, train_cfg):
 
 def resume_run(cfg):
     out = cfg.out
-    run_config, recorded = rundir.resumed(cfg, ("seq2seq", "universal_transformer"), "seq2seq")
+    run_config, recorded = rundir.resumed(cfg, ("seq2seq", "universal_transformer"))
     data = load_data(recorded)
     train_cfg = config.record(recorded)
     model = _rebuild(out, run_config, train_cfg)

@@ -111,17 +111,13 @@ def add_arguments(parser):
 def run(args):
     cfg = config.from_args(TaggerConfig, args)
     from train import rundir
+    from train.tagger import select
 
-    rundir.check_out_dir(cfg.out, resume=cfg.resume, kinds=("tagger",))
-    data = None
-    if not cfg.resume:
-        # Everything that can be wrong with the input is found before anything is written.
-        from train.tagger.select import load_data
-
-        data = load_data(cfg.train_file, cfg.dev_file, cfg.test_file, cfg.dataset, cfg.seed)
-    from zoo.cli import import_keras_quietly
-
-    import_keras_quietly()  # after the cheap checks: bad input still gets one line
+    data = rundir.prepare(
+        cfg,
+        ("tagger",),
+        lambda c: select.load_data(c.train_file, c.dev_file, c.test_file, c.dataset, c.seed),
+    )
     from train.tagger.training import resume_run, train_compare, train_one
 
     if cfg.resume:

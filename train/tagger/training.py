@@ -148,7 +148,7 @@ def _rebuild(out, config):
 
 def resume_run(cfg):
     out = cfg.out
-    run_config, recorded = rundir.resumed(cfg, ("tagger",), "tagger")
+    run_config, recorded = rundir.resumed(cfg, ("tagger",))
     train_cfg = config.record(recorded)
     data = load_data(
         recorded.train_file, recorded.dev_file, recorded.test_file, recorded.dataset, recorded.seed
