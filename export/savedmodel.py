@@ -103,6 +103,12 @@ def rest_bodies(endpoint):
     return instances, {"signature_name": endpoint.name, "inputs": columns}
 
 
+def _same_tensors(a, b):
+    return len(a) == len(b) and all(
+        x.dtype == y.dtype and np.array_equal(x.numpy(), y.numpy()) for x, y in zip(a, b)
+    )
+
+
 def _prove(tmp, endpoints):
     """Reloads the written SavedModel and checks every signature against its fn."""
     import tensorflow as tf
@@ -123,11 +129,7 @@ def _prove(tmp, endpoints):
         got = signature(**feed)
         args = [feed[s.name] for s in e.specs]
         seen = reference.get(id(e.fn))
-        if not (
-            seen
-            and len(seen[0]) == len(args)
-            and all(x.dtype == y.dtype and np.array_equal(x, y) for x, y in zip(seen[0], args))
-        ):
+        if seen is None or not _same_tensors(seen[0], args):
             reference[id(e.fn)] = seen = (args, e.fn(*args))
         want = {k: np.asarray(v) for k, v in seen[1].items()}
         why = litert.gate(litert.compare(want, {k: np.asarray(v) for k, v in got.items()}), 1e-5, 1)
@@ -172,10 +174,7 @@ def _write_version(out, version, model_name, kind, source, tracked, endpoints):
     target = os.path.join(out, str(version))
     model_name = model_name or os.path.basename(out)
     with atomic.building(target, directory=True) as tmp:
-        checked = {}
-        for e in endpoints:
-            checked.setdefault((e.fn, tuple(e.specs)), _shape_checked(e))
-        write(tmp, {e.name: (checked[e.fn, tuple(e.specs)], e.specs) for e in endpoints}, tracked)
+        write(tmp, {e.name: (_shape_checked(e), e.specs) for e in endpoints}, tracked)
         warmup.write(tmp, model_name, [(e.name, e.example) for e in endpoints])
         extras = kind.extra_files(source)
         for name, content in extras.items():
