@@ -63,7 +63,7 @@ def _timed(step, batches, warmup):
     return time.perf_counter() - start
 
 
-def bench_tagger(cfg, steps, warmup, rng):
+def bench_tagger(cfg, steps, warmup, rng, context):
     import keras
 
     from train.jax_step import JaxModelStep
@@ -91,14 +91,14 @@ def bench_tagger(cfg, steps, warmup, rng):
         )
         for _ in range(total)
     ]
-    step = JaxModelStep(model)
+    step = JaxModelStep(model, context=context)
     step.build(batches[0])
     seconds = _timed(step.train, batches, warmup)
     keras.backend.clear_session()
     return {"unit": "tokens/s", "value": steps * shape[0] * shape[1] / seconds}
 
 
-def bench_seq2seq(cfg, steps, warmup, rng):
+def bench_seq2seq(cfg, steps, warmup, rng, context):
     import keras
 
     from train.jax_step import JaxModelStep
@@ -127,14 +127,14 @@ def bench_seq2seq(cfg, steps, warmup, rng):
                 target,
             )
         )
-    step = JaxModelStep(model, loss_terms=masked_mean_terms(model.loss, 0))
+    step = JaxModelStep(model, masked_mean_terms(model.loss, 0), context=context)
     step.build(batches[0])
     seconds = _timed(step.train, batches, warmup)
     keras.backend.clear_session()
     return {"unit": "target tokens/s", "value": steps * b * cfg["target"] / seconds}
 
 
-def bench_sagan(cfg, steps, warmup, rng):
+def bench_sagan(cfg, steps, warmup, rng, context):
     import keras
 
     from train.engine import At
@@ -142,7 +142,8 @@ def bench_sagan(cfg, steps, warmup, rng):
     from train.sagan.losses import R1_EVERY
 
     # G, D, EMA-G and the step as `python -m train sagan` builds them (its defaults).
-    _, _, _, step, train_cfg = build_trainer(cfg["image_size"], 3, cfg["classes"], cfg["argv"])
+    built = build_trainer(cfg["image_size"], 3, cfg["classes"], cfg["argv"], context)
+    step, train_cfg = built[3:]
     # Whole cycles of R1_EVERY D steps (one of them carries R1), warm-up and timed: every
     # step function compiles untimed, and the timed steps hold R1 in its share.
     warmup, steps = (-(-n // R1_EVERY) * R1_EVERY for n in (warmup, steps))
@@ -187,16 +188,16 @@ def main(argv=None):
 
     from train import strategy
 
-    # The policy through train.strategy, as the training commands set it (an "auto"
-    # there would turn bfloat16 on by itself on a GPU that has it).
-    strategy.configure(argparse.Namespace(mixed_precision=args.dtype))
+    # The policy and the steps' run context through train.strategy, as the training
+    # commands have them (an "auto" there would turn bfloat16 on by itself on a GPU).
+    context = strategy.configure(argparse.Namespace(mixed_precision=args.dtype))
     steps = args.steps or (3 if args.smoke else 50)
     warmup = args.warmup or (1 if args.smoke else 3)
     sizes = SMOKE if args.smoke else FULL
     rows = []
     for name in [args.only] if args.only else list(BENCHES):
         rng = np.random.default_rng(0)
-        result = BENCHES[name](sizes[name], steps, warmup, rng)
+        result = BENCHES[name](sizes[name], steps, warmup, rng, context)
         rows.append({"model": name, "batch": sizes[name].get("batch"), "steps": steps, **result})
         print(f"{name}: {result['value']:.1f} {result['unit']}", flush=True)
     assert "tensorflow" not in sys.modules, "TensorFlow was imported"

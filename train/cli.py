@@ -1,8 +1,10 @@
 """Command-line entry point shared by all training commands.
 
 `python -m train MODEL ...` looks MODEL up in `COMMANDS`; each command module provides
-`add_arguments(parser)` and `run(args) -> int`. A new model plugs in by adding a line to
-`COMMANDS` (modules missing from the checkout are not offered).
+`add_arguments(parser)` and `run(args, context) -> int`: `context` is the command's
+`train.strategy.RunContext` (distribution flags, train.preemption signals), built here and
+passed down. Environment variables are set here only. A new model plugs in by adding a
+line to `COMMANDS` (modules missing from the checkout are not offered).
 
 `--backend tensorflow|jax` (default: KERAS_BACKEND, else tensorflow) sets KERAS_BACKEND
 before Keras is imported; it refuses when Keras is already imported with the other backend
@@ -140,8 +142,8 @@ def main(argv=None):
     from zoo import run_lock
 
     try:
-        with preemption.handlers(), runtime_logs(verbose_flag(rest)):
-            return _run(name, rest, commands)
+        with preemption.handlers() as signals, runtime_logs(verbose_flag(rest)):
+            return _run(name, rest, commands, signals)
     except preemption.Stopped as e:
         print(str(e), file=sys.stderr)
         return e.code
@@ -157,7 +159,7 @@ def main(argv=None):
         run_lock.release_all()
 
 
-def _run(name, rest, commands):
+def _run(name, rest, commands, signals):
     select_backend(rest)
     if name in ONEDNN_COMMANDS:
         prefer_onednn()
@@ -183,5 +185,9 @@ def _run(name, rest, commands):
     if config_path is not None:
         rest = config_argv(replay.read_config(config_path, name)) + rest
     args = parser.parse_args(rest)
-    strategy.configure(args)
-    return int(module.run(args) or 0)
+    # --device cpu: the GPUs hidden as the backend starts (once started: train.strategy).
+    jax = os.environ["KERAS_BACKEND"] == "jax"
+    if args.device == "cpu" and ("jax" if jax else "tensorflow") not in sys.modules:
+        os.environ["JAX_PLATFORMS" if jax else "CUDA_VISIBLE_DEVICES"] = "cpu" if jax else "-1"
+    with strategy.configure(args, signals) as context:
+        return int(module.run(args, context) or 0)

@@ -31,7 +31,7 @@ import keras
 import numpy as np
 
 from train import checkpoint, preemption
-from train import strategy as dist
+from train.strategy import RunContext
 from zoo.cli import UsageError
 
 
@@ -104,6 +104,8 @@ class Plan:
     validation: object = None  # batches evaluated at each epoch end (as val_*)
     best: typing.Optional[typing.Callable] = None  # logs -> sort key (lower wins) or None
     hooks: tuple = ()  # hook(epoch, logs) at each epoch end, before best and checkpoint
+    # The command's train.strategy.RunContext (workers, signals); library use: one device.
+    context: RunContext = dataclasses.field(default_factory=RunContext)
 
 
 class EpochData:
@@ -221,7 +223,8 @@ class _Training:
     def __init__(self, step, data, plan, state):
         self.step, self.data, self.plan, self.state = step, data, plan, state
         self.steps = data.steps()
-        self.chief = dist.is_chief()
+        self.context, self.signals = plan.context, plan.context.signals
+        self.chief = self.context.is_chief()
         self.limit = (plan.max_minutes or 0.0) * 60.0
         self.sums = {}  # name -> [weighted sum, weight] of the epoch so far
         self.seconds = state["train_seconds"]  # this worker's clock of the training steps
@@ -241,8 +244,8 @@ class _Training:
         self.board = None  # TensorBoard's writer, made at the first epoch end
         # Several workers agree on the step to stop after and on the clock; one worker
         # polls its own signal flag and clock.
-        index, workers = dist.worker()
-        self.cluster = preemption.ClusterStop(index, workers) if workers > 1 else None
+        index, workers = self.context.worker()
+        self.cluster = preemption.ClusterStop(self.signals, index, workers) if workers > 1 else None
 
     # ------------------------------------------------------------ checkpoints
     def save(self, epoch, done):
@@ -256,7 +259,7 @@ class _Training:
                 "epoch": epoch,
                 "batches_done": done,
                 "partial": self.sums,
-                "strategy": dist.describe(),
+                "strategy": self.context.describe(),
                 "state": self.state,
             },
             refs=self.step.refs(),
@@ -316,12 +319,12 @@ class _Training:
             if every and step % every == 0 and done < self.steps:
                 self.save(epoch, done)
             # A signal: this process's, or (several workers) a peer's.
-            if self.cluster.poll(step) if self.cluster else preemption.requested() is not None:
+            if self.cluster.poll(step) if self.cluster else self.signals.requested is not None:
                 # The step is finished: save it (within the epoch, so that the resumed run
                 # still closes the epoch), then leave with the signal's exit code.
                 self.state["train_seconds"] = self.seconds
                 self.save(epoch, done)
-                preemption.stop(f"{self.written()} at epoch {epoch + 1}, batch {done}")
+                self.signals.stop(f"{self.written()} at epoch {epoch + 1}, batch {done}")
             if self.used >= 1.0:
                 self.stopped_by_time = True
                 break
@@ -368,7 +371,7 @@ class _Training:
 
     def run(self, epoch, skip):
         self.bar.on_train_begin()
-        with preemption.listening():
+        with self.signals.listening():
             try:
                 while epoch < self.plan.epochs:
                     if self.used >= 1.0:
@@ -376,13 +379,13 @@ class _Training:
                         break
                     done = self.epoch(epoch, skip)
                     self.end_epoch(epoch, done)
-                    if self.cluster is None and preemption.requested() is not None:
-                        preemption.stop(f"{self.written()} at the end of epoch {epoch + 1}")
+                    if self.cluster is None and self.signals.requested is not None:
+                        self.signals.stop(f"{self.written()} at the end of epoch {epoch + 1}")
                     epoch, skip = epoch + 1, 0
                     if self.stopped_by_time:
                         break
                 if self.cluster and self.cluster.finish():  # a signal after the last step
-                    preemption.stop(f"{self.written()} at the end of epoch {epoch}")
+                    self.signals.stop(f"{self.written()} at the end of epoch {epoch}")
             finally:
                 if self.cluster:
                     self.cluster.close()
@@ -448,7 +451,7 @@ def fit(step, source, plan, state=None, name=None):
         state.setdefault(key, value)
     epoch, skip, partial, restored = _restore(step, plan, state)
     # After the restore: a checkpoint that does not fit is the run's one line on stderr.
-    dist.announce(getattr(step, "runtime", None))
+    plan.context.announce(getattr(step, "runtime", None))
     if restored:
         where = f"at epoch {epoch + 1}, batch {skip}" if skip else f"after epoch {epoch}"
         print(
@@ -472,15 +475,16 @@ def fit(step, source, plan, state=None, name=None):
     return state
 
 
-def run_plan(out, epochs, max_minutes, **kwargs):
-    """The `Plan` of a run directory: checkpoints/ and logs/ in `out`, checkpoints every
-    --checkpoint-every steps too."""
+def run_plan(context, out, epochs, max_minutes, **kwargs):
+    """The `Plan` of a command's run directory `out`: checkpoints/ and logs/ in it,
+    checkpoints every --checkpoint-every steps too (the `context`'s)."""
     return Plan(
         epochs=epochs,
         max_minutes=max_minutes or 0.0,
         checkpoint_dir=os.path.join(out, "checkpoints"),
-        checkpoint_every=dist.checkpoint_every(),
+        checkpoint_every=context.checkpoint_every,
         log_dir=os.path.join(out, "logs"),
+        context=context,
         **kwargs,
     )
 

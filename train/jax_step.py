@@ -51,7 +51,7 @@ def assign(variables, new_values):
 
 class JaxModelStep(ModelStep):
     # Each new batch shape compiles the step (seconds_per_step times the second call).
-    # jit_compile: train.strategy's (on under JAX unless --no-jit-compile: an un-jitted
+    # jit_compile: the RunContext's (on under JAX unless --no-jit-compile: an un-jitted
     # step runs op by op, for debugging).
     compiles_per_shape = True
 

@@ -13,9 +13,9 @@ host's, train.loss_terms). `--mixed-precision` with float16 scales the loss
 import keras
 import numpy as np
 
-from train import strategy as dist
 from train.engine import Step, averaged_weights
 from train.loss_terms import host_count, unpack, weighted_terms
+from train.strategy import RunContext
 
 
 def host_numpy(batch):
@@ -99,15 +99,17 @@ class ModelStep(Step):
     """What both backends share: the model, its optimizer, loss terms and metrics, the
     batch accounting, evaluation, and the variables a checkpoint holds. Subclasses
     define `_make_train_fn`, `_make_eval_fn` and `_run(mode, x, y, w, count)` -> loss,
-    mode "train" or "eval"."""
+    mode "train" or "eval". `context`: the command's train.strategy.RunContext (its
+    strategy, and XLA unless `jit_compile` says); None: one device."""
 
-    def __init__(self, model, loss_terms=None, jit_compile=None, strategy=None):
+    def __init__(self, model, loss_terms=None, jit_compile=None, context=None):
         self.model = model
         self.models = (model,)
         self.optimizer = model.optimizer
         self.terms = loss_terms or weighted_terms(model.loss)
-        self.strategy = strategy or dist.get()
-        self.jit_compile = dist.jit_compile() if jit_compile is None else bool(jit_compile)
+        context = context or RunContext()
+        self.strategy = context.strategy
+        self.jit_compile = context.jit_compile if jit_compile is None else bool(jit_compile)
         compiled = model.get_compile_config() or {}
         with self.strategy.scope():  # fresh copies of the compiled metrics: (metric, weighted)
             self.metrics = [

@@ -2,12 +2,12 @@
 
 Cloud VMs, Kubernetes and batch schedulers stop a job with SIGTERM (then SIGKILL after
 a grace period); Ctrl-C sends SIGINT. `python -m train` installs `handlers()` for the
-whole command. Inside a training loop (`listening()`) a signal only sets a flag: the
-loop polls `requested()` after each step, writes a checkpoint and calls `stop(...)`, and
-the CLI prints one line and exits with 128 + the signal number (143 for SIGTERM, 130
-for SIGINT). `--resume` then continues from that checkpoint. Outside a loop, or on a
-second signal, `Stopped` is raised at once (nothing newer than the last checkpoint to
-save; atomic writes leave no partial file).
+whole command, which write into its `Signals`. Inside a training loop (`listening()`) a
+signal only sets `requested`: the loop polls it after each step, writes a checkpoint and
+calls `stop(...)`, and the CLI prints one line and exits with 128 + the signal number
+(143 for SIGTERM, 130 for SIGINT). `--resume` then continues from that checkpoint.
+Outside a loop, or on a second signal, `Stopped` is raised at once (nothing newer than
+the last checkpoint to save; atomic writes leave no partial file).
 
 Several workers (`MultiWorkerMirroredStrategy`): a preempted VM signals its own worker
 only, and a worker that stopped alone would leave the others waiting in their next
@@ -34,8 +34,6 @@ import threading
 import time
 
 SIGNALS = (signal.SIGTERM, signal.SIGINT)
-_state = {"listening": 0, "requested": None, "peer": False}
-_sessions = itertools.count()
 
 
 class Stopped(BaseException):
@@ -55,89 +53,86 @@ def _name(signum):
         return f"signal {signum}"
 
 
-def _handler(signum, _frame):
-    if _state["listening"] and _state["requested"] is None:
-        _state["requested"] = signum
-        return
-    raise Stopped(signum, f"stopped by {_name(signum)}")
+class Signals:
+    """One command's signal state, written by the handlers `handlers()` installs: the
+    signal received while a loop listens (`requested`, None until then), whether it was
+    a peer's (`peer`), and the numbering of the command's `ClusterStop`s. A `Signals()`
+    of its own (no handlers) never hears one: library use."""
+
+    def __init__(self):
+        self.loops, self.requested, self.peer, self.installed = 0, None, False, False
+        self.sessions = itertools.count()
+
+    def handle(self, signum, _frame):
+        if self.loops and self.requested is None:
+            self.requested = signum
+            return
+        raise Stopped(signum, f"stopped by {_name(signum)}")
+
+    @contextlib.contextmanager
+    def listening(self):
+        """The block of a loop that polls `requested`."""
+        if self.installed and threading.current_thread() is threading.main_thread():
+            # Ours again: TensorFlow's runtime for several workers (started after
+            # `handlers()` by the strategy) puts its own C++ SIGTERM handler in place,
+            # which swallows the signal (seen: a SIGTERM to a worker of `python -m train
+            # --strategy multi_worker` left both workers training to the end).
+            for s in SIGNALS:
+                signal.signal(s, self.handle)
+        self.loops += 1
+        try:
+            yield
+        finally:
+            self.loops = max(0, self.loops - 1)
+
+    def from_peer(self, signum):
+        """Another worker of the run was signalled: this one stops for it too."""
+        if self.requested is None:
+            self.requested, self.peer = int(signum), True
+
+    def stop(self, saved):
+        """Raises `Stopped` for the signal received; `saved` says what was written."""
+        signum = self.requested or signal.SIGTERM
+        how = f"{_name(signum)} on another worker" if self.peer else _name(signum)
+        raise Stopped(signum, f"stopped by {how}: {saved}; continue with --resume")
 
 
 @contextlib.contextmanager
 def handlers():
-    """Installs the handlers (main thread only) and restores the previous ones."""
+    """The `Signals` of a command, with its handlers installed (main thread only) and
+    the previous ones restored on exit."""
+    signals = Signals()
     if threading.current_thread() is not threading.main_thread():
-        yield
+        yield signals
         return
-    previous = {s: signal.signal(s, _handler) for s in SIGNALS}
-    reset()
-    _state["installed"] = True
+    previous = {s: signal.signal(s, signals.handle) for s in SIGNALS}
+    signals.installed = True
     try:
-        yield
+        yield signals
     finally:
-        _state["installed"] = False
+        signals.installed = False
         for s, old in previous.items():
             signal.signal(s, old)
-        reset()
-
-
-def reset():
-    _state.update(listening=0, requested=None, peer=False)
-
-
-@contextlib.contextmanager
-def listening():
-    """The block of a loop that polls `requested()`."""
-    if _state.get("installed") and threading.current_thread() is threading.main_thread():
-        # Ours again: TensorFlow's runtime for several workers (started after `handlers()`
-        # by the strategy) puts its own C++ SIGTERM handler in place, which swallows the
-        # signal (seen: a SIGTERM to a worker of `python -m train --strategy multi_worker`
-        # left both workers training to the end).
-        for s in SIGNALS:
-            signal.signal(s, _handler)
-    _state["listening"] += 1
-    try:
-        yield
-    finally:
-        _state["listening"] = max(0, _state["listening"] - 1)
-
-
-def requested():
-    """The signal received while listening, or None: this process's own, or a peer's
-    once `ClusterStop` agreed on it. Under several workers train.engine polls
-    `ClusterStop.poll` instead, which shares it."""
-    return _state["requested"]
-
-
-def from_peer(signum):
-    """Another worker of the run was signalled: this one stops for it too."""
-    if _state["requested"] is None:
-        _state.update(requested=int(signum), peer=True)
-
-
-def stop(saved):
-    """Raises `Stopped` for the signal received; `saved` says what was written."""
-    signum = _state["requested"] or signal.SIGTERM
-    how = f"{_name(signum)} on another worker" if _state["peer"] else _name(signum)
-    raise Stopped(signum, f"stopped by {how}: {saved}; continue with --resume")
 
 
 class ClusterStop:
     """The workers' agreement on the step to stop after (see the module docstring).
 
     Every worker creates one per training loop (the same number of loops on each: keys
-    are numbered per process), calls `poll(step)` after each step with the same step
-    numbers, `finish()` after the loop, and `close()` at the end. `poll` and `finish`
-    return True when this worker must stop now (its own signal or a peer's)."""
+    are numbered per command, by its `Signals`), calls `poll(step)` after each step with
+    the same step numbers, `finish()` after the loop, and `close()` at the end. `poll`
+    and `finish` return True when this worker must stop now (its own signal or a peer's)."""
 
     ACK_TIMEOUT_MS = 120_000
 
-    def __init__(self, index, workers, context=None):
+    def __init__(self, signals, index, workers, context=None):
         if context is None:
             from tensorflow.python.eager import context as tf_context
 
             context = tf_context.context()
         self.ctx, self.index, self.workers = context, int(index), int(workers)
-        self.prefix = f"attention_zoo/stop/{next(_sessions)}"
+        self.signals = signals
+        self.prefix = f"attention_zoo/stop/{next(signals.sessions)}"
         self.target = None  # (step, signum) published by the signalled worker
         self.claimed = False
         self._closing = threading.Event()
@@ -199,14 +194,14 @@ class ClusterStop:
                 self.ctx.get_config_key_value(f"{self.prefix}/target_ack/{i}", self.ACK_TIMEOUT_MS)
 
     def _own(self):
-        return _state["requested"] if not _state["peer"] else None
+        return self.signals.requested if not self.signals.peer else None
 
     def poll(self, step):
         own = self._own()
         if own is not None and not self.claimed and self.target is None:
             self._claim(step, own)
         if self.target is not None and step >= self.target[0]:
-            from_peer(self.target[1])
+            self.signals.from_peer(self.target[1])
             return True
         return False
 
@@ -221,7 +216,7 @@ class ClusterStop:
         ]
         first = next((s for s in signums if s), 0)
         if first:
-            from_peer(first)
+            self.signals.from_peer(first)
         return bool(first)
 
     def close(self):

@@ -115,10 +115,9 @@ def resumed(cfg, kinds):
     return run_config, recorded
 
 
-def save_resumed(out, run_config, train_cfg):
-    """Rewrites config.json with the options and the runtime the resumed part trains with."""
-    from train import strategy
-
+def save_resumed(out, run_config, train_cfg, context):
+    """Rewrites config.json with the options and the runtime the resumed part trains with
+    (`context`: the command's train.strategy.RunContext)."""
     run_config["train"] = train_cfg
-    run_config["runtime"] = strategy.runtime()
+    run_config["runtime"] = context.runtime()
     atomic.write_json(os.path.join(out, "config.json"), run_config)

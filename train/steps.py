@@ -4,24 +4,23 @@ that the TensorFlow and the JAX step modules never import each other."""
 import keras
 
 
-def make_step(model, loss_terms=None, jit_compile=None):
-    """The step for a compiled `model`: `train.model_step.TfModelStep` under TensorFlow,
+def make_step(model, loss_terms=None, context=None):
+    """The step for a compiled `model` in the run `context` (train.strategy.RunContext;
+    None: one device): `train.model_step.TfModelStep` under TensorFlow,
     `train.jax_step.JaxModelStep` under JAX."""
     if keras.backend.backend() == "jax":
-        from train.jax_step import JaxModelStep
-
-        return JaxModelStep(model, loss_terms, jit_compile)
-    from train.model_step import TfModelStep
-
-    return TfModelStep(model, loss_terms, jit_compile)
+        from train.jax_step import JaxModelStep as Step
+    else:
+        from train.model_step import TfModelStep as Step
+    return Step(model, loss_terms, context=context)
 
 
-def make_sagan_step(models, recipe, strategy=None, jit_compile=False):
-    """SAGAN's step for (generator, discriminator, EMA generator or None):
-    `train.sagan.fit.TfSaganStep` under TensorFlow, `train.sagan.jax_fit.JaxSaganStep`
-    under JAX."""
+def make_sagan_step(models, recipe, context=None, jit_compile=False):
+    """SAGAN's step for (generator, discriminator, EMA generator or None) in the run
+    `context`: `train.sagan.fit.TfSaganStep` under TensorFlow,
+    `train.sagan.jax_fit.JaxSaganStep` under JAX."""
     if keras.backend.backend() == "jax":
         from train.sagan.jax_fit import JaxSaganStep as Step
     else:
         from train.sagan.fit import TfSaganStep as Step
-    return Step(models, recipe, strategy, jit_compile)
+    return Step(models, recipe, context, jit_compile)

@@ -7,9 +7,11 @@ auto when there are several GPUs/TPUs) or one device (default); multi_worker is
 tf.distribute's only. `--device auto|cpu|gpu`: cpu hides the GPUs; gpu refuses (exit 2)
 when the backend sees none, instead of training on the CPU.
 
-`describe_runtime()` is the one line every command prints at start (`backend jax, 1 x
-cpu, float32, XLA on`; on a CPU under TensorFlow it ends with `oneDNN on` or `off`);
-`runtime()` is what config.json / metrics.json record of it.
+`configure` turns the flags into the command's `RunContext`, which train.cli passes down
+to the command, its steps and its training loop (no module state here).
+`describe_runtime(info)` is the one line every command prints at start (`backend jax, 1
+x cpu, float32, XLA on`; on a CPU under TensorFlow it ends with `oneDNN on` or `off`);
+`RunContext.runtime()` is what config.json / metrics.json record of it.
 
 Collective ops (multi_worker) and TPUs must be set up before TensorFlow runs anything, so
 `configure` creates those strategies right after the flags are parsed; the others are
@@ -18,12 +20,14 @@ created on first use, keeping bad-input errors fast (no TensorFlow import).
 
 import atexit
 import contextlib
+import functools
 import json
 import os
 import shutil
 import sys
 import tempfile
 
+from train import preemption
 from zoo.cli import UsageError
 
 STRATEGIES = ("auto", "default", "mirrored", "multi_worker", "tpu")
@@ -31,17 +35,6 @@ DEVICES = ("auto", "cpu", "gpu")
 POLICIES = ("auto", "float32", "mixed_bfloat16", "mixed_float16")
 # The bare --mixed-precision flag (its meaning before the policies could be named).
 _BARE = "on"
-
-# What `reset()` returns to: one device, float32, no step checkpoints, nothing to announce.
-_DEFAULTS = {
-    "name": "default",
-    "strategy": None,
-    "mixed_precision": "auto",
-    "jit_compile": None,
-    "checkpoint_every": 0,
-    "announced": True,
-}
-_state = dict(_DEFAULTS)
 
 
 def add_arguments(parser):
@@ -139,23 +132,19 @@ def _gpus():
 
 
 def _restrict_device(device):
-    """--device: cpu hides the GPUs from the backend; gpu refuses without one."""
+    """--device: cpu hides the GPUs from a backend already imported (before, train.cli
+    sets the environment); gpu refuses without one."""
     if device not in DEVICES:
         raise UsageError(f"unknown --device {device!r}; choose from: {', '.join(DEVICES)}")
     if device == "cpu":
-        if backend() == "jax":
-            if "jax" in sys.modules:
-                import jax
+        if backend() == "jax" and "jax" in sys.modules:
+            import jax
 
-                jax.config.update("jax_platforms", "cpu")
-            else:
-                os.environ["JAX_PLATFORMS"] = "cpu"
-        elif "tensorflow" in sys.modules:
+            jax.config.update("jax_platforms", "cpu")
+        elif backend() != "jax" and "tensorflow" in sys.modules:
             import tensorflow as tf
 
             tf.config.set_visible_devices([], "GPU")
-        else:
-            os.environ["CUDA_VISIBLE_DEVICES"] = "-1"
     elif device == "gpu" and not _gpus():
         extra = "jax-gpu" if backend() == "jax" else "gpu"
         raise UsageError(
@@ -164,8 +153,9 @@ def _restrict_device(device):
         )
 
 
-def configure(args):
-    """Validates the flags, sets the dtype policy and creates early strategies. Idempotent.
+def configure(args, signals=None):
+    """The `RunContext` of the flags in `args`, validated; sets the dtype policy and
+    creates the early strategies. `signals`: the command's (train.preemption.handlers).
     Every command takes every flag."""
     name = getattr(args, "strategy", "default") or "default"
     if name not in STRATEGIES:
@@ -191,62 +181,164 @@ def configure(args):
     if name == "auto" and config is not None and len(config["cluster"]["worker"]) > 1:
         name = "multi_worker"
     _restrict_device(device)
-    _state.clear()
-    _state.update(
-        _DEFAULTS,
-        name=name,
-        mixed_precision=policy,
-        jit_compile=getattr(args, "jit_compile", None),
-        checkpoint_every=every,
-        tpu=getattr(args, "tpu", None),
-        announced=False,
-    )
+    jit = getattr(args, "jit_compile", None)
+    context = RunContext(name, policy, jit, every, getattr(args, "tpu", None), signals)
+    context.announced = False
     if name == "multi_worker" and hasattr(args, "out") and not args.out:
         raise UsageError(
             "--strategy multi_worker needs an explicit --out (the same on every worker)"
         )
     if name in ("multi_worker", "tpu") and backend() != "jax":
-        get()
+        context.strategy  # noqa: B018  (created now: before TensorFlow runs anything)
     if policy not in ("auto", "float32"):
-        _set_policy()  # "auto" waits for the model's scope: it asks the device
-    if name == "multi_worker" and not is_chief():
-        _use_scratch_out(args)
-    return _state
+        context.policy  # noqa: B018  ("auto" waits for the model's scope: it asks the device)
+    if name == "multi_worker" and not context.is_chief():
+        _use_scratch_out(args, context.worker()[0])
+    return context
 
 
-def _set_policy():
-    """The dtype policy --mixed-precision resolves to on this device (set once)."""
-    if "policy" in _state:
-        return _state["policy"]
-    import keras
+class RunContext:
+    """One command's run: the distribution flags `configure` checked, the strategy they
+    pick (created on first use), the dtype policy, and the command's `signals`
+    (train.preemption.Signals). `RunContext()` is one device, the device's policy, no
+    step checkpoints, nothing to announce, no signal handlers: what library use (tests,
+    benchmarks) gets when no command built one. As a context manager, it takes back on
+    exit the global `keras.distribution` its strategy set (JAX, several devices)."""
 
-    asked = _state["mixed_precision"]
-    kind = device_kind() if asked in (_BARE, "auto") else None
-    if asked == _BARE:
-        policy = "mixed_float16" if kind == "gpu" else "mixed_bfloat16"
-    elif asked == "auto":  # bfloat16 on TPUs, and on GPUs all of compute capability 8+
-        capabilities = [cc for _, cc in _gpus()] if kind == "gpu" else []
-        bfloat16 = bool(capabilities) and all(
-            cc is not None and tuple(cc) >= (8, 0) for cc in capabilities
+    def __init__(
+        self, name="default", mixed_precision="auto", jit=None, every=0, tpu=None, signals=None
+    ):
+        self.name, self.mixed_precision, self.jit, self.tpu = name, mixed_precision, jit, tpu
+        self.checkpoint_every = every
+        self.signals = signals or preemption.Signals()
+        self.announced = True  # configure: False, announced once by the training loop
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        if getattr(self.__dict__.get("strategy"), "distribution", None) is not None:
+            import keras
+
+            keras.distribution.set_distribution(None)
+
+    @functools.cached_property
+    def policy(self):
+        """The dtype policy --mixed-precision resolves to on this device (set once)."""
+        import keras
+
+        asked = self.mixed_precision
+        kind = self.device_kind() if asked in (_BARE, "auto") else None
+        if asked == _BARE:
+            policy = "mixed_float16" if kind == "gpu" else "mixed_bfloat16"
+        elif asked == "auto":  # bfloat16 on TPUs, and on GPUs all of compute capability 8+
+            capabilities = [cc for _, cc in _gpus()] if kind == "gpu" else []
+            bfloat16 = bool(capabilities) and all(
+                cc is not None and tuple(cc) >= (8, 0) for cc in capabilities
+            )
+            policy = "mixed_bfloat16" if kind == "tpu" or bfloat16 else None
+        else:
+            policy = None if asked == "float32" else asked
+        if policy:
+            keras.mixed_precision.set_global_policy(policy)
+        return policy
+
+    def device_kind(self):
+        if self.name == "tpu":
+            return "tpu"
+        if backend() == "jax":
+            import jax
+
+            platform = jax.default_backend()
+            return platform if platform in ("gpu", "tpu") else "cpu"
+        return "gpu" if _gpus() else "cpu"
+
+    @functools.cached_property
+    def strategy(self):
+        """The `tf.distribute.Strategy` the flags asked for (created once, after the dtype
+        policy is set; `resolved` names it); under JAX, a stand-in holding the
+        `keras.distribution` it set."""
+        self.policy  # noqa: B018
+        jax = backend() == "jax"
+        self.resolved, strategy = (
+            _jax_strategy(self.name) if jax else _tf_strategy(self.name, self.tpu)
         )
-        policy = "mixed_bfloat16" if kind == "tpu" or bfloat16 else None
-    else:
-        policy = None if asked == "float32" else asked
-    if policy:
-        keras.mixed_precision.set_global_policy(policy)
-    _state["policy"] = policy
-    return policy
+        return strategy
 
+    def scope(self):
+        """`with context.scope()`: build and compile models inside it."""
+        return self.strategy.scope()
 
-def device_kind():
-    if _state["name"] == "tpu":
-        return "tpu"
-    if backend() == "jax":
-        import jax
+    @property
+    def jit_compile(self):
+        """--jit-compile if given, else on for GPU/TPU and off on CPU (measured slower
+        there); under JAX always on (an un-jitted JAX step runs op by op)."""
+        if self.jit is not None:
+            return bool(self.jit)
+        if backend() == "jax":
+            return True
+        return self.device_kind() in ("gpu", "tpu")
 
-        platform = jax.default_backend()
-        return platform if platform in ("gpu", "tpu") else "cpu"
-    return "gpu" if _gpus() else "cpu"
+    def worker(self):
+        """(task index, number of workers) of this process; (0, 1) outside multi_worker."""
+        config = _tf_config() if self.name == "multi_worker" else None
+        if not config:
+            return 0, 1
+        task = config["task"]
+        workers = config["cluster"]["worker"]
+        if task.get("type", "worker") == "chief":
+            return 0, len(workers) + 1
+        offset = 1 if config["cluster"].get("chief") else 0
+        return int(task["index"]) + offset, len(workers) + offset
+
+    def is_chief(self):
+        """Only the chief writes the run directory and checkpoints (worker 0 without one)."""
+        config = _tf_config() if self.name == "multi_worker" else None
+        if not config:
+            return True
+        task = config["task"]
+        if config["cluster"].get("chief"):
+            return task.get("type") == "chief"
+        return task.get("type", "worker") == "worker" and int(task["index"]) == 0
+
+    def describe(self):
+        replicas = int(self.strategy.num_replicas_in_sync)
+        return {
+            "strategy": self.resolved,
+            "replicas": replicas,
+            "mixed_precision": self.policy,
+            "jit_compile": self.jit_compile,
+        }
+
+    def runtime(self):
+        """Where the run trains: backend, devices, strategy, dtype policy, XLA (recorded
+        in config.json and metrics.json as "runtime")."""
+        replicas = int(self.strategy.num_replicas_in_sync)
+        kind = self.device_kind()
+        if kind == "gpu":
+            names = sorted({name for name, _ in _gpus()}) or ["gpu"]
+            device = " / ".join(names)
+        else:
+            device = kind
+        import keras
+
+        return {
+            "backend": backend(),
+            "devices": replicas,
+            "device": device,
+            "strategy": self.resolved,
+            "dtype_policy": keras.mixed_precision.global_policy().name,
+            "jit_compile": self.jit_compile,
+            "onednn": onednn(),
+        }
+
+    def announce(self, info=None):
+        """Prints `describe_runtime(info)` on stderr, once per configured command (the
+        training loops call it as they start; a `RunContext()` prints nothing)."""
+        if self.announced:
+            return
+        self.announced = True
+        print(describe_runtime(info or self.runtime()), file=sys.stderr, flush=True)
 
 
 def _jax_strategy(name):
@@ -280,7 +372,7 @@ class JaxStrategy:
         return self.distribution.scope()
 
 
-def _tf_strategy(name):
+def _tf_strategy(name, tpu=None):
     """(resolved name, the `tf.distribute.Strategy`)."""
     import tensorflow as tf
 
@@ -294,122 +386,24 @@ def _tf_strategy(name):
         return name, tf.distribute.MirroredStrategy([d.name for d in (gpus or cpus)])
     if name == "multi_worker":
         return name, tf.distribute.MultiWorkerMirroredStrategy()
-    resolver = tf.distribute.cluster_resolver.TPUClusterResolver(tpu=_state.get("tpu") or "local")
+    resolver = tf.distribute.cluster_resolver.TPUClusterResolver(tpu=tpu or "local")
     tf.config.experimental_connect_to_cluster(resolver)
     tf.tpu.experimental.initialize_tpu_system(resolver)
     return name, tf.distribute.TPUStrategy(resolver)
 
 
-def get():
-    """The `tf.distribute.Strategy` the flags asked for (created once); under JAX, a
-    stand-in holding the `keras.distribution` it set."""
-    if _state["strategy"] is None:
-        _set_policy()
-        make = _jax_strategy if backend() == "jax" else _tf_strategy
-        _state["resolved"], _state["strategy"] = make(_state["name"])
-    return _state["strategy"]
-
-
-def scope():
-    """`with strategy.scope()`: build and compile models inside it."""
-    return get().scope()
-
-
-def jit_compile():
-    """--jit-compile if given, else on for GPU/TPU and off on CPU (measured slower there);
-    under JAX always on (an un-jitted JAX step runs op by op)."""
-    if _state["jit_compile"] is not None:
-        return bool(_state["jit_compile"])
-    if backend() == "jax":
-        return True
-    return device_kind() in ("gpu", "tpu")
-
-
-def checkpoint_every():
-    return _state["checkpoint_every"]
-
-
-def worker():
-    """(task index, number of workers) of this process; (0, 1) outside multi_worker."""
-    config = _tf_config() if _state["name"] == "multi_worker" else None
-    if not config:
-        return 0, 1
-    task = config["task"]
-    workers = config["cluster"]["worker"]
-    if task.get("type", "worker") == "chief":
-        return 0, len(workers) + 1
-    offset = 1 if config["cluster"].get("chief") else 0
-    return int(task["index"]) + offset, len(workers) + offset
-
-
-def is_chief():
-    """Only the chief writes the run directory and checkpoints (worker 0 without a chief)."""
-    config = _tf_config() if _state["name"] == "multi_worker" else None
-    if not config:
-        return True
-    task = config["task"]
-    if config["cluster"].get("chief"):
-        return task.get("type") == "chief"
-    return task.get("type", "worker") == "worker" and int(task["index"]) == 0
-
-
-def _use_scratch_out(args):
+def _use_scratch_out(args, index):
     """Non-chief workers run the same code but write into a private scratch copy of --out,
     deleted at exit: every worker executes the same collectives, one writes the run."""
     out = getattr(args, "out", None)
     if out is None:
         return
-    index, _ = worker()
     scratch = tempfile.mkdtemp(prefix=f"zoo-worker{index}-")
     target = os.path.join(scratch, "run")
     if getattr(args, "resume", False) and os.path.isdir(out):
         shutil.copytree(out, target)
     args.out = target
     atexit.register(shutil.rmtree, scratch, True)
-
-
-def reset():
-    """Back to `_DEFAULTS` (tests, and library use after a CLI run)."""
-    _state.clear()
-    _state.update(_DEFAULTS)
-    if backend() == "jax" and "keras" in sys.modules:
-        import keras
-
-        keras.distribution.set_distribution(None)
-
-
-def describe():
-    strategy = get()
-    return {
-        "strategy": _state.get("resolved", _state["name"]),
-        "replicas": int(strategy.num_replicas_in_sync),
-        "mixed_precision": _state.get("policy"),
-        "jit_compile": jit_compile(),
-    }
-
-
-def runtime():
-    """Where the run trains: backend, devices, strategy, dtype policy, XLA (recorded in
-    config.json and metrics.json as "runtime")."""
-    strategy = get()
-    kind = device_kind()
-    replicas = int(strategy.num_replicas_in_sync)
-    if kind == "gpu":
-        names = sorted({name for name, _ in _gpus()}) or ["gpu"]
-        device = " / ".join(names)
-    else:
-        device = kind
-    import keras
-
-    return {
-        "backend": backend(),
-        "devices": replicas,
-        "device": device,
-        "strategy": _state.get("resolved", _state["name"]),
-        "dtype_policy": keras.mixed_precision.global_policy().name,
-        "jit_compile": jit_compile(),
-        "onednn": onednn(),
-    }
 
 
 def onednn():
@@ -424,9 +418,9 @@ def onednn():
     return bool(_pywrap_util_port.IsMklEnabled())
 
 
-def describe_runtime(info=None):
-    """One line: `backend tensorflow, 2 x NVIDIA A100 (mirrored), mixed_bfloat16, XLA on`."""
-    info = info or runtime()
+def describe_runtime(info):
+    """One line of `RunContext.runtime()`: `backend tensorflow, 2 x NVIDIA A100 (mirrored),
+    mixed_bfloat16, XLA on`."""
     strategy = "" if info["strategy"] == "default" else f" ({info['strategy']})"
     xla = "XLA on" if info["jit_compile"] else "XLA off"
     onednn = ""
@@ -436,12 +430,3 @@ def describe_runtime(info=None):
         f"backend {info['backend']}, {info['devices']} x {info['device']}{strategy}, "
         f"{info['dtype_policy']}, {xla}{onednn}"
     )
-
-
-def announce(info=None):
-    """Prints `describe_runtime(info)` on stderr, once per configured command (the
-    training loops call it as they start; library use after `reset()` prints nothing)."""
-    if _state.get("announced", True):
-        return
-    _state["announced"] = True
-    print(describe_runtime(info), file=sys.stderr, flush=True)

@@ -33,14 +33,14 @@ def main():
     # SIGTERM / SIGINT as under python -m train: the handlers go in before the strategy
     # starts TensorFlow's runtime (which installs its own SIGTERM handler).
     try:
-        with preemption.handlers():
-            run()
+        with preemption.handlers() as signals:
+            run(signals)
     except preemption.Stopped as e:
         print(e, flush=True)
         sys.exit(e.code)
 
 
-def run():
+def run(signals):
     p = argparse.ArgumentParser()
     p.add_argument("--strategy", default="default")
     p.add_argument("--out", required=True)
@@ -57,13 +57,14 @@ def run():
         )
     from train import strategy as distribute
 
-    distribute.configure(
+    context = distribute.configure(
         argparse.Namespace(
             strategy=args.strategy,
             checkpoint_every=2,
             jit_compile=False,
             mixed_precision=args.mixed_precision,
-        )
+        ),
+        signals,
     )
     import keras
     import numpy as np
@@ -79,7 +80,7 @@ def run():
     keras.utils.set_random_seed(0)
     data = embedded.generate(seed=0, train_size=GLOBAL_BATCH * STEPS, dev_size=8, test_size=8)
     words, chars, tags = build_vocab(data)
-    with distribute.scope():
+    with context.scope():
         model = zoo.build(
             "tagger",
             words=words,
@@ -99,7 +100,7 @@ def run():
             ema_momentum=EMA_MOMENTUM,
         )
     encoded = _encode(model, data)
-    index, _ = distribute.worker()
+    index, _ = context.worker()
 
     def dump(epoch, logs):
         np.savez(
@@ -121,13 +122,14 @@ def run():
         verbose=0,
         validation=Batches(encoded["dev"], 8),
         hooks=(dump,),
+        context=context,
     )
     engine.fit(
-        make_step(model),
+        make_step(model, context=context),
         lambda e: Batches(encoded["train"], GLOBAL_BATCH, shuffle=True, seed=[0, e]),
         plan,
     )
-    print("replicas", distribute.get().num_replicas_in_sync, flush=True)
+    print("replicas", context.strategy.num_replicas_in_sync, flush=True)
 
 
 if __name__ == "__main__":

@@ -30,12 +30,7 @@ def run_main(module, argv):
     spec = importlib.util.find_spec(module)
     if spec.submodule_search_locations is not None:  # a package: `python -m` runs __main__
         module += ".__main__"
-    code = importlib.import_module(module).main(argv)
-    if module == "train.__main__" or module.startswith("train."):
-        from train import strategy
-
-        strategy.reset()  # one device, float32 again: the next test starts as it would
-    return code
+    return importlib.import_module(module).main(argv)
 
 
 def root(tmp_path_factory):

@@ -18,20 +18,13 @@ import zoo.models  # noqa: F401  (registers every class zoo model files name)
 from tests.support import paths, tiny
 from tests.support.runs import training_env
 from train import checkpoint, engine
-from train import strategy as distribute
 from train.model_step import TfModelStep
+from train.strategy import RunContext
 from train.tagger import embedded
 from zoo.rundir import load_json as read_json
 
 ROOT = pathlib.Path(paths.ROOT)
 TINY = tiny.TAGGER_MINI_MODEL
-
-
-@pytest.fixture(autouse=True)
-def one_device():
-    distribute.reset()
-    yield
-    distribute.reset()
 
 
 def _tiny_classifier():
@@ -281,7 +274,7 @@ def test_mixed_precision_tagger_and_seq2seq_train_without_nans(tmp_path):
         verbose="0",
         model_option=[f"{k}={json.dumps(v)}" for k, v in TINY.items()],
     )
-    train_one(args, data, "attention", str(tmp_path / "tagger"))
+    train_one(RunContext(), args, data, "attention", str(tmp_path / "tagger"))
     history = _state(tmp_path / "tagger" / "checkpoints")["history"]
     assert np.isfinite(history[0]["loss"]) and np.isfinite(history[0]["val_loss"])
     model = keras.models.load_model(tmp_path / "tagger" / "model.keras")
@@ -492,10 +485,7 @@ def test_resume_into_a_changed_model_is_refused_with_one_line_and_exit_2(
         return train(self, batch, at)
 
     monkeypatch.setattr(TfModelStep, "train", signalling)
-    try:
-        assert main(argv) == 130
-    finally:
-        distribute.reset()
+    assert main(argv) == 130
     monkeypatch.setattr(TfModelStep, "train", train)
     assert checkpoint.latest(out / "checkpoints")[1]["state"]["epoch"] == 0
     config = read_json(out / "config.json")
@@ -511,10 +501,7 @@ def test_resume_into_a_changed_model_is_refused_with_one_line_and_exit_2(
 
     before = snapshot()
     capsys.readouterr()
-    try:
-        assert main(argv + ["--resume"]) == 2
-    finally:
-        distribute.reset()
+    assert main(argv + ["--resume"]) == 2
     err = [line for line in capsys.readouterr().err.splitlines() if line.strip()]
     assert len(err) == 1, err  # 'resuming ...' is printed only once the restore succeeded
     assert re.fullmatch(
@@ -624,10 +611,7 @@ def _tagger_files(tmp_path):
 def _main(argv):
     from train.cli import main
 
-    try:
-        return main(argv)
-    finally:
-        distribute.reset()
+    return main(argv)
 
 
 @pytest.fixture(scope="module")
@@ -640,7 +624,6 @@ def stopped_in_epoch_3(tmp_path_factory, uninterrupted):
     start, wait = uninterrupted
     files, full = start()
     base = tmp_path_factory.mktemp("damaged")
-    distribute.reset()
     train = TfModelStep.train
     calls = []
 

@@ -83,7 +83,7 @@ import json
 from train.cli import prefer_onednn
 prefer_onednn()
 from train import strategy
-info = strategy.runtime()
+info = strategy.RunContext().runtime()
 print(json.dumps([info["onednn"], strategy.describe_runtime(info)]))
 """
 

@@ -20,7 +20,7 @@ def _step_jits(flag):
 
     model = keras.Sequential([keras.Input((3,)), keras.layers.Dense(2)])
     model.compile(optimizer="adam", loss=keras.losses.MeanSquaredError())
-    strategy.configure(
+    context = strategy.configure(
         argparse.Namespace(
             strategy="auto",
             tpu=None,
@@ -30,10 +30,7 @@ def _step_jits(flag):
             checkpoint_every=0,
         )
     )
-    try:
-        return make_step(model).jit_compile
-    finally:
-        strategy.reset()
+    return make_step(model, context=context).jit_compile
 
 
 def test_the_jax_step_follows_the_jit_compile_flag():

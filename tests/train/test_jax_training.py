@@ -111,7 +111,6 @@ def _train_under_jax(jobs):
 
     import keras
 
-    from train import strategy
     from train.cli import main
 
     with open(jobs) as f:
@@ -129,7 +128,6 @@ def _train_under_jax(jobs):
         if job["outputs"]:
             run = job["argv"][job["argv"].index("--out") + 1]
             np.savez(job["outputs"], **outputs(job["kind"], run))
-        strategy.reset()  # the next command starts as in a fresh process
 
 
 def _check_under_tensorflow(kind, run, result, work):

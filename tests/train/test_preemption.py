@@ -182,15 +182,11 @@ def test_sigint_in_the_first_epoch_seq2seq_in_process(tmp_path, monkeypatch, cap
     after its 5th training step (the CLI's handler, as in a real process). Stopped in
     the first epoch, the run has no model file yet: --resume rebuilds the model from
     config.json and vocab/spm.model and restores the step checkpoint into it."""
-    from train import strategy as dist
     from train.cli import main
     from train.model_step import TfModelStep
 
     def run(out, *extra):
-        try:
-            return main(_seq2seq(out, None, *extra)[3:])
-        finally:
-            dist.reset()
+        return main(_seq2seq(out, None, *extra)[3:])
 
     assert run(tmp_path / "full") == 0
     train = TfModelStep.train

@@ -28,7 +28,6 @@ def _main(argv, kill_after_d_steps=None, keep=None):
     """Runs the CLI. `kill_after_d_steps`: stops dead right after the step checkpoint
     written within an epoch at that D step. `keep`: a folder that receives a copy of
     every such step checkpoint."""
-    from train import strategy as dist
     from train.cli import main
 
     save = checkpoint.save
@@ -47,7 +46,6 @@ def _main(argv, kill_after_d_steps=None, keep=None):
         return main(argv)
     finally:
         checkpoint.save = save
-        dist.reset()
 
 
 def _newest(run):

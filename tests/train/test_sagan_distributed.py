@@ -155,7 +155,6 @@ def worker_main(argv):
         cpu, [tf.config.LogicalDeviceConfiguration()] * args.logical_cpus
     )
     import train.sagan.training as sagan_run
-    from train import strategy as dist
     from train.cli import main
 
     cli = args.cli[1:] if args.cli[:1] == ["--"] else args.cli
@@ -171,7 +170,6 @@ def worker_main(argv):
         # its collective instance keys with other shapes.
         _cbn_check(trainers[-1].strategy, args.cbn_check)
     if args.resume_copy:
-        dist.reset()
         shutil.copytree(out, args.resume_copy)
         assert (
             main(
@@ -293,7 +291,6 @@ def runs(tmp_path_factory):
     same time in this process, the one-device run of 2 epochs (state kept per epoch)."""
     import train.sagan.fit as sagan_fit
     from train import checkpoint
-    from train import strategy as dist
     from train.cli import main
 
     base = tmp_path_factory.mktemp("sagan_dist")
@@ -351,7 +348,6 @@ def runs(tmp_path_factory):
         finally:
             checkpoint.save = save
             sagan_fit._adam = make_adam
-            dist.reset()
         proc.wait(timeout=TIMEOUT)
     finally:
         if proc.poll() is None:
@@ -569,28 +565,21 @@ def test_jit_compile_flag_reaches_the_sagan_trainer():
     trainer = _tiny_trainer()
     model_cfg = {"num_classes": 4, "latent_dim": 8}
     train_cfg = {k: v for k, v in vars(sagan_steps.recipe()).items() if k not in model_cfg}
-    try:
-        for flag in (True, False, None):
-            dist.configure(
-                argparse.Namespace(strategy="default", mixed_precision=False, jit_compile=flag)
-            )
-            want = dist.device_kind() in ("gpu", "tpu") if flag is None else flag
-            made = sagan_run._step((trainer.g, trainer.d, None), model_cfg, train_cfg)
-            assert made.jit_compile is want, flag
-    finally:
-        dist.reset()
+    for flag in (True, False, None):
+        context = dist.configure(
+            argparse.Namespace(strategy="default", mixed_precision=False, jit_compile=flag)
+        )
+        want = context.device_kind() in ("gpu", "tpu") if flag is None else flag
+        made = sagan_run._step(context, (trainer.g, trainer.d, None), model_cfg, train_cfg)
+        assert made.jit_compile is want, flag
 
 
 @pytest.mark.slow
 def test_configure_accepts_every_strategy_for_sagan():
     from train import strategy as dist
 
-    try:
-        for name in ("mirrored", "default", "auto"):
-            state = dist.configure(argparse.Namespace(strategy=name, mixed_precision=False))
-            assert state["name"] == name
-    finally:
-        dist.reset()
+    for name in ("mirrored", "default", "auto"):
+        assert dist.configure(argparse.Namespace(strategy=name, mixed_precision=False)).name == name
 
 
 if __name__ == "__main__":

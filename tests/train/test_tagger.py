@@ -14,6 +14,7 @@ import zoo.models  # noqa: F401  (registers every class zoo model files name)
 from tests.support import paths, tiny
 from train import checkpoint
 from train.steps import make_step
+from train.strategy import RunContext
 from train.tagger import embedded
 from train.tagger.training import resume_run, train_one
 from zoo.rundir import load_json as read_json
@@ -48,7 +49,7 @@ def test_attention_learns_context_that_fc_cannot(tmp_path, tiny_data, capsys):
     results = {}
     for arch in ("fc", "attention"):
         out = tmp_path / arch
-        train_one(make_args(epochs=5, learning_rate=3e-3), tiny_data, arch, str(out))
+        train_one(RunContext(), make_args(epochs=5, learning_rate=3e-3), tiny_data, arch, str(out))
         results[arch] = read_json(out / "metrics.json")
         history = _state(out)["history"]
         assert history[-1]["loss"] < 0.7 * history[0]["loss"], history
@@ -60,7 +61,7 @@ def test_attention_learns_context_that_fc_cannot(tmp_path, tiny_data, capsys):
 
 def test_resume_continues_epochs_and_optimizer_state(tmp_path, tiny_data):
     out = tmp_path / "run"
-    train_one(make_args(epochs=1), tiny_data, "fc", str(out))
+    train_one(RunContext(), make_args(epochs=1), tiny_data, "fc", str(out))
     steps = _state(out)["step"]
     assert steps > 0
     # resume_run re-reads the data from config.json; give it the same small data there.
@@ -71,7 +72,7 @@ def test_resume_continues_epochs_and_optimizer_state(tmp_path, tiny_data):
     original = run_module.load_data
     run_module.load_data = lambda *a, **k: tiny_data
     try:
-        resume_run(make_args(epochs=2, out=str(out), resume=True))
+        resume_run(RunContext(), make_args(epochs=2, out=str(out), resume=True))
     finally:
         run_module.load_data = original
     path, record, _ = checkpoint.latest(out / "checkpoints")
@@ -106,8 +107,8 @@ def test_timing_probe_leaves_weights_and_optimizer_untouched(tiny_data, monkeypa
     cfg = {"batch_size": 16, "seed": 0, "epochs": 40}
     # With real timings: a huge budget plans all 40 epochs, one below the 30 s trace
     # allowance the floor of 1.
-    assert _epochs_within_budget(model, encoded, dict(cfg, max_minutes=1e4)) == 40
-    assert _epochs_within_budget(model, encoded, dict(cfg, max_minutes=0.1)) == 1
+    assert _epochs_within_budget(RunContext(), model, encoded, dict(cfg, max_minutes=1e4)) == 40
+    assert _epochs_within_budget(RunContext(), model, encoded, dict(cfg, max_minutes=0.1)) == 1
     # With a step time proportional to the padded batch size the plan is exact, whichever
     # batches the probe times: an epoch is 1 ms per padded token slot of all its batches,
     # plus dev evaluation at a third of a training token's cost; a budget (after the 30 s
@@ -128,10 +129,10 @@ def test_timing_probe_leaves_weights_and_optimizer_untouched(tiny_data, monkeypa
     dev_tokens = float(encoded["dev"].lengths.sum())
     epoch = 1e-3 * slots * (1.0 + dev_tokens / (3.0 * train_tokens))
     minutes = (30.0 + 3.01 * epoch / 0.9) / 60.0
-    assert _epochs_within_budget(model, encoded, dict(cfg, max_minutes=minutes)) == 3
+    assert _epochs_within_budget(RunContext(), model, encoded, dict(cfg, max_minutes=minutes)) == 3
     assert (
         _epochs_within_budget(
-            model, encoded, dict(cfg, max_minutes=(30.0 + 6.99 * epoch / 0.9) / 60.0)
+            RunContext(), model, encoded, dict(cfg, max_minutes=(30.0 + 6.99 * epoch / 0.9) / 60.0)
         )
         == 6
     )
@@ -139,7 +140,7 @@ def test_timing_probe_leaves_weights_and_optimizer_untouched(tiny_data, monkeypa
 
 def test_default_epochs_shrink_to_fit_the_time_budget(tmp_path, tiny_data):
     out = tmp_path / "budget"
-    train_one(make_args(epochs=None, max_minutes=0.01), tiny_data, "fc", str(out))
+    train_one(RunContext(), make_args(epochs=None, max_minutes=0.01), tiny_data, "fc", str(out))
     config = read_json(out / "config.json")
     assert config["train"]["planned_epochs"] == 5  # the embedded data's default
     assert config["train"]["epochs"] == 1

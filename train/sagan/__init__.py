@@ -205,12 +205,12 @@ def add_arguments(parser):
     config.add_arguments(parser, SaganConfig)
 
 
-def build_trainer(image_size=32, channels=3, num_classes=4, argv=()):
+def build_trainer(image_size=32, channels=3, num_classes=4, argv=(), context=None):
     """(G, D, EMA-G or None, step, train config) of `python -m train sagan ARGV` on
     images of this shape, built by the command's own builders from its own defaults, so
     the benchmarks time the recipe the command trains (not a copy that drifts).
-    Under the backend Keras was imported with; the step's batch is
-    `config["batch_size"]`."""
+    Under the backend Keras was imported with, in `context` (train.strategy.RunContext;
+    None: one device); the step's batch is `config["batch_size"]`."""
     import argparse
     import types
 
@@ -218,11 +218,13 @@ def build_trainer(image_size=32, channels=3, num_classes=4, argv=()):
     add_arguments(parser)
     cfg = config.from_args(SaganConfig, parser.parse_args(list(argv)))
     from train.sagan.training import _build, _configs, _step
+    from train.strategy import RunContext
 
     data = types.SimpleNamespace(image_size=image_size, channels=channels, num_classes=num_classes)
     model_cfg, train_cfg = _configs(cfg, data)
-    g, d, ema = _build(model_cfg, train_cfg)
-    return g, d, ema, _step((g, d, ema), model_cfg, train_cfg), train_cfg
+    context = context or RunContext()
+    g, d, ema = _build(context, model_cfg, train_cfg)
+    return g, d, ema, _step(context, (g, d, ema), model_cfg, train_cfg), train_cfg
 
 
 def _load(cfg):
@@ -239,7 +241,7 @@ def _load(cfg):
     return data
 
 
-def run(args):
+def run(args, context):
     # The default budget counts the whole run (data, classifier) from here.
     started = time.monotonic()
     cfg = config.from_args(SaganConfig, args)
@@ -249,8 +251,8 @@ def run(args):
     from train.sagan import training
 
     if cfg.resume:
-        return training.resume_run(cfg)
-    training.check_replicas(cfg.batch_size)
+        return training.resume_run(context, cfg)
+    training.check_replicas(context, cfg.batch_size)
     if cfg.compare:
-        return training.train_compare(cfg, data)
-    return training.train_one(cfg, data, cfg.out, started=started)
+        return training.train_compare(context, cfg, data)
+    return training.train_one(context, cfg, data, cfg.out, started=started)

@@ -27,10 +27,10 @@ try:
 except ImportError:  # a JAX-only install: train/sagan/jax_fit.py builds its own steps
     tf = None
 
-from train import strategy as dist
 from train.engine import Step
 from train.model_step import apply_global, split
 from train.sagan import losses
+from train.strategy import RunContext
 
 _D_NOISE, _G_NOISE = 0, 1
 
@@ -57,9 +57,10 @@ def _inner(optimizer):
 
 class SaganStep(Step):
     """Trains G and D (and the EMA copy of G): `models` is (G, D, EMA-G or None), built
-    in the strategy's scope; `recipe` holds num_classes, latent_dim, lr_g, lr_d, beta1,
-    beta2, n_dis, ema (the decay), seed (of the noise and fake labels of every step),
-    mode_seeking, class_loss, r1 and lr_decay_from. The optimizers are built here.
+    in the scope of `context` (the run's train.strategy.RunContext; None: one device);
+    `recipe` holds num_classes, latent_dim, lr_g, lr_d, beta1, beta2, n_dis, ema (the
+    decay), seed (of the noise and fake labels of every step), mode_seeking, class_loss,
+    r1 and lr_decay_from. The optimizers are built here.
     `jit_compile` XLA-compiles the steps where they can be (`self.jit_compile` says).
     A backend's `_make_steps` sets `d_step`, `d_step_r1` and `g_step`, which its
     `_run(fn, optimizer, parts, rows)` runs on the host's NumPy rows."""
@@ -67,10 +68,10 @@ class SaganStep(Step):
     # The loss scales (mixed_float16 only): a checkpoint moves between precisions.
     optional = ("g_scale", "d_scale")
 
-    def __init__(self, models, recipe, strategy=None, jit_compile=False):
+    def __init__(self, models, recipe, context=None, jit_compile=False):
         self.g, self.d, self.ema = models
         self.models = (self.g, self.d)
-        self.strategy = strategy or dist.get()
+        self.strategy = (context or RunContext()).strategy
         self.num_classes, self.latent_dim = recipe.num_classes, recipe.latent_dim
         self.mode_seeking, self.r1 = float(recipe.mode_seeking), float(recipe.r1)
         self.class_loss = float(recipe.class_loss) if self.num_classes else 0.0

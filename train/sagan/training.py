@@ -21,7 +21,6 @@ import typing
 import numpy as np
 
 from train import config, rundir
-from train import strategy as dist
 from train.progress import markdown_table
 from zoo import atomic
 from zoo.cli import UsageError
@@ -78,13 +77,13 @@ def _d_config(model_cfg):
     return {k: v for k, v in model_cfg.items() if k not in ("latent_dim", "class_embedding")}
 
 
-def _build(model_cfg, train_cfg):
-    """G, D and EMA-G, built in the distribution strategy's scope (train/strategy.py)."""
+def _build(context, model_cfg, train_cfg):
+    """G, D and EMA-G, built in the scope of the run's strategy (its `context`)."""
     # The builders themselves, not zoo.build: that imports every zoo model, TensorFlow
     # with the tagger's, and the JAX benchmark builds these where TensorFlow is absent.
     from zoo.sagan.model import build_discriminator, build_generator
 
-    with dist.scope():
+    with context.scope():
         try:
             g = build_generator(**model_cfg)
             d = build_discriminator(**_d_config(model_cfg))
@@ -97,7 +96,7 @@ def _build(model_cfg, train_cfg):
     return g, d, ema
 
 
-def _sampler(source, model_cfg):
+def _sampler(context, source, model_cfg):
     """A function returning the model that makes images for FID, figures and model.keras.
 
     Under a distribution strategy, Keras's `predict_on_batch` on a mirrored model hands
@@ -107,7 +106,7 @@ def _sampler(source, model_cfg):
     """
     import tensorflow as tf
 
-    with dist.scope():
+    with context.scope():
         if not tf.distribute.has_strategy():
             return lambda: source
     import zoo
@@ -121,9 +120,9 @@ def _sampler(source, model_cfg):
     return refresh
 
 
-def check_replicas(batch_size):
+def check_replicas(context, batch_size):
     """--batch-size is the global batch: every replica needs at least one row of it."""
-    replicas = int(dist.get().num_replicas_in_sync)
+    replicas = int(context.strategy.num_replicas_in_sync)
     if batch_size < replicas:
         raise UsageError(
             f"--batch-size must be >= the number of replicas ({replicas}), got {batch_size}"
@@ -155,13 +154,13 @@ def default_budget(elapsed_minutes):
     return max(MIN_MINUTES, min(DEFAULT_MAX_MINUTES, RUN_MINUTES - elapsed_minutes))
 
 
-def _resolve_budget(started, train_cfg):
+def _resolve_budget(context, started, train_cfg):
     """Sets train_cfg["max_minutes"] where --max-minutes was not given (None); True when
     it did. `started`: when the run began (None: no default budget to cut). Several
     workers get DEFAULT_MAX_MINUTES: each one's clock would give its own."""
     if train_cfg["max_minutes"] is not None:
         return False
-    if started is None or dist.worker()[1] > 1:
+    if started is None or context.worker()[1] > 1:
         train_cfg["max_minutes"] = DEFAULT_MAX_MINUTES
         return True
     elapsed = (time.monotonic() - started) / 60.0
@@ -178,13 +177,13 @@ def _resolve_budget(started, train_cfg):
     return True
 
 
-def train_one(cfg, data, out, classifier=None, started=None):
-    """One run of `cfg` (train.sagan.SaganConfig); `started`: when the run began."""
+def train_one(context, cfg, data, out, classifier=None, started=None):
+    """One run of `cfg` (train.sagan.SaganConfig) in `context`; `started`: when it began."""
     import keras
 
     keras.utils.set_random_seed(cfg.seed)
     model_cfg, train_cfg = _configs(cfg, data)
-    models = _build(model_cfg, train_cfg)
+    models = _build(context, model_cfg, train_cfg)
     rundir.create_run_dir(out, "sagan")
     atomic.write_lines(os.path.join(out, "vocab", "classes.txt"), data.class_names)
     run_config = {
@@ -194,44 +193,45 @@ def train_one(cfg, data, out, classifier=None, started=None):
         "train": train_cfg,
         "data": data.source,
         "class_names": list(data.class_names),
-        "runtime": dist.runtime(),
+        "runtime": context.runtime(),
     }
     atomic.write_json(os.path.join(out, "config.json"), run_config)
     classifier, report = get_classifier(out, data, train_cfg, classifier)
-    if _resolve_budget(started, train_cfg):
+    if _resolve_budget(context, started, train_cfg):
         atomic.write_json(os.path.join(out, "config.json"), run_config)  # resume reads it
-    run = _Run(out, run_config, data, models, classifier, report)
+    run = _Run(context, out, run_config, data, models, classifier, report)
     return _fit_and_finish(run, resuming=False)
 
 
-def resume_run(cfg):
+def resume_run(context, cfg):
     out = cfg.out
     run_config, recorded = rundir.resumed(cfg, ("sagan",))
     if recorded.max_minutes is None:  # stopped before its budget was set
         recorded.max_minutes = DEFAULT_MAX_MINUTES
     train_cfg = config.record(recorded)
-    check_replicas(train_cfg["batch_size"])
+    check_replicas(context, train_cfg["batch_size"])
     from train.sagan.images import load_images
 
     data = load_images(recorded)
     import keras
 
     keras.utils.set_random_seed(train_cfg["seed"])
-    models = _build(run_config["model"], train_cfg)
+    models = _build(context, run_config["model"], train_cfg)
     classifier, report = get_classifier(out, data, train_cfg)
-    rundir.save_resumed(out, run_config, train_cfg)
-    return _fit_and_finish(_Run(out, run_config, data, models, classifier, report), resuming=True)
+    rundir.save_resumed(out, run_config, train_cfg, context)
+    run = _Run(context, out, run_config, data, models, classifier, report)
+    return _fit_and_finish(run, resuming=True)
 
 
-def _step(models, model_cfg, train_cfg):
+def _step(context, models, model_cfg, train_cfg):
     import types
 
     shape = {k: model_cfg[k] for k in ("num_classes", "latent_dim")}
     recipe = types.SimpleNamespace(**{**train_cfg, **shape})
     from train.steps import make_sagan_step
 
-    step = make_sagan_step(models, recipe, dist.get(), dist.jit_compile())
-    if dist.jit_compile() and not step.jit_compile:
+    step = make_sagan_step(models, recipe, context, context.jit_compile)
+    if context.jit_compile and not step.jit_compile:
         print(
             f"XLA: off for sagan on {step.replicas} replicas (an XLA computation runs on one "
             f"device; docs/distributed.md)",
@@ -273,6 +273,7 @@ def _fixed_latents(model_cfg, seed):
 class _Run(typing.NamedTuple):
     """What one SAGAN run trains and evaluates with."""
 
+    context: object  # the command's train.strategy.RunContext
     out: str
     config: dict
     data: object
@@ -306,14 +307,14 @@ def _fit_and_finish(run, resuming):
 
     g, d, ema = run.models
     model_cfg, train_cfg = run.config["model"], run.config["train"]
-    step = _step(run.models, model_cfg, train_cfg)
+    step = _step(run.context, run.models, model_cfg, train_cfg)
     # What the steps really run with: SAGAN's are not XLA-compiled on several replicas
     # even when --jit-compile (or a GPU's default) asks for it.
-    step.runtime = {**dist.runtime(), "jit_compile": step.jit_compile}
+    step.runtime = {**run.context.runtime(), "jit_compile": step.jit_compile}
     if run.config.get("runtime") != step.runtime:
         run.config["runtime"] = step.runtime
         atomic.write_json(os.path.join(run.out, "config.json"), run.config)
-    sampling = _sampler(ema if ema is not None else g, model_cfg)
+    sampling = _sampler(run.context, ema if ema is not None else g, model_cfg)
     seed, samples = train_cfg["seed"], train_cfg["epoch_eval_samples"]
     quick = samples and Evaluator(
         run.classifier, run.data, samples, train_cfg["data_seed"], model_cfg
@@ -330,7 +331,7 @@ def _fit_and_finish(run, resuming):
         logs.update(quick_eval())
         grid = os.path.join(run.out, "samples", f"epoch_{epoch + 1:03d}.png")
         save_sample_grid(sampling().predict_on_batch(fixed), GRID_COLUMNS, grid)
-        if dist.is_chief():
+        if run.context.is_chief():
             history = state["history"] + [{"epoch": epoch + 1, **logs}]
             save_progress_figure(history, os.path.join(run.out, "progress.png"))
 
@@ -338,6 +339,7 @@ def _fit_and_finish(run, resuming):
         state["initial_fid"] = quick_eval()["fid_quick"]
     verbose = train_cfg["verbose"]
     plan = engine.run_plan(
+        run.context,
         run.out,
         train_cfg["epochs"],
         train_cfg["max_minutes"],
@@ -367,7 +369,7 @@ def _fit_and_finish(run, resuming):
             file=sys.stderr,
             flush=True,
         )
-    distribution = {**dist.describe(), "jit_compile": step.jit_compile}
+    distribution = {**run.context.describe(), "jit_compile": step.jit_compile}
     return _finish(run, sampler, state, distribution, fixed)
 
 
@@ -469,7 +471,7 @@ def _summary_table(summary):
     return "\n".join(lines)
 
 
-def train_compare(cfg, data):
+def train_compare(context, cfg, data):
     """With and without attention, on the same budget and data, for --seeds model seeds
     (--seed, --seed + 1, ...), evaluated by one shared classifier; mean ± std per arm."""
     rundir.create_run_dir(cfg.out, "sagan-compare")
@@ -490,7 +492,7 @@ def train_compare(cfg, data):
             print(f"\n=== {name} ===", flush=True)
             run_dir = os.path.join(cfg.out, name)
             arm_cfg = dataclasses.replace(seed_cfg, attention_resolution=attention)
-            train_one(arm_cfg, data, run_dir, classifier=classifier)
+            train_one(context, arm_cfg, data, run_dir, classifier=classifier)
             rows.append(
                 {
                     "name": name,

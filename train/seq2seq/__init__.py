@@ -237,10 +237,10 @@ def add_arguments(parser):
     options.add_arguments(parser, Seq2SeqConfig)
 
 
-def run(args):
+def run(args, context):
     cfg = options.from_args(Seq2SeqConfig, args)
     if cfg.compare:
-        return length.run_compare(cfg)
+        return length.run_compare(context, cfg)
     from train import rundir
     from train.seq2seq.data import load_data
 
@@ -248,7 +248,7 @@ def run(args):
     from train.seq2seq import training
 
     if cfg.resume:
-        training.resume_run(cfg)
+        training.resume_run(context, cfg)
     else:
-        training.train_new(cfg, data)
+        training.train_new(context, cfg, data)
     return 0

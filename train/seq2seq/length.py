@@ -231,8 +231,8 @@ def plot(summary, arms, path, title):
     plt.close(figure)
 
 
-def run_compare(args):
-    """`--compare`: every arm and seed, then the per-length table and plot."""
+def run_compare(context, args):
+    """`--compare`: every arm and seed in `context`, then the per-length table and plot."""
     validate(args)
     from train import rundir
 
@@ -271,7 +271,7 @@ def run_compare(args):
             arm_args.out = os.path.join(args.out, name)
             print(f"\n=== {name} ===", flush=True)
             # The test set is the first bucket: its outputs are decoded once.
-            model, greedy = training.train_new(arm_args, data)
+            model, greedy = training.train_new(context, arm_args, data)
             results = evaluate_buckets(model, buckets, first=greedy)
             run = arm_args.out
             metrics = rundir.load_json(os.path.join(run, "metrics.json"))

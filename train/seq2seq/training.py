@@ -18,7 +18,6 @@ import numpy as np
 
 import zoo.models  # noqa: F401  (registers every class zoo model files name)
 from train import config, engine, loss_terms, rundir
-from train import strategy as distribute
 from train.progress import markdown_table
 from train.seq2seq.data import Batches, Encoded, load_data, train_tokenizer
 from train.seq2seq.figures import plot_cross_attention
@@ -69,20 +68,20 @@ def _encode_all(tokenizer, data, model, truncate):
     }
 
 
-def _compile(model, train_cfg):
-    with distribute.scope():
+def _compile(context, model, train_cfg):
+    with context.scope():
         compile_seq2seq(
             model,
             train_cfg["learning_rate"],
             train_cfg["warmup_steps"],
             train_cfg["label_smoothing"],
-            jit_compile=distribute.jit_compile(),
+            jit_compile=context.jit_compile,
         )
 
 
-def train_new(cfg, data):
-    """A new run of `cfg` (train.seq2seq.Seq2SeqConfig) on `data` into `cfg.out`; returns
-    the trained model and its greedy outputs for the test set."""
+def train_new(context, cfg, data):
+    """A new run of `cfg` (train.seq2seq.Seq2SeqConfig) on `data` into `cfg.out` in
+    `context`; returns the trained model and its greedy outputs for the test set."""
     from train.seq2seq.config import model_config
 
     text = data.task == "text"
@@ -95,7 +94,7 @@ def train_new(cfg, data):
     seconds = time.perf_counter() - started
     config_model = model_config(cfg, text)
     try:
-        with distribute.scope():
+        with context.scope():
             model = zoo.build(_kind(cfg.arch), tokenizer=encode_proto(proto), **config_model)
     except ValueError as e:
         raise UsageError(f"bad model option: {e}") from None
@@ -115,34 +114,34 @@ def train_new(cfg, data):
         "data": data.source,
         "task": data.task,
         "tokenizer": "vocab/spm.model",
-        "runtime": distribute.runtime(),
+        "runtime": context.runtime(),
     }
     atomic.write_json(os.path.join(out, "config.json"), run_config)
-    _compile(model, train_cfg)
-    return _fit_and_finish(model, data, encoded, out, train_cfg)
+    _compile(context, model, train_cfg)
+    return _fit_and_finish(context, model, data, encoded, out, train_cfg)
 
 
-def _rebuild(out, config, train_cfg):
+def _rebuild(context, out, config, train_cfg):
     """The run's untrained, compiled model from config.json and vocab/spm.model
     (--resume: the step checkpoint then restores the weights and the optimizer, and
     checks they fit)."""
     with open(os.path.join(out, config["tokenizer"]), "rb") as f:
         proto = f.read()
-    with distribute.scope():
+    with context.scope():
         model = zoo.build(config["kind"], tokenizer=encode_proto(proto), **config["model"])
-    _compile(model, train_cfg)
+    _compile(context, model, train_cfg)
     return model
 
 
-def resume_run(cfg):
+def resume_run(context, cfg):
     out = cfg.out
     run_config, recorded = rundir.resumed(cfg, ("seq2seq", "universal_transformer"))
     data = load_data(recorded)
     train_cfg = config.record(recorded)
-    model = _rebuild(out, run_config, train_cfg)
+    model = _rebuild(context, out, run_config, train_cfg)
     encoded = _encode_all(model.tokenizer, data, model, train_cfg["truncate"])
-    rundir.save_resumed(out, run_config, train_cfg)
-    return _fit_and_finish(model, data, encoded, out, train_cfg, name=out)
+    rundir.save_resumed(out, run_config, train_cfg, context)
+    return _fit_and_finish(context, model, data, encoded, out, train_cfg, name=out)
 
 
 def _dev_scorer(model, data, encoded, train_cfg):
@@ -162,7 +161,7 @@ def _dev_scorer(model, data, encoded, train_cfg):
     return score
 
 
-def _fit_and_finish(model, data, encoded, out, train_cfg, name=None):
+def _fit_and_finish(context, model, data, encoded, out, train_cfg, name=None):
     dev_score = _dev_scorer(model, data, encoded, train_cfg)
 
     def train_batches(epoch):  # the batch order of an epoch depends on (seed, epoch) only
@@ -174,6 +173,7 @@ def _fit_and_finish(model, data, encoded, out, train_cfg, name=None):
         )
 
     plan = engine.run_plan(
+        context,
         out,
         train_cfg["epochs"],
         train_cfg["max_minutes"],
@@ -183,7 +183,7 @@ def _fit_and_finish(model, data, encoded, out, train_cfg, name=None):
         best=engine.highest("val_acc"),
         hooks=() if dev_score is None else (dev_score,),
     )
-    step = make_step(model, loss_terms.masked_mean_terms(model.loss, PAD_ID))
+    step = make_step(model, loss_terms.masked_mean_terms(model.loss, PAD_ID), context)
     state = engine.fit(step, train_batches, plan, name=name)
     metrics, greedy = evaluate(model, data, encoded, train_cfg)
     best = state.get("best") or {}
@@ -197,7 +197,7 @@ def _fit_and_finish(model, data, encoded, out, train_cfg, name=None):
         stopped_by_time_limit=state["stopped_by_time_limit"],
         train_pairs=len(data.train),
         train_target_tokens_per_second=_train_speed(encoded["train"], train_cfg, state),
-        runtime=distribute.runtime(),
+        runtime=context.runtime(),
     )
     key = "val_bleu" if data.task == "text" else "val_exact_match"
     if dev_score is not None:

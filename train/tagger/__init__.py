@@ -108,7 +108,7 @@ def add_arguments(parser):
     config.add_arguments(parser, TaggerConfig)
 
 
-def run(args):
+def run(args, context):
     cfg = config.from_args(TaggerConfig, args)
     from train import rundir
     from train.tagger import select
@@ -121,7 +121,7 @@ def run(args):
     from train.tagger.training import resume_run, train_compare, train_one
 
     if cfg.resume:
-        return resume_run(cfg)
+        return resume_run(context, cfg)
     if cfg.compare:
-        return train_compare(cfg, data)
-    return train_one(cfg, data, cfg.arch, cfg.out)
+        return train_compare(context, cfg, data)
+    return train_one(context, cfg, data, cfg.arch, cfg.out)

@@ -9,7 +9,6 @@ import numpy as np
 
 import zoo.models  # noqa: F401  (registers every class zoo model files name)
 from train import config, engine, rundir
-from train import strategy as distribute
 from train.progress import markdown_table
 from train.steps import make_step
 from train.tagger.data import Batches, Encoded, build_vocab, word_tag_stats
@@ -42,14 +41,14 @@ def _default_epochs(data):
     return 5 if data.source.get("name") == "embedded" else 40
 
 
-def train_one(cfg, data, arch, out, vocab=None):
-    """One run of `cfg` (train.tagger.TaggerConfig) with `arch`, into `out`."""
+def train_one(context, cfg, data, arch, out, vocab=None):
+    """One run of `cfg` (train.tagger.TaggerConfig) with `arch`, into `out`, in `context`."""
     keras.utils.set_random_seed(cfg.seed)
     words, chars, tags = vocab or build_vocab(data)
     epochs = cfg.epochs if cfg.epochs is not None else _default_epochs(data)
     model_cfg = {"arch": arch, "max_chars": MAX_CHARS, "max_len": MAX_LEN, **cfg.model_options()}
     try:
-        with distribute.scope():
+        with context.scope():
             model = zoo.build("tagger", words=words, chars=chars, tags=tags, **model_cfg)
     except ValueError as e:
         raise UsageError(f"bad --model-option: {e}") from None
@@ -67,15 +66,15 @@ def train_one(cfg, data, arch, out, vocab=None):
         },
         "train": train_cfg,
         "data": data.source,
-        "runtime": distribute.runtime(),
+        "runtime": context.runtime(),
     }
     atomic.write_json(os.path.join(out, "config.json"), run_config)
     encoded = _encode(model, data)
-    _compile(model, encoded, train_cfg)
+    _compile(context, model, encoded, train_cfg)
     # Workers must agree on the schedule, and each would time its own steps: several
     # workers keep the planned epochs (the time limit still stops them).
-    if cfg.epochs is None and cfg.max_minutes and distribute.worker()[1] == 1:
-        fitted = _epochs_within_budget(model, encoded, train_cfg)
+    if cfg.epochs is None and cfg.max_minutes and context.worker()[1] == 1:
+        fitted = _epochs_within_budget(context, model, encoded, train_cfg)
         if fitted < epochs:
             # A schedule cut off by the time limit would stop with the learning rate
             # still high; planning fewer epochs lets the decay finish inside the budget.
@@ -85,12 +84,12 @@ def train_one(cfg, data, arch, out, vocab=None):
                 file=sys.stderr,
             )
             train_cfg.update(epochs=fitted, planned_epochs=epochs)
-            _compile(model, encoded, train_cfg)
+            _compile(context, model, encoded, train_cfg)
             atomic.write_json(os.path.join(out, "config.json"), run_config)
-    return _fit_and_finish(model, data, encoded, out, train_cfg)
+    return _fit_and_finish(context, model, data, encoded, out, train_cfg)
 
 
-def _epochs_within_budget(model, encoded, train_cfg, probe_steps=12, margin=0.9):
+def _epochs_within_budget(context, model, encoded, train_cfg, probe_steps=12, margin=0.9):
     """How many of the planned epochs fit in `max_minutes`, from the timed training
     steps of a random sample of the run's own batches (weights left untouched)."""
     batches = Batches(
@@ -101,7 +100,7 @@ def _epochs_within_budget(model, encoded, train_cfg, probe_steps=12, margin=0.9)
     )
     warmup = 1  # the first probe step traces the function and is not timed
     probe = [batches[int(i)] for i in picked]
-    step = engine.seconds_per_step(make_step(model), probe, warmup=warmup)
+    step = engine.seconds_per_step(make_step(model, context=context), probe, warmup=warmup)
     # A step's time grows with its padded size, and a dozen random batches are not the
     # epoch's average: scale the timed steps' mean to the epoch's mean padded size (on
     # 12k sentences the plain median step planned 30 epochs of ~35 s; they took ~40 s).
@@ -119,10 +118,10 @@ def _epochs_within_budget(model, encoded, train_cfg, probe_steps=12, margin=0.9)
     return int(max(1, min(train_cfg["epochs"], budget // epoch_seconds)))
 
 
-def _compile(model, encoded, train_cfg):
+def _compile(context, model, encoded, train_cfg):
     epochs = train_cfg["epochs"]
     steps = len(Batches(encoded["train"], train_cfg["batch_size"]))
-    with distribute.scope():
+    with context.scope():
         compile_tagger(
             model,
             train_cfg["learning_rate"],
@@ -133,7 +132,7 @@ def _compile(model, encoded, train_cfg):
         )
 
 
-def _rebuild(out, config):
+def _rebuild(context, out, config):
     """The run's untrained model from config.json and vocab/ (--resume: the step
     checkpoint then restores the weights and the optimizer)."""
     model_cfg = {k: v for k, v in config["model"].items() if k != "vocab"}
@@ -142,11 +141,11 @@ def _rebuild(out, config):
         with open(os.path.join(out, "vocab", f"{name}.txt"), encoding="utf-8", newline="") as f:
             # split("\n"), not splitlines(): a token may hold U+2028 or U+0085.
             vocab.append(f.read().split("\n")[:-1])
-    with distribute.scope():
+    with context.scope():
         return zoo.build("tagger", words=vocab[0], chars=vocab[1], tags=vocab[2], **model_cfg)
 
 
-def resume_run(cfg):
+def resume_run(context, cfg):
     out = cfg.out
     run_config, recorded = rundir.resumed(cfg, ("tagger",))
     train_cfg = config.record(recorded)
@@ -154,11 +153,11 @@ def resume_run(cfg):
         recorded.train_file, recorded.dev_file, recorded.test_file, recorded.dataset, recorded.seed
     )
     keras.utils.set_random_seed(train_cfg["seed"] + 1)
-    model = _rebuild(out, run_config)
+    model = _rebuild(context, out, run_config)
     encoded = _encode(model, data)
-    _compile(model, encoded, train_cfg)
-    rundir.save_resumed(out, run_config, train_cfg)
-    return _fit_and_finish(model, data, encoded, out, train_cfg, name=out)
+    _compile(context, model, encoded, train_cfg)
+    rundir.save_resumed(out, run_config, train_cfg, context)
+    return _fit_and_finish(context, model, data, encoded, out, train_cfg, name=out)
 
 
 def _encode(model, data):
@@ -168,13 +167,14 @@ def _encode(model, data):
     }
 
 
-def _fit_and_finish(model, data, encoded, out, train_cfg, name=None):
+def _fit_and_finish(context, model, data, encoded, out, train_cfg, name=None):
     def train_batches(epoch):  # the batch order of an epoch depends on (seed, epoch) only
         return Batches(
             encoded["train"], train_cfg["batch_size"], shuffle=True, seed=[train_cfg["seed"], epoch]
         )
 
     plan = engine.run_plan(
+        context,
         out,
         train_cfg["epochs"],
         train_cfg["max_minutes"],
@@ -182,9 +182,9 @@ def _fit_and_finish(model, data, encoded, out, train_cfg, name=None):
         validation=Batches(encoded["dev"], 64),
         best=engine.highest("val_acc"),
     )
-    state = engine.fit(make_step(model), train_batches, plan, name=name)
+    state = engine.fit(make_step(model, context=context), train_batches, plan, name=name)
     metrics = _evaluate(model, data, encoded, state)
-    metrics["runtime"] = distribute.runtime()
+    metrics["runtime"] = context.runtime()
     atomic.save_model(model, os.path.join(out, "model.keras"))
     atomic.write_json(os.path.join(out, "metrics.json"), metrics)
     _write_rows(out, "calibration.npz", encoded["train"], train_cfg["seed"], rows=200)
@@ -231,14 +231,14 @@ def _write_rows(out, name, encoded, seed, rows):
     atomic.save_npz(os.path.join(out, name), tag_ids=gold, **x)
 
 
-def train_compare(cfg, data):
+def train_compare(context, cfg, data):
     """All four archs on the same data and vocabulary; table to stdout, compare.md/.json."""
     rundir.create_run_dir(cfg.out, "tagger-compare")
     vocab = build_vocab(data)
     rows = []
     for arch in ARCHS:
         print(f"\n=== {arch} ===", flush=True)
-        train_one(cfg, data, arch, os.path.join(cfg.out, arch), vocab=vocab)
+        train_one(context, cfg, data, arch, os.path.join(cfg.out, arch), vocab=vocab)
         rows.append(rundir.load_json(os.path.join(cfg.out, arch, "metrics.json")))
     table = markdown_table(rows, SUMMARY_COLUMNS)
     title = f"Tagger comparison on {data.source.get('name')} data (test split)"
