@@ -1,11 +1,16 @@
 """`python -m train`'s entry point (train/cli.py): which commands turn TensorFlow's oneDNN
-kernels on, and what the run records of it."""
+kernels on, and what the run records of it; the run context it builds and passes down
+(train.strategy.RunContext), the only state of a run."""
 
+import argparse
+import importlib
 import json
 import os
 import platform
+import signal
 import subprocess
 import sys
+import types
 
 import pytest
 
@@ -99,3 +104,56 @@ def test_runtime_says_whether_onednn_runs(preset, want):
     onednn, line = json.loads(_child(_RUNTIME, env=env))
     assert onednn is want
     assert line.endswith("oneDNN on" if want else "oneDNN off"), line
+
+
+_CONSTANT = (str, bytes, int, float, complex, bool, type(None), frozenset, range)
+
+
+def _constant(value):
+    if isinstance(value, tuple):
+        return all(_constant(item) for item in value)
+    return isinstance(value, _CONSTANT + (type, types.ModuleType, types.FunctionType))
+
+
+@pytest.mark.parametrize("module", ["train.strategy", "train.preemption", "train.engine"])
+def test_no_module_level_mutable_state(module):
+    """A run's state lives in the RunContext the CLI builds (and its Signals), not in the
+    module: every global is a module, class, function or an immutable constant."""
+    found = {
+        name: type(value).__name__
+        for name, value in vars(importlib.import_module(module)).items()
+        if not (name.startswith("__") and name.endswith("__")) and not _constant(value)
+    }
+    assert not found, f"{module} keeps module-level state: {found}"
+
+
+def test_two_run_contexts_do_not_interfere():
+    """Contexts of different flags keep their own settings and signals, a library
+    `RunContext()` is one device with nothing to announce, and configuring one changes
+    no environment variable (the entry point alone sets them)."""
+    from train import strategy
+
+    environ = dict(os.environ)
+    a = strategy.configure(
+        argparse.Namespace(strategy="default", checkpoint_every=3, jit_compile=True)
+    )
+    b = strategy.configure(
+        argparse.Namespace(strategy="auto", mixed_precision="float32", jit_compile=False)
+    )
+    library = strategy.RunContext()
+    assert dict(os.environ) == environ
+    assert (a.name, a.checkpoint_every, a.jit_compile, a.announced) == ("default", 3, True, False)
+    assert (b.name, b.checkpoint_every, b.jit_compile, b.mixed_precision) == (
+        "auto",
+        0,
+        False,
+        "float32",
+    )
+    assert (library.name, library.checkpoint_every, library.announced) == ("default", 0, True)
+    with a.signals.listening():
+        a.signals.handle(signal.SIGTERM, None)  # what the installed handler does
+    assert a.signals.requested == signal.SIGTERM
+    assert b.signals.requested is None and library.signals.requested is None
+    with b:  # leaving one context takes back nothing of another's
+        assert b.describe()["jit_compile"] is False
+    assert a.describe()["jit_compile"] is True and a.describe()["strategy"] == "default"
