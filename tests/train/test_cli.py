@@ -4,6 +4,7 @@ kernels on, and what the run records of it; the run context it builds and passes
 
 import argparse
 import importlib
+import importlib.util
 import json
 import os
 import platform
@@ -157,3 +158,30 @@ def test_two_run_contexts_do_not_interfere():
     with b:  # leaving one context takes back nothing of another's
         assert b.describe()["jit_compile"] is False
     assert a.describe()["jit_compile"] is True and a.describe()["strategy"] == "default"
+
+
+# --device cpu in a fresh interpreter: the entry point sets the variable the backend reads
+# as it starts, before anything imports it (a bad --strategy then stops the command).
+_DEVICE = """
+import json, os, sys
+from train.cli import main
+seen = []
+for backend, device in json.loads(sys.argv[1]):
+    os.environ.pop("CUDA_VISIBLE_DEVICES", None)
+    os.environ.pop("JAX_PLATFORMS", None)
+    code = main(["tagger", "--backend", backend, "--device", device, "--strategy", "bad"])
+    seen.append([code, os.environ.get("CUDA_VISIBLE_DEVICES"), os.environ.get("JAX_PLATFORMS")])
+seen.append(sorted(m for m in ("tensorflow", "jax") if m in sys.modules))
+print(json.dumps(seen))
+"""
+
+
+def test_device_cpu_is_set_in_the_environment_by_the_entry_point():
+    cases = {("tensorflow", "cpu"): [2, "-1", None], ("tensorflow", "auto"): [2, None, None]}
+    if importlib.util.find_spec("jax") is not None:
+        cases[("jax", "cpu")] = [2, None, "cpu"]
+    env = training_env()
+    env.pop("CUDA_VISIBLE_DEVICES", None)
+    env.pop("JAX_PLATFORMS", None)
+    seen = json.loads(_child(_DEVICE, json.dumps(list(cases)), env=env))
+    assert seen == [*cases.values(), []], seen  # [] : neither backend imported
