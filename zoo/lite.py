@@ -66,6 +66,9 @@ from zoo import litert
 from zoo.cli import UsageError
 from zoo.seq2seq import samplers
 
+# Every tagger vocabulary starts with <pad>, <unk> (zoo.tagger.encoding).
+TAGGER_PAD_ID, TAGGER_UNK_ID = 0, 1
+
 SEQ2SEQ_KINDS = {"seq2seq", "universal_transformer"}
 
 
@@ -209,12 +212,12 @@ class LiteTagger:
         # NUL: "a\x00b" is the word "a" there, and "\x00b" the padding word "".
         key = token.split("\x00", 1)[0].lower()
         if key == "":
-            return litert.PAD_ID
-        return self._words.get(re.sub("[0-9]", "0", key), litert.UNK_ID)
+            return TAGGER_PAD_ID
+        return self._words.get(re.sub("[0-9]", "0", key), TAGGER_UNK_ID)
 
     def char_ids(self, token):
-        ids = [self._chars.get(c, litert.UNK_ID) for c in token][: self.max_chars]
-        return ids + [litert.PAD_ID] * (self.max_chars - len(ids))
+        ids = [self._chars.get(c, TAGGER_UNK_ID) for c in token][: self.max_chars]
+        return ids + [TAGGER_PAD_ID] * (self.max_chars - len(ids))
 
     def encode(self, tokens, width):
         """One sentence -> (word_ids int32 [1, width], char_ids int32 [1, width, max_chars])."""

@@ -13,12 +13,12 @@ import os
 import numpy as np
 
 from zoo.seq2seq import samplers
+from zoo.seq2seq.tokenization import BOS_ID, EOS_ID, PAD_ID
 
 # Beside FILE.tflite: FILE.tflite.json (`sidecar_path`); beside the two files of
 # `python -m export.kinds.seq2seq`: one sidecar for both.
 SIDECAR_SUFFIX = ".json"
 SEQ2SEQ_SIDECAR = "seq2seq.tflite.json"
-PAD_ID, UNK_ID, BOS_ID, EOS_ID = 0, 1, 2, 3
 NEG = np.float32(-1e9)
 
 
