@@ -74,9 +74,7 @@ def bench_tagger(cfg, steps, warmup, rng, context):
     hparams = {**DEFAULTS, **ARCH_DEFAULTS["attention"]}
     hparams.update({k: cfg[k] for k in ("hidden_dim", "num_layers") if k in cfg})
     max_chars = 16
-    model = build_core(
-        "attention", cfg["words"], cfg["chars"], cfg["tags"], max_chars, 256, hparams
-    )
+    model = build_core("attention", cfg["words"], cfg["chars"], cfg["tags"], max_chars, hparams)
     total = steps + warmup
     compile_tagger(model, 1e-3, total_steps=total, warmup_steps=1, weight_decay=1e-4)
     shape = (cfg["batch"], cfg["length"])

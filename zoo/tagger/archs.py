@@ -29,7 +29,7 @@ def char_features(char_ids, num_chars, char_dim, char_filters, char_kernels):
     return pooled[0] if len(pooled) == 1 else keras.layers.Concatenate(name="char_concat")(pooled)
 
 
-def build_core(arch, num_words, num_chars, num_tags, max_chars, max_len, cfg):
+def build_core(arch, num_words, num_chars, num_tags, max_chars, cfg):
     """Returns the functional id-level model. `cfg` holds the tagger's hyper-parameters."""
     word_ids = keras.Input(shape=(None,), dtype="int32", name="word_ids")
     char_ids = keras.Input(shape=(None, max_chars), dtype="int32", name="char_ids")

@@ -84,7 +84,7 @@ class Tagger(keras.Model):
         self.chars = self.encoder.chars
         self.tags = tags
         self.core = build_core(
-            arch, len(self.words), len(self.chars), len(tags), self.max_chars, self.max_len, cfg
+            arch, len(self.words), len(self.chars), len(tags), self.max_chars, cfg
         )
         self.built = True
 
