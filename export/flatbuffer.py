@@ -1,4 +1,4 @@
-"""Reading .tflite flatbuffers: the model object (ModelT), op names and a per-subgraph
+"""Reading and writing .tflite flatbuffers: the model object (ModelT), op names and a per-subgraph
 view of tensor shapes, dtypes and constants, shared by the delegate check
 (export/check.py) and the GPU rewrites (export/gpu_rewrite.py). Read with
 ai_edge_litert's schema_py_generated."""
@@ -22,6 +22,15 @@ def read_model(content):
     if len(content) < 8 or content[4:8] != b"TFL3":
         raise UsageError("not a TFLite flatbuffer (no TFL3 identifier)")
     return schema.ModelT.InitFromPackedBuf(bytearray(content), 0)
+
+
+def write_model(model, size_hint=0):
+    """A ModelT (`read_model`'s, changed) back to .tflite bytes."""
+    import flatbuffers
+
+    b = flatbuffers.Builder(size_hint + 4096)
+    b.Finish(model.Pack(b), file_identifier=b"TFL3")
+    return bytes(b.Output())
 
 
 def op_name(model, op):

@@ -12,7 +12,7 @@ pattern in files written without it.
 
 import numpy as np
 
-from export.flatbuffer import Graph, op_name, read_model
+from export.flatbuffer import Graph, op_name, read_model, write_model
 
 # Elementwise ops with NumPy-style broadcasting of two operands.
 BROADCASTING = frozenset(
@@ -85,7 +85,6 @@ def legalize(content):
     """`content` (.tflite bytes) with the low-rank operands reshaped and the
     float16 constants GATHER / RESHAPE read made float32; the same bytes when
     nothing needs it."""
-    import flatbuffers
     from ai_edge_litert import schema_py_generated as schema
 
     model = read_model(content)
@@ -120,9 +119,7 @@ def legalize(content):
         sg.operators = new_ops
     if not changed:
         return content
-    b = flatbuffers.Builder(len(content) + 4096)
-    b.Finish(model.Pack(b), file_identifier=b"TFL3")
-    return bytes(b.Output())
+    return write_model(model, len(content))
 
 
 def _opcode(model, schema, builtin):

@@ -51,8 +51,6 @@ def convert(fn, specs, quantize=None):
 def with_softmax_beta(content, beta):
     """`content` with every SOFTMAX's beta set to `beta` (the converter folds no
     scale into beta, so the case is written into the flatbuffer)."""
-    import flatbuffers
-
     from export import flatbuffer
 
     model = flatbuffer.read_model(content)
@@ -60,9 +58,7 @@ def with_softmax_beta(content, beta):
         for op in sg.operators:
             if flatbuffer.op_name(model, op) == "SOFTMAX":
                 op.builtinOptions.beta = beta
-    b = flatbuffers.Builder(len(content) + 1024)
-    b.Finish(model.Pack(b), file_identifier=b"TFL3")
-    return bytes(b.Output())
+    return flatbuffer.write_model(model, len(content))
 
 
 def _w(*shape, seed=0):
