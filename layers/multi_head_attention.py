@@ -49,7 +49,8 @@ class MultiHeadAttention(keras.layers.Layer):
     It also adds a static-shape KV cache for incremental decoding (the KerasHub
     layout `[batch, 2, max_length, num_heads, key_dim]`, written at
     `cache_index`), local windows, additive scoring, ReLU normalisation and
-    rotary position embeddings.
+    rotary position embeddings, and log-length scaling for inputs longer
+    than the trained ones (`length_scale`).
 
     Args:
         num_heads: int, number of attention heads.
@@ -67,6 +68,14 @@ class MultiHeadAttention(keras.layers.Layer):
         dropout: float in `[0, 1)`, dropout on the attention weights.
         use_bias: bool, whether the projections have biases.
         rotary: bool, apply rotary position embeddings to queries and keys.
+        length_scale: `None` or int `>= 2`, the longest trained number of
+            keys. A query that may see `n` keys has its scores multiplied by
+            `max(1, log(n) / log(length_scale))`: attention is unchanged up to
+            `length_scale` keys and grows sharper beyond, so that it does not
+            spread thinner over the many keys of an input longer than any
+            trained one (Chiang and Cholak, 2022). `n` counts the keys left by
+            every mask. Dot-product scores only; self-attention with it does
+            not take the fused heads-first path.
         chunk_size: `None`, `"auto"` or int. When set, attention runs block
             by block with an online softmax (flash-attention style, in
             `keras.ops`): memory grows linearly with the length instead of
@@ -163,6 +172,8 @@ class MultiHeadAttention(keras.layers.Layer):
         - [Vaswani et al., 2017](https://arxiv.org/abs/1706.03762)
         - [Bahdanau et al., 2015](https://arxiv.org/abs/1409.0473)
         - [Su et al., 2021](https://arxiv.org/abs/2104.09864) (rotary)
+        - [Chiang and Cholak, 2022](https://arxiv.org/abs/2202.12172)
+          (log-length scaling)
     """
 
     # Keras's MultiHeadAttention signature and checks (a mirror of Keras), plus this layer's.
@@ -181,6 +192,7 @@ class MultiHeadAttention(keras.layers.Layer):
         use_bias=True,
         rotary=False,
         chunk_size=None,
+        length_scale=None,
         kernel_initializer="glorot_uniform",
         bias_initializer="zeros",
         kernel_regularizer=None,
@@ -218,6 +230,12 @@ class MultiHeadAttention(keras.layers.Layer):
         self.use_bias = bool(use_bias)
         self.rotary = bool(rotary)
         self.chunk_size = check_chunk_size(chunk_size)
+        self.length_scale = check_int("length_scale", length_scale, minimum=2, allow_none=True)
+        if self.length_scale is not None and self.score == "additive":
+            raise ValueError(
+                "`length_scale` scales dot-product scores; it cannot be combined with "
+                f"score='additive'. Received: length_scale={length_scale}"
+            )
         if self.rotary:
             check_even("key_dim", self.key_dim, when="`rotary=True`")
         self.kernel_initializer = keras.initializers.get(kernel_initializer)
@@ -368,6 +386,7 @@ class MultiHeadAttention(keras.layers.Layer):
             and self.value_dim == self.key_dim
             and cache is None
             and chunk_size is None
+            and self.length_scale is None
             and not attention_ops.takes_fused(weighting, return_attention_scores)
             and attention_ops.takes_softmax_backward(weighting, return_attention_scores)
         )
@@ -506,13 +525,25 @@ class MultiHeadAttention(keras.layers.Layer):
                 # cached keys' padding must come from `attention_mask`.
                 value_mask = key_mask = None
         k, v = ops.cast(k, q.dtype), ops.cast(v, q.dtype)
+        key_mask = merge_key_masks(key_mask, value_mask)
+        if self.length_scale is not None:
+            visibility = Visibility.of(
+                self,
+                causal,
+                None,
+                key_mask,
+                attention_mask,
+                query_offset=offset,
+                key_valid_length=key_valid_length,
+            )
+            q = q * self._length_factor(visibility, ops.shape(q)[1], ops.shape(k)[1], q.dtype)
 
         context, weights, has_keys = self._compute_attention(
             q,
             k,
             v,
             query_mask=query_mask,
-            key_mask=merge_key_masks(key_mask, value_mask),
+            key_mask=key_mask,
             attention_mask=attention_mask,
             training=training,
             return_attention_scores=return_attention_scores,
@@ -530,6 +561,21 @@ class MultiHeadAttention(keras.layers.Layer):
         if cache is not None:
             results.append(cache)
         return results[0] if len(results) == 1 else tuple(results)
+
+    def _length_factor(self, visibility, query_length, key_length, dtype):
+        """`max(1, log(n) / log(length_scale))` as `[B|1, Tq, 1, 1]`, `n` the keys
+        each query may see (the query's own padding aside: its row is zeroed)."""
+        structural = visibility.structural(query_length, key_length)
+        if structural is None and visibility.attention_mask is None:
+            if visibility.key_mask is None:
+                seen = ops.cast(ops.full((1, 1), key_length), "float32")
+            else:  # [B, 1]: no [B, Tq, Tk] mask just to count
+                seen = ops.sum(ops.cast(visibility.key_mask, "float32"), -1, keepdims=True)
+        else:
+            seen = ops.sum(visibility.combined(query_length, key_length), axis=-1)
+        factor = ops.log(ops.maximum(seen, 1.0)) / math.log(self.length_scale)
+        factor = ops.maximum(factor, 1.0)
+        return ops.cast(factor[:, :, None, None], dtype)
 
     def _project_qkv(self, query, key, value, self_attention=False, cross_cache=False):
         """The projection stage: `[B, T, features]` inputs to per-head
@@ -690,6 +736,7 @@ class MultiHeadAttention(keras.layers.Layer):
                 "use_bias": self.use_bias,
                 "rotary": self.rotary,
                 "chunk_size": self.chunk_size,
+                "length_scale": self.length_scale,
                 "kernel_initializer": keras.initializers.serialize(self.kernel_initializer),
                 "bias_initializer": keras.initializers.serialize(self.bias_initializer),
                 "kernel_regularizer": keras.regularizers.serialize(self.kernel_regularizer),

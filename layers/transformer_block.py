@@ -78,7 +78,7 @@ class TransformerBlockBase(keras.layers.Layer):
             )
         return hidden_dim // self.num_heads
 
-    def _attention(self, hidden_dim, name, causal, window, rotary):
+    def _attention(self, hidden_dim, name, causal, window, rotary, length_scale=None):
         return MultiHeadAttention(
             num_heads=self.num_heads,
             key_dim=self._head_dim(hidden_dim),
@@ -91,6 +91,7 @@ class TransformerBlockBase(keras.layers.Layer):
             dropout=self.attention_dropout,
             rotary=rotary,
             chunk_size=self.chunk_size,
+            length_scale=length_scale,
             kernel_initializer=self._initializer(),
             dtype=self.dtype_policy,
             name=name,

@@ -4,7 +4,7 @@ feed-forward, with static-shape caches for incremental decoding."""
 import keras
 
 from layers.transformer_block import TransformerBlockBase
-from layers.validation import check_rank
+from layers.validation import check_int, check_rank
 
 
 @keras.saving.register_keras_serializable(package="layers")
@@ -16,6 +16,9 @@ class TransformerDecoderBlock(TransformerBlockBase):
     Args:
         cross_attention: bool, whether the block attends to encoder outputs
             (`False` gives a decoder-only block).
+        cross_length_scale: `None` or int `>= 2`, the cross-attention's
+            `length_scale` (`MultiHeadAttention`): the longest trained
+            source, beyond which cross-attention grows sharper.
         All other arguments as `TransformerEncoderBlock`; self-attention is
         always causal.
 
@@ -59,10 +62,13 @@ class TransformerDecoderBlock(TransformerBlockBase):
         - [Vaswani et al., 2017](https://arxiv.org/abs/1706.03762)
     """
 
-    def __init__(self, *args, cross_attention=True, **kwargs):
+    def __init__(self, *args, cross_attention=True, cross_length_scale=None, **kwargs):
         kwargs["causal"] = True
         super().__init__(*args, **kwargs)
         self.cross_attention = bool(cross_attention)
+        self.cross_length_scale = check_int(
+            "cross_length_scale", cross_length_scale, minimum=2, allow_none=True
+        )
 
     def build(self, inputs_shape, encoder_outputs_shape=None):
         hidden_dim = self._build_self_attention(inputs_shape)
@@ -70,7 +76,7 @@ class TransformerDecoderBlock(TransformerBlockBase):
             source_shape = encoder_outputs_shape or inputs_shape
             check_rank("encoder_outputs", source_shape, 3)
             self.cross_attention_layer = self._attention(
-                hidden_dim, "cross_attention", False, None, False
+                hidden_dim, "cross_attention", False, None, False, self.cross_length_scale
             )
             self.cross_attention_layer.build(inputs_shape, source_shape)
             self.cross_attention_norm = self._norm("cross_attention_norm")
@@ -161,4 +167,5 @@ class TransformerDecoderBlock(TransformerBlockBase):
         config = super().get_config()
         config.pop("causal")
         config["cross_attention"] = self.cross_attention
+        config["cross_length_scale"] = self.cross_length_scale
         return config

@@ -47,8 +47,9 @@ def test_self_attention(options):
         dict(causal=True, window=3),
         dict(rotary=True),
         dict(score="additive", normalize="relu"),
+        dict(causal=True, length_scale=2),
     ],
-    ids=["default", "causal-window", "rotary", "additive-relu"],
+    ids=["default", "causal-window", "rotary", "additive-relu", "causal-length-scale"],
 )
 def test_multi_head_self_attention(options):
     run_layer_test(

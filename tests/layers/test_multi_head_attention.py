@@ -106,6 +106,69 @@ def test_matches_numpy_per_head(score, normalize, options):
         np.testing.assert_allclose(np.asarray(out[b]), ref, atol=1e-5)
 
 
+def _length_scaled_reference(layer, q, v, allowed, length_scale):
+    """NumPy: each query's scaled dot products times max(1, ln n / ln length_scale),
+    n its allowed keys, then the masked softmax, per head and example."""
+    wq, bq, wk, bk, wv, bv, wo, bo = (
+        np.asarray(w)
+        for d in ("query", "key", "value", "output")
+        for w in getattr(layer, f"{d}_dense").get_weights()
+    )
+    out = []
+    for b in range(q.shape[0]):
+        heads = []
+        for h in range(wq.shape[1]):
+            qh, kh, vh = q[b] @ wq[:, h] + bq[h], v[b] @ wk[:, h] + bk[h], v[b] @ wv[:, h] + bv[h]
+            alpha = qh @ kh.T / np.sqrt(wq.shape[2])
+            rows = []
+            for i, row in enumerate(allowed[b]):
+                factor = max(1.0, np.log(max(row.sum(), 1)) / np.log(length_scale))
+                rows.append(normalise_row(alpha[i] * factor, row, "softmax"))
+            heads.append(np.stack(rows) @ vh)
+        out.append(np.einsum("thd,hde->te", np.stack(heads, 1), wo) + bo)
+    return np.stack(out)
+
+
+@pytest.mark.parametrize("cached", [False, True])
+def test_length_scale_matches_numpy_cross_attention(cached):
+    # Keys 7, 5 and 2 per example against length_scale 3: scaled, scaled, unchanged.
+    q = RNG.normal(size=(3, 4, 8)).astype("float32")
+    v = RNG.normal(size=(3, 7, 6)).astype("float32")
+    key_mask = np.array([[1] * 7, [1] * 5 + [0] * 2, [1] * 2 + [0] * 5], bool)
+    layer = MultiHeadAttention(num_heads=2, key_dim=4, length_scale=3)
+    plain = MultiHeadAttention(num_heads=2, key_dim=4)
+    out = layer(q, v, value_mask=key_mask)
+    plain(q, v)
+    plain.set_weights(layer.get_weights())
+    if cached:
+        out = layer(q, cache=layer.compute_cache(v), value_mask=key_mask)[0]
+    allowed = np.stack([allowed_matrix(4, 7, key_mask=m) for m in key_mask])
+    ref = _length_scaled_reference(layer, q, v, allowed, 3)
+    np.testing.assert_allclose(np.asarray(out), ref, atol=1e-5)
+    # Within length_scale keys (example 2) it is the plain layer; beyond, it is not.
+    unscaled = np.asarray(plain(q, v, value_mask=key_mask))
+    np.testing.assert_allclose(np.asarray(out)[2], unscaled[2], atol=1e-5)
+    assert _max_diff(np.asarray(out)[:2], unscaled[:2]) > 1e-3
+
+
+@pytest.mark.parametrize("chunk_size", [None, 2])
+def test_length_scale_matches_numpy_causal_and_cache(chunk_size):
+    # Causal: query i sees i + 1 keys; the same by cached steps and block by block.
+    x = RNG.normal(size=(2, 9, 8)).astype("float32")
+    layer = MultiHeadAttention(
+        num_heads=2, key_dim=4, causal=True, length_scale=2, chunk_size=chunk_size
+    )
+    full = np.asarray(layer(x))
+    allowed = np.stack([allowed_matrix(9, 9, causal=True)] * 2)
+    np.testing.assert_allclose(full, _length_scaled_reference(layer, x, x, allowed, 2), atol=1e-5)
+    cache = np.zeros((2, 2, 9, 2, 4), "float32")
+    steps = []
+    for t in range(9):
+        y, cache = layer(x[:, t : t + 1], cache=cache, cache_index=t)
+        steps.append(np.asarray(y))
+    np.testing.assert_allclose(np.concatenate(steps, 1), full, atol=1e-5)
+
+
 def test_symbolic_cross_attention_score_shape():
     layer = MultiHeadAttention(num_heads=3, key_dim=4)
     out, scores = layer(keras.Input((5, 8)), keras.Input((7, 6)), return_attention_scores=True)
@@ -189,6 +252,8 @@ def test_cross_attention_cache_equals_direct():
         (dict(num_heads=2, key_dim=4, normalize="sparsemax"), "normalize"),
         (dict(num_heads=2, key_dim=4, dropout=-0.1), "dropout"),
         (dict(num_heads=2, key_dim=3, rotary=True), "key_dim"),
+        (dict(num_heads=2, key_dim=4, length_scale=1), "length_scale"),
+        (dict(num_heads=2, key_dim=4, length_scale=8, score="additive"), "length_scale"),
     ],
 )
 def test_bad_arguments_name_the_argument(kwargs, name):

@@ -74,6 +74,9 @@ def test_bad_length_flags_one_line_exit_2(tmp_path, capsys):
     _bad(capsys, ["--arms", "transformer,lstm", "--out", out], "'lstm'")
     _bad(capsys, ["--task", "date", "--out", out], "date")
     _bad(capsys, ["--position", "learned", "--random-positions", "--out", out], "--position")
+    _bad(capsys, ["--position", "learned", "--out", out], "--recipe plain")
+    _bad(capsys, ["--cross-length-scale", "1", "--out", out], "--cross-length-scale")
+    _bad(capsys, ["--recipe", "short", "--out", out], "--recipe")
     assert not os.path.exists(out)
 
 
@@ -93,10 +96,8 @@ def compare_run(tmp_path_factory):
         "2",
         "--arms",
         "transformer,universal_transformer",
-        # The options the compare exists for; the export test below covers them.
-        "--random-positions",
-        "--source-positions",
-        "both_ends",
+        # The length recipe (random positions, both-ends source positions) and
+        # log-length cross-attention are the defaults; the export test covers them.
         "--out",
         out,
         *TINY,
@@ -138,6 +139,11 @@ def test_compare_writes_the_table_plot_and_runs(compare_run):
         config = json.load(f)
     assert config["kind"] == "universal_transformer"
     assert config["model"]["max_source_length"] >= 50
+    # The recipe's positions; cross-attention scaled beyond the longest trained source
+    # (the hidden size is the flag's: flags the user gives win over the recipe's).
+    model = config["model"]
+    assert (model["random_positions"], model["source_positions"]) == (True, "both_ends")
+    assert (model["cross_length_scale"], model["hidden_dim"]) == (5, 32)
     with open(os.path.join(run, "metrics.json")) as f:
         assert [r["bucket"] for r in json.load(f)["length"]] == ["1-5", "2x (10)", "10x (50)"]
 

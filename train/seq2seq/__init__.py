@@ -118,6 +118,18 @@ class Seq2SeqConfig:
         check=one_of("start", "both_ends"),
         group="model",
     )
+    cross_length_scale: str = option(
+        "auto",
+        "cross-attention grows sharper beyond this many source tokens (log-length "
+        "scaling, for inputs longer than the trained ones): auto (the longest trained "
+        "source, default), off, or a number >= 2",
+        check=lambda v: (
+            v in ("auto", "off")
+            or (v.isdigit() and int(v) >= 2)
+            or "must be auto, off or an integer >= 2"
+        ),
+        group="model",
+    )
     num_steps: int = option(
         4, "Universal Transformer recurrent steps", check=above(0), group="model"
     )
@@ -204,6 +216,15 @@ class Seq2SeqConfig:
         100,
         "--compare: test strings per length bucket (default 100)",
         check=above(0),
+        group="length generalisation",
+    )
+    recipe: str = option(
+        "length",
+        "--compare: length (default: every arm trains with random positions, both-ends "
+        "source positions and hidden size 128, the settings that carry to longer "
+        "strings) or plain (the model flags as given)",
+        check=one_of("length", "plain"),
+        record=False,
         group="length generalisation",
     )
     arms: str = option(

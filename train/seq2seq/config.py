@@ -28,7 +28,9 @@ TASK_MODEL = {
 }
 
 
-def model_config(args, text):
+def model_config(args, text, longest_source=None):
+    """The model's `zoo.build` kwargs; `longest_source`: the longest training source in
+    tokens (`--cross-length-scale auto`)."""
     base = dict(TEXT_MODEL if text else TASK_MODEL)
     for key in base:  # the flags of the same names override the sizes
         if getattr(args, key) is not None:
@@ -41,6 +43,9 @@ def model_config(args, text):
         label_smoothing=args.label_smoothing,
         random_positions=args.random_positions,
         source_positions=args.source_positions,
+        cross_length_scale=cross_length_scale(
+            args.cross_length_scale, longest_source, base["max_source_length"]
+        ),
     )
     if args.arch == "universal_transformer":
         base.pop("num_layers")
@@ -50,3 +55,13 @@ def model_config(args, text):
             f"--num-heads {base['num_heads']} must divide --hidden-dim {base['hidden_dim']}"
         )
     return base
+
+
+def cross_length_scale(flag, longest_source, max_source_length):
+    """--cross-length-scale as the model's `cross_length_scale`: None for "off"; for
+    "auto" the longest training source (within the model's limit, at least 2)."""
+    if flag == "off":
+        return None
+    if flag == "auto":
+        return max(2, min(longest_source or max_source_length, max_source_length))
+    return int(flag)

@@ -92,7 +92,10 @@ def train_new(context, cfg, data):
     proto = train_tokenizer(data, vocab)
     tokenizer = Tokenizer(proto)
     seconds = time.perf_counter() - started
-    config_model = model_config(cfg, text)
+    longest = None
+    if cfg.cross_length_scale == "auto":
+        longest = max(len(ids) for ids in tokenizer.encode([s for s, _ in data.train]))
+    config_model = model_config(cfg, text, longest)
     try:
         with context.scope():
             model = zoo.build(_kind(cfg.arch), tokenizer=encode_proto(proto), **config_model)

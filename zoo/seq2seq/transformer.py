@@ -62,6 +62,11 @@ class Seq2SeqTransformer(keras.Model):
             start and half from the end (the target's two halves both count
             from the start), so "the t-th from the end" is as easy to align
             with as "the t-th". Sinusoidal positions only.
+        cross_length_scale: `None` or int `>= 2`, the longest trained source
+            (in tokens): beyond it cross-attention grows sharper with the
+            logarithm of the source length, so that it does not spread
+            thinner over a longer input (`layers.MultiHeadAttention`'s
+            `length_scale`). Unchanged up to that length.
         activation: feed-forward activation.
         label_smoothing: float, stored for training (the loss reads it).
         tokenizer: `None` or base64 SentencePiece model (`zoo.seq2seq.tokenization`).
@@ -106,6 +111,7 @@ class Seq2SeqTransformer(keras.Model):
         window=None,
         random_positions=False,
         source_positions="start",
+        cross_length_scale=None,
         activation="relu",
         label_smoothing=0.1,
         tokenizer=None,
@@ -136,6 +142,9 @@ class Seq2SeqTransformer(keras.Model):
                 "`random_positions` and `source_positions='both_ends'` need "
                 "position='sinusoidal'. Received: position='learned'"
             )
+        self.cross_length_scale = check_int(
+            "cross_length_scale", cross_length_scale, minimum=2, allow_none=True
+        )
         self.activation = activation
         self.label_smoothing = check_rate("label_smoothing", label_smoothing)
         self.tokenizer_proto = tokenizer
@@ -181,7 +190,11 @@ class Seq2SeqTransformer(keras.Model):
             for i in range(self.num_layers)
         ]
         self.decoder_blocks = [
-            TransformerDecoderBlock(name=f"decoder_{i}", **self._block_kwargs())
+            TransformerDecoderBlock(
+                cross_length_scale=self.cross_length_scale,
+                name=f"decoder_{i}",
+                **self._block_kwargs(),
+            )
             for i in range(self.num_layers)
         ]
 
@@ -502,6 +515,7 @@ class Seq2SeqTransformer(keras.Model):
             window=self.window,
             random_positions=self.random_positions,
             source_positions=self.source_positions,
+            cross_length_scale=self.cross_length_scale,
             activation=self.activation,
             label_smoothing=self.label_smoothing,
             tokenizer=self.tokenizer_proto,

@@ -78,7 +78,11 @@ class UniversalTransformer(Seq2SeqTransformer):
         self.encoder_block = TransformerEncoderBlock(
             window=self.window, name="encoder_shared", **self._block_kwargs()
         )
-        self.decoder_block = TransformerDecoderBlock(name="decoder_shared", **self._block_kwargs())
+        self.decoder_block = TransformerDecoderBlock(
+            cross_length_scale=self.cross_length_scale,
+            name="decoder_shared",
+            **self._block_kwargs(),
+        )
         # Bias 1: start by halting after about one or two steps (as tensor2tensor).
         self.encoder_halting, self.decoder_halting = (
             keras.layers.Dense(
