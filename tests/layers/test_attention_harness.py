@@ -84,10 +84,11 @@ def test_encoder_block(norm_first):
     )
 
 
-def test_decoder_block():
+@pytest.mark.parametrize("options", [dict(), dict(cross_length_scale=2)])
+def test_decoder_block(options):
     run_layer_test(
         TransformerDecoderBlock,
-        dict(num_heads=2, intermediate_dim=16, dropout=0.1),
+        dict(num_heads=2, intermediate_dim=16, dropout=0.1, **options),
         {"inputs": X, "encoder_outputs": RNG.normal(size=(2, 4, 8)).astype("float32")},
         expected_output_shape=(2, 6, 8),
     )

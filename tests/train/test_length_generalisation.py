@@ -59,6 +59,39 @@ def test_buckets_default_to_2_5_10_times_the_trained_length():
     assert length.bucket_name(1, 20, 20) == "1-20"
 
 
+def _model_config(argv, text=False, longest=20):
+    import argparse
+
+    from train import seq2seq
+    from train.seq2seq.config import model_config
+
+    parser = argparse.ArgumentParser()
+    seq2seq.add_arguments(parser)
+    return model_config(parser.parse_args(argv), text, longest)
+
+
+def test_the_length_recipe_is_the_ut_default_on_embedded_tasks():
+    keys = ("hidden_dim", "random_positions", "source_positions", "cross_length_scale")
+    length = (128, True, "both_ends", 20)
+    plain = (64, False, "start", 20)
+    pick = lambda config: tuple(config[k] for k in keys)  # noqa: E731
+    assert pick(_model_config(["--arch", "universal_transformer"])) == length
+    assert pick(_model_config([])) == plain  # the Transformer's command: as given
+    assert pick(_model_config(["--recipe", "length"])) == length
+    assert pick(_model_config(["--arch", "universal_transformer", "--recipe", "plain"])) == plain
+    # Flags given win over the recipe's size; text keeps its own model.
+    ut = ["--arch", "universal_transformer"]
+    assert _model_config([*ut, "--hidden-dim", "32"])["hidden_dim"] == 32
+    text = _model_config(ut, text=True, longest=300)
+    assert (text["hidden_dim"], text["random_positions"], text["cross_length_scale"]) == (
+        256,
+        False,
+        128,  # the longest source, within the model's limit
+    )
+    assert _model_config([*ut, "--cross-length-scale", "off"])["cross_length_scale"] is None
+    assert _model_config([*ut, "--cross-length-scale", "7"])["cross_length_scale"] == 7
+
+
 def _bad(capsys, argv, needle):
     code = train_main(["universal_transformer", "--compare", *argv])
     err = capsys.readouterr().err.strip().splitlines()
@@ -74,7 +107,7 @@ def test_bad_length_flags_one_line_exit_2(tmp_path, capsys):
     _bad(capsys, ["--arms", "transformer,lstm", "--out", out], "'lstm'")
     _bad(capsys, ["--task", "date", "--out", out], "date")
     _bad(capsys, ["--position", "learned", "--random-positions", "--out", out], "--position")
-    _bad(capsys, ["--position", "learned", "--out", out], "--recipe plain")
+    _bad(capsys, ["--recipe", "length", "--position", "learned", "--out", out], "--recipe plain")
     _bad(capsys, ["--cross-length-scale", "1", "--out", out], "--cross-length-scale")
     _bad(capsys, ["--recipe", "short", "--out", out], "--recipe")
     assert not os.path.exists(out)

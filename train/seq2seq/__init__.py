@@ -130,6 +130,15 @@ class Seq2SeqConfig:
         ),
         group="model",
     )
+    recipe: str = option(
+        "auto",
+        "length: random positions, both-ends source positions and hidden size 128 "
+        "(unless --hidden-dim), the settings that carry to strings longer than the "
+        "trained ones; plain: the model flags as given; auto (default): length for "
+        "universal_transformer on an embedded task and for --compare, else plain",
+        check=one_of("auto", "length", "plain"),
+        group="model",
+    )
     num_steps: int = option(
         4, "Universal Transformer recurrent steps", check=above(0), group="model"
     )
@@ -218,15 +227,6 @@ class Seq2SeqConfig:
         check=above(0),
         group="length generalisation",
     )
-    recipe: str = option(
-        "length",
-        "--compare: length (default: every arm trains with random positions, both-ends "
-        "source positions and hidden size 128, the settings that carry to longer "
-        "strings) or plain (the model flags as given)",
-        check=one_of("length", "plain"),
-        record=False,
-        group="length generalisation",
-    )
     arms: str = option(
         ",".join(length.ARMS),
         f"--compare: comma-separated arms (default {','.join(length.ARMS)})",
@@ -244,6 +244,8 @@ class Seq2SeqConfig:
             self.random_positions or self.source_positions != "start"
         ):
             raise UsageError("--random-positions and --source-positions need --position sinusoidal")
+        if self.position != "sinusoidal" and self.recipe == "length":
+            raise UsageError("--recipe length needs --position sinusoidal (or --recipe plain)")
         for name in FILES:
             options.check_data_file(getattr(self, name), "--" + name.replace("_", "-"))
         if self.out is None:

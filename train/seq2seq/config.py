@@ -28,10 +28,34 @@ TASK_MODEL = {
 }
 
 
+# --recipe length: what carries to strings longer than the trained ones, by measurement
+# (benchmarks/length_generalisation.md): positions beyond the trained ones seen in
+# training, "the t-th from the end" as easy to find as "the t-th", and 64 sinusoidal
+# features per end so that neighbouring positions far out stay apart.
+LENGTH_POSITIONS = {"random_positions": True, "source_positions": "both_ends"}
+LENGTH_HIDDEN_DIM = 128
+
+
+def recipe(args, text):
+    """--recipe as "length" or "plain" ("auto": length for universal_transformer on an
+    embedded task with sinusoidal positions)."""
+    if args.recipe != "auto":
+        return args.recipe
+    ut_task = args.arch == "universal_transformer" and not text
+    return "length" if ut_task and args.position == "sinusoidal" else "plain"
+
+
 def model_config(args, text, longest_source=None):
     """The model's `zoo.build` kwargs; `longest_source`: the longest training source in
     tokens (`--cross-length-scale auto`)."""
     base = dict(TEXT_MODEL if text else TASK_MODEL)
+    positions = {
+        "random_positions": args.random_positions,
+        "source_positions": args.source_positions,
+    }
+    if recipe(args, text) == "length":
+        base["hidden_dim"] = LENGTH_HIDDEN_DIM
+        positions.update(LENGTH_POSITIONS)
     for key in base:  # the flags of the same names override the sizes
         if getattr(args, key) is not None:
             base[key] = getattr(args, key)
@@ -41,8 +65,7 @@ def model_config(args, text, longest_source=None):
         share_embeddings=not args.separate_embeddings,
         window=args.window,
         label_smoothing=args.label_smoothing,
-        random_positions=args.random_positions,
-        source_positions=args.source_positions,
+        **positions,
         cross_length_scale=cross_length_scale(
             args.cross_length_scale, longest_source, base["max_source_length"]
         ),

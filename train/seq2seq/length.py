@@ -26,12 +26,6 @@ ARMS = tuple(_ARM_OPTIONS)
 # (unless --epochs / --steps-per-epoch are given), about 12 minutes an arm on a 2-core CPU.
 TRAIN_LENGTHS = (1, 20)
 EPOCHS, STEPS_PER_EPOCH = 10, 300
-# --recipe length: what carries to longer strings, by measurement (docs/seq2seq.md):
-# positions beyond the trained ones seen in training, "the t-th from the end" as
-# easy as "the t-th", and 64 sinusoidal features per end so that neighbouring
-# positions far out stay apart. (Log-length cross-attention is every run's default.)
-LENGTH_RECIPE = {"random_positions": True, "source_positions": "both_ends"}
-RECIPE_HIDDEN_DIM = 128
 
 
 def parse_range(text, flag):
@@ -71,10 +65,6 @@ def validate(args):
     if not arms:
         raise UsageError(f"--arms names no arm, got {args.arms!r}")
     args.arms = ",".join(arms)
-    if args.recipe == "length" and args.position != "sinusoidal":
-        raise UsageError(
-            "--compare's length recipe needs --position sinusoidal (or --recipe plain)"
-        )
 
 
 def bucket_name(lo, hi, trained_hi):
@@ -270,10 +260,8 @@ def run_compare(context, args):
             arm_args.arch, arm_args.act = _ARM_OPTIONS[arm]
             arm_args.seed = args.seed + k
             arm_args.dev_sample = min(args.dev_sample, args.eval_size)
-            if args.recipe == "length":
-                vars(arm_args).update(LENGTH_RECIPE)
-                if arm_args.hidden_dim is None:
-                    arm_args.hidden_dim = RECIPE_HIDDEN_DIM
+            if args.recipe == "auto":  # every arm (the Transformer too) the same
+                arm_args.recipe = "length" if args.position == "sinusoidal" else "plain"
             if args.epochs is None and args.steps_per_epoch is None:
                 arm_args.epochs, arm_args.steps_per_epoch = EPOCHS, STEPS_PER_EPOCH
             # Every tested string must fit the model (characters are the tokens).
