@@ -59,6 +59,17 @@ def test_buckets_default_to_2_5_10_times_the_trained_length():
     assert length.bucket_name(1, 20, 20) == "1-20"
 
 
+@pytest.mark.parametrize("digits", [1, 7, 19, 200])
+def test_addition_strings_of_any_length_add_up(digits):
+    # 10x the trained length is far past int64: the numbers are drawn digit by digit.
+    from train.seq2seq import algorithmic
+
+    for source, target in algorithmic.generate("addition", 50, digits, digits, seed=digits):
+        a, b = source.split("+")
+        assert len(a) == digits and (digits == 1 or a[0] != "0") and 1 <= len(b) <= digits
+        assert int(a) + int(b) == int(target)
+
+
 def _model_config(argv, text=False, longest=20):
     import argparse
 

@@ -39,6 +39,12 @@ def _string(rng, length):
     return "".join(rng.choice(list(ALPHABET), size=length))
 
 
+def _number(rng, digits, leading):
+    """A uniform number of `digits` digits (without a leading zero when `leading`)."""
+    first = int(rng.integers(1 if leading else 0, 10))
+    return int(str(first) + "".join(str(d) for d in rng.integers(0, 10, size=digits - 1)))
+
+
 def _date_text(rng, date):
     month, day, year = _MONTHS[date.month - 1], date.day, date.year
     formats = [
@@ -58,8 +64,9 @@ def example(task, rng, length):
         s = _string(rng, length)
         return s, {"copy": s, "reverse": s[::-1], "sort": "".join(sorted(s))}[task]
     if task == "addition":
-        a = int(rng.integers(10 ** (length - 1) if length > 1 else 0, 10**length))
-        b = int(rng.integers(0, 10 ** int(rng.integers(1, length + 1))))
+        # Digit by digit: numbers of any length (10x the trained ones), past int64.
+        a = _number(rng, length, leading=length > 1)
+        b = _number(rng, int(rng.integers(1, length + 1)), leading=False)
         return f"{a}+{b}", str(a + b)
     if task == "date":
         start = datetime.date(1950, 1, 1).toordinal()
