@@ -203,7 +203,8 @@ class RunContext:
     (train.preemption.Signals). `RunContext()` is one device, the device's policy, no
     step checkpoints, nothing to announce, no signal handlers: what library use (tests,
     benchmarks) gets when no command built one. As a context manager, it takes back on
-    exit the global `keras.distribution` its strategy set (JAX, several devices)."""
+    exit the global `keras.distribution` its strategy set (JAX, several devices) and the
+    global dtype policy its `policy` set."""
 
     def __init__(
         self, name="default", mixed_precision="auto", jit=None, every=0, tpu=None, signals=None
@@ -221,6 +222,10 @@ class RunContext:
             import keras
 
             keras.distribution.set_distribution(None)
+        if self.__dict__.get("_policy_before") is not None:
+            import keras
+
+            keras.mixed_precision.set_global_policy(self.__dict__.pop("_policy_before"))
 
     @functools.cached_property
     def policy(self):
@@ -240,6 +245,7 @@ class RunContext:
         else:
             policy = None if asked == "float32" else asked
         if policy:
+            self._policy_before = keras.mixed_precision.global_policy()
             keras.mixed_precision.set_global_policy(policy)
         return policy
 

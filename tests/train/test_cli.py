@@ -160,6 +160,21 @@ def test_two_run_contexts_do_not_interfere():
     assert a.describe()["jit_compile"] is True and a.describe()["strategy"] == "default"
 
 
+def test_leaving_a_run_context_takes_back_its_dtype_policy():
+    import keras
+
+    from train import strategy
+
+    before = keras.mixed_precision.global_policy().name
+    with strategy.RunContext(mixed_precision="mixed_bfloat16") as context:
+        assert context.policy == "mixed_bfloat16"
+        assert keras.mixed_precision.global_policy().name == "mixed_bfloat16"
+    assert keras.mixed_precision.global_policy().name == before == "float32"
+    with strategy.RunContext(mixed_precision="float32") as context:
+        assert context.policy is None  # sets nothing, so takes back nothing
+    assert keras.mixed_precision.global_policy().name == "float32"
+
+
 # --device cpu in a fresh interpreter: the entry point sets the variable the backend reads
 # as it starts, before anything imports it (a bad --strategy then stops the command).
 _DEVICE = """
