@@ -88,6 +88,8 @@ def test_the_length_recipe_is_the_ut_default_on_embedded_tasks():
     pick = lambda config: tuple(config[k] for k in keys)  # noqa: E731
     assert pick(_model_config(["--arch", "universal_transformer"])) == length
     assert pick(_model_config([])) == plain  # the Transformer's command: as given
+    assert pick(_model_config(["--compare"])) == length  # every compare arm, the Transformer too
+    assert pick(_model_config(["--compare", "--position", "learned"]))[1:3] == (False, "start")
     assert pick(_model_config(["--recipe", "length"])) == length
     assert pick(_model_config(["--arch", "universal_transformer", "--recipe", "plain"])) == plain
     # Flags given win over the recipe's size; text keeps its own model.

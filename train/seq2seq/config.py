@@ -38,11 +38,11 @@ LENGTH_HIDDEN_DIM = 128
 
 def recipe(args, text):
     """--recipe as "length" or "plain" ("auto": length for universal_transformer on an
-    embedded task with sinusoidal positions)."""
+    embedded task and for --compare, with sinusoidal positions)."""
     if args.recipe != "auto":
         return args.recipe
-    ut_task = args.arch == "universal_transformer" and not text
-    return "length" if ut_task and args.position == "sinusoidal" else "plain"
+    wanted = args.compare or (args.arch == "universal_transformer" and not text)
+    return "length" if wanted and args.position == "sinusoidal" else "plain"
 
 
 def model_config(args, text, longest_source=None):

@@ -245,7 +245,7 @@ def run_compare(context, args):
 
     import_keras_quietly()
     from train.progress import markdown_table
-    from train.seq2seq import training
+    from train.seq2seq import config, training
     from zoo import atomic
 
     data, buckets = compare_data(args)
@@ -260,8 +260,7 @@ def run_compare(context, args):
             arm_args.arch, arm_args.act = _ARM_OPTIONS[arm]
             arm_args.seed = args.seed + k
             arm_args.dev_sample = min(args.dev_sample, args.eval_size)
-            if args.recipe == "auto":  # every arm (the Transformer too) the same
-                arm_args.recipe = "length" if args.position == "sinusoidal" else "plain"
+            arm_args.recipe = config.recipe(args, text=False)  # every arm the same
             if args.epochs is None and args.steps_per_epoch is None:
                 arm_args.epochs, arm_args.steps_per_epoch = EPOCHS, STEPS_PER_EPOCH
             # Every tested string must fit the model (characters are the tokens).
