@@ -91,10 +91,6 @@ def add_arguments(parser, cls):
         target.add_argument(flag(field), help=meta["help"], **kwargs)
 
 
-def _shown(value):
-    return repr(value) if isinstance(value, str) else value
-
-
 def check_data_file(path, flag=None):
     """UsageError unless `path` (None or "": not given) is a file; the message starts
     with `flag` when one is given."""
@@ -105,21 +101,16 @@ def check_data_file(path, flag=None):
         raise UsageError(f"{prefix}data file not found: {path}")
 
 
-def check(config, typed=None):
-    """Raises UsageError for the first field whose check fails, naming its flag."""
+def from_args(cls, args):
+    """The config of parsed `args`, checked: the first field whose check fails is a
+    UsageError naming its flag as typed; then the class's `check()`."""
+    values = {f.name: getattr(args, f.name) for f in dataclasses.fields(cls) if f.metadata["help"]}
+    config, typed = cls(**values), getattr(args, "typed_flags", {})
     for field in dataclasses.fields(config):
         test, value = field.metadata["check"], getattr(config, field.name)
         problem = True if test is None else test(value)
         if problem is not True:
-            name = (typed or {}).get(field.name) or flag(field)
-            raise UsageError(f"{name} {problem}, got {_shown(value)}")
-    return config
-
-
-def from_args(cls, args):
-    """The config of parsed `args`, checked (field checks, then the class's `check()`)."""
-    values = {f.name: getattr(args, f.name) for f in dataclasses.fields(cls) if f.metadata["help"]}
-    config = check(cls(**values), getattr(args, "typed_flags", None))
+            raise UsageError(f"{typed.get(field.name) or flag(field)} {problem}, got {value!r}")
     config.check()
     return config
 

@@ -31,12 +31,10 @@ class TaggerConfig:
     )
     seed: int = option(0, "random seed (model and embedded data)")
     resume: bool = option(False, "continue the run in --out from its last checkpoint", record=False)
-    train_file: str = option(None, "CoNLL-U training file (UPOS column)", kind=str)
-    dev_file: str = option(None, "CoNLL-U dev file (default: 10%% held out from train)", kind=str)
-    test_file: str = option(None, "CoNLL-U test file (default: 10%% held out from train)", kind=str)
-    dataset: str = option(
-        None, "tfds:NAME, e.g. tfds:universal_dependencies/en_ewt (downloads)", kind=str
-    )
+    train_file: str = option(None, "CoNLL-U training file (UPOS column)")
+    dev_file: str = option(None, "CoNLL-U dev file (default: 10%% held out from train)")
+    test_file: str = option(None, "CoNLL-U test file (default: 10%% held out from train)")
+    dataset: str = option(None, "tfds:NAME, e.g. tfds:universal_dependencies/en_ewt (downloads)")
     compare: bool = option(
         False,
         "train all four archs on the same data; print and save a comparison table",
