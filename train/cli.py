@@ -4,7 +4,7 @@
 `add_arguments(parser)` and `run(args, context) -> int`: `context` is the command's
 `train.strategy.RunContext` (distribution flags, train.preemption signals), built here and
 passed down. Environment variables are set here only. A new model plugs in by adding a
-line to `COMMANDS` (modules missing from the checkout are not offered).
+line to `COMMANDS`.
 
 `--backend tensorflow|jax` (default: KERAS_BACKEND, else tensorflow) sets KERAS_BACKEND
 before Keras is imported; it refuses when Keras is already imported with the other backend
@@ -54,17 +54,9 @@ def config_argv(config):
     return configs.replay_argv(module.CONFIG, config.get("train") or {})
 
 
-def available_commands():
-    return {
-        name: help_
-        for name, (module, help_) in COMMANDS.items()
-        if importlib.util.find_spec(module) is not None
-    }
-
-
 def _usage():
     lines = ["usage: python -m train MODEL [options]   (python -m train MODEL --help)", "models:"]
-    lines += [f"  {name:24s}{help_}" for name, help_ in available_commands().items()]
+    lines += [f"  {name:24s}{help_}" for name, (_, help_) in COMMANDS.items()]
     return "\n".join(lines)
 
 
@@ -134,16 +126,15 @@ def main(argv=None):
         print(_usage(), file=sys.stdout if argv else sys.stderr)  # bare: a usage error
         return 0 if argv else EXIT_USAGE
     name, rest = argv[0], argv[1:]
-    commands = available_commands()
-    if name not in commands:
-        return _fail(f"unknown model {name!r}; choose from: {', '.join(commands)}", EXIT_USAGE)
+    if name not in COMMANDS:
+        return _fail(f"unknown model {name!r}; choose from: {', '.join(COMMANDS)}", EXIT_USAGE)
     debug = "--debug" in rest
     from train import preemption
     from zoo import run_lock
 
     try:
         with preemption.handlers() as signals, runtime_logs(verbose_flag(rest)):
-            return _run(name, rest, commands, signals)
+            return _run(name, rest, signals)
     except preemption.Stopped as e:
         print(str(e), file=sys.stderr)
         return e.code
@@ -159,12 +150,12 @@ def main(argv=None):
         run_lock.release_all()
 
 
-def _run(name, rest, commands, signals):
+def _run(name, rest, signals):
     select_backend(rest)
     if name in ONEDNN_COMMANDS:
         prefer_onednn()
     module = importlib.import_module(COMMANDS[name][0])
-    parser = OneLineParser(prog=f"python -m train {name}", description=commands[name])
+    parser = OneLineParser(prog=f"python -m train {name}", description=COMMANDS[name][1])
     parser.add_argument("--debug", action="store_true", help="show tracebacks of unexpected errors")
     parser.add_argument(
         "--backend",
