@@ -11,7 +11,7 @@ from keras import ops
 def weighted_terms(loss):
     """(sum, count) from a Keras loss applied per element, weighted by sample weights
     (padding weight 0). Without weights every element counts."""
-    if isinstance(loss, str) or not isinstance(loss, keras.losses.Loss):
+    if not isinstance(loss, keras.losses.Loss):
         loss = keras.losses.get(loss)
     per_element = loss.__class__.from_config({**loss.get_config(), "reduction": None})
 

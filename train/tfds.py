@@ -45,8 +45,8 @@ def prepare(builder, name):
         ) from None
 
 
-def load_tfds(name, data_dir=None):
-    builder = open_builder(name, data_dir)
+def load_tfds(name):
+    builder = open_builder(name)
     features = builder.info.features
     if "tokens" not in features:
         raise UsageError(f"tfds data set {name!r} has no 'tokens' feature to tag")
@@ -66,7 +66,7 @@ def load_tfds(name, data_dir=None):
         train=splits["train"],
         dev=splits.get("dev"),
         test=splits.get("test"),
-        source={"name": f"tfds:{name}", "data_dir": data_dir or os.environ.get("TFDS_DATA_DIR")},
+        source={"name": f"tfds:{name}", "data_dir": os.environ.get("TFDS_DATA_DIR")},
     )
 
 

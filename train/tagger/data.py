@@ -26,13 +26,12 @@ def normalised_keys(sentences):
     return out
 
 
-def build_vocab(data, min_word_count=1):
+def build_vocab(data):
     """words/chars from training data only; tags from all splits (train ones first)."""
     train_keys = normalised_keys(data.train)
     counts = collections.Counter(k for keys in train_keys for k in keys)
     words = [PAD, UNK] + sorted(
-        (k for k, c in counts.items() if c >= min_word_count and k not in (PAD, UNK, "")),
-        key=lambda k: (-counts[k], k),
+        (k for k in counts if k not in (PAD, UNK, "")), key=lambda k: (-counts[k], k)
     )
     char_counts = collections.Counter(ch for s in data.train for t in s.tokens for ch in t)
     chars = [PAD, UNK] + sorted(

@@ -67,8 +67,8 @@ class _Grammar:
         # extra: tag -> pseudo-words drawn from this split's pool.
         self.extra = extra
 
-    def pick(self, words, tag=None, p_extra=0.25):
-        if tag is not None and self.extra.get(tag) and self.rng.random() < p_extra:
+    def pick(self, words, tag, p_extra=0.25):
+        if self.extra.get(tag) and self.rng.random() < p_extra:
             return self.rng.choice(self.extra[tag])
         return self.rng.choice(words)
 
@@ -151,10 +151,9 @@ class _Grammar:
             words = self.clause()
             if rng.random() < 0.15:
                 words += [(",", "PUNCT"), (rng.choice(COORDINATORS), "CCONJ")] + self.clause()
-        if rng.random() < 0.05 and words[0][1] == "PRON":
-            words = [(words[0][0].lower() if words[0][0] != "I" else "I", "PRON")] + words[1:]
+        rng.random()  # drawn and unused: every seed's sentences depend on this draw
         first, tag = words[0]
-        if tag not in ("PROPN",) and first != "I":
+        if tag != "PROPN" and first != "I":
             words[0] = (first.capitalize(), tag)
         words.append((".", "PUNCT"))
         return TaggedSentence(tuple(w for w, _ in words), tuple(t for _, t in words))
