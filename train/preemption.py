@@ -42,7 +42,6 @@ class Stopped(BaseException):
 
     def __init__(self, signum, message):
         super().__init__(message)
-        self.signum = signum
         self.code = 128 + int(signum)
 
 
@@ -125,12 +124,10 @@ class ClusterStop:
 
     ACK_TIMEOUT_MS = 120_000
 
-    def __init__(self, signals, index, workers, context=None):
-        if context is None:
-            from tensorflow.python.eager import context as tf_context
+    def __init__(self, signals, index, workers):
+        from tensorflow.python.eager import context
 
-            context = tf_context.context()
-        self.ctx, self.index, self.workers = context, int(index), int(workers)
+        self.ctx, self.index, self.workers = context.context(), int(index), int(workers)
         self.signals = signals
         self.prefix = f"attention_zoo/stop/{next(signals.sessions)}"
         self.target = None  # (step, signum) published by the signalled worker
