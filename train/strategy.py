@@ -9,15 +9,13 @@ when the backend sees none, instead of training on the CPU.
 
 `configure` turns the flags into the command's `RunContext`, which train.cli passes down
 to the command, its steps and its training loop (no module state here).
-`describe_runtime(info)` is the one line every command prints at start (`backend jax, 1
-x cpu, float32, XLA on`; on a CPU under TensorFlow it ends with `oneDNN on` or `off`);
-`RunContext.runtime()` is what config.json / metrics.json record of it.
 
 Collective ops (multi_worker) and TPUs must be set up before TensorFlow runs anything, so
 `configure` creates those strategies right after the flags are parsed; the others are
 created on first use, keeping bad-input errors fast (no TensorFlow import).
 """
 
+import argparse
 import atexit
 import contextlib
 import functools
@@ -67,12 +65,9 @@ def add_arguments(parser):
     )
     g.add_argument(
         "--jit-compile",
-        dest="jit_compile",
-        action="store_true",
-        default=None,
+        action=argparse.BooleanOptionalAction,
         help="XLA-compile training steps (default: on for GPU/TPU, off on CPU)",
     )
-    g.add_argument("--no-jit-compile", dest="jit_compile", action="store_false")
     g.add_argument(
         "--checkpoint-every",
         type=int,
@@ -299,13 +294,7 @@ class RunContext:
 
     def is_chief(self):
         """Only the chief writes the run directory and checkpoints (worker 0 without one)."""
-        config = _tf_config() if self.name == "multi_worker" else None
-        if not config:
-            return True
-        task = config["task"]
-        if config["cluster"].get("chief"):
-            return task.get("type") == "chief"
-        return task.get("type", "worker") == "worker" and int(task["index"]) == 0
+        return self.worker()[0] == 0
 
     def describe(self):
         replicas = int(self.strategy.num_replicas_in_sync)
@@ -425,8 +414,8 @@ def onednn():
 
 
 def describe_runtime(info):
-    """One line of `RunContext.runtime()`: `backend tensorflow, 2 x NVIDIA A100 (mirrored),
-    mixed_bfloat16, XLA on`."""
+    """The line every command prints at start, of `RunContext.runtime()`: `backend jax, 1 x
+    cpu, float32, XLA on` (on a CPU under TensorFlow it ends with `oneDNN on` or `off`)."""
     strategy = "" if info["strategy"] == "default" else f" ({info['strategy']})"
     xla = "XLA on" if info["jit_compile"] else "XLA off"
     onednn = ""
