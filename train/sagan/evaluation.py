@@ -29,8 +29,7 @@ class Evaluator:
         self.real_consistent = float(np.mean(test_out["consistent"][:, 0] > 0.5))
 
     def _kid(self, features):
-        subset = min(500, self.n)
-        return round(kernel_inception_distance(features, self.ref_features, subset_size=subset), 5)
+        return round(kernel_inception_distance(features, self.ref_features), 5)
 
     def evaluate(self, generator, seed, quick=False):
         """FID, KID, class accuracy (per class too) and consistency of the generator, and
