@@ -24,17 +24,18 @@ def save_sample_grid(images, columns, path):
     save_png(grid(to_uint8(images), columns), path)
 
 
-def save_attention_figure(images, scores, feature_side, path, class_names=None, labels=None):
-    """For each image, where four query pixels look (like the SAGAN paper's Fig. 1).
+def _save(fig, path):
+    buffer = io.BytesIO()
+    fig.savefig(buffer, format="png", dpi=80)
+    plt.close(fig)
+    atomic.write_bytes(path, buffer.getvalue())
 
-    Args:
-        images: generator outputs [B, S, S, C] in [-1, 1].
-        scores: attention weights [B, side*side, keys] of the generator's
-            SelfAttention2D, queries row-major on the side x side feature map,
-            keys on the same map or on its 2x2-pooled version.
-        feature_side: the attention's feature-map side.
-        path: the PNG to write.
-    """
+
+def save_attention_figure(images, scores, feature_side, path, class_names, labels):
+    """For each generator output [B, S, S, C] in [-1, 1], where four query pixels look
+    (like the SAGAN paper's Fig. 1). `scores` [B, side*side, keys]: SelfAttention2D's
+    weights, queries row-major on the feature_side map, keys on it or its 2x2 pooling;
+    `labels`: None (unconditional) or the class ids naming each row."""
     images = to_uint8(images)
     scores = np.asarray(scores, np.float32)
     b, size = images.shape[0], images.shape[1]
@@ -49,7 +50,7 @@ def save_attention_figure(images, scores, feature_side, path, class_names=None, 
     for i in range(b):
         shown = images[i][..., 0] if images.shape[-1] == 1 else images[i]
         axes[i, 0].imshow(shown, cmap=cmap)
-        title = "sample" if labels is None or not class_names else class_names[int(labels[i])]
+        title = "sample" if labels is None else class_names[int(labels[i])]
         axes[i, 0].set_title(title, fontsize=8)
         for j, ((r, c), colour) in enumerate(zip(points, colours)):
             fr, fc = r * feature_side // size, c * feature_side // size
@@ -66,11 +67,7 @@ def save_attention_figure(images, scores, feature_side, path, class_names=None, 
         ax.set_yticks([])
     fig.suptitle("Generator self-attention: where each query pixel looks", fontsize=9)
     fig.tight_layout()
-    buffer = io.BytesIO()
-    fig.savefig(buffer, format="png", dpi=80)
-    plt.close(fig)
-    atomic.write_bytes(path, buffer.getvalue())
-    return path
+    _save(fig, path)
 
 
 def save_progress_figure(history, path):
@@ -92,7 +89,4 @@ def save_progress_figure(history, path):
     right.set(xlabel="epoch", ylim=(0, 1), title="generated images")
     right.legend(loc="lower right")
     fig.tight_layout()
-    buffer = io.BytesIO()
-    fig.savefig(buffer, format="png", dpi=80)
-    plt.close(fig)
-    atomic.write_bytes(path, buffer.getvalue())
+    _save(fig, path)
