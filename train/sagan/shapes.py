@@ -43,10 +43,10 @@ def _random_colour(rng):
     return 0.35 + 0.65 * rgb
 
 
-def make_shapes(n, size=32, seed=0, channels=3):
-    """`n` images uint8 [n, size, size, channels] and labels int32 [n] (4 classes)."""
+def make_shapes(n, size=32, seed=0):
+    """`n` RGB images uint8 [n, size, size, 3] and labels int32 [n] (4 classes)."""
     rng = np.random.default_rng(seed)
-    images = np.empty((n, size, size, channels), np.uint8)
+    images = np.empty((n, size, size, 3), np.uint8)
     labels = rng.integers(0, len(CLASS_NAMES), size=n).astype(np.int32)
     scale = size / 32.0
     patch = max(2, int(round(4 * scale)))
@@ -64,7 +64,5 @@ def make_shapes(n, size=32, seed=0, channels=3):
         image[:patch, :patch] = corner
         image[-patch:, -patch:] = corner
         image = np.clip(image, 0.0, 1.0)
-        if channels == 1:
-            image = image.mean(axis=-1, keepdims=True)
         images[i] = np.round(image * 255).astype(np.uint8)
     return images, labels
