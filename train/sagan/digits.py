@@ -20,22 +20,8 @@ import numpy as np
 from zoo.cli import EXIT_USAGE, UsageError
 
 
-def digit_images(size=32):
-    """uint8 [1797, size, size] images (ink white on black) and int32 labels 0-9."""
-    from PIL import Image
-    from sklearn.datasets import load_digits
-
-    digits = load_digits()
-    # 0..16 ink levels -> 0..255, then a bicubic upsampling (smooth strokes, not 4x4 blocks).
-    small = np.round(digits.images * (255.0 / 16.0)).astype(np.uint8)
-    images = np.stack(
-        [np.asarray(Image.fromarray(im).resize((size, size), Image.BICUBIC)) for im in small]
-    )
-    return images, digits.target.astype(np.int32)
-
-
 def write_digits(out_dir, size=32):
-    """Writes OUT_DIR/<digit>/<index>.png; returns the number of images."""
+    """Writes OUT_DIR/<digit>/<index>.png (ink white on black); returns the number of images."""
     from PIL import Image
 
     from train.sagan.images import check_size
@@ -43,13 +29,18 @@ def write_digits(out_dir, size=32):
     check_size(size, flag="--size")
     if os.path.exists(out_dir) and (not os.path.isdir(out_dir) or os.listdir(out_dir)):
         raise UsageError(f"OUT_DIR exists and is not an empty directory: {out_dir}")
-    images, labels = digit_images(size)
+    from sklearn.datasets import load_digits
+
+    digits = load_digits()
+    # 0..16 ink levels -> 0..255, then a bicubic upsampling (smooth strokes, not 4x4 blocks).
+    small = np.round(digits.images * (255.0 / 16.0)).astype(np.uint8)
     staging = out_dir.rstrip(os.sep) + ".partial"
     if os.path.exists(staging):
         raise UsageError(f"a previous conversion left {staging}; remove it first")
-    for i, (image, label) in enumerate(zip(images, labels)):
+    for i, (image, label) in enumerate(zip(small, digits.target)):
         folder = os.path.join(staging, str(int(label)))
         os.makedirs(folder, exist_ok=True)
+        image = np.asarray(Image.fromarray(image).resize((size, size), Image.BICUBIC))
         Image.fromarray(np.repeat(image[..., None], 3, axis=-1)).save(
             os.path.join(folder, f"{i:04d}.png")
         )
@@ -57,7 +48,7 @@ def write_digits(out_dir, size=32):
     if os.path.isdir(out_dir):
         os.rmdir(out_dir)
     os.replace(staging, out_dir)
-    return len(images)
+    return len(small)
 
 
 def main(argv=None):
