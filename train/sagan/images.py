@@ -164,9 +164,7 @@ def load_image_dir(path, image_size=None, max_images=None, seed=0):
     if len(images) < 4:
         raise DataError(f"--image-dir has only {len(images)} images; need at least 4: {path}")
     rng = np.random.default_rng(seed)
-    order = rng.permutation(len(images))
-    if max_images:
-        order = order[:max_images]
+    order = rng.permutation(len(images))[:max_images]  # None: all
     n_test = max(1, len(order) // 10)
     test, train = order[:n_test], order[n_test:]
     source = {
