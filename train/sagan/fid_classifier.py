@@ -1,7 +1,6 @@
 """The frozen evaluation classifier whose feature space FID and KID are measured in.
 
-Trained on the run's real training images only and saved with the run
-(`RUN_DIR/classifier.keras`). Two heads on one trunk:
+Trained on the run's real training images only. Two heads on one trunk:
 - `class`: the image's class (what `class_accuracy` of generated images uses);
 - `consistent`: whether the image is whole or spliced from the left half of one
   real image and the right half of another. Spliced negatives need no labels
@@ -9,12 +8,8 @@ Trained on the run's real training images only and saved with the run
   the two halves of an image agree (mirrored shapes, matching corners), which a
   class head alone would ignore, so FID sees long-range structure.
 The trunk keeps positions (stride-2 convs down to 4x4, then flatten), the
-`features` layer (128 ReLU units) is the FID feature space.
-
-The run keeps it (`RUN_DIR/classifier.keras`) and caches it for --resume as its
-`classifier` checkpoint (train.checkpoint, its test report in the record). A cached
-classifier that is damaged (truncated, corrupted) is trained again, from the same data
-and seed, saying so in one line.
+`features` layer (128 ReLU units) is the FID feature space. The run keeps it as
+`classifier.keras` and as its `classifier` checkpoint, which --resume reads.
 """
 
 import os
@@ -23,8 +18,6 @@ import sys
 import numpy as np
 
 FEATURES = "features"
-CACHE = "classifier.keras"
-REPORT = "classifier.json"
 CHECKPOINT = "classifier"
 
 
@@ -84,7 +77,7 @@ def _dataset(images, labels, batch_size, seed):
     return ds.batch(batch_size, drop_remainder=True).map(both).prefetch(2)
 
 
-def train_classifier(data, epochs=3, seed=0):
+def train_classifier(data, epochs, seed):
     """Trains the classifier on `data.train`; returns (model, test metrics dict)."""
     import keras
 
@@ -145,13 +138,14 @@ def save_cached(model, report, out):
         keep=1,
         models=(model,),
     )
-    atomic.save_model(model, os.path.join(out, CACHE))
-    atomic.write_json(os.path.join(out, REPORT), report)
+    atomic.save_model(model, os.path.join(out, "classifier.keras"))
+    atomic.write_json(os.path.join(out, "classifier.json"), report)
 
 
 def load_cached(out, data, seed):
     """(classifier, report) cached in the run, or None: none cached, or the cached one is
-    damaged (one line on stderr: the caller trains it again)."""
+    damaged (truncated, corrupted: one line on stderr, and the caller trains it again
+    from the same data and seed)."""
     from train import checkpoint
 
     path, record, damaged = checkpoint.latest(os.path.join(out, "checkpoints"), CHECKPOINT)
