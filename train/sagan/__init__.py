@@ -1,13 +1,8 @@
 """`python -m train sagan`: train a Self-Attention GAN, or --compare with / without attention.
 
-Data: the embedded mirrored-shapes set by default (generated, offline),
-`--dataset tfds:mnist|fashion_mnist|cifar10|celeb_a` (downloads), or
-`--image-dir DIR` (one sub-folder per class). Evaluation: FID/KID in the feature
-space of a classifier trained on the real training images (kept in the run
-directory), with the real-train vs real-test distance as `fid_floor`.
-
-Runs on one device or under any `--strategy` (mirrored GPUs, several workers, TPU),
-with `--batch-size` the global batch split across the replicas (docs/distributed.md).
+The data: train/sagan/images.py; the evaluation (FID/KID in the feature space of a
+classifier trained on the real images): train/sagan/evaluation.py; one device or any
+`--strategy`, `--batch-size` the global batch (docs/distributed.md).
 """
 
 import dataclasses

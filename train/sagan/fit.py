@@ -8,13 +8,10 @@ spectral-norm vectors move once per step); every `n_dis` D steps, one G step. Th
 losses are train/sagan/losses.py's, with y' drawn uniformly from the classes. Adam with
 the CLI's rates and betas (train/sagan/__init__.py; why: benchmarks/sagan.md).
 
-Distribution and XLA are described in docs/distributed.md, "SAGAN". In short: each
-replica's losses are sums over its rows divided by the global batch and gradients are
-summed across replicas before Adam, so N replicas make the one-device update; noise and
-fake labels are drawn on the host from (seed, D step, D or G) and split like the real
-batch, so 1 or N replicas and a resumed run see the same noise. `jit_compile` makes each
-step one XLA computation on one replica only (one cannot reach the other replicas'
-variables); TPUStrategy compiles both steps itself.
+Distribution and XLA: docs/distributed.md, "SAGAN" (N replicas make the one-device
+update, and see the noise one device or a resumed run would, drawn on the host from
+(seed, D step, D or G)). `jit_compile` compiles a step on one replica only (one XLA
+computation cannot reach the other replicas' variables); TPUStrategy compiles both itself.
 """
 
 import functools
@@ -58,11 +55,9 @@ def _inner(optimizer):
 class SaganStep(Step):
     """Trains G and D (and the EMA copy of G): `models` is (G, D, EMA-G or None), built
     in the scope of `context` (the run's train.strategy.RunContext; None: one device);
-    `recipe` holds num_classes, latent_dim, lr_g, lr_d, beta1, beta2, n_dis, ema (the
-    decay), seed (of the noise and fake labels of every step), mode_seeking, class_loss,
-    r1 and lr_decay_from. The optimizers are built here.
-    `jit_compile` XLA-compiles the steps where they can be (`self.jit_compile` says).
-    A backend's `_make_steps` sets `d_step`, `d_step_r1` and `g_step`, which its
+    `recipe`: the options (train.sagan.SaganConfig's fields) with num_classes and
+    latent_dim. `jit_compile` XLA-compiles the steps where they can be (`self.jit_compile`
+    says). A backend's `_make_steps` sets `d_step`, `d_step_r1` and `g_step`, which its
     `_run(fn, optimizer, parts, rows)` runs on the host's NumPy rows."""
 
     # The loss scales (mixed_float16 only): a checkpoint moves between precisions.

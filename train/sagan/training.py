@@ -97,13 +97,9 @@ def _build(context, model_cfg, train_cfg):
 
 
 def _sampler(context, source, model_cfg):
-    """A function returning the model that makes images for FID, figures and model.keras.
-
-    Under a distribution strategy, Keras's `predict_on_batch` on a mirrored model hands
-    the whole batch to every replica and concatenates their outputs, so sampling (and
-    the saved model) use a plain one-device copy of the generator, refreshed from the
-    trained weights at each call. On one device it is the generator itself.
-    """
+    """A function returning the model that makes images for FID, figures and model.keras:
+    the generator on one device, else a one-device copy refreshed from it at each call
+    (`predict_on_batch` on a mirrored model runs the whole batch on every replica)."""
     import tensorflow as tf
 
     with context.scope():
@@ -244,11 +240,9 @@ CLASS_FLOOR = 0.9
 
 
 def best_key(logs):
-    """`Plan.best` of --keep best: among the epochs that draw every class (the worst
-    class recognised in >= 90% of 1,000 images of fresh noise), the lowest quick FID;
-    until one does, the lowest quick FID. The final evaluation draws other noise. GAN
-    runs swing late, and FID alone can keep an epoch that has lost one class
-    (benchmarks/sagan.md); this keeps a good epoch instead of the last."""
+    """`Plan.best` of --keep best: the lowest quick FID among the epochs whose worst class
+    is recognised in >= CLASS_FLOOR of the quick evaluation's images, else of all epochs:
+    GAN runs swing late, and FID alone can keep an epoch that lost a class (benchmarks/sagan.md)."""
     fid, worst = logs.get("fid_quick"), logs.get("class_min_quick")
     if fid is None:
         return None
