@@ -186,12 +186,9 @@ def averaged_weights(model):
 
 def seconds_per_step(step, batches, warmup=1):
     """Mean wall time of one training step over `batches` (a list of global batches;
-    the first `warmup` are run untimed, tracing included). The mean, not the median: an
-    epoch lasts the sum of its steps, and length-bucketed steps are skewed towards the
-    long batches (median 86 ms, mean 101 ms on one run).
-
-    Every variable of the step (dropout seed states too) is put back afterwards, so the
-    run that follows starts exactly as if nothing had run."""
+    the first `warmup` are run untimed, tracing included): the mean, not the median, as
+    an epoch lasts the sum of its steps and length-bucketed steps are skewed. Every
+    variable of the step (dropout seed states too) is put back afterwards."""
     step.build(batches[0])
     times = []
     try:
@@ -382,8 +379,6 @@ class _Training:
                     if self.cluster is None and self.signals.requested is not None:
                         self.signals.stop(f"{self.written()} at the end of epoch {epoch + 1}")
                     epoch, skip = epoch + 1, 0
-                    if self.stopped_by_time:
-                        break
                 if self.cluster and self.cluster.finish():  # a signal after the last step
                     self.signals.stop(f"{self.written()} at the end of epoch {epoch}")
             finally:
