@@ -66,8 +66,7 @@ def _renumbered(name, numbering, scope=""):
 
 
 def canonical(paths):
-    """Each path with automatically numbered components renumbered by order of first
-    appearance among siblings of the same base name ("dense_7" -> "dense#0")."""
+    """The paths with every component renumbered (`_renumbered`) among its siblings."""
     numbering = {}
     out = []
     for path in paths:
