@@ -102,8 +102,7 @@ def _epochs_within_budget(context, model, encoded, train_cfg, probe_steps=12, ma
     probe = [batches[int(i)] for i in picked]
     step = engine.seconds_per_step(make_step(model, context=context), probe, warmup=warmup)
     # A step's time grows with its padded size, and a dozen random batches are not the
-    # epoch's average: scale the timed steps' mean to the epoch's mean padded size (on
-    # 12k sentences the plain median step planned 30 epochs of ~35 s; they took ~40 s).
+    # epoch's average: scale the timed steps' mean to the epoch's mean padded size.
     timed = [batches.padded_size(int(i)) for i in picked[warmup:]]
     if timed:
         step *= np.mean([batches.padded_size(i) for i in range(len(batches))]) / np.mean(timed)

@@ -8,13 +8,7 @@ from zoo.cli import DataError
 @dataclasses.dataclass(frozen=True)
 class TaggedSentence:
     tokens: tuple
-    tags: tuple
-
-    def __post_init__(self):
-        if len(self.tokens) != len(self.tags):
-            raise ValueError(
-                f"tokens and tags differ in length: {len(self.tokens)} != {len(self.tags)}"
-            )
+    tags: tuple  # one per token (every reader builds both from the same rows)
 
 
 @dataclasses.dataclass
