@@ -10,7 +10,7 @@ import argparse
 import dataclasses
 import os
 
-from zoo.cli import UsageError
+from zoo.cli import DataError, UsageError
 
 
 def option(
@@ -92,13 +92,13 @@ def add_arguments(parser, cls):
 
 
 def check_data_file(path, flag=None):
-    """UsageError unless `path` (None or "": not given) is a file; the message starts
+    """DataError unless `path` (None or "": not given) is a file; the message starts
     with `flag` when one is given."""
     prefix = f"{flag}: " if flag else ""
     if path and os.path.isdir(path):
-        raise UsageError(f"{prefix}data file is a directory: {path}")
+        raise DataError(f"{prefix}data file is a directory: {path}")
     if path and not os.path.isfile(path):
-        raise UsageError(f"{prefix}data file not found: {path}")
+        raise DataError(f"{prefix}data file not found: {path}")
 
 
 def from_args(cls, args):

@@ -10,6 +10,7 @@ import re
 
 import conllu
 
+from train.config import check_data_file
 from train.tagger.types import TaggedSentence
 from zoo.cli import DataError
 
@@ -25,10 +26,7 @@ def read_conllu(path):
     or a file without any word.
     """
     path = os.fspath(path)
-    if not os.path.exists(path):
-        raise DataError(f"data file not found: {path}")
-    if os.path.isdir(path):
-        raise DataError(f"data file is a directory: {path}")
+    check_data_file(path)
     try:
         with open(path, encoding="utf-8") as f:
             lines = f.read().splitlines()
