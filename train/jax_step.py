@@ -51,8 +51,6 @@ def assign(variables, new_values):
 
 class JaxModelStep(ModelStep):
     # Each new batch shape compiles the step (seconds_per_step times the second call).
-    # jit_compile: the RunContext's (on under JAX unless --no-jit-compile: an un-jitted
-    # step runs op by op, for debugging).
     compiles_per_shape = True
 
     def _metric_variables(self):
