@@ -1,8 +1,6 @@
 """The one checkpoint format of `python -m train` (docs/architecture.md, "One checkpoint
-format"): `checkpoints/NAME-<step>.npz` holds groups of variables (`model`, `optimizer`;
-SAGAN's `g`, `d`, `ema`, `g_opt`, `d_opt`, ...), a manifest and a JSON record (the
-training position and the run's state: train.engine writes them); the newest `keep` of
-each NAME are kept, so a damaged newest one falls back to the one before.
+format"): groups of variables (`model`, `optimizer`; SAGAN's `g`, `d`, `ema`, ...), a
+manifest and a JSON record (the training position and the run's state, from train.engine).
 
 Keras numbers automatically named objects per process (`seed_generator_11`, `adam_2`),
 so the same model built twice in one process has other paths. When the keys of the
