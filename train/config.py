@@ -81,9 +81,7 @@ def add_arguments(parser, cls):
             target = groups.setdefault(meta["group"], parser.add_argument_group(meta["group"]))
         kwargs = {"dest": field.name, "default": field.default, "action": _Typed}
         kwargs.update(meta["argparse"])
-        if kwargs["action"] == "append":
-            kwargs["type"] = str
-        elif field.default is False:
+        if field.default is False:
             kwargs.update(nargs=0, const=True)
         else:
             default_type = str if field.default is None else type(field.default)
