@@ -63,6 +63,7 @@ def test_tiny_run_learns_copy_and_writes_the_contract(copy_run):
     with open(os.path.join(copy_run, "config.json")) as f:
         config = json.load(f)
     assert config["kind"] == "seq2seq" and config["model"]["hidden_dim"] == 64
+    assert config["train"]["schedule"] == "cosine"  # auto, for an embedded task
     for name in (
         "model.keras",
         "vocab/spm.model",
@@ -383,7 +384,9 @@ def test_summarisation_run_with_local_window_reports_rouge(tmp_path):
     for key in ("test_bleu", "test_rouge1", "test_rouge2", "test_rougeL"):
         assert 0.0 <= metrics[key] <= 100.0, (key, metrics[key])
     with open(os.path.join(out, "config.json")) as f:
-        assert json.load(f)["model"]["window"] == 4
+        config = json.load(f)
+    assert config["model"]["window"] == 4
+    assert config["train"]["schedule"] == "inverse_sqrt"  # auto, for text
     model = keras.models.load_model(os.path.join(out, "model.keras"), compile=False)
     encoder_attention = model.encoder_blocks[0].self_attention
     assert encoder_attention.window == 4
@@ -414,6 +417,38 @@ def test_bad_input_exit_code_from_a_real_process(tmp_path):
     assert result.stderr.strip().splitlines() == [
         f"error: mismatched line counts: {src} has 2 lines, {tgt} has 1"
     ]
+
+
+@pytest.mark.parametrize("schedule", ["inverse_sqrt", "cosine"])
+def test_learning_rate_follows_the_schedule_formula(schedule):
+    from train.seq2seq.fit import learning_rate
+
+    peak, warmup, total = 2e-3, 200, 3000
+    steps = np.array([0, 99, 199, 200, 1000, 1600, 2999, 3000, 4000])
+    got = [float(learning_rate(peak, warmup, schedule, total)(s)) for s in steps]
+    if schedule == "cosine":  # from zero up to the peak, then half a cosine down to zero
+        after = np.clip((steps - warmup) / (total - warmup), 0, 1)
+        want = np.where(
+            steps < warmup, peak * steps / warmup, peak * 0.5 * (1 + np.cos(np.pi * after))
+        )
+    else:  # Vaswani et al.: min(step / warmup, sqrt(warmup / step)), steps counted from 1
+        n = steps + 1.0
+        want = peak * np.minimum(n / warmup, np.sqrt(warmup / n))
+    np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-9)
+
+
+def test_best_epoch_is_the_most_accurate_then_the_lowest_dev_loss():
+    from train.seq2seq.training import _best
+
+    epochs = [  # (val_acc, val_loss): a solved task's accuracy ties at 1.0
+        {"val_acc": 0.98, "val_loss": 0.50},
+        {"val_acc": 1.0, "val_loss": 0.56},
+        {"val_acc": 1.0, "val_loss": 0.55},
+        {"val_acc": 0.99, "val_loss": 0.40},
+        {"val_acc": 1.0, "val_loss": 0.57},
+    ]
+    assert min(range(len(epochs)), key=lambda i: _best(epochs[i])) == 2
+    assert _best({"loss": 1.0}) is None  # no dev set: no best epoch
 
 
 def test_xla_training_steps_equal_the_plain_steps():

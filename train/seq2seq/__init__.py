@@ -175,6 +175,13 @@ class Seq2SeqConfig:
         check=at_least(0),
         group="training",
     )
+    schedule: str = option(
+        "auto",
+        "learning rate after the warm-up: inverse_sqrt, or cosine (down to zero at the "
+        "last planned step); auto (default): cosine for embedded tasks, inverse_sqrt for text",
+        check=one_of("auto", "inverse_sqrt", "cosine"),
+        group="training",
+    )
     label_smoothing: float = option(
         0.1, "label smoothing (default 0.1)", check=fraction, group="training"
     )
