@@ -37,12 +37,6 @@ def mode_seeking(fake, noise, global_batch):
     return ops.sum(1.0 / (images / latents + 1e-5)) / (global_batch / 2.0)
 
 
-def r1_penalty(real_grads, weight, global_batch):
-    """R1_EVERY * r1 / 2 * sum of |grad_x D(x)|^2 over the real rows / global batch."""
-    squares = ops.sum(ops.square(ops.cast(real_grads, "float32")))
-    return R1_EVERY * weight / 2.0 * squares / global_batch
-
-
 def d_loss(loss_cfg, logits, scores, labels, global_batch, real_grads=None):
     """D's loss on `logits` of the real rows followed by as many fake rows: (total to
     differentiate, (hinge loss, mean real logit, mean fake logit)). D learns the
@@ -55,8 +49,9 @@ def d_loss(loss_cfg, logits, scores, labels, global_batch, real_grads=None):
     total = loss
     if scores is not None:
         total = total + class_term(scores[:batch], labels, loss_cfg.class_loss, global_batch)
-    if real_grads is not None:
-        total = total + r1_penalty(real_grads, loss_cfg.r1, global_batch)
+    if real_grads is not None:  # R1: R1_EVERY * r1 / 2 * sum |grad_x D(x)|^2 / global batch
+        squares = ops.sum(ops.square(ops.cast(real_grads, "float32")))
+        total = total + R1_EVERY * loss_cfg.r1 / 2.0 * squares / global_batch
     means = (ops.sum(real_logits) / global_batch, ops.sum(fake_logits) / global_batch)
     return total, (loss, *means)
 
