@@ -331,13 +331,12 @@ def _fit_and_finish(run, resuming):
 
     if not resuming:  # a resumed run's checkpoint holds it
         state["initial_fid"] = quick_eval()["fid_quick"]
-    verbose = train_cfg["verbose"]
     plan = engine.run_plan(
         run.context,
         run.out,
         train_cfg["epochs"],
         train_cfg["max_minutes"],
-        verbose="auto" if verbose == "auto" else int(verbose),
+        verbose=train_cfg["verbose"],
         best=best_key if train_cfg["keep"] == "best" else None,
         hooks=(epoch_end,),
     )
@@ -480,18 +479,17 @@ def train_compare(context, cfg, data):
     with_attention = cfg.attention_resolution if cfg.attention() else "auto"
     rows = []
     for k in range(cfg.seeds):
-        seed_cfg = dataclasses.replace(cfg, seed=cfg.seed + k)
         for arm, attention in (("attention", with_attention), ("no_attention", "none")):
-            name = arm if cfg.seeds == 1 else f"{arm}_seed{seed_cfg.seed}"
+            arm_cfg = dataclasses.replace(cfg, seed=cfg.seed + k, attention_resolution=attention)
+            name = arm if cfg.seeds == 1 else f"{arm}_seed{arm_cfg.seed}"
             print(f"\n=== {name} ===", flush=True)
             run_dir = os.path.join(cfg.out, name)
-            arm_cfg = dataclasses.replace(seed_cfg, attention_resolution=attention)
             train_one(context, arm_cfg, data, run_dir, classifier=classifier)
             rows.append(
                 {
                     "name": name,
                     "arm": arm,
-                    "seed": seed_cfg.seed,
+                    "seed": arm_cfg.seed,
                     **rundir.load_json(os.path.join(run_dir, "metrics.json")),
                 }
             )
