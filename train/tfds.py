@@ -56,18 +56,14 @@ def load_tfds(name):
     names = features[tag_key].feature.names
     prepare(builder, name)
     available = set(builder.info.splits.keys())
-    splits = {}
+    splits = {"dev": None, "test": None}  # a missing one is held out from train
     for ours, theirs in (("train", "train"), ("dev", "validation"), ("test", "test")):
         if theirs in available:
             splits[ours] = _read_split(builder, theirs, tag_key, names)
     if "train" not in splits:
         raise DataError(f"tfds data set {name!r} has no train split")
-    return TaggingData(
-        train=splits["train"],
-        dev=splits.get("dev"),
-        test=splits.get("test"),
-        source={"name": f"tfds:{name}", "data_dir": os.environ.get("TFDS_DATA_DIR")},
-    )
+    source = {"name": f"tfds:{name}", "data_dir": os.environ.get("TFDS_DATA_DIR")}
+    return TaggingData(**splits, source=source)
 
 
 def _read_split(builder, split, tag_key, names):

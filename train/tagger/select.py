@@ -22,10 +22,7 @@ def load_data(train_file=None, dev_file=None, test_file=None, dataset=None, seed
         # Read every file before complaining about any split, so errors name files in order.
         splits = {name: read_conllu(path) if path else None for name, path in files.items()}
         data = TaggingData(
-            train=splits["train"],
-            dev=splits["dev"],
-            test=splits["test"],
-            source={"name": "conllu", **{k: v for k, v in files.items() if v}},
+            **splits, source={"name": "conllu", **{k: v for k, v in files.items() if v}}
         )
     else:
         data = embedded.generate(seed=seed)
