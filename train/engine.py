@@ -10,8 +10,6 @@ What those pages leave out:
   evaluation, on one clock: the budget fraction the chief has used, agreed by every
   worker after every step (train.preemption), which also gives SAGAN's learning-rate
   decay its progress.
-- SIGTERM / SIGINT: the step finishes, a checkpoint is written, the command exits 143 /
-  130; several workers stop after the same step (train.preemption).
 - The best epoch's weights (by `Plan.best`, evaluated on the averaged weights) are a
   `best` checkpoint, restored into the model when training ends.
 """
