@@ -482,6 +482,13 @@ def run_plan(context, out, epochs, max_minutes, **kwargs):
     )
 
 
-def highest(key):
-    """`Plan.best` keeping the epoch with the highest log `key` (e.g. "val_acc")."""
-    return lambda logs: None if logs.get(key) is None else [-float(logs[key])]
+def highest(key, ties=None):
+    """`Plan.best` keeping the epoch with the highest log `key` (e.g. "val_acc"); among
+    equals, the one with the lowest log `ties` (e.g. "val_loss"), when given."""
+
+    def best(logs):
+        if logs.get(key) is None:
+            return None
+        return [-float(logs[key])] + ([float(logs[ties])] if ties else [])
+
+    return best

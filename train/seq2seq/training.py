@@ -71,9 +71,9 @@ def _encode_all(tokenizer, data, model, truncate):
     }
 
 
-def _compile(context, model, train_cfg, train_pairs):
+def _compile(context, model, train_cfg, train):
     # The cosine schedule ends at the last planned step (a time budget may stop sooner).
-    steps = train_cfg["steps_per_epoch"] or -(-train_pairs // train_cfg["batch_size"])
+    steps = train_cfg["steps_per_epoch"] or len(Batches(train, train_cfg["batch_size"]))
     with context.scope():
         compile_seq2seq(
             model,
@@ -127,7 +127,7 @@ def train_new(context, cfg, data):
         "runtime": context.runtime(),
     }
     atomic.write_json(os.path.join(out, "config.json"), run_config)
-    _compile(context, model, train_cfg, len(encoded["train"]))
+    _compile(context, model, train_cfg, encoded["train"])
     return _fit_and_finish(context, model, data, encoded, out, train_cfg)
 
 
@@ -147,7 +147,7 @@ def resume_run(context, cfg):
     train_cfg = config.record(recorded)
     model = _rebuild(context, out, run_config)
     encoded = _encode_all(model.tokenizer, data, model, train_cfg["truncate"])
-    _compile(context, model, train_cfg, len(encoded["train"]))
+    _compile(context, model, train_cfg, encoded["train"])
     rundir.save_resumed(out, run_config, train_cfg, context)
     return _fit_and_finish(context, model, data, encoded, out, train_cfg, name=out)
 
@@ -169,14 +169,6 @@ def _dev_scorer(model, data, encoded, train_cfg):
     return score
 
 
-def _best(logs):
-    """`Plan.best`: the highest dev token accuracy; among equals (a solved task's 1.0),
-    the lowest dev loss, the last epoch's as the cosine schedule settles."""
-    if logs.get("val_acc") is None:
-        return None
-    return [-float(logs["val_acc"]), float(logs["val_loss"])]
-
-
 def _fit_and_finish(context, model, data, encoded, out, train_cfg, name=None):
     dev_score = _dev_scorer(model, data, encoded, train_cfg)
 
@@ -196,7 +188,9 @@ def _fit_and_finish(context, model, data, encoded, out, train_cfg, name=None):
         steps_per_epoch=train_cfg["steps_per_epoch"],
         verbose=train_cfg["verbose"],
         validation=Batches(encoded["dev"], 128),
-        best=_best,
+        # Among equal dev accuracies (a solved task's 1.0) the lowest dev loss: the
+        # last epoch's, as the cosine schedule settles.
+        best=engine.highest("val_acc", ties="val_loss"),
         hooks=() if dev_score is None else (dev_score,),
     )
     step = make_step(model, loss_terms.masked_mean_terms(model.loss, PAD_ID), context)
