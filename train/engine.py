@@ -468,12 +468,14 @@ def fit(step, source, plan, state=None, name=None):
     return state
 
 
-def run_plan(context, out, epochs, max_minutes, **kwargs):
-    """The `Plan` of a command's run directory `out`: checkpoints/ and logs/ in it,
-    checkpoints every --checkpoint-every steps too (the `context`'s)."""
+def run_plan(context, out, train_cfg, **kwargs):
+    """The `Plan` of a command's run directory `out`: the epochs, --max-minutes and
+    --verbose of its options `train_cfg` (config.json's "train"), checkpoints/ and logs/
+    in it, checkpoints every --checkpoint-every steps too (the `context`'s)."""
     return Plan(
-        epochs=epochs,
-        max_minutes=max_minutes or 0.0,
+        epochs=train_cfg["epochs"],
+        max_minutes=train_cfg["max_minutes"] or 0.0,
+        verbose=train_cfg["verbose"],
         checkpoint_dir=os.path.join(out, "checkpoints"),
         checkpoint_every=context.checkpoint_every,
         log_dir=os.path.join(out, "logs"),

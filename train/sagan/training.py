@@ -334,9 +334,7 @@ def _fit_and_finish(run, resuming):
     plan = engine.run_plan(
         run.context,
         run.out,
-        train_cfg["epochs"],
-        train_cfg["max_minutes"],
-        verbose=train_cfg["verbose"],
+        train_cfg,
         best=best_key if train_cfg["keep"] == "best" else None,
         hooks=(epoch_end,),
     )

@@ -183,10 +183,8 @@ def _fit_and_finish(context, model, data, encoded, out, train_cfg, name=None):
     plan = engine.run_plan(
         context,
         out,
-        train_cfg["epochs"],
-        train_cfg["max_minutes"],
+        train_cfg,
         steps_per_epoch=train_cfg["steps_per_epoch"],
-        verbose=train_cfg["verbose"],
         validation=Batches(encoded["dev"], 128),
         # Among equal dev accuracies (a solved task's 1.0) the lowest dev loss: the
         # last epoch's, as the cosine schedule settles.

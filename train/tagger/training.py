@@ -175,9 +175,7 @@ def _fit_and_finish(context, model, data, encoded, out, train_cfg, name=None):
     plan = engine.run_plan(
         context,
         out,
-        train_cfg["epochs"],
-        train_cfg["max_minutes"],
-        verbose=train_cfg["verbose"],
+        train_cfg,
         validation=Batches(encoded["dev"], 64),
         best=engine.highest("val_acc"),
     )
