@@ -271,16 +271,16 @@ class Seq2SeqTransformer(keras.Model):
     def _target_encoding(self, y, start_index=0, positions=None):
         """Position encoding `[B, T, D]` of decoder inputs starting at `start_index`."""
         layer = self.target_position
-        if self.source_positions == "start" or self.position == "learned":
+        if self.source_positions == "start":  # (learned positions count from the start)
             if positions is None:
                 return layer(y, start_index=start_index)
             return layer(y, positions=positions[:, : ops.shape(y)[1]])
         if positions is None:
             start = ops.reshape(position_range(ops.shape(y)[1], start_index), (1, -1))
-            encoding = self._halves(layer, start, start, y.shape[-1])
-            return ops.broadcast_to(ops.cast(encoding, y.dtype), ops.shape(y))
-        start = positions[:, : ops.shape(y)[1]]
-        return ops.cast(self._halves(layer, start, start, y.shape[-1]), y.dtype)
+        else:
+            start = positions[:, : ops.shape(y)[1]]
+        encoding = self._halves(layer, start, start, y.shape[-1])
+        return ops.broadcast_to(ops.cast(encoding, y.dtype), ops.shape(y))
 
     def encode(self, source_ids, training=False, positions=None):
         """source ids `[B, S]` -> (encoder output `[B, S, D]`, mask `[B, S]` bool).
@@ -288,7 +288,15 @@ class Seq2SeqTransformer(keras.Model):
         source_ids = ops.cast(source_ids, "int32")
         mask = ops.not_equal(source_ids, PAD_ID)
         x = self._embed(self.source_embedding, source_ids)
-        x = self._encoder_stack(x, self._source_encoding(x, mask, positions), mask, training)
+
+        def step(block, t, h):
+            return self.encoder_blocks[block](h, mask=mask, training=training)
+
+        x = self._run_blocks(
+            x, self._source_encoding(x, mask, positions), step, "encoder", mask, training
+        )
+        if self.norm_first:
+            x = self.encoder_norm(x)
         # The Keras mask the blocks attach would make the cross-attention
         # projections warn; the mask is returned explicitly instead.
         return without_keras_mask(x), mask
@@ -302,13 +310,6 @@ class Seq2SeqTransformer(keras.Model):
             x = step(t, t, x)
         return x
 
-    def _encoder_stack(self, x, encoding, mask, training):
-        def step(block, t, h):
-            return self.encoder_blocks[block](h, mask=mask, training=training)
-
-        x = self._run_blocks(x, encoding, step, "encoder", mask, training)
-        return self.encoder_norm(x) if self.norm_first else x
-
     def decode(self, target_ids, encoder_output, source_mask, training=False, positions=None):
         """Full (teacher-forced) decoder: logits `[B, T, V]`."""
         target_ids = ops.cast(target_ids, "int32")
@@ -316,10 +317,7 @@ class Seq2SeqTransformer(keras.Model):
         # BOS at position 0 is a real token even if a caller pads with it.
         y = self._embed(self.target_embedding, target_ids)
         encoding = self._target_encoding(y, positions=positions)
-        y = self._decoder_stack(y, encoding, encoder_output, source_mask, target_mask, training)
-        return self._logits(y)
 
-    def _decoder_stack(self, y, encoding, encoder_output, source_mask, target_mask, training):
         def step(block, t, h):
             return self.decoder_blocks[block](
                 h,
@@ -329,7 +327,7 @@ class Seq2SeqTransformer(keras.Model):
                 training=training,
             )
 
-        return self._run_blocks(y, encoding, step, "decoder", target_mask, training)
+        return self._logits(self._run_blocks(y, encoding, step, "decoder", target_mask, training))
 
     def _logits(self, y):
         if self.norm_first:
@@ -389,14 +387,6 @@ class Seq2SeqTransformer(keras.Model):
         ids = ops.reshape(ops.cast(token_ids, "int32"), (-1, 1))
         y = self._embed(self.target_embedding, ids)
         encoding = self._target_encoding(y, start_index=index)
-        y, caches = self._decoder_stack_step(
-            y, encoding, index, self_caches, cross_caches, source_mask
-        )
-        logits = self._logits(y)
-        # A reshape, not [:, 0]: a shrinking slice is off the GPU delegate's list.
-        return ops.reshape(logits, (-1, logits.shape[-1])), caches
-
-    def _decoder_stack_step(self, y, encoding, index, self_caches, cross_caches, source_mask):
         new = list(self_caches)
 
         def step(block, t, h):
@@ -410,8 +400,9 @@ class Seq2SeqTransformer(keras.Model):
             return h
 
         # Dropout at inference is the identity: the step adds the encoding only.
-        y = self._run_blocks(y, encoding, step, "decoder", None, False)
-        return y, tuple(new)
+        logits = self._logits(self._run_blocks(y, encoding, step, "decoder", None, False))
+        # A reshape, not [:, 0]: a shrinking slice is off the GPU delegate's list.
+        return ops.reshape(logits, (-1, logits.shape[-1])), tuple(new)
 
     # ------------------------------------------------------------ text
     @property
