@@ -240,15 +240,11 @@ def run_compare(context, args):
         raise UsageError("--compare cannot be combined with --resume")
     if args.task not in ("copy", "reverse", "sort", "addition"):
         raise UsageError(f"--compare needs --task copy, reverse, sort or addition, got {args.task}")
-    rundir.check_out_dir(args.out)
-    from zoo.cli import import_keras_quietly
-
-    import_keras_quietly()
+    data, buckets = rundir.prepare(args, (), compare_data)
     from train.progress import markdown_table
     from train.seq2seq import config, training
     from zoo import atomic
 
-    data, buckets = compare_data(args)
     max_source, max_target = model_lengths(buckets)
     rundir.create_run_dir(args.out, "seq2seq-compare")
     arms = args.arms.split(",")
