@@ -60,10 +60,10 @@ def _defaults(cfg, text):
         cfg.schedule = "inverse_sqrt" if text else "cosine"
 
 
-def _encode_all(tokenizer, data, model, truncate):
-    # Longer-than-trained test sets are meant to exceed nothing but the training
-    # lengths; the model limits still apply.
-    limits = (model.max_source_length, model.max_target_length)
+def _encode_all(tokenizer, data, sizes, truncate):
+    """Every split's `Encoded` within the model's max_source_length and max_target_length
+    (of `sizes`, its config): longer-than-trained test sets exceed the training lengths only."""
+    limits = (sizes["max_source_length"], sizes["max_target_length"])
     splits = {"train": data.train, "dev": data.dev, "test": data.test, **data.extra}
     return {
         name: Encoded(tokenizer, pairs, *limits, name, truncate=truncate)
@@ -99,16 +99,14 @@ def train_new(context, cfg, data):
     proto = train_tokenizer(data, vocab)
     tokenizer = Tokenizer(proto)
     seconds = time.perf_counter() - started
-    longest = None
-    if cfg.cross_length_scale == "auto":
-        longest = max(len(ids) for ids in tokenizer.encode([s for s, _ in data.train]))
-    config_model = model_config(cfg, text, longest)
+    encoded = _encode_all(tokenizer, data, model_config(cfg, text), cfg.truncate)
+    # The longest training source (--cross-length-scale auto), within the model's limit.
+    config_model = model_config(cfg, text, max(map(len, encoded["train"].sources)))
     try:
         with context.scope():
             model = zoo.build(_kind(cfg.arch), tokenizer=encode_proto(proto), **config_model)
     except ValueError as e:
         raise UsageError(f"bad model option: {e}") from None
-    encoded = _encode_all(tokenizer, data, model, cfg.truncate)
     # Printed only once the data passed every check: a bad input gets one line.
     print(f"tokenizer: {tokenizer.vocabulary_size} pieces ({seconds:.0f}s)", file=sys.stderr)
     train_cfg = config.record(cfg)
@@ -146,7 +144,7 @@ def resume_run(context, cfg):
     data = load_data(recorded)
     train_cfg = config.record(recorded)
     model = _rebuild(context, out, run_config)
-    encoded = _encode_all(model.tokenizer, data, model, train_cfg["truncate"])
+    encoded = _encode_all(model.tokenizer, data, run_config["model"], train_cfg["truncate"])
     _compile(context, model, train_cfg, encoded["train"])
     rundir.save_resumed(out, run_config, train_cfg, context)
     return _fit_and_finish(context, model, data, encoded, out, train_cfg, name=out)
