@@ -454,25 +454,17 @@ class Translator(_Task):
 # ---------------------------------------------------------------- generator
 def tflite_image_generator(meta, interpreter):
     """An `ImageGenerator` over a SAGAN generator `.tflite` (its LiteRT `interpreter`
-    and sidecar `meta`). A static batch-1 file runs one image at a time."""
+    and sidecar `meta`). A static batch-1 file runs one image at a time (`litert.call`)."""
     try:
         runner = interpreter.get_signature_runner(meta.get("signature", "serving_default"))
         latent_dim = int(meta["latent_dim"])
     except (KeyError, TypeError, ValueError) as e:
         raise UsageError(f"bad SAGAN sidecar: {type(e).__name__}: {e}") from None
     conditional = bool(meta.get("num_classes"))
-    batch_one = runner.get_input_details()["noise"]["shape_signature"][0] == 1
 
     def run(noise, labels):
-        def once(n, y):
-            feed = {"noise": n, "label": y} if conditional else {"noise": n}
-            return runner(**feed)["image"]
-
-        if batch_one:
-            return np.concatenate(
-                [once(noise[i : i + 1], labels[i : i + 1]) for i in range(len(noise))]
-            )
-        return once(noise, labels)
+        feed = {"noise": noise, "label": labels} if conditional else {"noise": noise}
+        return litert.call(runner, feed)["image"]
 
     return ImageGenerator(
         run,

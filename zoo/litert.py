@@ -74,13 +74,15 @@ def signature_runner(interp, signature=None):
 
 
 def run(model, inputs, signature=None, threads=None):
-    """Runs `inputs` (dict name -> array with a batch axis) through LiteRT.
+    """Runs `inputs` through the model's `signature` (see `call`)."""
+    return call(signature_runner(interpreter(model, threads), signature)[0], inputs)
 
-    A static batch-1 model runs row by row; a dynamic one runs the batch at once.
-    Returns a dict name -> array with the batch axis of `inputs`.
+
+def call(runner, inputs):
+    """Runs `inputs` (dict name -> array with a batch axis) through a LiteRT
+    signature runner. A static batch-1 model runs row by row; a dynamic one runs
+    the batch at once. Returns a dict name -> array with the batch axis of `inputs`.
     """
-    interp = interpreter(model, threads)
-    runner, _ = signature_runner(interp, signature)
     details = runner.get_input_details()
     batch = len(next(iter(inputs.values())))
     static_one = all(
