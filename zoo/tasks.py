@@ -166,12 +166,12 @@ def _from_savedmodel(path):
         ) from None
     signatures = loaded.signatures
     if "tag_tokens" in signatures:
+        from zoo.tagger.model import pad_tokens
+
         fn = signatures["tag_tokens"]
 
         def tag(token_lists):
-            width = max(len(t) for t in token_lists)
-            rows = [list(t) + [""] * (width - len(t)) for t in token_lists]
-            tags = fn(tokens=tf.constant(rows, tf.string))["tags"].numpy()
+            tags = fn(tokens=pad_tokens(token_lists))["tags"].numpy()
             return [
                 [(tok, tags[r, i].decode("utf-8")) for i, tok in enumerate(tokens)]
                 for r, tokens in enumerate(token_lists)
