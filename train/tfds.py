@@ -22,12 +22,12 @@ def parse_dataset_flag(value, example="universal_dependencies/en_ewt"):
     return value[len("tfds:") :].strip()
 
 
-def open_builder(name, data_dir=None):
+def open_builder(name):
     """The tfds builder for `name`; unknown or malformed names are a UsageError."""
     import tensorflow_datasets as tfds
 
     try:
-        return tfds.builder(name, data_dir=data_dir)
+        return tfds.builder(name)
     except tfds.core.registered.DatasetNotFoundError:
         raise UsageError(f"unknown tfds data set: {name!r}") from None
     except Exception as e:  # noqa: BLE001  (bad config names raise various errors)

@@ -107,7 +107,7 @@ def hold_out(pairs, fraction, minimum, maximum, seed):
     )
 
 
-def load_tfds(name, data_dir=None):
+def load_tfds(name):
     """A tfds translation or summarisation set (downloads; needs the network).
 
     Uses the builder's supervised keys (source, target), e.g.
@@ -117,7 +117,7 @@ def load_tfds(name, data_dir=None):
 
     from train.tfds import open_builder, prepare
 
-    builder = open_builder(name, data_dir)
+    builder = open_builder(name)
     keys = builder.info.supervised_keys
     if not keys or len(keys) != 2:
         raise UsageError(f"tfds data set {name!r} has no (source, target) supervised keys")
