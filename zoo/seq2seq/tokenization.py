@@ -27,8 +27,6 @@ def train_sentencepiece(
     model_type="unigram",
     normalization="nmt_nfkc",
     add_dummy_prefix=True,
-    character_coverage=1.0,
-    seed_sentences=200000,
 ):
     """Trains a SentencePiece model on an iterable of strings.
 
@@ -40,8 +38,6 @@ def train_sentencepiece(
         normalization: SentencePiece normalization rule ("identity" keeps
             characters as they are, for algorithmic tasks).
         add_dummy_prefix: whether a leading "▁" is added (word-start marker).
-        character_coverage: fraction of characters covered.
-        seed_sentences: at most this many sentences are used.
 
     Returns:
         The serialized model proto (bytes).
@@ -59,7 +55,7 @@ def train_sentencepiece(
         raise ValueError("cannot train a tokenizer on no text. Received: texts=[]")
     buffer = io.BytesIO()
     spm.SentencePieceTrainer.train(
-        sentence_iterator=iter(texts[:seed_sentences]),
+        sentence_iterator=iter(texts[:200000]),  # at most 200,000 sentences
         model_writer=buffer,
         vocab_size=vocab_size,
         model_type=model_type,
@@ -67,7 +63,7 @@ def train_sentencepiece(
         unk_id=UNK_ID,
         bos_id=BOS_ID,
         eos_id=EOS_ID,
-        character_coverage=character_coverage,
+        character_coverage=1.0,
         normalization_rule_name=normalization,
         add_dummy_prefix=add_dummy_prefix,
         # A soft limit: a tiny corpus gets the pieces it has instead of an error.
@@ -124,10 +120,10 @@ class Tokenizer:
 
     def encode_within(self, texts, limit):
         """`encode(texts)`, refusing (ValueError naming the input) a text of more
-        than `limit` ids (`None`: no limit)."""
+        than `limit` ids."""
         ids = self.encode(texts)
         for i, row in enumerate(ids):
-            if limit is not None and len(row) > limit:
+            if len(row) > limit:
                 raise ValueError(
                     f"input {i} has {len(row)} tokens, more than the model's {limit}: "
                     f"{texts[i][:60]!r}"
