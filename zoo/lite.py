@@ -11,23 +11,8 @@
 folder holding one model (a folder written by `python -m export.kinds.seq2seq`,
 or one `.tflite` file with its sidecar). The result is the object `zoo.load`
 gives for the same file (`zoo.load` also loads run directories, `.keras` files
-and SavedModels into these classes):
-
-- `TaggerTask.tag(sentences)`: a str (one sentence, split on whitespace) or a
-  list of str / token lists -> per sentence, a list of (token, tag) pairs. The
-  ids follow `zoo.tagger.encoding.TokenEncoder`'s rules: word id = index of
-  the token (up to a NUL character, as TensorFlow reads it) lower-cased with
-  every ASCII digit -> "0" (1, `<unk>`, if unknown);
-  character ids = index of each character as written (1 if unknown), cut to
-  `max_chars`, 0-padded.
-- `Translator.translate(texts, beam_width=1, alpha=0.6, max_length=None)` and
-  `Translator.generate(texts, sampler=..., num_return_sequences=...,
-  return_scores=..., max_length=..., seed=...)`: from `steps.tflite`, the app
-  loop (`encode` once, one `decode_step` per token: `zoo.litert.StepModel`)
-  with every sampler; from a lone `greedy.tflite`, greedy decoding only.
-- `ImageGenerator.generate(class_ids=None, seed=None, num_images=None)`:
-  float32 images `[N, S, S, C]` in [0, 1] from the noise
-  `numpy.random.default_rng(seed).standard_normal((N, latent_dim))`.
+and SavedModels into these classes): a `TaggerTask`, `Translator` or
+`ImageGenerator`, whose docstrings say what their methods take and return.
 
 What every input gives (the same answer as the Keras model through
 `zoo.load(run)`; tests/zoo/test_lite.py holds the cases and a property test):
@@ -187,7 +172,11 @@ def _texts(texts):
 # ---------------------------------------------------------------- tagger
 class LiteTagger:
     """A tagger `.tflite` (ids in, probabilities or tag ids out) run on tokens:
-    `tagger(token_lists)` -> per sentence, (token, tag) pairs."""
+    `tagger(token_lists)` -> per sentence, (token, tag) pairs. The ids follow
+    `zoo.tagger.encoding.TokenEncoder`'s rules: word id = index of the token
+    lower-cased with every ASCII digit -> "0" (1, `<unk>`, if unknown); character
+    ids = index of each character as written (1 if unknown), cut to `max_chars`,
+    0-padded."""
 
     def __init__(self, path, meta):
         try:

@@ -3,22 +3,12 @@
 `path` is a run directory (`python -m train ...`), a `.keras` file, a SavedModel
 directory (`python -m export savedmodel`, a TF Serving base or version
 directory) or a `.tflite` file with its sidecar `<file>.json`
-(`python -m export tflite`). The result is one of:
-
-- `TaggerTask`: `tag(sentences)` -> per sentence, a list of (token, tag) pairs.
-- `Translator`: `generate(texts, sampler=..., num_return_sequences=...,
-  return_scores=...)` (all samplers from Keras files, from `steps.tflite` and
-  from a SavedModel, whose `encode` / `decode_step` signatures
-  `zoo.litert.StepModel` drives step by step; greedy only from a one-file
-  `greedy.tflite`, whose graph decodes greedily), and `translate(texts,
-  beam_width=1, alpha=0.6)`.
-- `ImageGenerator`: `generate(class_ids, seed=...)` -> float images in [0, 1]
-  `[N, S, S, C]`; the same noise as `python -m zoo.generate --seed`.
-
-The classes and the `.tflite` loading are `zoo.lite`'s (TensorFlow-free; its
-docstring says what every input gives). Each object has `.kind`, `.format`
-("keras", "savedmodel", "tflite") and, for Keras files, `.model`. Bad paths and
-files raise `ValueError` naming the path.
+(`python -m export tflite`). The result is a `TaggerTask`, a `Translator` or an
+`ImageGenerator`: the classes and the `.tflite` loading are `zoo.lite`'s
+(TensorFlow-free; its docstring says what every input gives, the classes' what
+their methods do). Each object has `.kind`, `.format` ("keras", "savedmodel",
+"tflite") and, for Keras files, `.model`. Bad paths and files raise
+`ValueError` naming the path.
 """
 
 import functools
