@@ -56,14 +56,6 @@ class JaxModelStep(ModelStep):
     def _metric_variables(self):
         return [v for m, _ in self.metrics for v in m.variables]
 
-    def _groups(self):
-        return (
-            self.model.trainable_variables,
-            self.model.non_trainable_variables,
-            self.optimizer.variables,
-            self._metric_variables(),
-        )
-
     def _updated_metrics(self, metric_values, y, y_pred, w):
         variables = self._metric_variables()
         if not variables:
@@ -119,7 +111,12 @@ class JaxModelStep(ModelStep):
     def _run(self, mode, x, y, w, count):
         fn = self._fn(mode, jax.jit if self.jit_compile else lambda step: step)
         x, y, w = place_batch((x, y, w))
-        groups = self._groups()
+        groups = (
+            self.model.trainable_variables,
+            self.model.non_trainable_variables,
+            self.optimizer.variables,
+            self._metric_variables(),
+        )
         state = tuple(values(group) for group in groups)
         loss, state = fn(state, x, y, w, np.float32(count))
         for group, new in zip(groups, state):
