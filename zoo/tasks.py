@@ -87,7 +87,6 @@ def _from_keras(path, config):
     from zoo.tagger.model import Tagger
 
     model = model_file.load(path)
-    kind = config.get("kind")
     if isinstance(model, Tagger):
         return TaggerTask(model.tag, tags=model.tags, fmt="keras", model=model)
     if isinstance(model, Seq2SeqTransformer):
@@ -97,22 +96,15 @@ def _from_keras(path, config):
             functools.partial(decoding.generate_ids, model),
             model.tokenizer,
             model.max_source_length,
-            kind=kind or _seq2seq_kind(model),
+            kind=config.get("kind") or _seq2seq_kind(model),
             model=model,
         )
     inputs = model.input if isinstance(model.input, dict) else {}
     if "noise" in inputs:
-        cfg = config.get("model", {}) if kind == "sagan" else {}
-        latent_dim = int(inputs["noise"].shape[-1])
-        num_classes = cfg.get("num_classes")
-        if "label" in inputs and not num_classes:
-            found = [
-                layer.num_classes
-                for layer in model._flatten_layers()
-                if getattr(layer, "num_classes", None)
-            ]
-            num_classes = found[0] if found else None
         conditional = "label" in inputs
+        # The class count of the generator's conditional layers (its up-blocks'
+        # batch norms, the class embedding), which a standalone .keras file holds too.
+        found = [layer.num_classes for layer in model.layers if getattr(layer, "num_classes", None)]
 
         def run(noise, labels):
             feed = {"noise": noise, "label": labels} if conditional else {"noise": noise}
@@ -121,8 +113,8 @@ def _from_keras(path, config):
 
         return ImageGenerator(
             run,
-            latent_dim,
-            num_classes if conditional else None,
+            int(inputs["noise"].shape[-1]),
+            found[0] if conditional and found else None,
             config.get("class_names") or [],
             fmt="keras",
             model=model,
