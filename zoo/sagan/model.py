@@ -34,23 +34,7 @@ from keras import ops
 from layers import ConditionalBatchNormalization, SelfAttention2D, SNConv2D, SNDense
 from layers.validation import check_bool, check_int
 
-MIN_SIZE = 32
 ATTENTION_LAYER = "self_attention"
-
-
-def check_image_size(image_size):
-    """Raises ValueError unless `image_size` is a power of two >= 32."""
-    if (
-        isinstance(image_size, bool)
-        or not isinstance(image_size, int)
-        or image_size < MIN_SIZE
-        or image_size & (image_size - 1)
-    ):
-        raise ValueError(
-            "`image_size` must be a power of two >= 32 (the generator doubles a 4x4 map "
-            f"until it reaches the image size). Received: image_size={image_size!r}"
-        )
-    return image_size
 
 
 def resolve_attention(image_size, attention_resolution):
@@ -73,7 +57,16 @@ def channels_at(width, image_size, resolution):
 
 
 def _validate(image_size, channels, num_classes, width, latent_dim):
-    check_image_size(image_size)
+    if (
+        isinstance(image_size, bool)
+        or not isinstance(image_size, int)
+        or image_size < 32
+        or image_size & (image_size - 1)
+    ):
+        raise ValueError(
+            "`image_size` must be a power of two >= 32 (the generator doubles a 4x4 map "
+            f"until it reaches the image size). Received: image_size={image_size!r}"
+        )
     for name, value in (("channels", channels), ("width", width), ("latent_dim", latent_dim)):
         check_int(name, value)
     if num_classes is not None and (
