@@ -39,15 +39,13 @@ def grid(images, columns, pad=1):
     return out
 
 
-def save_png(array, path, scale=2):
-    """Writes a uint8 [H, W, C] array as PNG (nearest upscaled), atomically."""
+def save_png(array, path):
+    """Writes a uint8 [H, W, C] array as PNG (nearest upscaled 2x), atomically."""
     import io
 
     from PIL import Image
 
-    array = np.asarray(array)
-    if scale > 1:
-        array = array.repeat(scale, axis=0).repeat(scale, axis=1)
+    array = np.asarray(array).repeat(2, axis=0).repeat(2, axis=1)
     if array.shape[-1] == 1:
         array = array[..., 0]
     buffer = io.BytesIO()
