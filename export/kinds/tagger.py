@@ -33,7 +33,6 @@ from export.kinds import (
 )
 from zoo.cli import UsageError
 
-_LABEL_KEYS = ("tag_ids", "labels", "tags")
 # Every character Python's str.split() splits on, as one RE2 class for
 # tf.strings.regex_replace.
 WHITESPACE_RE = "[" + "".join(f"\\x{{{c:x}}}" for c in bundle.WHITESPACE) + "]"
@@ -220,11 +219,11 @@ class TaggerKind(ExportKind):
     def metric(self, source, inputs, outputs):
         """Token accuracy against the gold tags stored with calibration.npz."""
         calib = source.calibration()
-        key = next((k for k in _LABEL_KEYS if calib is not None and k in calib), None)
-        if key is None:
+        if calib is None or "tag_ids" not in calib:
             return None
+        gold = calib["tag_ids"]
         n, t = np.asarray(inputs["word_ids"]).shape
-        gold = np.resize(calib[key], (n, *calib[key].shape[1:]))  # as sample_inputs repeats
+        gold = np.resize(gold, (n, gold.shape[1]))  # as sample_inputs repeats
         gold_fit = np.full((n, t), -1, dtype=np.int64)
         w = min(t, gold.shape[1])
         gold_fit[:, :w] = gold[:, :w]
@@ -262,24 +261,9 @@ class TaggerKind(ExportKind):
         body = {"words": list(m.words), "chars": list(m.chars)}
         return {"vocab": ("vocab.json", (json.dumps(body, ensure_ascii=False) + "\n").encode())}
 
-    def preprocess(self, source, sentences):
-        """This project's own rules (the Tagger's TokenEncoder): sentence -> tokens, ids."""
+    def preprocessing(self, source, refs):
         from zoo.tagger.model import pad_tokens, split_sentences
 
-        m = self.model(source)
-        rows = []
-        for tokens in split_sentences(list(sentences)):
-            ids = m.encode_tf(pad_tokens([tokens])) if tokens else None
-            rows.append(
-                {
-                    "tokens": tokens,
-                    "word_ids": np.asarray(ids["word_ids"])[0].tolist() if tokens else [],
-                    "char_ids": np.asarray(ids["char_ids"])[0].tolist() if tokens else [],
-                }
-            )
-        return rows
-
-    def preprocessing(self, source, refs):
         m = self.model(source)
         vocab = refs["vocab"]
         sentences = self._example_sentences(source) + [
@@ -287,6 +271,13 @@ class TaggerKind(ExportKind):
             "  Été\tà  Paris 1999\u00a0! ",
             "x" * (int(m.max_chars) + 3),
         ]
+        vectors = []  # by this project's own rules (the Tagger's TokenEncoder)
+        for text, tokens in zip(sentences, split_sentences(sentences)):
+            ids = {"word_ids": [[]], "char_ids": [[]]}
+            if tokens:
+                ids = m.encode_tf(pad_tokens([tokens]))
+            row = {k: np.asarray(v)[0].tolist() for k, v in ids.items()}
+            vectors.append(dict(text=text, tokens=tokens, **row))
         return {
             "input": "one sentence (str)",
             "tokenize": {
@@ -323,9 +314,7 @@ class TaggerKind(ExportKind):
                 "tag_ids": "argmax over the last axis of probabilities",
                 "labels": {"file": refs["labels"], "id": "line number, from 0"},
             },
-            "test_vectors": [
-                dict(text=s, **row) for s, row in zip(sentences, self.preprocess(source, sentences))
-            ],
+            "test_vectors": vectors,
         }
 
 
