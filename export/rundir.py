@@ -74,7 +74,7 @@ def load_model(path):
         raise UsageError(str(e)) from None
 
 
-def resolve(path_or_model, kind=None):
+def resolve(path_or_model):
     """Turns RUN_DIR_OR_MODEL (or a live keras.Model) into a `Source`.
 
     Raises:
@@ -84,8 +84,7 @@ def resolve(path_or_model, kind=None):
     import keras
 
     if isinstance(path_or_model, keras.Model):
-        model = path_or_model
-        return Source(path="<model>", kind=kind or kinds.detect(model), model=model)
+        return Source(path="<model>", kind=kinds.detect(path_or_model), model=path_or_model)
     path = os.fspath(path_or_model)
     if not os.path.exists(path):
         raise UsageError(f"no such run directory or model file: {path}")
@@ -93,7 +92,7 @@ def resolve(path_or_model, kind=None):
         if not path.endswith(".keras"):
             raise UsageError(f"not a run directory or .keras model file: {path}")
         model = load_model(path)
-        return Source(path=path, kind=kind or kinds.detect(model), model=model)
+        return Source(path=path, kind=kinds.detect(model), model=model)
     config_path = os.path.join(path, "config.json")
     model_path = os.path.join(path, "model.keras")
     if not os.path.exists(config_path) or not os.path.exists(model_path):
@@ -101,4 +100,4 @@ def resolve(path_or_model, kind=None):
     config = read_config(path)
     if "kind" not in config:
         raise UsageError(f'{config_path} has no "kind"')
-    return Source(path=path, kind=kind or str(config["kind"]), run_dir=path, config=config)
+    return Source(path=path, kind=str(config["kind"]), run_dir=path, config=config)
