@@ -206,18 +206,13 @@ class ExportKind:
             specs.append(tf.TensorSpec(shape, tf.as_dtype(t.dtype), name=_input_name(t)))
         return specs
 
-    def output_names(self, source):
-        core = self.core(source)
-        names = list(getattr(core, "output_names", None) or [])
-        if len(names) != len(core.outputs):
-            names = [f"output_{i}" for i in range(len(core.outputs))]
-        return names
-
     def core_fn(self, source, static=False):
         """The id-level function; `static` asks for the GPU-clean variant."""
         core = self.core(source)
         names = [_input_name(t) for t in core.inputs]
-        out_names = self.output_names(source)
+        out_names = list(getattr(core, "output_names", None) or [])
+        if len(out_names) != len(core.outputs):
+            out_names = [f"output_{i}" for i in range(len(core.outputs))]
 
         def fn(*args):
             y = core(args[0] if len(args) == 1 else dict(zip(names, args)), training=False)
@@ -242,13 +237,12 @@ class ExportKind:
     # ---------------------------------------------------------- serving
     def serving_endpoints(self, source):
         specs = self.core_specs(source)
-        example = self.sample_inputs(source, 2, specs=specs)
         return [
             Endpoint(
                 "serving_default",
                 self.core_fn(source),
                 specs,
-                {k: v for k, v in example.items()},
+                self.sample_inputs(source, 2, specs=specs),
                 "the model's own inputs and outputs",
             )
         ]
@@ -357,9 +351,8 @@ def get(kind):
     """The plugin for `kind`; UsageError naming the known kinds otherwise."""
     if kind == "keras":
         return _GENERIC
-    for name in available():
-        if name == kind:
-            return importlib.import_module(f"{__name__}.{name}").KIND
+    if kind in available():
+        return importlib.import_module(f"{__name__}.{kind}").KIND
     for name in available():
         module = importlib.import_module(f"{__name__}.{name}")
         if kind in getattr(module, "ALIASES", ()):
