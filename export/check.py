@@ -168,11 +168,10 @@ def _gpu_op_rules(g, op, name):
             out.append(f"GATHER indices must be int32, got {g.dtype(ins[1]).lower()}")
     if name == "EMBEDDING_LOOKUP" and len(g.dims(ins[0])) != 1:
         out.append("EMBEDDING_LOOKUP ids must be 1-D")
-    if name in ("STRIDED_SLICE", "SLICE"):
-        if opts is not None and name == "STRIDED_SLICE":
-            for mask in ("ellipsisMask", "newAxisMask", "shrinkAxisMask"):
-                if getattr(opts, mask, 0):
-                    out.append(f"STRIDED_SLICE with {mask}={getattr(opts, mask)}")
+    if name == "STRIDED_SLICE" and opts is not None:
+        for mask in ("ellipsisMask", "newAxisMask", "shrinkAxisMask"):
+            if getattr(opts, mask, 0):
+                out.append(f"STRIDED_SLICE with {mask}={getattr(opts, mask)}")
     if name in ("ADD", "MUL") and len(ins) == 2:
         a, b = g.dims(ins[0]), g.dims(ins[1])
         if len(a) > 1 and len(b) > 1 and len(a) != len(b) and not _broadcastable(a, b):

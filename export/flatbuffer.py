@@ -71,9 +71,7 @@ class Graph:
     def is_const(self, i):
         """A constant, or a DEQUANTIZE of one (float16 weights: the delegate
         reads them as constants)."""
-        if i in self.dequantized:
-            return True
-        return self._has_data(i)
+        return i in self.dequantized or self._has_data(i)
 
     def _has_data(self, i):
         b = self.sg.tensors[i].buffer
