@@ -15,7 +15,7 @@ import os
 
 import numpy as np
 
-from export import kinds, rundir, warmup
+from export import bundle, kinds, rundir, warmup
 from export.errors import ExportError
 from zoo import atomic, litert
 from zoo import run_lock as runlock
@@ -139,14 +139,14 @@ def _prove(tmp, endpoints):
     return outputs
 
 
-def export_savedmodel(source, out, version=None, model_name=None):
+def export_savedmodel(source, out, version=None):
     """Exports RUN_DIR_OR_MODEL to `out`/<version>/ for TF Serving.
 
     Args:
         source: run directory, .keras file or live keras.Model.
-        out: BASE/NAME; the model's TF Serving directory.
+        out: BASE/NAME; the model's TF Serving directory (its basename names the
+            model in the warm-up requests).
         version: integer version; default the next free one.
-        model_name: name used in the warm-up requests; default basename(out).
 
     Returns:
         The path of the version directory written.
@@ -163,50 +163,44 @@ def export_savedmodel(source, out, version=None, model_name=None):
     except OSError as e:
         raise UsageError(f"cannot create --out {out}: {e.strerror}") from None
     with runlock.locked(out):
-        return _write_version(out, version, model_name, kind, src, tracked, endpoints)
-
-
-def _write_version(out, version, model_name, kind, source, tracked, endpoints):
-    from export import bundle
-
-    atomic.clean_stale(out)
-    version = version or next_version(out)
-    target = os.path.join(out, str(version))
-    model_name = model_name or os.path.basename(out)
-    with atomic.building(target, directory=True) as tmp:
-        write(tmp, {e.name: (_shape_checked(e), e.specs) for e in endpoints}, tracked)
-        warmup.write(tmp, model_name, [(e.name, e.example) for e in endpoints])
-        extras = kind.extra_files(source)
-        for name, content in extras.items():
-            # Files for clients, beside the graph (the graph never reads them).
-            os.makedirs(os.path.join(tmp, "assets.extra"), exist_ok=True)
-            with open(os.path.join(tmp, "assets.extra", name), "wb") as f:
-                f.write(content)
-        # The app bundle (export/bundle.py), inside the version directory that is
-        # renamed into place as a whole.
-        refs = {"tokenizer": "assets.extra/spm.model"} if "spm.model" in extras else {}
-        shipped = ["saved_model.pb", "variables/", SIGNATURE_JSON, "assets.extra/"]
-        for name, content in bundle.files(source, kind, "savedmodel", shipped, refs=refs).items():
-            with open(os.path.join(tmp, name), "wb") as f:
-                f.write(content)
-        outputs = _prove(tmp, endpoints)
-        doc = {
-            "model": model_name,
-            "version": version,
-            "kind": kind.name,
-            "rest_url": f"POST /v1/models/{model_name}:predict",
-            "signatures": {},
-        }
-        for e in endpoints:
-            instances, columnar = rest_bodies(e)
-            doc["signatures"][e.name] = {
-                "doc": e.doc,
-                "inputs": {s.name: _spec_json(s) for s in e.specs},
-                "outputs": {k: _spec_json(v) for k, v in outputs[e.name].items()},
-                "example_request_instances": instances,
-                "example_request_inputs": columnar,
+        atomic.clean_stale(out)
+        version = version or next_version(out)
+        target = os.path.join(out, str(version))
+        model_name = os.path.basename(out)
+        with atomic.building(target, directory=True) as tmp:
+            write(tmp, {e.name: (_shape_checked(e), e.specs) for e in endpoints}, tracked)
+            warmup.write(tmp, model_name, [(e.name, e.example) for e in endpoints])
+            extras = kind.extra_files(src)
+            for name, content in extras.items():
+                # Files for clients, beside the graph (the graph never reads them).
+                os.makedirs(os.path.join(tmp, "assets.extra"), exist_ok=True)
+                with open(os.path.join(tmp, "assets.extra", name), "wb") as f:
+                    f.write(content)
+            # The app bundle (export/bundle.py), inside the version directory that is
+            # renamed into place as a whole.
+            refs = {"tokenizer": "assets.extra/spm.model"} if "spm.model" in extras else {}
+            shipped = ["saved_model.pb", "variables/", SIGNATURE_JSON, "assets.extra/"]
+            for name, content in bundle.files(src, kind, "savedmodel", shipped, refs=refs).items():
+                with open(os.path.join(tmp, name), "wb") as f:
+                    f.write(content)
+            outputs = _prove(tmp, endpoints)
+            doc = {
+                "model": model_name,
+                "version": version,
+                "kind": kind.name,
+                "rest_url": f"POST /v1/models/{model_name}:predict",
+                "signatures": {},
             }
-        with open(os.path.join(tmp, SIGNATURE_JSON), "w") as f:
-            json.dump(doc, f, indent=2)
-            f.write("\n")
-    return target
+            for e in endpoints:
+                instances, columnar = rest_bodies(e)
+                doc["signatures"][e.name] = {
+                    "doc": e.doc,
+                    "inputs": {s.name: _spec_json(s) for s in e.specs},
+                    "outputs": {k: _spec_json(v) for k, v in outputs[e.name].items()},
+                    "example_request_instances": instances,
+                    "example_request_inputs": columnar,
+                }
+            with open(os.path.join(tmp, SIGNATURE_JSON), "w") as f:
+                json.dump(doc, f, indent=2)
+                f.write("\n")
+        return target
