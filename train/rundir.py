@@ -13,8 +13,8 @@ from zoo.cli import UsageError
 from zoo.rundir import MARKER, is_run_dir, load_json, run_kind
 
 
-def check_out_dir(path, resume=False, kinds=None):
-    """Validates --out before anything is written. Returns True if it exists already.
+def check_out_dir(path, resume, kinds):
+    """Validates --out before anything is written, and locks it when it exists.
 
     `kinds`: the run kinds this command can --resume; a run of another kind is refused
     here, before TensorFlow is imported.
@@ -25,7 +25,7 @@ def check_out_dir(path, resume=False, kinds=None):
         if resume:
             raise UsageError(f"--resume: run directory not found: {path}")
         check_creatable(path)
-        return False
+        return
     if not os.access(path, os.W_OK | os.X_OK):
         raise UsageError(f"--out is not writable: {path}")
     runlock.refuse_if_held(path)
@@ -33,7 +33,7 @@ def check_out_dir(path, resume=False, kinds=None):
         if resume:
             raise UsageError(f"--resume: nothing to resume in empty directory: {path}")
         lock(path)
-        return True
+        return
     if not is_run_dir(path):
         raise UsageError(
             f"--out exists and is not a run directory (refusing to write into it): {path}"
@@ -48,7 +48,6 @@ def check_out_dir(path, resume=False, kinds=None):
             f"--resume: {path} is a {found!r} run, not {' or '.join(repr(k) for k in kinds)}"
         )
     lock(path)
-    return True
 
 
 def prepare(cfg, kinds, load):
