@@ -365,16 +365,19 @@ def _child_runs(job, m, entry, acc):
         if rows and job["runs"] and acc != "gpu_f32":
             entry["latency"][sig] = m.time(sig, rows[0], runs=job["runs"])
     if job["greedy"] and acc != "gpu_f32":
-        from export.kinds import seq2seq
-
+        # The app loop (zoo.litert.StepModel) on this accelerator.
+        steps = runtime.StepModel(
+            m.runner("encode"),
+            m.runner("decode_step"),
+            m.shape("encode", "source_ids")[1],
+            m.shape("decode_step", "self_cache"),
+            m.shape("decode_step", "logits")[-1],
+        )
         entry["greedy"], entry["margins"] = [], []
         for source_ids in job["greedy"]["rows"]:
             margins = []
-            entry["greedy"].append(
-                seq2seq.litert_greedy(
-                    job["path"], source_ids, job["greedy"]["length"], model=m, margins=margins
-                )
-            )
+            ids = np.asarray(source_ids).reshape(-1)
+            entry["greedy"].append(steps.greedy(ids, job["greedy"]["length"], margins)[0])
             entry["margins"].append(margins)
 
 
@@ -387,7 +390,7 @@ def run_many_in_child(jobs, timeout=600, f32=False):
         jobs: (path, feeds, greedy, runs) each. feeds: {signature: [ {input:
             array of the exact shape}, ... ]}. greedy: None or {"rows":
             [source_ids [1, S], ...], "length": L}: the seq2seq app loop
-            (`litert_greedy`) on each row, on each accelerator. runs: timed runs
+            (`zoo.litert.StepModel.greedy`) on each row, on each accelerator. runs: timed runs
             per signature (on the first row), 0 for none.
         f32: also run on the GPU computing in float32 ("gpu_f32"; no greedy
             loop or timing there).
@@ -452,16 +455,16 @@ def run_many_in_child(jobs, timeout=600, f32=False):
     return results
 
 
-def synthetic_feeds(path, rows=2, seed=0):
-    """{signature: rows of inputs} for any .tflite: floats in [-1, 1], integers in
-    [0, 4) (small, so they index any table of >= 4 rows)."""
+def synthetic_feeds(path):
+    """{signature: two rows of inputs} for any .tflite: floats in [-1, 1], integers
+    in [0, 4) (small, so they index any table of >= 4 rows)."""
     interp = runtime.interpreter(path)
-    rng = np.random.default_rng(seed)
+    rng = np.random.default_rng(0)
     feeds = {}
     for sig in interp.get_signature_list():
         details = interp.get_signature_runner(sig).get_input_details()
         feeds[sig] = []
-        for _ in range(rows):
+        for _ in range(2):
             row = {}
             for k, d in details.items():
                 # a -1 (dynamic) dimension runs at 3, not the placeholder 1
@@ -477,14 +480,13 @@ def synthetic_feeds(path, rows=2, seed=0):
     return feeds
 
 
-def real_verdicts(paths, feeds=None):
+def real_verdicts(paths):
     """What LiteRT's GPU accelerator does with each of `paths`: (accepted, why),
     run in one child process. Accepted means: compiles with the GPU accelerator
     alone, reports itself fully accelerated, and every output of every signature
-    on its feeds (default `synthetic_feeds`) passes `compare_rows` against
-    LiteRT's CPU, integer outputs all equal."""
-    feeds = feeds or [None] * len(paths)
-    feeds = [f or synthetic_feeds(p) for p, f in zip(paths, feeds)]
+    on its `synthetic_feeds` passes `compare_rows` against LiteRT's CPU, integer
+    outputs all equal."""
+    feeds = [synthetic_feeds(p) for p in paths]
     results = run_many_in_child([(p, f, None, 0) for p, f in zip(paths, feeds)])
     return [_verdict(r, f) for r, f in zip(results, feeds)]
 

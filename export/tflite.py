@@ -17,7 +17,8 @@ import tempfile
 
 import numpy as np
 
-from export import kinds, rundir
+from export import bundle, gpu_rewrite, kinds, rundir, savedmodel
+from export.check import op_counts
 from export.errors import ExportError
 from zoo import atomic
 from zoo import litert as runtime
@@ -55,9 +56,6 @@ def from_functions(functions, tracked, quantize="none", representative=None):
     the one TFLiteConverter setup of every export, builtin ops only (no SELECT_TF_OPS),
     `quantize` one of QUANTIZE; an ExportError names the ops outside the builtins."""
     import tensorflow as tf
-
-    from export import savedmodel
-    from export.check import op_counts
 
     workdir = tempfile.mkdtemp(prefix="export-savedmodel-")
     try:
@@ -101,21 +99,18 @@ def from_functions(functions, tracked, quantize="none", representative=None):
     return content
 
 
-def convert(source, quantize="none", static_length=None, calibration=None):
-    """Converts to TFLite bytes. Returns (bytes, specs, kind, source)."""
-    src = source if isinstance(source, rundir.Source) else rundir.resolve(source)
+def convert(src, quantize="none", static_length=None):
+    """Converts the `rundir.Source` `src` to TFLite bytes. Returns (bytes, specs)."""
     kind = kinds.get(src.kind)
-    kind.model(src)
     static = static_length is not None
     specs = kind.core_specs(src, static_length=static_length)
     rows = None
     if quantize in ("int8", "int16x8"):
-        if calibration is None:
-            if src.calibration() is None:
-                raise UsageError(
-                    f"--quantize {quantize} needs RUN_DIR/calibration.npz (source: {src.path})"
-                )
-            calibration = kind.calibration_inputs(src, specs)
+        if src.calibration() is None:
+            raise UsageError(
+                f"--quantize {quantize} needs RUN_DIR/calibration.npz (source: {src.path})"
+            )
+        calibration = kind.calibration_inputs(src, specs)
         rows = {s.name: kinds.fit_to_spec(calibration[s.name], s) for s in specs}
 
     def representative():
@@ -130,15 +125,13 @@ def convert(source, quantize="none", static_length=None, calibration=None):
     if static:
         # The GPU mode: low-rank elementwise operands reshaped for LiteRT's GPU
         # accelerator (export/gpu_rewrite.py; the same arithmetic).
-        from export import gpu_rewrite
-
         content = gpu_rewrite.legalize(content)
-    return content, specs, kind, src
+    return content, specs
 
 
-def proof(content, src, kind, specs, quantize, samples=64, tolerance=None, min_agreement=None):
-    """Runs the model in LiteRT and in Keras on the same inputs; raises if they differ."""
-    inputs = kind.sample_inputs(src, samples, specs=specs)
+def proof(content, src, kind, specs, quantize, tolerance=None, min_agreement=None):
+    """Runs the model in LiteRT and in Keras on 64 rows; raises if they differ."""
+    inputs = kind.sample_inputs(src, 64, specs=specs)
     want = kinds.run_core(kind.core_fn(src, static=specs[0].shape[0] == 1), specs, inputs)
     got = runtime.run(content, inputs, signature=ENDPOINT)
     report = runtime.compare(
@@ -214,7 +207,7 @@ def export_tflite(
         static_length = static_length or 0
     elif length is not None:
         raise UsageError("--length only applies with --static-shape")
-    content, specs, kind, src = convert(src, quantize, static_length)
+    content, specs = convert(src, quantize, static_length)
     try:
         report = proof(
             content, src, kind, specs, quantize, tolerance=tolerance, min_agreement=min_agreement
@@ -229,9 +222,7 @@ def export_tflite(
             ) from None
         raise
 
-    from zoo.litert import interpreter, signature_runner
-
-    runner, _ = signature_runner(interpreter(content))
+    runner, _ = runtime.signature_runner(runtime.interpreter(content))
 
     def tensors(details):
         return {
@@ -257,8 +248,6 @@ def export_tflite(
     except OSError as e:
         raise UsageError(f"cannot create the directory of --out {out}: {e.strerror}") from None
     sidecar_path = runtime.sidecar_path(out)
-    from export import bundle
-
     # The app bundle (export/bundle.py), its names prefixed with the file's stem;
     # the vocabularies stay in the sidecar, which the spec points to.
     extras = bundle.files(

@@ -11,8 +11,9 @@ import tempfile
 
 import numpy as np
 
-from export import kinds, rundir
+from export import accelerator, check, kinds, rundir
 from export.errors import ExportError
+from export.tflite import TOLERANCES
 from zoo import litert as runtime
 from zoo.cli import UsageError
 from zoo.rundir import load_json, saved_model_version_dir
@@ -147,8 +148,6 @@ def verify(run_dir, savedmodel=None, tflite=None, samples=64):
 def _verdict(entry, inputs, quantize):
     """`entry` with its verdict: `export tflite`'s gates for `quantize` (a full-int8
     classifier on argmax agreement), every output present, compared and finite."""
-    from export.tflite import TOLERANCES
-
     max_diff, agreement = TOLERANCES.get(quantize, TOLERANCES["none"])
     by_agreement = quantize == "int8"
     fails = runtime.gate(entry, max_diff, agreement, by_agreement)
@@ -210,23 +209,14 @@ def _accelerator_target(target, tflite):
     return path, run
 
 
-def _signature_details(path):
-    """{signature: {input: {"shape", "dtype"}}} from the CPU Interpreter (TensorFlow-free)."""
-    interp = runtime.interpreter(path)
-
-    def described(details):
-        return {
-            k: {"shape": [int(x) for x in d["shape"]], "dtype": np.dtype(d["dtype"])}
-            for k, d in details.items()
-        }
-
-    runners = {sig: interp.get_signature_runner(sig) for sig in interp.get_signature_list()}
+def _input_details(interp):
+    """{signature: {input: {"shape", "dtype"}}} of a LiteRT Interpreter."""
     return {
         sig: {
-            "inputs": described(r.get_input_details()),
-            "outputs": described(r.get_output_details()),
+            k: {"shape": [int(x) for x in d["shape"]], "dtype": np.dtype(d["dtype"])}
+            for k, d in interp.get_signature_runner(sig).get_input_details().items()
         }
-        for sig, r in runners.items()
+        for sig in interp.get_signature_list()
     }
 
 
@@ -245,21 +235,20 @@ def _rows(details, src, kind, n):
     ]
 
 
-def _seq2seq_rows(details, src, n):
-    source_len = details["encode"]["inputs"]["source_ids"]["shape"][1]
+def _seq2seq_rows(steps, kind, src, n):
+    """n source rows for the step model `steps` (a `zoo.litert.StepModel`): the
+    run's, else random ids."""
+    source_len = steps.max_source_length
     if src is not None:
         import tensorflow as tf
 
         spec = tf.TensorSpec([None, source_len], tf.int32, name="source_ids")
-        return kinds.fit_to_spec(
-            kinds.get(src.kind).sample_inputs(src, n, specs=[spec])["source_ids"], spec
-        )
-    vocab = details["decode_step"]["outputs"]["logits"]["shape"][-1]
+        return kinds.fit_to_spec(kind.sample_inputs(src, n, specs=[spec])["source_ids"], spec)
     rng = np.random.default_rng(0)
     rows = np.zeros((n, source_len), np.int32)
     for r in rows:
         k = int(rng.integers(2, max(3, source_len // 2)))
-        r[:k] = rng.integers(4, max(5, vocab), size=k)
+        r[:k] = rng.integers(4, max(5, steps.vocabulary_size), size=k)
     return rows
 
 
@@ -273,8 +262,6 @@ def verify_accelerator(target, tflite=None, samples=8, runs=20):
     run's rows (synthetic ones without a run) against LiteRT's CPU, latency with
     a read of an output inside the timed loop; seq2seq `encode` / `decode_step`
     files also run the whole greedy loop on both and must give the same tokens."""
-    from export import accelerator, check
-
     path, run = _accelerator_target(target, tflite)
     report = {
         "path": path,
@@ -288,27 +275,22 @@ def verify_accelerator(target, tflite=None, samples=8, runs=20):
         return report
     src = rundir.resolve(run).held_out() if run else None
     kind = kinds.get(src.kind) if src else None
-    details = _signature_details(path)
+    interp = runtime.interpreter(path)
+    details = _input_details(interp)
     greedy = None
     if {"encode", "decode_step"} <= set(details):
-        rows = _seq2seq_rows(details, src, samples)
-        first = runtime.interpreter(path).get_signature_runner("encode")(source_ids=rows[:1])
-        step = {
-            "token": np.array([2], np.int32),
-            "position": np.array(0, np.int32),
-            "cross_cache": first["cross_cache"],
-            "encoder_mask": first["encoder_mask"],
-            "self_cache": np.zeros(
-                details["decode_step"]["inputs"]["self_cache"]["shape"], np.float32
-            ),
+        from export.kinds.seq2seq import first_step
+
+        steps = runtime.StepModel.from_interpreter(interp)
+        rows = _seq2seq_rows(steps, kind, src, samples)
+        first = interp.get_signature_runner("encode")(source_ids=rows[:1])
+        feeds = {
+            "encode": [{"source_ids": r[None]} for r in rows],
+            "decode_step": [first_step(first, steps.cache_shape)],
         }
-        feeds = {"encode": [{"source_ids": r[None]} for r in rows], "decode_step": [step]}
-        greedy = {
-            "rows": [r[None] for r in rows],
-            "length": details["decode_step"]["inputs"]["self_cache"]["shape"][1],
-        }
+        greedy = {"rows": [r[None] for r in rows], "length": steps.max_target_length}
     else:
-        feeds = {sig: _rows(d["inputs"], src, kind, samples) for sig, d in details.items()}
+        feeds = {sig: _rows(d, src, kind, samples) for sig, d in details.items()}
     result = accelerator.run_many_in_child([(path, feeds, greedy, runs)], f32=True)[0]
     if not result["crashed"] and not result["cpu"].get("compiled"):
         raise ExportError(f"LiteRT's CPU runtime cannot run {path}: {result['cpu'].get('error')}")

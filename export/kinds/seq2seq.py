@@ -49,12 +49,6 @@ from zoo.cli import UsageError
 ALIASES = ("universal_transformer",)
 
 
-def _tf():
-    import tensorflow as tf
-
-    return tf
-
-
 class Seq2SeqKind(ExportKind):
     name = "seq2seq"
     id_signature = "translate_ids"
@@ -73,7 +67,8 @@ class Seq2SeqKind(ExportKind):
 
     # ------------------------------------------------------------ id level (greedy WHILE)
     def core_specs(self, source, static_length=None):
-        tf = _tf()
+        import tensorflow as tf
+
         length = int(static_length or self.default_length(source))
         return [tf.TensorSpec([1, length], tf.int32, name="source_ids")]
 
@@ -89,7 +84,8 @@ class Seq2SeqKind(ExportKind):
 
     # ------------------------------------------------------------ serving
     def serving_endpoints(self, source):
-        tf = _tf()
+        import tensorflow as tf
+
         from zoo.seq2seq import decoding
 
         m = self.model(source)
@@ -141,14 +137,7 @@ class Seq2SeqKind(ExportKind):
         # The step signatures are steps.tflite's functions (source_ids [1, S], S =
         # max_source_length), so a client can run beam search or sampling itself.
         source_row = ids[:1].copy()
-        encoded = encode(tf.constant(source_row))
-        step_example = {
-            "token": np.array([2], "int32"),
-            "position": np.array(0, "int32"),
-            "cross_cache": np.asarray(encoded["cross_cache"]),
-            "encoder_mask": np.asarray(encoded["encoder_mask"]),
-            "self_cache": np.zeros(specs["decode_step"][4].shape, "float32"),
-        }
+        step_example = first_step(encode(tf.constant(source_row)), specs["decode_step"][4].shape)
         ids = ids[:, : max(1, int((ids > 0).sum(axis=1).max()))]
         text_spec = [tf.TensorSpec([None], tf.string, name="text")]
         return [
@@ -312,16 +301,16 @@ def _token_major_attention(model):
             del layer._heads_first
 
 
-def step_functions(model, source_length=None):
+def step_functions(model):
     """(encode, decode_step, specs) with static-shape, rank-4 cache tensors.
 
     Caches travel as the layers' split form (a `[1, L, H, d]` key and value
     tensor per attention layer) concatenated on the batch axis, so no tensor
     in either graph exceeds rank 4 (the mobile GPU delegate's limit)."""
-    tf = _tf()
+    import tensorflow as tf
     from keras import ops
 
-    s = int(source_length or model.max_source_length)
+    s = int(model.max_source_length)
     length = int(model.max_target_length)
     heads, head_dim = model.num_heads, model.head_dim
     n_self = model.num_self_caches
@@ -365,11 +354,23 @@ def step_functions(model, source_length=None):
     return encode, decode_step, specs
 
 
-def convert_steps(model, source_length=None):
+def first_step(encoded, cache_shape):
+    """decode_step's inputs for the first token after `encode`'s outputs `encoded`:
+    BOS (2) at position 0 and an empty self_cache of `cache_shape`."""
+    return {
+        "token": np.array([2], np.int32),
+        "position": np.array(0, np.int32),
+        "cross_cache": np.asarray(encoded["cross_cache"]),
+        "encoder_mask": np.asarray(encoded["encoder_mask"]),
+        "self_cache": np.zeros(cache_shape, np.float32),
+    }
+
+
+def convert_steps(model):
     """The two-signature (encode, decode_step) TFLite model, builtin ops only."""
     from export import gpu_rewrite, tflite
 
-    encode, decode_step, specs = step_functions(model, source_length)
+    encode, decode_step, specs = step_functions(model)
     functions = {
         "encode": (encode, specs["encode"]),
         "decode_step": (decode_step, specs["decode_step"]),
@@ -379,36 +380,14 @@ def convert_steps(model, source_length=None):
     return gpu_rewrite.legalize(tflite.from_functions(functions, [model]))
 
 
-def litert_greedy(tflite, source_ids, max_length, model=None, margins=None):
-    """Greedy decoding of one source on the step model, one `decode_step` call per
-    token (GPU delegates cannot run WHILE): `zoo.litert.StepModel.greedy`, the app
-    loop of docs/deploy.md.
-
-    Args:
-        tflite: path or bytes of the steps model (unused with `model`).
-        source_ids: int32 `[1, S]` (0-padded to the model's S).
-        max_length: the most tokens (the model's max_target_length).
-        model: an `export.accelerator.Compiled` of the same file to run on
-            (e.g. LiteRT's GPU accelerator); default: the CPU Interpreter.
-        margins: None or a list that gets, per step, the gap between the
-            best and the second-best logit (how near a tie the choice was).
-
-    Returns:
-        list of output ids, cut after EOS (EOS included if produced).
-    """
+def litert_greedy(tflite, source_ids, max_length):
+    """Greedy decoding of one source (int32 `[1, S]`) on the step model (path or
+    bytes), one `decode_step` call per token: `zoo.litert.StepModel.greedy`, the app
+    loop of docs/deploy.md. Returns the output ids, EOS included if produced."""
     from zoo import litert
 
-    if model is not None:
-        steps = litert.StepModel(
-            model.runner("encode"),
-            model.runner("decode_step"),
-            model.shape("encode", "source_ids")[1],
-            model.shape("decode_step", "self_cache"),
-            model.shape("decode_step", "logits")[-1],
-        )
-    else:
-        steps = litert.StepModel.from_interpreter(litert.interpreter(tflite))
-    return steps.greedy(np.asarray(source_ids).reshape(-1), max_length, margins)[0]
+    steps = litert.StepModel.from_interpreter(litert.interpreter(tflite))
+    return steps.greedy(np.asarray(source_ids).reshape(-1), max_length)[0]
 
 
 def export_all(run_dir, out_dir):
@@ -425,7 +404,7 @@ def export_all(run_dir, out_dir):
     model = KIND.model(src)
     os.makedirs(out_dir, exist_ok=True)
     steps = convert_steps(model)
-    greedy_bytes, specs, _, _ = tflite.convert(src)
+    greedy_bytes, specs = tflite.convert(src)
     rows = KIND.sample_inputs(src, 4, specs=specs)["source_ids"]
     report = {"checked_rows": int(len(rows))}
     # One traced graph for the rows (eagerly, the loop runs its Python body once per
