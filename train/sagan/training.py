@@ -201,9 +201,8 @@ def train_one(context, cfg, data, out, classifier=None, started=None):
 
 def resume_run(context, cfg):
     out = cfg.out
+    # A run has step checkpoints once its budget is set in config.json (_resolve_budget).
     run_config, recorded = rundir.resumed(cfg, ("sagan",))
-    if recorded.max_minutes is None:  # stopped before its budget was set
-        recorded.max_minutes = DEFAULT_MAX_MINUTES
     train_cfg = config.record(recorded)
     check_replicas(context, train_cfg["batch_size"])
     from train.sagan.images import load_images
