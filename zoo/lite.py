@@ -110,7 +110,6 @@ def read_json(path):
 
 def resolve(path):
     """(the .tflite file to run, its sidecar dict) for a file or an export folder."""
-    path = os.fspath(path)
     if os.path.isdir(path):
         shared = litert.seq2seq_sidecar_path(path)
         if os.path.isfile(shared):
@@ -189,10 +188,7 @@ class LiteTagger:
             raise UsageError(
                 f"bad sidecar file {litert.sidecar_path(path)}: {type(e).__name__}: {e}"
             ) from None
-        interpreter = litert.interpreter(path)
-        self._runner = interpreter.get_signature_runner(
-            next(iter(interpreter.get_signature_list()))
-        )
+        self._runner, _ = litert.signature_runner(litert.interpreter(path))
         shape = self._runner.get_input_details()["word_ids"]["shape_signature"]
         self.static_length = int(shape[1]) if shape[1] > 0 else None
 

@@ -73,9 +73,9 @@ def signature_runner(interp, signature=None):
     return interp.get_signature_runner(signature), signature
 
 
-def run(model, inputs, signature=None, threads=None):
+def run(model, inputs, signature=None):
     """Runs `inputs` through the model's `signature` (see `call`)."""
-    return call(signature_runner(interpreter(model, threads), signature)[0], inputs)
+    return call(signature_runner(interpreter(model), signature)[0], inputs)
 
 
 def call(runner, inputs):
