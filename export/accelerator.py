@@ -146,12 +146,12 @@ class CompileError(RuntimeError):
 
 
 class Compiled:
-    """A .tflite (path or bytes) compiled for one accelerator: "cpu", "gpu" (the
+    """A .tflite file compiled for one accelerator: "cpu", "gpu" (the
     GPU alone, its default reduced precision, as an app gets it) or "gpu_f32"
     (the GPU alone computing in float32: tells precision from a wrong op), with
     one set of input/output buffers per signature, reused across runs."""
 
-    def __init__(self, model, accelerator="gpu"):
+    def __init__(self, path, accelerator="gpu"):
         from ai_edge_litert.compiled_model import CompiledModel
         from ai_edge_litert.hardware_accelerator import HardwareAccelerator
         from ai_edge_litert.options import CpuOptions, GpuOptions, Options
@@ -168,10 +168,7 @@ class Compiled:
             )
         with captured_stderr() as log:
             try:
-                if isinstance(model, (bytes, bytearray)):
-                    self.model = CompiledModel.from_buffer(bytes(model), options=options)
-                else:
-                    self.model = CompiledModel.from_file(str(model), options=options)
+                self.model = CompiledModel.from_file(str(path), options=options)
                 error = None
             except RuntimeError as e:
                 error = e

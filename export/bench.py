@@ -8,6 +8,8 @@ from export import accelerator, kinds, rundir, verify
 from zoo import litert as runtime
 from zoo.cli import UsageError
 
+BATCHES = (1, 32)
+
 
 def _size(path):
     if os.path.isfile(path):
@@ -20,7 +22,7 @@ def _batch(inputs, b):
     return {k: np.concatenate([v] * reps)[:b] for k, v in inputs.items()}
 
 
-def bench(target, run_dir=None, threads=None, runs=50, warmup=5, batches=(1, 32)):
+def bench(target, run_dir=None, threads=None, runs=50, warmup=5):
     """Returns {"size_bytes", "litert"|"savedmodel": {batch: stats}, "keras": {...}}."""
     import tensorflow as tf
 
@@ -31,7 +33,7 @@ def bench(target, run_dir=None, threads=None, runs=50, warmup=5, batches=(1, 32)
         raise UsageError(f"not a .tflite file or SavedModel directory: {target}")
     run_dir = run_dir or (verify.sidecar(target).get("source") if is_tflite else None)
     src = rundir.resolve(run_dir) if run_dir and os.path.exists(run_dir) else None
-    kind = kinds.get(src.kind) if src else None
+    kind = kinds.get(src.kind if src else "keras")
     report = {"target": target, "size_bytes": _size(target), "threads": threads}
 
     if is_tflite:
@@ -43,21 +45,17 @@ def bench(target, run_dir=None, threads=None, runs=50, warmup=5, batches=(1, 32)
     else:
         saved = verify.resolve_version_dir(target)
         loaded = tf.saved_model.load(saved)
-        sig_name = kind.id_signature if kind else "serving_default"
-        signature = loaded.signatures[sig_name]
+        signature = loaded.signatures[kind.id_signature]
         specs = [
             tf.TensorSpec(s.shape, s.dtype, name=k)
             for k, s in signature.structured_input_signature[1].items()
         ]
         report["size_bytes"] = _size(saved)
-    if src:
-        base = kind.sample_inputs(src, 32, specs=specs)
-    else:
-        base = kinds.ExportKind().sample_inputs(rundir.Source("", "keras"), 32, specs=specs)
+    base = kind.sample_inputs(src or rundir.Source("", "keras"), 32, specs=specs)
 
     key = "litert" if is_tflite else "savedmodel"
     report[key] = {}
-    for b in batches:
+    for b in BATCHES:
         x = _batch(base, b)
         if is_tflite:
             if static_one:
@@ -73,7 +71,7 @@ def bench(target, run_dir=None, threads=None, runs=50, warmup=5, batches=(1, 32)
         core = kind.core(src)
         names = [s.name for s in specs]
         report["keras"] = {}
-        for b in batches:
+        for b in BATCHES:
             x = {k: tf.constant(v) for k, v in _batch(base, b).items()}
             arg = x[names[0]] if len(names) == 1 else x
             report["keras"][b] = accelerator.latency(

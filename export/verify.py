@@ -101,8 +101,7 @@ def verify(run_dir, savedmodel=None, tflite=None, samples=64):
         raise UsageError("verify needs --savedmodel and/or --tflite")
     src = rundir.resolve(run_dir).held_out()
     kind = kinds.get(src.kind)
-    kind.model(src)
-    fn = kind.core_fn(src)
+    fn = kind.core_fn(src)  # refuses a model of another kind
 
     specs = kind.core_specs(src)
 
