@@ -246,8 +246,8 @@ def sample(model, source_ids, seed, temperature=1.0, top_k=None, top_p=None, max
     step i takes Gumbel noise (Gumbel-max on the filtered logits, PAD and BOS
     excluded) from
     `_uniform`'s hash of `(seed, i, row, token)`, so equal seeds give equal
-    outputs under XLA and without it, and with `zoo.load`'s TFLite step model."""
-    samplers.Sampling(temperature, top_k, top_p)  # checks the arguments
+    outputs under XLA and without it, and with `zoo.load`'s TFLite step model.
+    `filter_logits` checks the sampling arguments."""
     seed = ops.cast(seed, "int32")
 
     def pick(logits, i):
@@ -340,15 +340,11 @@ def _each_batch(model, ids, batch_size, max_length, decode):
 
 
 def decode_ids(model, ids, beam_width=1, alpha=0.6, max_length=None, batch_size=64):
-    """list of id lists -> list of output id lists (cut at EOS, no BOS/EOS).
-
-    Batches are padded to a fixed size and source lengths to multiples of 8,
-    so a handful of XLA programs serve every input. Without `max_length`, a
-    batch whose (padded) sources have S positions stops after
-    `2 * S + 10` tokens (rounded up to 8, at most `max_target_length`), as
-    fairseq's max_len_a/max_len_b do: caches and the attention over them then
-    scale with the inputs, not with the longest output the model allows,
-    which matters most for beam search (it reorders every cache each step)."""
+    """list of id lists -> list of output id lists (cut at EOS, no BOS/EOS),
+    greedy or the best of a beam search, in `zoo.litert.plan`'s batches: without
+    `max_length`, caches and the attention over them scale with the inputs, not
+    with the longest output the model allows, which matters most for beam search
+    (it reorders every cache each step)."""
     kind = "greedy" if beam_width == 1 else "beam"
 
     def decode(array, limit):
