@@ -255,10 +255,9 @@ def _rouge(hyps, refs):
 
 
 def _timed_decode(model, ids, beam_width, alpha, sample=256):
-    """Decodes every input, then times a second pass over (at most) `sample` of
-    them: the first pass compiles one XLA program per batch shape, which a
-    speed figure should not include (it made beam look 7.8x slower than greedy
-    at batch 64 where the compiled programs differ by ~2x)."""
+    """Decodes every input, then times a second pass over (at most) `sample` of them:
+    the first pass compiles one XLA program per batch shape, which a speed figure should
+    not include (beam's programs take longer to compile than greedy's)."""
     out = decoding.decode_ids(model, ids, beam_width=beam_width, alpha=alpha)
     timed = ids[:sample]
     started = time.perf_counter()
