@@ -51,7 +51,7 @@ def check_archive(path):
 
 
 def load(path, expected=None, compile=False):
-    """Loads `path` with `safe_mode=True`; `expected` (a class or tuple) checks the type.
+    """Loads `path` with `safe_mode=True`; `expected` (a class) checks the type.
 
     Raises:
         ModelFileError: for every reason the file cannot be loaded.
@@ -67,10 +67,5 @@ def load(path, expected=None, compile=False):
         message = " ".join(str(e).split())[:300] or type(e).__name__
         raise ModelFileError(f"cannot load model {path}: {message}") from None
     if expected is not None and not isinstance(model, expected):
-        names = (
-            expected.__name__
-            if isinstance(expected, type)
-            else "/".join(c.__name__ for c in expected)
-        )
-        raise ModelFileError(f"{path} holds a {type(model).__name__}, not a {names}")
+        raise ModelFileError(f"{path} holds a {type(model).__name__}, not a {expected.__name__}")
     return model
