@@ -10,18 +10,19 @@ def _enum_names(cls):
     return {v: k for k, v in vars(cls).items() if not k.startswith("_") and isinstance(v, int)}
 
 
-def _schema():
-    from ai_edge_litert import schema_py_generated as schema
+def schema():
+    """ai_edge_litert's schema_py_generated (imported on first use)."""
 
-    return schema
+    from ai_edge_litert import schema_py_generated
+
+    return schema_py_generated
 
 
 def read_model(content):
     """Parses .tflite bytes into the flatbuffer object API (ModelT)."""
-    schema = _schema()
     if len(content) < 8 or content[4:8] != b"TFL3":
         raise UsageError("not a TFLite flatbuffer (no TFL3 identifier)")
-    return schema.ModelT.InitFromPackedBuf(bytearray(content), 0)
+    return schema().ModelT.InitFromPackedBuf(bytearray(content), 0)
 
 
 def write_model(model, size_hint=0):
@@ -34,10 +35,9 @@ def write_model(model, size_hint=0):
 
 
 def op_name(model, op):
-    schema = _schema()
     code = model.operatorCodes[op.opcodeIndex]
     builtin = max(code.builtinCode, code.deprecatedBuiltinCode)
-    name = _enum_names(schema.BuiltinOperator).get(builtin, f"BUILTIN_{builtin}")
+    name = _enum_names(schema().BuiltinOperator).get(builtin, f"BUILTIN_{builtin}")
     if name == "CUSTOM":
         custom = (
             code.customCode.decode() if isinstance(code.customCode, bytes) else str(code.customCode)
@@ -48,9 +48,8 @@ def op_name(model, op):
 
 class Graph:
     def __init__(self, model, sg):
-        schema = _schema()
         self.model, self.sg = model, sg
-        self.types = _enum_names(schema.TensorType)
+        self.types = _enum_names(schema().TensorType)
         # {DEQUANTIZE output: its constant input} (float16 weights, for one)
         self.dequantized = {
             op.outputs[0]: op.inputs[0]

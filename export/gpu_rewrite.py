@@ -12,7 +12,7 @@ pattern in files written without it.
 
 import numpy as np
 
-from export.flatbuffer import Graph, op_name, read_model, write_model
+from export.flatbuffer import Graph, op_name, read_model, schema, write_model
 
 # Elementwise ops with NumPy-style broadcasting of two operands.
 BROADCASTING = frozenset(
@@ -85,8 +85,7 @@ def legalize(content):
     """`content` (.tflite bytes) with the low-rank operands reshaped and the
     float16 constants GATHER / RESHAPE read made float32; the same bytes when
     nothing needs it."""
-    from ai_edge_litert import schema_py_generated as schema
-
+    fb = schema()
     model = read_model(content)
     changed = False
     for sg in model.subgraphs or []:
@@ -100,15 +99,15 @@ def legalize(content):
                 dims = [1] * (len(g.dims(op.outputs[0])) - len(g.dims(src))) + g.dims(src)
                 values = _buffer(model, np.asarray(dims, np.int32))
                 shape_t = _tensor(
-                    sg, b"gpu_rewrite/shape", [len(dims)], schema.TensorType.INT32, values
+                    sg, b"gpu_rewrite/shape", [len(dims)], fb.TensorType.INT32, values
                 )
                 name = (old.name or b"t") + b"/rank%d" % len(dims)
                 out_t = _tensor(sg, name, dims, old.type, _buffer(model), old.quantization)
-                r = schema.OperatorT()
-                r.opcodeIndex = _opcode(model, schema, schema.BuiltinOperator.RESHAPE)
+                r = fb.OperatorT()
+                r.opcodeIndex = _opcode(model, fb.BuiltinOperator.RESHAPE)
                 r.inputs, r.outputs = [src, shape_t], [out_t]
-                r.builtinOptionsType = schema.BuiltinOptions.ReshapeOptions
-                r.builtinOptions = schema.ReshapeOptionsT()
+                r.builtinOptionsType = fb.BuiltinOptions.ReshapeOptions
+                r.builtinOptions = fb.ReshapeOptionsT()
                 r.builtinOptions.newShape = list(dims)
                 new_ops.append(r)
                 inputs = list(op.inputs)
@@ -122,11 +121,11 @@ def legalize(content):
     return write_model(model, len(content))
 
 
-def _opcode(model, schema, builtin):
+def _opcode(model, builtin):
     for k, code in enumerate(model.operatorCodes):
         if max(code.builtinCode, code.deprecatedBuiltinCode) == builtin:
             return k
-    code = schema.OperatorCodeT()
+    code = schema().OperatorCodeT()
     code.builtinCode = builtin
     code.deprecatedBuiltinCode = min(builtin, 127)
     code.version = 1
@@ -136,9 +135,7 @@ def _opcode(model, schema, builtin):
 
 def _buffer(model, array=None):
     """Appends a buffer holding `array`'s bytes (empty without one); its index."""
-    from ai_edge_litert import schema_py_generated as schema
-
-    buf = schema.BufferT()
+    buf = schema().BufferT()
     if array is not None:
         buf.data = np.frombuffer(array.tobytes(), np.uint8)
     model.buffers.append(buf)
@@ -146,9 +143,7 @@ def _buffer(model, array=None):
 
 
 def _tensor(sg, name, shape, dtype, buffer, quantization=None):
-    from ai_edge_litert import schema_py_generated as schema
-
-    t = schema.TensorT()
+    t = schema().TensorT()
     t.name, t.shape, t.type, t.buffer = name, list(shape), dtype, buffer
     t.quantization = quantization
     sg.tensors.append(t)
