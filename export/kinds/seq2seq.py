@@ -222,27 +222,21 @@ class Seq2SeqKind(ExportKind):
         return {"tokenizer": ("spm.model", bytes(self.model(source).tokenizer.proto))}
 
     def preprocessing(self, source, refs):
+        from sentencepiece import sentencepiece_model_pb2 as spm_pb2
+
         m = self.model(source)
+        proto = spm_pb2.ModelProto.FromString(bytes(m.tokenizer.proto))
         tokenizer = {
             "type": "sentencepiece",
             "file": refs["tokenizer"],
             "encode": "SentencePieceProcessor(model_file=file).encode(text): ids, "
             "no BOS/EOS added (the model file holds the normalisation and the pieces)",
+            # the trainer settings, for people reading the spec
+            "model_type": spm_pb2.TrainerSpec.ModelType.Name(proto.trainer_spec.model_type).lower(),
+            "normalization": proto.normalizer_spec.name,
+            "add_dummy_prefix": bool(proto.normalizer_spec.add_dummy_prefix),
+            "vocabulary_size": len(proto.pieces),
         }
-        try:  # the trainer settings, for people reading the spec
-            from sentencepiece import sentencepiece_model_pb2
-
-            proto = sentencepiece_model_pb2.ModelProto.FromString(bytes(m.tokenizer.proto))
-            tokenizer.update(
-                model_type=sentencepiece_model_pb2.TrainerSpec.ModelType.Name(
-                    proto.trainer_spec.model_type
-                ).lower(),
-                normalization=proto.normalizer_spec.name,
-                add_dummy_prefix=bool(proto.normalizer_spec.add_dummy_prefix),
-                vocabulary_size=len(proto.pieces),
-            )
-        except ImportError:  # protobuf missing: the file alone still says it all
-            pass
         texts = self._example_texts(source) + ["A MAN, 42 dogs!", "  two  spaces ", ""]
         limit = int(m.max_source_length)
         return {
