@@ -37,11 +37,6 @@ LICENSE = "Apache-2.0"
 WHITESPACE = [c for c in range(0x110000) if chr(c).isspace()]
 
 
-def prefix_for(model_path):
-    """'' for a folder of its own, 'STEM.' for a .tflite in a shared directory."""
-    return os.path.basename(model_path)[: -len(".tflite")] + "."
-
-
 def _jsonable(value):
     return json.loads(
         json.dumps(value, default=lambda v: v.tolist() if hasattr(v, "tolist") else str(v))

@@ -129,6 +129,20 @@ def convert(src, quantize="none", static_length=None):
     return content, specs
 
 
+def gates(report, inputs, quantize, tolerance=None, min_agreement=None):
+    """Why `report` (`zoo.litert.compare`'s, on `inputs`) fails the gates for
+    `quantize`, which it records ([] = it passes): TOLERANCES unless overridden, a
+    full-int8 classifier on argmax agreement unless given a tolerance, and rows."""
+    max_diff, agreement = TOLERANCES.get(quantize, TOLERANCES["none"])
+    max_diff = max_diff if tolerance is None else tolerance
+    agreement = agreement if min_agreement is None else min_agreement
+    report.update(gate_max_abs_diff=max_diff, gate_agreement=agreement)
+    why = runtime.gate(report, max_diff, agreement, quantize == "int8" and tolerance is None)
+    if not len(next(iter(inputs.values()), ())):
+        why.insert(0, "no sample inputs")
+    return why
+
+
 def proof(content, src, kind, specs, quantize, tolerance=None, min_agreement=None):
     """Runs the model in LiteRT and in Keras on 64 rows; raises if they differ."""
     inputs = kind.sample_inputs(src, 64, specs=specs)
@@ -137,14 +151,8 @@ def proof(content, src, kind, specs, quantize, tolerance=None, min_agreement=Non
     report = runtime.compare(
         want, got, mask=kind.valid_mask(inputs), class_output=kind.class_output
     )
-    max_diff, agreement = TOLERANCES[quantize]
-    max_diff = max_diff if tolerance is None else tolerance
-    agreement = agreement if min_agreement is None else min_agreement
-    report.update(
-        gate_max_abs_diff=max_diff,
-        gate_agreement=agreement,
-        samples=len(next(iter(inputs.values()), ())),
-    )
+    why = gates(report, inputs, quantize, tolerance, min_agreement)
+    report.update(samples=len(next(iter(inputs.values()), ())))
     for name, value in want.items():
         if (
             name in got
@@ -157,9 +165,6 @@ def proof(content, src, kind, specs, quantize, tolerance=None, min_agreement=Non
             )
     by_agreement = quantize == "int8" and report["agreement"] is not None and tolerance is None
     report.update(gated_on="agreement" if by_agreement else "max_abs_diff and agreement")
-    why = runtime.gate(report, max_diff, agreement, by_agreement)
-    if not report["samples"]:
-        why.insert(0, "no sample inputs")
     if why:
         raise ExportError(f"LiteRT differs from Keras: {'; '.join(why)} ({quantize})")
     return report
@@ -255,27 +260,19 @@ def export_tflite(
         kind,
         "tflite",
         [os.path.basename(out), os.path.basename(sidecar_path)],
-        prefix=bundle.prefix_for(out),
+        prefix=os.path.basename(out)[: -len(".tflite")] + ".",
         quantize=quantize,
         parity=report,
         refs={"vocab": os.path.basename(sidecar_path)},
     )
+    files = {out: content, sidecar_path: (json.dumps(sidecar, indent=2) + "\n").encode()}
+    files.update((os.path.join(os.path.dirname(out), name), data) for name, data in extras.items())
     with runlock.locked(os.path.dirname(out)):
         atomic.clean_stale(os.path.dirname(out))
         # Every file is complete under a temporary name before any is renamed
         # into place; a failure before the renames changes nothing.
         with contextlib.ExitStack() as stack:
-            tmp_model = stack.enter_context(atomic.building(out))
-            tmp_sidecar = stack.enter_context(atomic.building(sidecar_path))
-            with open(tmp_model, "wb") as f:
-                f.write(content)
-            with open(tmp_sidecar, "w") as f:
-                json.dump(sidecar, f, indent=2)
-                f.write("\n")
-            for name, data in extras.items():
-                with open(
-                    stack.enter_context(atomic.building(os.path.join(os.path.dirname(out), name))),
-                    "wb",
-                ) as f:
+            for path, data in files.items():
+                with open(stack.enter_context(atomic.building(path)), "wb") as f:
                     f.write(data)
     return Result(out, sidecar_path, len(content), report)

@@ -13,7 +13,7 @@ import numpy as np
 
 from export import accelerator, check, kinds, rundir
 from export.errors import ExportError
-from export.tflite import TOLERANCES
+from export.tflite import gates
 from zoo import litert as runtime
 from zoo.cli import UsageError
 from zoo.rundir import load_json, saved_model_version_dir
@@ -145,14 +145,10 @@ def verify(run_dir, savedmodel=None, tflite=None, samples=64):
 
 
 def _verdict(entry, inputs, quantize):
-    """`entry` with its verdict: `export tflite`'s gates for `quantize` (a full-int8
-    classifier on argmax agreement), every output present, compared and finite."""
-    max_diff, agreement = TOLERANCES.get(quantize, TOLERANCES["none"])
-    by_agreement = quantize == "int8"
-    fails = runtime.gate(entry, max_diff, agreement, by_agreement)
-    if not len(next(iter(inputs.values()), ())):
-        fails.insert(0, "no sample inputs")
-    entry.update(gate_max_abs_diff=max_diff, gate_agreement=agreement, fails=fails, ok=not fails)
+    """`entry` with its verdict by `export tflite`'s gates for `quantize`: every
+    output present, compared, finite and within them."""
+    fails = gates(entry, inputs, quantize)
+    entry.update(fails=fails, ok=not fails)
     return entry
 
 
