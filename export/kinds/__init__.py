@@ -311,12 +311,15 @@ class ExportKind:
             "test_vectors": [],
         }
 
+    # metrics.json keys the model card reports, where numbers; None: the test split's.
+    card_keys = None
+
     def card_metric_keys(self, metrics):
-        """metrics.json keys the model card reports: the test split's numbers."""
+        keys = self.card_keys or [k for k in metrics if k.startswith("test_")]
         return [
             k
-            for k, v in metrics.items()
-            if k.startswith("test_") and isinstance(v, (int, float)) and not isinstance(v, bool)
+            for k in keys
+            if isinstance(metrics.get(k), (int, float)) and not isinstance(metrics.get(k), bool)
         ]
 
 

@@ -153,7 +153,7 @@ class SaganKind(ExportKind):
         "Samples can be implausible or repeat training images; FID/KID are measured in "
         "the run's own classifier's feature space, not Inception's."
     )
-    _CARD_KEYS = (
+    card_keys = (
         "fid",
         "kid",
         "fid_floor",
@@ -163,13 +163,6 @@ class SaganKind(ExportKind):
         "real_consistent",
         "eval_samples",
     )
-
-    def card_metric_keys(self, metrics):
-        return [
-            k
-            for k in self._CARD_KEYS
-            if isinstance(metrics.get(k), (int, float)) and not isinstance(metrics.get(k), bool)
-        ]
 
     def labels(self, source):
         _, conditional, num_classes = self._dims(source)
@@ -182,27 +175,9 @@ class SaganKind(ExportKind):
             else [str(i) for i in range(num_classes)]
         )
 
-    def noise(self, source, class_ids, seed):
-        """This project's own rule (zoo.load's / zoo.lite's `generate`): the labels
-        and noise fed for `class_ids` (ids or names) and `seed`."""
+    def preprocessing(self, source, refs):
         from zoo.tasks import ImageGenerator
 
-        latent_dim, conditional, num_classes = self._dims(source)
-        fed = {}
-
-        def run(noise, labels):
-            fed.update(noise=noise, label=labels)
-            return noise
-
-        names = self.labels(source) or []
-        generator = ImageGenerator(run, latent_dim, num_classes, names, "bundle")
-        if conditional:
-            generator.generate(class_ids, seed=seed)
-        else:
-            generator.generate(num_images=len(class_ids), seed=seed)
-        return fed
-
-    def preprocessing(self, source, refs):
         latent_dim, conditional, num_classes = self._dims(source)
         inputs = {
             "noise": {
@@ -218,17 +193,27 @@ class SaganKind(ExportKind):
                 "range": [0, num_classes - 1],
                 "labels": {"file": refs["labels"], "id": "line number, from 0"},
             }
+        # Test vectors by this project's own rule (zoo.load's / zoo.lite's `generate`):
+        # the noise and labels it feeds for some class ids (or a number of images).
+        fed = {}
+
+        def run(noise, labels):
+            fed.update(noise=noise.tolist(), label=labels.tolist())
+            return noise
+
         names = self.labels(source) or []
+        generator = ImageGenerator(run, latent_dim, num_classes, names, "bundle")
         vectors = []
         for seed, picked in ((0, [0]), (7, list(range(min(num_classes or 2, 3)))[::-1])):
-            class_ids = [names[i] for i in picked] if conditional else picked
-            fed = self.noise(source, class_ids, seed)
-            vector = {"seed": seed, "noise": fed["noise"].tolist()}
             if conditional:
-                vector.update(class_ids=class_ids, label=fed["label"].tolist())
+                class_ids = [names[i] for i in picked]
+                generator.generate(class_ids, seed=seed)
+                vectors.append(
+                    dict(seed=seed, noise=fed["noise"], class_ids=class_ids, label=fed["label"])
+                )
             else:
-                vector.update(num_images=len(picked))
-            vectors.append(vector)
+                generator.generate(num_images=len(picked), seed=seed)
+                vectors.append(dict(seed=seed, noise=fed["noise"], num_images=len(picked)))
         return {
             "input": "class names or ids (conditional) or a number of images, and a seed",
             "inputs": inputs,
