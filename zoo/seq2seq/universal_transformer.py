@@ -140,9 +140,6 @@ class UniversalTransformer(Seq2SeqTransformer):
             self.add_loss(self.ponder_weight * ponder)
         return output
 
-    def cross_caches(self, encoder_output, split=False):
-        return (self.decoder_block.compute_cross_attention_cache(encoder_output, split=split),)
-
     # Keras's get_config: the constructor arguments it adds (a mirror of Keras).
     def get_config(self):
         config = super().get_config()
