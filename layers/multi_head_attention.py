@@ -572,7 +572,7 @@ class MultiHeadAttention(keras.layers.Layer):
             else:  # [B, 1]: no [B, Tq, Tk] mask just to count
                 seen = ops.sum(ops.cast(visibility.key_mask, "float32"), -1, keepdims=True)
         else:
-            seen = ops.sum(visibility.combined(query_length, key_length), axis=-1)
+            seen = ops.sum(visibility.padding(structural), axis=-1)
         factor = ops.log(ops.maximum(seen, 1.0)) / math.log(self.length_scale)
         factor = ops.maximum(factor, 1.0)
         return ops.cast(factor[:, :, None, None], dtype)
