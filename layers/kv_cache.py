@@ -73,25 +73,20 @@ def check_cache(cache, cache_index, *, batch, query_length, num_heads, key_dim):
                 f"Received: cache_index={cache_index}, cache=None"
             )
         return None
-    length = _check_cache_shape(cache, batch, num_heads, key_dim)
-    if isinstance(cache_index, numbers.Integral) and length is not None:
-        if cache_index < 0 or (query_length is not None and cache_index + query_length > length):
-            raise ValueError(
-                "`cache_index` + query length must fit in the cache. Received: "
-                f"cache_index={cache_index}, query length={query_length}, "
-                f"cache length={length}"
-            )
-    return length
-
-
-def _check_cache_shape(cache, batch, num_heads, key_dim):
-    """Validates either cache form; returns its length (None if unknown)."""
-    if is_split(cache):
-        if len(cache) != 2:
-            raise ValueError(
-                "A split `cache` is the pair (key_cache, value_cache). "
-                f"Received: a {type(cache).__name__} of {len(cache)} tensors"
-            )
+    if not is_split(cache):
+        check_shape(
+            "cache",
+            cache,
+            (batch, 2, None, num_heads, key_dim),
+            "(batch, 2, cache_length, num_heads, key_dim)",
+        )
+        length = (known_shape(cache) or (None,) * 3)[2]
+    elif len(cache) != 2:
+        raise ValueError(
+            "A split `cache` is the pair (key_cache, value_cache). "
+            f"Received: a {type(cache).__name__} of {len(cache)} tensors"
+        )
+    else:
         lengths = set()
         for name, part in zip(("key_cache", "value_cache"), cache):
             check_shape(
@@ -107,11 +102,12 @@ def _check_cache_shape(cache, batch, num_heads, key_dim):
                 "`key_cache` and `value_cache` must have the same length. Received: "
                 f"{known_shape(cache[0])} and {known_shape(cache[1])}"
             )
-        return lengths.pop() if lengths else None
-    check_shape(
-        "cache",
-        cache,
-        (batch, 2, None, num_heads, key_dim),
-        "(batch, 2, cache_length, num_heads, key_dim)",
-    )
-    return (known_shape(cache) or (None,) * 3)[2]
+        length = lengths.pop() if lengths else None
+    if isinstance(cache_index, numbers.Integral) and length is not None:
+        if cache_index < 0 or (query_length is not None and cache_index + query_length > length):
+            raise ValueError(
+                "`cache_index` + query length must fit in the cache. Received: "
+                f"cache_index={cache_index}, query length={query_length}, "
+                f"cache length={length}"
+            )
+    return length
