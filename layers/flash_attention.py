@@ -25,7 +25,6 @@ from layers.masks import (
     block_keep_mask,
     pad_axis1,
     padded_block_masks,
-    visible_key_blocks,
 )
 from layers.softmax_attention import head_major, transpose_last
 
@@ -65,8 +64,19 @@ def flash_attention(query, key, value, *, chunk_size, visibility=None, weighting
     num_k = ops.shape(padded.key_mask)[1] // c
     zero = ops.zeros((), "int32")
 
+    # The block loops visit only the (query, key) block pairs that the causal
+    # and window structure leaves visible: `(start, stop)` int32 scalars.
     def key_range(qi):
-        return visible_key_blocks(qi, c, offset, num_k, causal, window)
+        """Key blocks that query block `qi` sees."""
+        first_q = qi * c + offset
+        last_q = first_q + c - 1
+        start, stop = zero, ops.cast(num_k, "int32")
+        if causal:
+            stop = ops.minimum(stop, last_q // c + 1)
+        if window is not None:
+            start = ops.maximum(start, ops.maximum(first_q - window, 0) // c)
+            stop = ops.minimum(stop, (last_q + window) // c + 1)
+        return start, ops.maximum(stop, start)
 
     def query_range(ki):
         """Query blocks that see any key of key block `ki`."""

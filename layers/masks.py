@@ -210,21 +210,6 @@ def padded_block_masks(batch, length_q, length_k, block_size, visibility):
     )
 
 
-def visible_key_blocks(qi, block_size, query_offset, num_blocks_k, causal, window):
-    """`(start, stop)` int32 scalars: the key blocks that the causal / window structure
-    leaves visible to query block `qi` (`start <= stop`). The flash and chunked block
-    loops visit only these."""
-    first_q = qi * block_size + query_offset
-    last_q = first_q + block_size - 1
-    start, stop = ops.zeros((), "int32"), ops.cast(num_blocks_k, "int32")
-    if causal:
-        stop = ops.minimum(stop, last_q // block_size + 1)
-    if window is not None:
-        start = ops.maximum(start, ops.maximum(first_q - window, 0) // block_size)
-        stop = ops.minimum(stop, (last_q + window) // block_size + 1)
-    return start, ops.maximum(stop, start)
-
-
 def block_keep_mask(q_start, k_start, *, batch, block_size, visibility):
     """float32 `[B, 1, c, c]`: 1 where a query of the block starting at `q_start`
     may attend to a key of the block starting at `k_start`.
