@@ -270,7 +270,7 @@ class MultiHeadAttention(keras.layers.Layer):
         value_shape = query_shape if value_shape is None else value_shape
         key_shape = value_shape if key_shape is None else key_shape
         for name, shape in (("query", query_shape), ("value", value_shape), ("key", key_shape)):
-            check_rank(name, shape, 3)
+            check_rank(name, shape)
             if shape[-1] is None:
                 raise ValueError(
                     f"The last dimension of `{name}` must be known. "
@@ -424,7 +424,7 @@ class MultiHeadAttention(keras.layers.Layer):
         each `None` where unknown."""
         q_shape = known_shape(query)
         if q_shape is not None:
-            check_rank("query", q_shape, 3)
+            check_rank("query", q_shape)
         batch, q_len = (q_shape or (None, None))[:2]
         source = value if value is not None else key
         k_len = None

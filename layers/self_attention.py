@@ -129,7 +129,7 @@ class SelfAttention(ScoresOutputSpec, keras.layers.Layer):
         )
 
     def build(self, inputs_shape):
-        check_rank("inputs", inputs_shape, 3)
+        check_rank("inputs", inputs_shape)
         if inputs_shape[-1] is None:
             raise ValueError(
                 "The last dimension of `inputs` must be known. "
@@ -153,7 +153,7 @@ class SelfAttention(ScoresOutputSpec, keras.layers.Layer):
         # Wrong shapes would otherwise broadcast silently or fail in a kernel.
         shape = known_shape(inputs)
         if shape is not None:
-            check_rank("inputs", shape, 3)
+            check_rank("inputs", shape)
         batch, length = (shape or (None, None))[:2]
         if self.built:
             want = self.query_dense.kernel.shape[0]

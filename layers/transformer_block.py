@@ -105,7 +105,7 @@ class TransformerBlockBase(keras.layers.Layer):
 
     def _build_self_attention(self, inputs_shape):
         """The self-attention and its norm; returns the hidden size."""
-        check_rank("inputs", inputs_shape, 3)
+        check_rank("inputs", inputs_shape)
         hidden_dim = inputs_shape[-1]
         self.self_attention = self._attention(
             hidden_dim, "self_attention", self.causal, self.window, self.rotary

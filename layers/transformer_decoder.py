@@ -74,7 +74,7 @@ class TransformerDecoderBlock(TransformerBlockBase):
         hidden_dim = self._build_self_attention(inputs_shape)
         if self.cross_attention:
             source_shape = encoder_outputs_shape or inputs_shape
-            check_rank("encoder_outputs", source_shape, 3)
+            check_rank("encoder_outputs", source_shape)
             self.cross_attention_layer = self._attention(
                 hidden_dim, "cross_attention", False, None, False, self.cross_length_scale
             )

@@ -157,23 +157,22 @@ def check_keras_attention_names(
     return output_dim, window
 
 
-def check_rank(name, shape, rank):
-    if shape is None or len(shape) != rank:
+def check_rank(name, shape):
+    """A sequence's shape: rank 3, `(batch, sequence, features)`."""
+    if shape is None or len(shape) != 3:
         raise ValueError(
-            f"`{name}` must have rank {rank}, i.e. shape "
-            f"{'(batch, sequence, features)' if rank == 3 else f'of rank {rank}'}. "
+            f"`{name}` must have rank 3, i.e. shape (batch, sequence, features). "
             f"Received: {name}.shape={None if shape is None else tuple(shape)}"
         )
-    return shape
 
 
-def check_input_rank(input_shape, ranks, layer_name, what="inputs"):
+def check_input_rank(input_shape, ranks, layer_name):
     """Raises unless `input_shape` has one of `ranks`; the message names the layer."""
     if len(input_shape) not in ranks:
         expected = " or ".join(str(r) for r in ranks)
         raise ValueError(
-            f"{layer_name} expects `{what}` of rank {expected}. Received: "
-            f"{what}.shape={tuple(input_shape)} (rank {len(input_shape)})"
+            f"{layer_name} expects `inputs` of rank {expected}. Received: "
+            f"inputs.shape={tuple(input_shape)} (rank {len(input_shape)})"
         )
 
 
