@@ -83,7 +83,7 @@ def _json_bytes(obj):
 
 def model_card(source, kind, fmt, file_names, quantize, parity):
     model = kind.model(source)
-    config = source.config or {}
+    config = source.config
     metrics = source.metrics()
     metrics = {k: metrics[k] for k in kind.card_metric_keys(metrics)}  # the kind's choice
     card = {

@@ -15,7 +15,7 @@ The exporters talk to a kind through these methods:
   warm-up requests and the REST examples in signature.json.
 - `resources(source)`: extra trackables the endpoints use (lookup tables);
   `extra_files(source)`: files for clients in the SavedModel's `assets.extra/`.
-- `sample_inputs(source, n)`: id-level inputs for calibration and checks.
+- `sample_inputs(source, n, specs)`: id-level inputs for calibration and checks.
 - `valid_mask(inputs)`: which output positions count in comparisons.
 - `metric(source, inputs, outputs)`: the task metric for `verify`.
 - `sidecar(source)`: what an app needs beside the .tflite (labels, vocab).
@@ -255,13 +255,11 @@ class ExportKind:
         return {}
 
     # ---------------------------------------------------------- data
-    def sample_inputs(self, source, n, specs=None):
-        """n rows of id-level inputs: calibration.npz rows, else synthetic."""
-        specs = specs or self.core_specs(source)
+    def sample_inputs(self, source, n, specs):
+        """n rows of id-level inputs for `specs`: calibration.npz rows, else synthetic."""
         calib = source.calibration()
         if calib is not None and all(s.name in calib for s in specs):
-            rows = {s.name: calib[s.name][:n] for s in specs}
-            return {s.name: fit_to_spec(rows[s.name], s) for s in specs}
+            return {s.name: fit_to_spec(calib[s.name][:n], s) for s in specs}
         rng = np.random.default_rng(0)
         out = {}
         for s in specs:
@@ -273,8 +271,9 @@ class ExportKind:
                 out[s.name] = rng.standard_normal(shape).astype(dtype)
         return out
 
-    def calibration_inputs(self, source, specs, n=200):
-        return self.sample_inputs(source, n, specs=specs)
+    def calibration_inputs(self, source, specs):
+        """The rows int8 calibration reads: 200 of `sample_inputs`."""
+        return self.sample_inputs(source, 200, specs=specs)
 
     def valid_mask(self, inputs):
         return None

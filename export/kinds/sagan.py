@@ -32,7 +32,7 @@ class SaganKind(ExportKind):
         inputs = m.input if isinstance(m.input, dict) else {"noise": m.input}
         latent_dim = int(inputs["noise"].shape[-1])
         conditional = "label" in inputs
-        num_classes = source.config.get("model", {}).get("num_classes") if source.config else None
+        num_classes = source.config.get("model", {}).get("num_classes")
         if conditional and not num_classes:
             num_classes = int(m.get_layer("up_8").num_classes)
         return latent_dim, conditional, num_classes
@@ -115,8 +115,7 @@ class SaganKind(ExportKind):
             ),
         ]
 
-    def sample_inputs(self, source, n, specs=None):
-        specs = specs or self.core_specs(source)
+    def sample_inputs(self, source, n, specs):
         latent_dim, conditional, num_classes = self._dims(source)
         calib = source.calibration()
         if calib is not None and "noise" in calib and len(calib["noise"]) >= n:
@@ -129,17 +128,13 @@ class SaganKind(ExportKind):
         return out
 
     def sidecar(self, source, static_length=None):
-        m = self.model(source)
         latent_dim, conditional, num_classes = self._dims(source)
-        config = source.config or {}
-        classes = config.get("class_names") if conditional else None
-        shape = [int(d) for d in m.output.shape[1:]]
         return {
             "kind": "sagan",
             "latent_dim": latent_dim,
             "num_classes": num_classes,
-            "class_names": classes,
-            "image_shape": shape,
+            "class_names": source.config.get("class_names") if conditional else None,
+            "image_shape": [int(d) for d in self.model(source).output.shape[1:]],
             "noise": "standard normal, float32 [batch, latent_dim]",
             "output": "image float32 [batch, S, S, C] in [0, 1]; multiply by 255 for uint8",
         }
@@ -168,7 +163,7 @@ class SaganKind(ExportKind):
         _, conditional, num_classes = self._dims(source)
         if not conditional:
             return None
-        names = (source.config or {}).get("class_names") or []
+        names = source.config.get("class_names") or []
         return (
             [str(n) for n in names]
             if len(names) == num_classes

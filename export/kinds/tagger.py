@@ -186,8 +186,7 @@ class TaggerKind(ExportKind):
         return sentences
 
     # ------------------------------------------------------------ data
-    def sample_inputs(self, source, n, specs=None):
-        specs = specs or self.core_specs(source)
+    def sample_inputs(self, source, n, specs):
         calib = source.calibration()
         if calib is not None and "word_ids" in calib and "char_ids" in calib:
             # n rows, the stored ones repeated as often as needed
@@ -208,10 +207,9 @@ class TaggerKind(ExportKind):
             rows = {k: np.asarray(v) for k, v in m.encode_tf(pad_tokens(sentences)).items()}
         return {s.name: fit_to_spec(rows[s.name], s) for s in specs}
 
-    def calibration_inputs(self, source, specs, n=200):
-        return self.sample_inputs(
-            source, min(n, len(source.calibration()["word_ids"])), specs=specs
-        )
+    def calibration_inputs(self, source, specs):
+        rows = len(source.calibration()["word_ids"])
+        return self.sample_inputs(source, min(200, rows), specs=specs)  # each stored row once
 
     def valid_mask(self, inputs):
         return np.asarray(inputs["word_ids"]) > 0
