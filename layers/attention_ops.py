@@ -50,14 +50,10 @@ class Weighting:
 
     @property
     def dropping(self):
-        """Whether dropout on the weights is active in this call."""
-        dropout, training = self.dropout, self.training
-        return (
-            dropout is not None
-            and dropout.rate > 0
-            and training is not None
-            and training is not False
-        )
+        """Whether dropout on the weights is active in this call (`dropout` is
+        `None` at rate 0, see `weights_dropout`)."""
+        training = self.training
+        return self.dropout is not None and training is not None and training is not False
 
     @property
     def plain_softmax(self):
@@ -296,8 +292,8 @@ def query_has_keys(mask):
     return ops.max(ops.cast(mask, "float32"), axis=-1, keepdims=True)
 
 
-def attention_context(query, key, value, mask, weighting, *, need_weights=True, is_causal=False):
-    """Scores, normalises and mixes values; the one path every layer uses.
+def attention_context(query, key, value, mask, weighting, *, need_weights=True):
+    """Scores, normalises and mixes values: the full path, unless `takes_fused`.
 
     Args:
         query: `[B, Tq, H, d]`, already projected (and scaled if the caller
@@ -308,12 +304,8 @@ def attention_context(query, key, value, mask, weighting, *, need_weights=True, 
         weighting: a `Weighting`.
         need_weights: bool; with `False`, dot-product softmax attention
             without active dropout and outside XLA takes
-            `softmax_attention`'s faster backward, or
-            `keras.ops.dot_product_attention` where `fused_enabled`, and
-            returns `None` for the weights.
-        is_causal: bool, a causal mask on top of `mask` (self-attention
-            without a cache offset); only callers that saw `takes_fused`
-            pass it.
+            `softmax_attention`'s faster backward and returns `None` for the
+            weights.
 
     Returns:
         `(context [B, Tq, H, dv], weights [B, H, Tq, Tk] float32)`; the
@@ -321,10 +313,6 @@ def attention_context(query, key, value, mask, weighting, *, need_weights=True, 
     """
     per_head = len(query.shape) == 4
     head_mask = mask if mask is None or not per_head else ops.expand_dims(mask, 1)
-    if takes_fused(weighting, need_weights):
-        return fused_context(query, key, value, mask, is_causal), None
-    if is_causal:
-        raise ValueError("`is_causal=True` is only for the fused path (see `takes_fused`).")
     if takes_softmax_backward(weighting, need_weights):
         return softmax_attention(query, key, value, head_mask, normalize_scores), None
     if weighting.score == "additive":

@@ -52,30 +52,33 @@ def attend(query, key, value, weighting, visibility, *, need_weights, chunk_size
             query, key, value, chunk_size=chunk_size, visibility=visibility, weighting=weighting
         )
         return (context[:, :, 0] if single else context), None, has_keys
+    length_q, length_k = ops.shape(query)[1], ops.shape(key)[1]
     fused = attention_ops.takes_fused(weighting, need_weights)
-    # A local window as the fused kernel's own (JAX's `local_window_size`).
+    # The fused kernel's own local window (JAX's `local_window_size`) or
+    # causal mask, where queries and keys are the same positions.
     v = visibility
+    own = fused and aligned and v.include_self
     local_window = None
-    if fused and aligned and v.window is not None and v.include_self:
+    if own and v.window is not None:
         local_window = attention_ops.fused_window(v.window, v.causal, query.dtype)
     if local_window is not None:
         # Only the padding and explicit masks go to the kernel. A query whose
         # window holds no unmasked key is empty; without padding, every query
         # keeps itself.
-        padding = visibility.padding()
+        padding = v.padding()
         context = attention_ops.fused_context(query, key, value, padding, v.causal, local_window)
         if padding is None:
             return context, None, None
-        length = ops.shape(query)[1]
-        return context, None, attention_ops.query_has_keys(visibility.combined(length, length))
-    # The fused kernel's own causal mask (cuDNN's causal flash attention)
-    # when nothing else is masked: no [T, T] mask at all.
-    is_causal = fused and aligned and v.causal and v.window is None and v.include_self
-    is_causal = is_causal and not v.padded
+        return context, None, attention_ops.query_has_keys(v.combined(length_q, length_q))
+    # cuDNN's causal flash attention when nothing else is masked: no [T, T] mask at all.
+    is_causal = own and v.causal and v.window is None and not v.padded
     if is_causal:
-        visibility = dataclasses.replace(visibility, causal=False)
-    mask = visibility.combined(ops.shape(query)[1], ops.shape(key)[1])
-    context, weights = attention_ops.attention_context(
-        query, key, value, mask, weighting, need_weights=need_weights, is_causal=is_causal
-    )
+        v = dataclasses.replace(v, causal=False)
+    mask = v.combined(length_q, length_k)
+    if fused:
+        context, weights = attention_ops.fused_context(query, key, value, mask, is_causal), None
+    else:
+        context, weights = attention_ops.attention_context(
+            query, key, value, mask, weighting, need_weights=need_weights
+        )
     return context, weights, None if mask is None else attention_ops.query_has_keys(mask)
