@@ -37,8 +37,7 @@ def bench(target, run_dir=None, threads=None, runs=50, warmup=5):
     report = {"target": target, "size_bytes": _size(target), "threads": threads}
 
     if is_tflite:
-        interp = runtime.interpreter(target, threads)
-        runner, _ = runtime.signature_runner(interp)
+        runner, _ = runtime.signature_runner(runtime.interpreter(target, threads))
         details = runner.get_input_details()
         specs = verify.tflite_specs(details)
         static_one = all(int(d["shape_signature"][0]) == 1 for d in details.values())
