@@ -107,7 +107,6 @@ class SelfAttention2D(ScoresOutputSpec, keras.layers.Layer):
                     f"`{name}` leaves no channels for {channels} input channels. "
                     f"Received: {name}={ratio}"
                 )
-        self.channels = channels
         self.query_conv = self._conv(channels // self.key_ratio, "query")
         self.key_conv = self._conv(channels // self.key_ratio, "key")
         self.value_conv = self._conv(channels // self.value_ratio, "value")
@@ -118,9 +117,9 @@ class SelfAttention2D(ScoresOutputSpec, keras.layers.Layer):
         self.output_conv.build((*shape[:3], channels // self.value_ratio))
         self.gamma = self.add_weight(name="gamma", shape=(), initializer=self.gamma_initializer)
 
-    def _flatten(self, x, channels):
+    def _flatten(self, x):
         shape = ops.shape(x)
-        return ops.reshape(x, (-1, shape[1] * shape[2], channels))
+        return ops.reshape(x, (-1, shape[1] * shape[2], x.shape[-1]))
 
     def call(self, inputs, return_attention_scores=False, training=None):
         shape = ops.shape(inputs)
@@ -132,16 +131,14 @@ class SelfAttention2D(ScoresOutputSpec, keras.layers.Layer):
         if self.pool:
             key = ops.max_pool(key, 2, 2, padding="valid")
             value = ops.max_pool(value, 2, 2, padding="valid")
-        key_channels = self.channels // self.key_ratio
-        value_channels = self.channels // self.value_ratio
-        query = self._flatten(query, key_channels)
-        key = self._flatten(key, key_channels)
-        value = self._flatten(value, value_channels)
+        query = self._flatten(query)
+        key = self._flatten(key)
+        value = self._flatten(value)
         logits = ops.matmul(query, ops.transpose(key, (0, 2, 1)))
         # Softmax in float32: fp16 logits of long sequences overflow exp.
         scores = ops.cast(ops.softmax(ops.cast(logits, "float32"), axis=-1), self.compute_dtype)
         attended = ops.matmul(scores, value)
-        attended = ops.reshape(attended, (-1, height, width, value_channels))
+        attended = ops.reshape(attended, (-1, height, width, value.shape[-1]))
         output = self.output_conv(attended, **conv_kwargs)
         outputs = inputs + ops.cast(self.gamma, self.compute_dtype) * output
         if return_attention_scores:
