@@ -10,8 +10,6 @@ from layers.sinusoidal_position_encoding import SinusoidalPositionEncoding
 from layers.token_embedding import TokenEmbedding
 from layers.validation import check_choice, check_input_rank, check_int, check_start_index
 
-_POSITION_KINDS = ("learned", "sinusoidal")
-
 
 @keras.saving.register_keras_serializable(package="layers")
 class TokenAndPositionEmbedding(keras.layers.Layer):
@@ -80,7 +78,7 @@ class TokenAndPositionEmbedding(keras.layers.Layer):
         self.sequence_length = check_int("sequence_length", sequence_length)
         self.embedding_dim = check_int("embedding_dim", embedding_dim)
         self.mask_zero = bool(mask_zero)
-        self.position = check_choice("position", position, _POSITION_KINDS)
+        self.position = check_choice("position", position, ("learned", "sinusoidal"))
         self.scale_by_sqrt_dim = bool(scale_by_sqrt_dim)
         self.embeddings_initializer = keras.initializers.get(embeddings_initializer)
         self.max_wavelength = max_wavelength

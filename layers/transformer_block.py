@@ -68,20 +68,15 @@ class TransformerBlockBase(keras.layers.Layer):
         self.kernel_initializer = keras.initializers.get(kernel_initializer)
         self.supports_masking = True
 
-    def _head_dim(self, hidden_dim):
-        if self.key_dim is not None:
-            return self.key_dim
-        if hidden_dim % self.num_heads:
+    def _attention(self, hidden_dim, name, causal, window, rotary, length_scale=None):
+        if self.key_dim is None and hidden_dim % self.num_heads:
             raise ValueError(
                 "`num_heads` must divide the hidden size when `key_dim` is not "
                 f"given. Received: num_heads={self.num_heads}, hidden size={hidden_dim}"
             )
-        return hidden_dim // self.num_heads
-
-    def _attention(self, hidden_dim, name, causal, window, rotary, length_scale=None):
         return MultiHeadAttention(
             num_heads=self.num_heads,
-            key_dim=self._head_dim(hidden_dim),
+            key_dim=self.key_dim or hidden_dim // self.num_heads,
             output_dim=hidden_dim,
             score=self.score,
             normalize=self.normalize,
