@@ -230,12 +230,8 @@ class SNDense(_SpectralKernelMixin, keras.layers.Layer):
 
     Args:
         units: output size.
-        use_bias: whether to add a bias. Defaults to `True`.
-        kernel_initializer: initializer of `W`. Defaults to `"glorot_uniform"`.
-        bias_initializer: initializer of the bias. Defaults to `"zeros"`.
-        power_iterations: power-iteration steps per call. Defaults to 1.
-        epsilon: floor of squared norms. Defaults to 1e-12.
-        seed: seed of the random initial `u`.
+        use_bias, kernel_initializer, bias_initializer, power_iterations,
+            epsilon, seed: as `SNConv2D`'s (the same defaults).
         **kwargs: other keyword arguments passed to `keras.layers.Layer`.
 
     Call arguments:
