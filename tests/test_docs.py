@@ -89,13 +89,9 @@ _WORK = {"export.kinds.seq2seq": "export_all", "train.sagan.digits": "write_digi
 def _parse(module, args, monkeypatch):
     """The command's own parser on its arguments (nothing runs)."""
     if module == "train":
-        from train import cli, strategy
+        from train import cli
 
-        parser = cli.OneLineParser(prog=args[0])
-        parser.add_argument("--debug", action="store_true")
-        importlib.import_module(cli.COMMANDS[args[0]][0]).add_arguments(parser)
-        strategy.add_arguments(parser)
-        parser.parse_args(args[1:])
+        cli.build_parser(args[0]).parse_args(args[1:])
     elif module == "export":
         from export.__main__ import build_parser
 

@@ -1,10 +1,11 @@
 """Command-line entry point shared by all training commands.
 
 `python -m train MODEL ...` looks MODEL up in `COMMANDS`; each command module provides
-`add_arguments(parser)` and `run(args, context) -> int`: `context` is the command's
-`train.strategy.RunContext` (distribution flags, train.preemption signals), built here and
-passed down. Environment variables are set here only. A new model plugs in by adding a
-line to `COMMANDS`.
+`CONFIG` (its options dataclass, from which train.config makes the flags) and
+`run(args, context) -> int`: `context` is the command's `train.strategy.RunContext`
+(distribution flags, train.preemption signals), built here and passed down. Environment
+variables are set here only. A new model plugs in by adding a line to `COMMANDS`
+(`DEFAULTS` in its module: flag defaults of its own, as `universal_transformer`'s arch).
 
 `--backend tensorflow|jax` (default: KERAS_BACKEND, else tensorflow) sets KERAS_BACKEND
 before Keras is imported; it refuses when Keras is already imported with the other backend
@@ -150,10 +151,11 @@ def main(argv=None):
         run_lock.release_all()
 
 
-def _run(name, rest, signals):
-    select_backend(rest)
-    if name in ONEDNN_COMMANDS:
-        prefer_onednn()
+def build_parser(name):
+    """The parser of `python -m train NAME`: its command's CONFIG fields (and the
+    module's DEFAULTS, if any), the distribution flags, --debug, --backend, --config."""
+    from train import config, strategy
+
     module = importlib.import_module(COMMANDS[name][0])
     parser = OneLineParser(prog=f"python -m train {name}", description=COMMANDS[name][1])
     parser.add_argument("--debug", action="store_true", help="show tracebacks of unexpected errors")
@@ -163,15 +165,25 @@ def _run(name, rest, signals):
         help="Keras backend (default: KERAS_BACKEND, else tensorflow); jax trains with a "
         "jitted stateless step",
     )
-    module.add_arguments(parser)
-    from train import replay, strategy
-
+    config.add_arguments(parser, module.CONFIG)
+    parser.set_defaults(**getattr(module, "DEFAULTS", {}))
     strategy.add_arguments(parser)
     parser.add_argument(
         "--config",
         metavar="FILE",
         help="replay the settings of a run's config.json (later flags override)",
     )
+    return parser
+
+
+def _run(name, rest, signals):
+    select_backend(rest)
+    if name in ONEDNN_COMMANDS:
+        prefer_onednn()
+    module = importlib.import_module(COMMANDS[name][0])
+    parser = build_parser(name)
+    from train import replay, strategy
+
     config_path, rest = _split_flag(rest, "--config")
     if config_path is not None:
         rest = config_argv(replay.read_config(config_path, name)) + rest

@@ -7,15 +7,12 @@ import importlib
 import pytest
 
 from tests.support.paths import ROOT
-from train import cli, strategy
+from train import cli
 from train.cli import main as train_main
 
 
 def _parser(kind):
-    parser = cli.OneLineParser(prog=kind)
-    importlib.import_module(cli.COMMANDS[kind][0]).add_arguments(parser)
-    strategy.add_arguments(parser)
-    return parser
+    return cli.build_parser(kind)
 
 
 def _options(parser):

@@ -71,14 +71,10 @@ def test_addition_strings_of_any_length_add_up(digits):
 
 
 def _model_config(argv, text=False, longest=20):
-    import argparse
-
-    from train import seq2seq
+    from train.cli import build_parser
     from train.seq2seq.config import model_config
 
-    parser = argparse.ArgumentParser()
-    seq2seq.add_arguments(parser)
-    return model_config(parser.parse_args(argv), text, longest)
+    return model_config(build_parser("seq2seq").parse_args(argv), text, longest)
 
 
 def test_the_length_recipe_is_the_ut_default_on_embedded_tasks():

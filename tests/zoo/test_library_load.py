@@ -224,15 +224,9 @@ def test_zoo_load_refuses_what_it_cannot_load(tmp_path):
 
 
 def _parser(kind):
-    import importlib
+    from train import cli
 
-    from train import cli, strategy
-
-    parser = cli.OneLineParser(prog=kind)
-    parser.add_argument("--debug", action="store_true")
-    importlib.import_module(cli.COMMANDS[kind][0]).add_arguments(parser)
-    strategy.add_arguments(parser)
-    return parser
+    return cli.build_parser(kind)
 
 
 @pytest.mark.slow

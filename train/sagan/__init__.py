@@ -196,10 +196,6 @@ class SaganConfig:
 CONFIG = SaganConfig
 
 
-def add_arguments(parser):
-    config.add_arguments(parser, SaganConfig)
-
-
 def build_trainer(image_size=32, channels=3, num_classes=4, argv=(), context=None):
     """(G, D, EMA-G or None, step, train config) of `python -m train sagan ARGV` on
     images of this shape, built by the command's own builders from its own defaults, so
@@ -210,7 +206,7 @@ def build_trainer(image_size=32, channels=3, num_classes=4, argv=(), context=Non
     import types
 
     parser = argparse.ArgumentParser(prog="train sagan")
-    add_arguments(parser)
+    config.add_arguments(parser, SaganConfig)
     cfg = config.from_args(SaganConfig, parser.parse_args(list(argv)))
     from train.sagan.training import _build, _configs, _step
     from train.strategy import RunContext

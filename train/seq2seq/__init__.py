@@ -263,10 +263,6 @@ class Seq2SeqConfig:
 CONFIG = Seq2SeqConfig
 
 
-def add_arguments(parser):
-    options.add_arguments(parser, Seq2SeqConfig)
-
-
 def run(args, context):
     cfg = options.from_args(Seq2SeqConfig, args)
     if cfg.compare:

@@ -2,11 +2,6 @@
 
 from train import seq2seq
 
-
-def add_arguments(parser):
-    seq2seq.add_arguments(parser)
-    parser.set_defaults(arch="universal_transformer")
-
-
+DEFAULTS = {"arch": "universal_transformer"}
 run = seq2seq.run
 CONFIG = seq2seq.CONFIG

@@ -102,10 +102,6 @@ class TaggerConfig:
 CONFIG = TaggerConfig
 
 
-def add_arguments(parser):
-    config.add_arguments(parser, TaggerConfig)
-
-
 def run(args, context):
     cfg = config.from_args(TaggerConfig, args)
     from train import rundir
