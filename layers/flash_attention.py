@@ -179,7 +179,7 @@ def flash_attention(query, key, value, *, chunk_size, visibility=None, weighting
         return ops.cast(head_major(pad_axis1(t, c)), "float32")
 
     def context_and_has_keys(out, has):
-        has_keys = ops.transpose(has[:, :1], (0, 2, 1, 3))[:, :, 0]
+        has_keys = ops.transpose(has[:, :1], (0, 2, 1, 3))[:, :length_q, 0]
         return ops.cast(head_major(out)[:, :length_q], value.dtype), has_keys
 
     if additive or weighting.dropping:
@@ -189,8 +189,7 @@ def flash_attention(query, key, value, *, chunk_size, visibility=None, weighting
         # (fully masked ones add nothing) instead of skipping.
         static = keras.backend.backend() == "jax"
         out, _, has = forward(*(prepare(t) for t in (query, key, value)), static)
-        context, has_keys = context_and_has_keys(out, has)
-        return context, has_keys[:, :length_q]
+        return context_and_has_keys(out, has)
 
     @ops.custom_gradient
     def attend(q, k, v):
@@ -262,5 +261,4 @@ def flash_attention(query, key, value, *, chunk_size, visibility=None, weighting
 
         return (context, has_keys), grad
 
-    context, has_keys = attend(query, key, value)
-    return context, has_keys[:, :length_q]
+    return attend(query, key, value)

@@ -40,8 +40,7 @@ def combine_masks(
         structural: `[Tq, Tk]` mask from `Visibility.structural`, or `None`.
         query_mask: `[B, Tq]` padding mask of the queries, or `None`.
         key_mask: `[B, Tk]` padding mask of the keys, or `None`.
-        attention_mask: `[B, Tq, Tk]` (or broadcastable) explicit mask, or
-            `None`.
+        attention_mask: `[B|1, Tq|1, Tk]` explicit mask, or `None`.
 
     Returns:
         A float32 0/1 tensor of rank 3, or `None` when there is no mask at all.
@@ -70,8 +69,6 @@ def combine_masks(
     elif key_mask is not None:
         mask = _and(mask, ops.expand_dims(key_mask, -2))
     if attention_mask is not None:
-        if len(attention_mask.shape) == 2:
-            attention_mask = ops.expand_dims(attention_mask, 0)
         mask = _and(mask, attention_mask)
     if structural is not None:
         mask = _and(mask, ops.expand_dims(structural, 0))
@@ -168,20 +165,12 @@ def pad_axis1(x, multiple, value=0):
 
 
 def padded_block_masks(batch, length_q, length_k, block_size, visibility):
-    """`visibility` as a block-wise path and `block_keep_mask` take it.
-
-    Args:
-        batch, length_q, length_k: the (possibly dynamic) batch size and lengths.
-        block_size: int, the block size of queries and keys.
-        visibility: a `Visibility`.
-
-    Returns:
-        A `Visibility` whose masks are boolean `[B, Tq']`, `[B, Tk']` and `None`
-        or `[B, Tq', Tk']`, padded with `False` to multiples of `block_size`
-        (`Tq'`, `Tk'`; a padding mask not given is all `True` before padding),
-        whose `query_offset` is int32 and whose `key_valid_length` is an int32
-        scalar (`length_k` when not given).
-    """
+    """`visibility` as a block-wise path and `block_keep_mask` take it (the
+    batch size and lengths may be dynamic): a `Visibility` whose masks are
+    boolean `[B, Tq']`, `[B, Tk']` and `None` or `[B, Tq', Tk']`, padded with
+    `False` to multiples of `block_size` (`Tq'`, `Tk'`; a padding mask not
+    given is all `True` before padding), whose `query_offset` is int32 and
+    whose `key_valid_length` is an int32 scalar (`length_k` when not given)."""
     c = block_size
     query_mask, key_mask = visibility.query_mask, visibility.key_mask
     attention_mask = visibility.attention_mask
