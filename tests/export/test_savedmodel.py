@@ -211,17 +211,6 @@ def test_warmup_requests_parse_with_tf_serving_protos(tagger_export):
     assert signatures == {"serving_default", "tag_tokens", "predict_ids"}
 
 
-def test_warmup_without_serving_api_is_byte_identical():
-    pytest.importorskip("tensorflow_serving.apis.prediction_log_pb2")
-    inputs = {
-        "sentences": ["I saw a saw", "the dog"],
-        "ids": np.arange(6, dtype=np.int32).reshape(2, 3),
-    }
-    official = warmup.prediction_log_bytes("m", "serving_default", inputs, official=True)
-    subset = warmup.prediction_log_bytes("m", "serving_default", inputs, official=False)
-    assert official == subset
-
-
 def test_next_version_and_immutable_versions(tagger_export, capsys):
     run, base, version_dir, _ = tagger_export
     assert os.path.basename(version_dir) == "1"
