@@ -196,7 +196,8 @@ def export_savedmodel(source, out, version=None):
                 doc["signatures"][e.name] = {
                     "doc": e.doc,
                     "inputs": {s.name: _spec_json(s) for s in e.specs},
-                    "outputs": {k: _spec_json(v) for k, v in outputs[e.name].items()},
+                    # sorted: a reloaded signature's outputs come in no fixed order
+                    "outputs": {k: _spec_json(v) for k, v in sorted(outputs[e.name].items())},
                     "example_request_instances": instances,
                     "example_request_inputs": columnar,
                 }
