@@ -36,6 +36,7 @@ import sys
 
 import numpy as np
 
+from export.errors import ExportError
 from export.kinds import (
     Endpoint,
     ExportKind,
@@ -406,14 +407,14 @@ def export_all(run_dir, out_dir):
     keras_greedy = decoding.compiled(model, "greedy", jit_compile=False)
     eager = np.asarray(decoding.greedy(model, rows[:1]))
     if not np.array_equal(np.asarray(keras_greedy(rows[:1])), eager):
-        raise RuntimeError("Keras greedy decoding differs traced and eager on row 0")
+        raise ExportError("Keras greedy decoding differs traced and eager on row 0")
     for i, row in enumerate(rows):
         # Tokens before EOS: the app loop (zoo.litert.StepModel) and the WHILE loop.
         want = litert.cut(np.asarray(keras_greedy(row[None]))[0])
         got_steps = litert.cut(litert_greedy(steps, row[None], model.max_target_length))
         got_loop = litert.cut(litert.run(greedy_bytes, {"source_ids": row[None]})["tokens"][0])
         if got_steps != want or got_loop != want:
-            raise RuntimeError(
+            raise ExportError(
                 f"row {i}: LiteRT tokens differ from Keras greedy "
                 f"(steps {got_steps[:10]}, loop {got_loop[:10]}, keras {want[:10]})"
             )
@@ -451,7 +452,6 @@ def export_all(run_dir, out_dir):
 
 
 def main(argv=None):
-    from export.errors import ExportError
     from zoo.cli import cli_boundary, command_parser
 
     parser = command_parser(
