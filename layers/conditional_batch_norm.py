@@ -141,14 +141,18 @@ class ConditionalBatchNormalization(keras.layers.Layer):
 
     def _batch_moments(self, x):
         axes = list(range(len(x.shape) - 1))
-        context = _replica_context() if self.synchronized else None
-        if context is None:
+        # Only the TensorFlow backend has replicas to synchronise (tf.distribute); with any
+        # other backend, or outside `strategy.run`, the local statistics are the global ones.
+        context = None
+        if self.synchronized and keras.backend.backend() == "tensorflow":
+            import tensorflow as tf
+
+            context = tf.distribute.get_replica_context()
+        if context is None or context.num_replicas_in_sync <= 1:
             mean = ops.mean(x, axis=axes)
             return mean, ops.mean(ops.square(x - mean), axis=axes)
         # Two passes, as on one device (not E[x^2] - E[x]^2, which cancels): the global
         # sum and count first, then the global sum of squared deviations from the mean.
-        import tensorflow as tf
-
         total = ops.concatenate(
             [
                 ops.sum(x, axis=axes),
@@ -178,19 +182,3 @@ class ConditionalBatchNormalization(keras.layers.Layer):
             synchronized=self.synchronized,
         )
         return config
-
-
-def _replica_context():
-    """The tf.distribute replica context when there is more than one replica, else None.
-
-    Only the TensorFlow backend has replicas to synchronise (tf.distribute); with any
-    other backend, or outside `strategy.run`, the local statistics are the global ones.
-    """
-    if keras.backend.backend() != "tensorflow":
-        return None
-    import tensorflow as tf
-
-    context = tf.distribute.get_replica_context()
-    if context is None or context.num_replicas_in_sync <= 1:
-        return None
-    return context
