@@ -270,12 +270,7 @@ class MultiHeadAttention(keras.layers.Layer):
         value_shape = query_shape if value_shape is None else value_shape
         key_shape = value_shape if key_shape is None else key_shape
         for name, shape in (("query", query_shape), ("value", value_shape), ("key", key_shape)):
-            check_rank(name, shape)
-            if shape[-1] is None:
-                raise ValueError(
-                    f"The last dimension of `{name}` must be known. "
-                    f"Received: {name}.shape={tuple(shape)}"
-                )
+            check_rank(name, shape, known_features=True)
         if (
             value_shape[1] is not None
             and key_shape[1] is not None

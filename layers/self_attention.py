@@ -129,12 +129,7 @@ class SelfAttention(ScoresOutputSpec, keras.layers.Layer):
         )
 
     def build(self, inputs_shape):
-        check_rank("inputs", inputs_shape)
-        if inputs_shape[-1] is None:
-            raise ValueError(
-                "The last dimension of `inputs` must be known. "
-                f"Received: inputs.shape={tuple(inputs_shape)}"
-            )
+        check_rank("inputs", inputs_shape, known_features=True)
         self.query_dense = self._dense(self.units, "query")
         self.key_dense = self._dense(self.units, "key")
         self.value_dense = self._dense(self.value_units, "value")

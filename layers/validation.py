@@ -157,12 +157,17 @@ def check_keras_attention_names(
     return output_dim, window
 
 
-def check_rank(name, shape):
-    """A sequence's shape: rank 3, `(batch, sequence, features)`."""
+def check_rank(name, shape, *, known_features=False):
+    """A sequence's shape: rank 3, `(batch, sequence, features)`, its feature
+    size known with `known_features` (what a layer's build needs)."""
     if shape is None or len(shape) != 3:
         raise ValueError(
             f"`{name}` must have rank 3, i.e. shape (batch, sequence, features). "
             f"Received: {name}.shape={None if shape is None else tuple(shape)}"
+        )
+    if known_features and shape[-1] is None:
+        raise ValueError(
+            f"The last dimension of `{name}` must be known. Received: {name}.shape={tuple(shape)}"
         )
 
 
