@@ -419,14 +419,13 @@ class MultiHeadAttention(keras.layers.Layer):
         source = value if value is not None else key
         k_len = None
         for name, x in (("value", value), ("key", key)):
-            if x is not None:
-                check_shape(name, x, (batch, None, None), "(batch, key_length, features)")
+            check_shape(name, x, (batch, None, None), "(batch, key_length, features)")
         if source is not None:
             k_len = (known_shape(source) or (None, None))[1]
         elif cache is None:
             k_len = q_len
         for name, x in (("query", query), ("value", value), ("key", key)):
-            if self.built and x is not None:
+            if self.built:
                 want = getattr(self, f"{name}_dense").kernel.shape[0]
                 check_shape(name, x, (None, None, want), f"(batch, length, {want}) as built")
         if cache is not None or cache_index is not None:

@@ -243,7 +243,7 @@ def check_shape(name, x, expected, described):
     here: what cannot be known while tracing cannot be wrong yet.
     """
     shape = known_shape(x)
-    if shape is None or x is None:
+    if shape is None:  # no `x`, or its rank is unknown
         return
     wanted = tuple(None if e is None else (e if isinstance(e, tuple) else (e,)) for e in expected)
     ok = len(shape) == len(wanted) and all(
