@@ -95,14 +95,6 @@ def compiled_by_xla():
     return control_flow_util.GraphOrParentsInXlaContext(tf.compat.v1.get_default_graph())
 
 
-def dot_scores(query, key):
-    """`[B, Tq, H, d] x [B, Tk, H, d] -> [B, H, Tq, Tk]`; without the head
-    axis `[B, Tq, d] x [B, Tk, d] -> [B, Tq, Tk]`."""
-    if len(query.shape) == 3:
-        return ops.einsum("bqd,bkd->bqk", query, key)
-    return ops.einsum("bqhd,bkhd->bhqk", query, key)
-
-
 def additive_scores(query, key, vector):
     """Bahdanau scores `w_h . tanh(q_i + k_j)` per head `h`.
 
@@ -276,14 +268,6 @@ def takes_softmax_backward(weighting, need_weights):
     return not need_weights and weighting.plain_softmax and not compiled_by_xla()
 
 
-def weighted_sum(weights, value):
-    """`[B, H, Tq, Tk] x [B, Tk, H, dv] -> [B, Tq, H, dv]`; without the head
-    axis `[B, Tq, Tk] x [B, Tk, dv] -> [B, Tq, dv]`."""
-    if len(value.shape) == 3:
-        return ops.einsum("bqk,bkd->bqd", weights, value)
-    return ops.einsum("bhqk,bkhd->bqhd", weights, value)
-
-
 def query_has_keys(mask):
     """`[B|1, Tq, 1]` float: 1 where a query row may attend to something.
 
@@ -309,7 +293,8 @@ def attention_context(query, key, value, mask, weighting, *, need_weights=True):
 
     Returns:
         `(context [B, Tq, H, dv], weights [B, H, Tq, Tk] float32)`; the
-        weights are returned before dropout.
+        weights are returned before dropout. Without the head axis (one head,
+        rank 3) the context is `[B, Tq, dv]` and the weights `[B, Tq, Tk]`.
     """
     per_head = len(query.shape) == 4
     head_mask = mask if mask is None or not per_head else ops.expand_dims(mask, 1)
@@ -318,12 +303,13 @@ def attention_context(query, key, value, mask, weighting, *, need_weights=True):
     if weighting.score == "additive":
         scores = additive_scores(query, key, weighting.score_vector)
     else:
-        scores = dot_scores(query, key)
+        scores = ops.einsum("bqhd,bkhd->bhqk" if per_head else "bqd,bkd->bqk", query, key)
     weights = normalize_scores(scores, head_mask, weighting.normalize)
     mixed = weights
     if weighting.dropout is not None:
         mixed = weighting.dropout(weights, training=weighting.training)
-    context = weighted_sum(ops.cast(mixed, value.dtype), value)
+    mixed = ops.cast(mixed, value.dtype)
+    context = ops.einsum("bhqk,bkhd->bqhd" if per_head else "bqk,bkd->bqd", mixed, value)
     return context, weights
 
 
