@@ -344,21 +344,13 @@ class MultiHeadAttention(keras.layers.Layer):
         return 1.0 / math.sqrt(self.key_dim) if self.score == "scaled_dot" else 1.0
 
     def _qkv_weights(self, query_scale):
-        return [
+        """The query, key and value kernels, and their biases (`None` without)."""
+        weights = [
             self._scaled_weights(self.query_dense, query_scale),
             self._scaled_weights(self.key_dense),
             self._scaled_weights(self.value_dense),
         ]
-
-    def _fused_projection(self, inputs, query_scale=1.0):
-        """Self-attention's Q, K and V from one matmul over the concatenated
-        kernels: the input is read once and the matmul is three times wider,
-        which is faster than three projections. The variables stay separate
-        (Keras's layout, so weights still copy across)."""
-        weights = self._qkv_weights(query_scale)
-        kernel = ops.concatenate([w[0] for w in weights], axis=1)
-        bias = ops.concatenate([w[1] for w in weights], axis=0) if self.use_bias else None
-        return ops.split(flat_matmul(inputs, kernel, bias), 3, axis=2)
+        return [w[0] for w in weights], [w[1] for w in weights] if self.use_bias else None
 
     def _heads_first(self, self_attention, cache, return_attention_scores, training, chunk_size):
         """Whether self-attention can run in the `[H, B, T, d]` layout: the
@@ -387,10 +379,7 @@ class MultiHeadAttention(keras.layers.Layer):
         the context) instead of a split and four transposes each way
         (forward and backward at B16 N256 took 0.90-0.97x the time of the
         token-major path, A/B in one process)."""
-        weights = self._qkv_weights(self._query_scale())
-        q, k, v = heads_first_projection(
-            query, [w[0] for w in weights], [w[1] for w in weights] if self.use_bias else None
-        )
+        q, k, v = heads_first_projection(query, *self._qkv_weights(self._query_scale()))
         if self._rotary_layer is not None:
             # Rotary embedding rotates along axis 1 of a rank-3 tensor: fold
             # the heads into the batch, [H*B, T, d], and back.
@@ -575,7 +564,14 @@ class MultiHeadAttention(keras.layers.Layer):
         if cross_cache:
             return self._project(self.query_dense, query, scale=query_scale), None, None
         if self_attention and self.value_dim == self.key_dim:
-            return self._fused_projection(query, query_scale)
+            # One matmul over the concatenated kernels: the input is read once and
+            # the matmul is three times wider, which is faster than three
+            # projections. The variables stay separate (Keras's layout, so
+            # weights still copy across).
+            kernels, biases = self._qkv_weights(query_scale)
+            bias = None if biases is None else ops.concatenate(biases, axis=0)
+            projected = flat_matmul(query, ops.concatenate(kernels, axis=1), bias)
+            return ops.split(projected, 3, axis=2)
         q = self._project(self.query_dense, query, scale=query_scale)
         k = self._project(self.key_dense, key)
         v = self._project(self.value_dense, value)
