@@ -250,6 +250,26 @@ def test_litert_step_decoding_equals_keras_greedy(copy_run, tmp_path):
         assert translator.generate(texts) == model.translate(texts) == texts
 
 
+def test_export_refuses_litert_tokens_that_differ_and_keeps_the_earlier_export(
+    copy_run, tmp_path, monkeypatch, capsys
+):
+    """A step model whose greedy tokens differ from Keras's fails the export (exit 1, one
+    line naming the row) and leaves the files of an earlier export as they were."""
+    from export.kinds import seq2seq as kind
+
+    out = tmp_path / "tflite"
+    out.mkdir()
+    (out / "steps.tflite").write_bytes(b"an earlier export")
+    # One token off the step loop's own answer, as a faulty conversion would give.
+    real = kind.litert_greedy
+    monkeypatch.setattr(kind, "litert_greedy", lambda *a: [t + 1 for t in real(*a)])
+    assert kind.main([copy_run, "--out", str(out)]) == 1
+    err = capsys.readouterr().err.strip().splitlines()
+    assert err[-1].startswith("export failed: row 0: LiteRT tokens differ from Keras greedy")
+    assert sorted(os.listdir(out)) == ["steps.tflite"]
+    assert (out / "steps.tflite").read_bytes() == b"an earlier export"
+
+
 def test_resume_continues_from_the_checkpoint(shared_runs, tmp_path, capsys):
     # A copy of the pages' one-epoch run (shared, read-only), one epoch more.
     run = str(tmp_path / "resumed")
