@@ -74,6 +74,11 @@ def sandbox(tmp_path_factory):
     _lambda_model(os.path.join(root, "lambda_run", "model.keras"), os.path.join(root, "PWNED"))
     _write(os.path.join(root, "not_a_run", "notes.txt"), "my thesis\n")
     os.makedirs(os.path.join(root, "empty_dir"))
+    # A run whose recorded options are another version's (a step checkpoint to resume).
+    other = {"kind": "tagger", "train": {"epochs": 2, "hovering": True}}
+    _write(os.path.join(root, "other_run", "config.json"), json.dumps(other))
+    _write(os.path.join(root, "other_run", ".zoo-run"), "tagger\n")
+    _write(os.path.join(root, "other_run", "checkpoints", "step-00000001.npz"), b"")
     _write(os.path.join(root, "images", "cats", "a.png"), "not an image\n")
     _write(os.path.join(root, "existing.png"), b"\x89PNG keep me")
     _write(os.path.join(root, "garbage.tflite"), b"\x00" * 64)
@@ -246,6 +251,7 @@ FAST = [
     (["train", "tagger", "--strategy", "quantum"], "'quantum'"),
     (["train", "tagger", "--resume", "--out", "{R}/hover_run"], "'hovercraft' run"),
     (["train", "tagger", "--resume", "--out", "{R}/empty_dir"], "nothing to resume"),
+    (["train", "tagger", "--resume", "--out", "{R}/other_run"], "unknown: hovering): start a new"),
     (["train", "tagger", "--compare", "--resume"], "--compare cannot be combined with --resume"),
     (["train", "seq2seq", "--label-smoothing", "1"], "--label-smoothing must be in [0, 1)"),
     (["train", "seq2seq", "--alpha", "-1"], "--alpha must be >= 0"),

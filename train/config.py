@@ -3,7 +3,8 @@ options, each declared once with `option` (default, help, check). From the class
 the command's flags (`add_arguments`), the checked object (`from_args`: one line and
 exit 2 naming the flag as typed), config.json's "train" section (`record`), the flags
 that replay a recorded run (`replay_argv`, `--config`) and the object --resume reads
-back (`from_record`), all with the same defaults.
+back (`from_record`, which refuses a section of other fields), all with the same
+defaults.
 """
 
 import argparse
@@ -120,11 +121,22 @@ def record(config):
     }
 
 
-def from_record(cls, train, **overrides):
-    """The config of a recorded "train" section (--resume); fields it lacks take their
-    defaults, the CLI's."""
-    names = {f.name for f in dataclasses.fields(cls)}
-    return cls(**{**{k: v for k, v in train.items() if k in names}, **overrides})
+def from_record(cls, train, where="config.json", **overrides):
+    """The config of a recorded "train" section (--resume; `where`: the file). It must hold exactly the
+    fields `record` writes: a section with others, or without some, is refused in one
+    line (a run of another version of the command; there is no older format to read)."""
+    recorded = {f.name for f in dataclasses.fields(cls) if f.metadata["record"]}
+    missing, unknown = sorted(recorded - set(train)), sorted(set(train) - recorded)
+    if missing or unknown:
+        differ = "; ".join(
+            f"{what}: {', '.join(names)}"
+            for what, names in (("missing", missing), ("unknown", unknown))
+            if names
+        )
+        raise UsageError(
+            f"{where}: the recorded options are not this version's ({differ}): start a new run"
+        )
+    return cls(**{**train, **overrides})
 
 
 def replay_argv(cls, train):

@@ -93,7 +93,7 @@ def resumed(cfg, kinds):
     """(config.json, the options to continue with) of the run `cfg.out` to --resume, once
     it is known to hold step checkpoints; `kinds` are the run kinds the command
     continues (the first names them). --epochs and --verbose as given now, the rest as
-    recorded (missing: the defaults)."""
+    recorded (config.from_record: a section of other fields is refused)."""
     from train import checkpoint, config
 
     out = cfg.out
@@ -108,7 +108,7 @@ def resumed(cfg, kinds):
         raise UsageError(
             f"--resume: {out} is not a {kinds[0]} run (kind={run_config.get('kind')!r})"
         )
-    recorded = config.from_record(type(cfg), run_config["train"], verbose=cfg.verbose)
+    recorded = config.from_record(type(cfg), run_config["train"], config_path, verbose=cfg.verbose)
     if cfg.epochs is not None:
         recorded.epochs = cfg.epochs
     return run_config, recorded
