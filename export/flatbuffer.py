@@ -6,7 +6,8 @@ ai_edge_litert's schema_py_generated."""
 from zoo.cli import UsageError
 
 
-def _enum_names(cls):
+def enum_names(cls):
+    """{value: name} of a schema enum (BuiltinOperator, TensorType)."""
     return {v: k for k, v in vars(cls).items() if not k.startswith("_") and isinstance(v, int)}
 
 
@@ -37,7 +38,7 @@ def write_model(model, size_hint=0):
 def op_name(model, op):
     code = model.operatorCodes[op.opcodeIndex]
     builtin = max(code.builtinCode, code.deprecatedBuiltinCode)
-    name = _enum_names(schema().BuiltinOperator).get(builtin, f"BUILTIN_{builtin}")
+    name = enum_names(schema().BuiltinOperator).get(builtin, f"BUILTIN_{builtin}")
     if name == "CUSTOM":
         custom = (
             code.customCode.decode() if isinstance(code.customCode, bytes) else str(code.customCode)
@@ -49,7 +50,7 @@ def op_name(model, op):
 class Graph:
     def __init__(self, model, sg):
         self.model, self.sg = model, sg
-        self.types = _enum_names(schema().TensorType)
+        self.types = enum_names(schema().TensorType)
         # {DEQUANTIZE output: its constant input} (float16 weights, for one)
         self.dequantized = {
             op.outputs[0]: op.inputs[0]

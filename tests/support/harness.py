@@ -35,23 +35,11 @@ from dataclasses import dataclass
 import keras
 import numpy as np
 import tensorflow as tf
-from ai_edge_litert import schema_py_generated as tflite_schema
 from ai_edge_litert.interpreter import Interpreter
 
 ENDPOINT = "forward"
 # Tolerance for mixed precision vs float32, relative to max(1, max |ref|).
 MIXED_PRECISION_ATOL = {"mixed_float16": 2e-2, "mixed_bfloat16": 8e-2}
-
-_OP_NAMES = {
-    value: name
-    for name, value in vars(tflite_schema.BuiltinOperator).items()
-    if not name.startswith("_")
-}
-_TYPE_NAMES = {
-    value: name
-    for name, value in vars(tflite_schema.TensorType).items()
-    if not name.startswith("_")
-}
 
 
 # --------------------------------------------------------------------------
@@ -218,28 +206,25 @@ def tflite_op_details(model_bytes):
     """Every operator of every subgraph, read from the flatbuffer.
 
     Returns:
-        A list of dicts: `op` (builtin name, or `CUSTOM:<code>` for custom and
-        Flex ops), `inputs` and `outputs` (lists of tensor type names such as
-        `FLOAT32`, `INT8`), `input_shapes` (the stored shapes, signatures use
-        -1 for dynamic dims in `shape_signature`).
+        A list of dicts: `op` (`export.flatbuffer.op_name`: the builtin name,
+        `CUSTOM:<code>` for a custom op, `Flex<Op>` for a Flex op), `inputs`
+        and `outputs` (lists of tensor type names such as `FLOAT32`, `INT8`),
+        `input_shapes` (the stored shapes, signatures use -1 for dynamic dims
+        in `shape_signature`).
     """
-    model = tflite_schema.ModelT.InitFromPackedBuf(model_bytes, 0)
+    from export.flatbuffer import enum_names, op_name, read_model, schema
+
+    model = read_model(model_bytes)
+    types = enum_names(schema().TensorType)
     details = []
     for subgraph in model.subgraphs:
         tensors = subgraph.tensors
         for operator in subgraph.operators:
-            code = model.operatorCodes[operator.opcodeIndex]
-            builtin = max(code.builtinCode, code.deprecatedBuiltinCode)
-            name = _OP_NAMES.get(builtin, f"UNKNOWN_{builtin}")
-            if builtin == tflite_schema.BuiltinOperator.CUSTOM:
-                custom = code.customCode
-                if isinstance(custom, bytes):
-                    custom = custom.decode()
-                name = f"CUSTOM:{custom}"
+            name = op_name(model, operator)
 
             def describe(indices):
                 return [
-                    _TYPE_NAMES.get(tensors[i].type, str(tensors[i].type))
+                    types.get(tensors[i].type, str(tensors[i].type))
                     for i in (indices if indices is not None else [])
                     if i >= 0
                 ]
