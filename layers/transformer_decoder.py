@@ -34,7 +34,8 @@ class TransformerDecoderBlock(TransformerBlockBase):
             rank-4 pair `(key_cache, value_cache)` (see
             `MultiHeadAttention`); with `cache_index`, keys and values of
             `inputs` are written into it.
-        cache_index: int or scalar tensor, position of the first input token.
+        cache_index: int or scalar tensor, position of the first input token;
+            given exactly when `self_attention_cache` is.
         cross_attention_cache: from `compute_cross_attention_cache`, to avoid
             re-projecting the encoder outputs at every step.
         training: bool.
@@ -108,9 +109,11 @@ class TransformerDecoderBlock(TransformerBlockBase):
             decoder_mask = getattr(inputs, "_keras_mask", None)
         if encoder_mask is None and encoder_outputs is not None:
             encoder_mask = getattr(encoder_outputs, "_keras_mask", None)
-        if self_attention_cache is not None and cache_index is None:
+        if (self_attention_cache is None) != (cache_index is None):
+            given = "None" if self_attention_cache is None else "given"
             raise ValueError(
-                "`cache_index` is required with `self_attention_cache`. Received: cache_index=None"
+                "`self_attention_cache` and `cache_index` go together (the cache is written "
+                f"at the index). Received: cache_index={cache_index}, self_attention_cache={given}"
             )
         if self.cross_attention and encoder_outputs is None and cross_attention_cache is None:
             raise ValueError(

@@ -83,3 +83,14 @@ def test_bad_input_raises_value_error_naming_it(kwargs, call, pattern):
         layer = TransformerDecoderBlock(**kwargs)
         if call is not None:
             layer(np.zeros(call, "float32"))
+
+
+def test_self_attention_cache_and_cache_index_come_together():
+    # Either alone would be ignored or unusable: both are refused, naming the values.
+    block = TransformerDecoderBlock(num_heads=2, intermediate_dim=8, cross_attention=False)
+    x = np.zeros((1, 3, 8), "float32")
+    cache = np.zeros((1, 2, 3, 2, 4), "float32")
+    with pytest.raises(ValueError, match="cache_index=None, self_attention_cache=given"):
+        block(x, self_attention_cache=cache)
+    with pytest.raises(ValueError, match="cache_index=1, self_attention_cache=None"):
+        block(x, cache_index=1)
