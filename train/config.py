@@ -122,9 +122,10 @@ def record(config):
 
 
 def from_record(cls, train, where="config.json", **overrides):
-    """The config of a recorded "train" section (--resume; `where`: the file). It must hold exactly the
-    fields `record` writes: a section with others, or without some, is refused in one
-    line (a run of another version of the command; there is no older format to read)."""
+    """The config of a recorded "train" section (--resume; `where`: the file). It must
+    hold exactly the fields `record` writes: a section with others, or without some, is
+    refused in one line (a run of another version of the command; there is no older
+    format to read)."""
     recorded = {f.name for f in dataclasses.fields(cls) if f.metadata["record"]}
     missing, unknown = sorted(recorded - set(train)), sorted(set(train) - recorded)
     if missing or unknown:

@@ -37,6 +37,8 @@ import numpy as np
 import tensorflow as tf
 from ai_edge_litert.interpreter import Interpreter
 
+from export.flatbuffer import enum_names, op_name, read_model, schema
+
 ENDPOINT = "forward"
 # Tolerance for mixed precision vs float32, relative to max(1, max |ref|).
 MIXED_PRECISION_ATOL = {"mixed_float16": 2e-2, "mixed_bfloat16": 8e-2}
@@ -212,8 +214,6 @@ def tflite_op_details(model_bytes):
         `input_shapes` (the stored shapes, signatures use -1 for dynamic dims
         in `shape_signature`).
     """
-    from export.flatbuffer import enum_names, op_name, read_model, schema
-
     model = read_model(model_bytes)
     types = enum_names(schema().TensorType)
     details = []
