@@ -79,6 +79,10 @@ def sandbox(tmp_path_factory):
     _write(os.path.join(root, "other_run", "config.json"), json.dumps(other))
     _write(os.path.join(root, "other_run", ".zoo-run"), "tagger\n")
     _write(os.path.join(root, "other_run", "checkpoints", "step-00000001.npz"), b"")
+    # A run whose config.json records no options at all.
+    _write(os.path.join(root, "bare_run", "config.json"), json.dumps({"kind": "tagger"}))
+    _write(os.path.join(root, "bare_run", ".zoo-run"), "tagger\n")
+    _write(os.path.join(root, "bare_run", "checkpoints", "step-00000001.npz"), b"")
     _write(os.path.join(root, "images", "cats", "a.png"), "not an image\n")
     _write(os.path.join(root, "existing.png"), b"\x89PNG keep me")
     _write(os.path.join(root, "garbage.tflite"), b"\x00" * 64)
@@ -252,6 +256,7 @@ FAST = [
     (["train", "tagger", "--resume", "--out", "{R}/hover_run"], "'hovercraft' run"),
     (["train", "tagger", "--resume", "--out", "{R}/empty_dir"], "nothing to resume"),
     (["train", "tagger", "--resume", "--out", "{R}/other_run"], "unknown: hovering): start a new"),
+    (["train", "tagger", "--resume", "--out", "{R}/bare_run"], "no recorded options"),
     (["train", "tagger", "--compare", "--resume"], "--compare cannot be combined with --resume"),
     (["train", "seq2seq", "--label-smoothing", "1"], "--label-smoothing must be in [0, 1)"),
     (["train", "seq2seq", "--alpha", "-1"], "--alpha must be >= 0"),
