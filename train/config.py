@@ -125,7 +125,9 @@ def from_record(cls, train, where="config.json", **overrides):
     """The config of a recorded "train" section (--resume; `where`: the file). It must
     hold exactly the fields `record` writes: a section with others, or without some, is
     refused in one line (a run of another version of the command; there is no older
-    format to read)."""
+    format to read); so is a missing section (None) or one that is not an object."""
+    if not isinstance(train, dict):
+        raise UsageError(f'{where}: no recorded options ("train"): start a new run')
     recorded = {f.name for f in dataclasses.fields(cls) if f.metadata["record"]}
     missing, unknown = sorted(recorded - set(train)), sorted(set(train) - recorded)
     if missing or unknown:

@@ -108,10 +108,9 @@ def resumed(cfg, kinds):
         raise UsageError(
             f"--resume: {out} is not a {kinds[0]} run (kind={run_config.get('kind')!r})"
         )
-    train = run_config.get("train")
-    if not isinstance(train, dict):
-        raise UsageError(f'{config_path}: no recorded options ("train"): start a new run')
-    recorded = config.from_record(type(cfg), train, config_path, verbose=cfg.verbose)
+    recorded = config.from_record(
+        type(cfg), run_config.get("train"), config_path, verbose=cfg.verbose
+    )
     if cfg.epochs is not None:
         recorded.epochs = cfg.epochs
     return run_config, recorded
