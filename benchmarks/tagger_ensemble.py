@@ -34,12 +34,12 @@ def probabilities(run, sentences, batch_size=64):
     return list(model.tags), out
 
 
-def accuracy(members, sentences):
-    """Token accuracy of the mean of `members`' probabilities ([(tags, probs)])."""
-    tags = members[0][0]
+def accuracy(tags, members, sentences):
+    """Token accuracy of the mean of `members`' probabilities (each a list of [T, tags]
+    arrays, columns in the order of `tags`)."""
     right = total = 0
     for k, sentence in enumerate(sentences):
-        mean = sum(probs[k][:, [own.index(t) for t in tags]] for own, probs in members)
+        mean = sum(probs[k] for probs in members)
         predicted = [tags[i] for i in np.argmax(mean, axis=-1)]
         right += sum(p == g for p, g in zip(predicted, sentence.tags))
         total += len(predicted)
@@ -55,16 +55,19 @@ def main(argv=None):
     from train.tagger.conllu import read_conllu
 
     sentences = read_conllu(args.conllu)
-    members = [probabilities(run, sentences) for run in args.runs]
-    if any(sorted(tags) != sorted(members[0][0]) for tags, _ in members):
+    loaded = [probabilities(run, sentences) for run in args.runs]
+    tags = loaded[0][0]
+    if any(sorted(own) != sorted(tags) for own, _ in loaded):
         sys.exit("the runs tag with different tag sets")
+    # Every run's columns in the first run's tag order, once.
+    members = [[p[:, [own.index(t) for t in tags]] for p in probs] for own, probs in loaded]
     names = [os.path.basename(os.path.normpath(run)) for run in args.runs]
     groups = [(i,) for i in range(len(names))]
-    groups += list(itertools.combinations(range(len(names)), 2)) if len(names) > 1 else []
+    groups += list(itertools.combinations(range(len(names)), 2))
     groups += [tuple(range(len(names)))] if len(names) > 2 else []
     print("| runs averaged | UPOS accuracy |\n|---|---|")
     for group in groups:
-        score = accuracy([members[i] for i in group], sentences)
+        score = accuracy(tags, [members[i] for i in group], sentences)
         print(f"| {' + '.join(names[i] for i in group)} | {score:.2f} |")
 
 
