@@ -203,6 +203,30 @@ def seconds_per_step(step, batches, warmup=1):
     return float(np.mean(times)) if times else 0.0
 
 
+def epochs_within_budget(step, batches, sizes, epochs, max_minutes, seed, overhead=0.0, steps=None):
+    """How many of `epochs` epochs fit in `max_minutes` of training steps, from the timed
+    steps of a random dozen of `batches` (a pass over the training data, indexable;
+    `sizes[i]`: batch i's padded token slots), weights left untouched. `overhead`: each
+    epoch's evaluation as a fraction of its training time; `steps`: an epoch's steps
+    (default: one pass)."""
+    picked = np.random.default_rng(seed).choice(
+        len(batches), size=min(len(batches), 13), replace=False
+    )
+    warmup = 1  # the first probe step traces the function and is not timed
+    seconds = seconds_per_step(step, [batches[int(i)] for i in picked], warmup=warmup)
+    # A step's time grows with its padded size, and a dozen random batches are not the
+    # epoch's average: scale the timed steps' mean to the epoch's mean padded size.
+    timed = [sizes[int(i)] for i in picked[warmup:]]
+    if timed:
+        seconds *= np.mean(sizes) / np.mean(timed)
+    epoch_seconds = seconds * (steps or len(batches)) * (1.0 + overhead)
+    # The real run traces its step function again (a fresh optimizer): ~30 s on 2 cores.
+    budget = 0.9 * (max_minutes * 60.0 - 30.0)
+    if epoch_seconds <= 0:
+        return epochs
+    return int(max(1, min(epochs, budget // epoch_seconds)))
+
+
 def _numbers(logs):
     return {
         k: float(v)

@@ -457,6 +457,19 @@ def test_learning_rate_follows_the_schedule_formula(schedule):
     np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-9)
 
 
+def test_a_cosine_schedule_plans_the_epochs_that_fit_the_budget(tmp_path):
+    # A 0.6 s budget holds no epoch (below the 30 s allowance for tracing): a cosine
+    # schedule without --epochs plans one, so that its decay ends where training does.
+    out = str(tmp_path / "cosine")
+    flags = TINY[: TINY.index("--epochs")] + TINY[TINY.index("--epochs") + 2 : -2]
+    args = ["--task", "copy", "--schedule", "cosine", "--max-minutes", "0.01", "--out", out]
+    assert train_main(["seq2seq", *flags, *args, "--train-size", "200"]) == 0
+    with open(os.path.join(out, "config.json")) as f:
+        recorded = json.load(f)["train"]
+    assert (recorded["epochs"], recorded["planned_epochs"]) == (1, 30)
+    assert _metrics(out)["epochs"] == 1
+
+
 def test_best_epoch_is_the_most_accurate_then_the_lowest_dev_loss():
     from train import engine
 

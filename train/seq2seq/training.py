@@ -92,6 +92,7 @@ def train_new(context, cfg, data):
     from train.seq2seq.config import model_config
 
     text = data.task == "text"
+    epochs_given = cfg.epochs is not None
     _defaults(cfg, text)
     keras.utils.set_random_seed(cfg.seed)
     vocab = cfg.vocab_size if text else 64
@@ -126,7 +127,38 @@ def train_new(context, cfg, data):
     }
     atomic.write_json(os.path.join(out, "config.json"), run_config)
     _compile(context, model, train_cfg, encoded["train"])
+    # A cosine schedule cut off by the time limit would stop with the learning rate still
+    # high: plan the epochs that fit, as the tagger does (several workers would each time
+    # their own steps and keep the planned epochs; the time limit still stops them).
+    budgeted = train_cfg["schedule"] == "cosine" and train_cfg["max_minutes"]
+    if budgeted and not epochs_given and context.worker()[1] == 1:
+        fitted = _epochs_within_budget(context, model, encoded, train_cfg)
+        if fitted < train_cfg["epochs"]:
+            print(
+                f"{train_cfg['epochs']} epochs do not fit in --max-minutes "
+                f"{train_cfg['max_minutes']:g}; planning {fitted}",
+                file=sys.stderr,
+            )
+            train_cfg.update(epochs=fitted, planned_epochs=train_cfg["epochs"])
+            _compile(context, model, train_cfg, encoded["train"])
+            atomic.write_json(os.path.join(out, "config.json"), run_config)
     return _fit_and_finish(context, model, data, encoded, out, train_cfg)
+
+
+def _epochs_within_budget(context, model, encoded, train_cfg):
+    """How many of the planned epochs fit in `max_minutes` (the run's own batches timed)."""
+    batches = list(Batches(encoded["train"], train_cfg["batch_size"], shuffle=True))
+    return engine.epochs_within_budget(
+        make_step(model, loss_terms.masked_mean_terms(model.loss, PAD_ID), context),
+        batches,
+        [x["source_ids"].size + x["target_ids"].size for x, _ in batches],
+        train_cfg["epochs"],
+        train_cfg["max_minutes"],
+        seed=train_cfg["seed"],
+        # Evaluating a token costs about a third of training on it (no backward pass).
+        overhead=encoded["dev"].target_tokens() / (3.0 * encoded["train"].target_tokens()),
+        steps=train_cfg["steps_per_epoch"],
+    )
 
 
 def _rebuild(context, out, config):

@@ -87,32 +87,23 @@ def train_one(context, cfg, data, arch, out, vocab=None):
     return _fit_and_finish(context, model, data, encoded, out, train_cfg)
 
 
-def _epochs_within_budget(context, model, encoded, train_cfg, probe_steps=12, margin=0.9):
-    """How many of the planned epochs fit in `max_minutes`, from the timed training
-    steps of a random sample of the run's own batches (weights left untouched)."""
+def _epochs_within_budget(context, model, encoded, train_cfg):
+    """How many of the planned epochs fit in `max_minutes` (the run's own batches timed)."""
     batches = Batches(
         encoded["train"], train_cfg["batch_size"], shuffle=True, seed=[train_cfg["seed"], 10_000]
     )
-    picked = np.random.default_rng(train_cfg["seed"]).choice(
-        len(batches), size=min(len(batches), probe_steps + 1), replace=False
-    )
-    warmup = 1  # the first probe step traces the function and is not timed
-    probe = [batches[int(i)] for i in picked]
-    step = engine.seconds_per_step(make_step(model, context=context), probe, warmup=warmup)
-    # A step's time grows with its padded size, and a dozen random batches are not the
-    # epoch's average: scale the timed steps' mean to the epoch's mean padded size.
-    timed = [batches.padded_size(int(i)) for i in picked[warmup:]]
-    if timed:
-        step *= np.mean([batches.padded_size(i) for i in range(len(batches))]) / np.mean(timed)
     train_tokens = float(encoded["train"].lengths.sum())
     dev_tokens = float(encoded["dev"].lengths.sum())
-    # Evaluating a token costs about a third of training on it (no backward pass).
-    epoch_seconds = step * len(batches) * (1.0 + dev_tokens / (3.0 * max(train_tokens, 1.0)))
-    # The real run traces its step function again (a fresh optimizer): ~30 s on 2 cores.
-    budget = margin * (train_cfg["max_minutes"] * 60.0 - 30.0)
-    if epoch_seconds <= 0:
-        return train_cfg["epochs"]
-    return int(max(1, min(train_cfg["epochs"], budget // epoch_seconds)))
+    return engine.epochs_within_budget(
+        make_step(model, context=context),
+        batches,
+        [batches.padded_size(i) for i in range(len(batches))],
+        train_cfg["epochs"],
+        train_cfg["max_minutes"],
+        seed=train_cfg["seed"],
+        # Evaluating a token costs about a third of training on it (no backward pass).
+        overhead=dev_tokens / (3.0 * max(train_tokens, 1.0)),
+    )
 
 
 def _compile(context, model, encoded, train_cfg):
