@@ -53,6 +53,20 @@ def one_of(*choices):
 VERBOSE = one_of("auto", "0", "1", "2")
 
 
+def ema_option(group=None):
+    """--ema, of the commands whose optimizer can keep a moving average of the weights."""
+    return option(
+        None,
+        "evaluate and save the moving average of the weights with this momentum, e.g. "
+        "0.999 (default: off)",
+        kind=float,
+        check=fraction,
+        metavar="MOMENTUM",
+        name="--ema",
+        group=group,
+    )
+
+
 def flag(field):
     return field.metadata["name"] or "--" + field.name.replace("_", "-")
 

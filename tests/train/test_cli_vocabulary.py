@@ -23,8 +23,7 @@ def _options(parser):
 def test_every_train_command_has_the_shared_flags(kind):
     options = _options(_parser(kind))
     assert {"--jit-compile", "--no-jit-compile", "--seed", "--out", "--resume"} <= options
-    if kind in ("tagger", "sagan"):  # the two with weight averaging
-        assert "--ema" in options
+    assert "--ema" in options  # weight averaging
     if kind != "sagan":  # sagan is being reworked separately; it has no --verbose yet
         assert "--verbose" in options
 

@@ -470,6 +470,24 @@ def test_a_cosine_schedule_plans_the_epochs_that_fit_the_budget(tmp_path):
     assert _metrics(out)["epochs"] == 1
 
 
+def test_ema_run_saves_the_moving_average_and_checkpoints_the_raw_weights(tmp_path):
+    out = str(tmp_path / "ema")
+    args = ["seq2seq", "--task", "copy", *tiny.SEQ2SEQ, "--ema", "0.5", "--out", out]
+    args += ["--batch-size", "16", "--warmup-steps", "1"]  # 4 steps at full speed
+    assert train_main(args) == 0
+    with open(os.path.join(out, "config.json")) as f:
+        assert json.load(f)["train"]["ema_momentum"] == 0.5
+    model = keras.models.load_model(os.path.join(out, "model.keras"), compile=False)
+    saved = model.source_embedding.embeddings.numpy()
+    # The last step's checkpoint: the raw weights training goes on from, and the
+    # optimizer's moving average of them, which evaluation and the saved model use.
+    with np.load(os.path.join(out, "checkpoints", "step-00000004.npz")) as step:
+        raw = step["model/seq2_seq_transformer/source_embedding/embeddings"]
+        average = step["optimizer/seq2_seq_transformer/source_embedding/embeddings:average"]
+    assert np.max(np.abs(raw - average)) > 1e-4
+    np.testing.assert_array_equal(saved, average)
+
+
 def test_best_epoch_is_the_most_accurate_then_the_lowest_dev_loss():
     from train import engine
 

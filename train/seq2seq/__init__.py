@@ -15,7 +15,7 @@ import os
 
 # Not `config`: the submodule train.seq2seq.config takes that name in this package.
 from train import config as options
-from train.config import VERBOSE, above, at_least, fraction, one_of, option
+from train.config import VERBOSE, above, at_least, ema_option, fraction, one_of, option
 from train.seq2seq import length
 from zoo.cli import UsageError
 
@@ -187,6 +187,7 @@ class Seq2SeqConfig:
     label_smoothing: float = option(
         0.1, "label smoothing (default 0.1)", check=fraction, group="training"
     )
+    ema_momentum: float = ema_option(group="training")
     beam_width: int = option(
         None,
         "beam width for the test set (default 4 text, 1 tasks)",

@@ -31,13 +31,18 @@ def compile_seq2seq(
     jit_compile,
     schedule="inverse_sqrt",
     total_steps=None,
+    ema_momentum=None,
 ):
+    # With ema_momentum, dev evaluation and the saved model use the moving average of
+    # the weights (train.engine.averaged_weights).
+    averaging = {"use_ema": True, "ema_momentum": ema_momentum} if ema_momentum else {}
     optimizer = keras.optimizers.Adam(
         learning_rate=learning_rate(peak_lr, warmup_steps, schedule, total_steps),
         beta_1=0.9,
         beta_2=0.98,
         epsilon=1e-9,
         clipnorm=1.0,
+        **averaging,
     )
     model.compile(
         optimizer=optimizer,

@@ -83,6 +83,7 @@ def _compile(context, model, train_cfg, train):
             jit_compile=context.jit_compile,
             schedule=train_cfg["schedule"],
             total_steps=train_cfg["epochs"] * steps,
+            ema_momentum=train_cfg["ema_momentum"],
         )
 
 

@@ -9,7 +9,7 @@ import json
 import os
 
 from train import config
-from train.config import VERBOSE, above, at_least, fraction, option
+from train.config import VERBOSE, above, at_least, ema_option, option
 from zoo.cli import UsageError
 from zoo.tagger.config import ARCHS, DEFAULTS
 
@@ -48,15 +48,7 @@ class TaggerConfig:
     learning_rate: float = option(
         None, "peak learning rate (default per arch)", kind=float, check=above(0)
     )
-    ema_momentum: float = option(
-        None,
-        "evaluate and save the moving average of the weights with this momentum, e.g. "
-        "0.995 (default: off)",
-        kind=float,
-        check=fraction,
-        metavar="MOMENTUM",
-        name="--ema",
-    )
+    ema_momentum: float = ema_option()
     verbose: str = option(
         "auto",
         "Keras progress output: auto (bars on a terminal, a line per epoch otherwise), 0, 1, 2",
