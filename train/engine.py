@@ -227,6 +227,22 @@ def epochs_within_budget(step, batches, sizes, epochs, max_minutes, seed, overhe
     return int(max(1, min(epochs, budget // epoch_seconds)))
 
 
+def plan_within_budget(train_cfg, fitted, label=""):
+    """Records in a run's options `train_cfg` that only `fitted` of its epochs fit its
+    --max-minutes (epochs, and the epochs asked for as planned_epochs) and says so in one
+    line, `label` first; returns whether the plan changed (the caller then compiles the
+    schedule anew and rewrites config.json)."""
+    if fitted >= train_cfg["epochs"]:
+        return False
+    print(
+        f"{label}{train_cfg['epochs']} epochs do not fit in --max-minutes "
+        f"{train_cfg['max_minutes']:g}; planning {fitted}",
+        file=sys.stderr,
+    )
+    train_cfg.update(epochs=fitted, planned_epochs=train_cfg["epochs"])
+    return True
+
+
 def _numbers(logs):
     return {
         k: float(v)

@@ -134,13 +134,7 @@ def train_new(context, cfg, data):
     budgeted = train_cfg["schedule"] == "cosine" and train_cfg["max_minutes"]
     if budgeted and not epochs_given and context.worker()[1] == 1:
         fitted = _epochs_within_budget(context, model, encoded, train_cfg)
-        if fitted < train_cfg["epochs"]:
-            print(
-                f"{train_cfg['epochs']} epochs do not fit in --max-minutes "
-                f"{train_cfg['max_minutes']:g}; planning {fitted}",
-                file=sys.stderr,
-            )
-            train_cfg.update(epochs=fitted, planned_epochs=train_cfg["epochs"])
+        if engine.plan_within_budget(train_cfg, fitted):
             _compile(context, model, train_cfg, encoded["train"])
             atomic.write_json(os.path.join(out, "config.json"), run_config)
     return _fit_and_finish(context, model, data, encoded, out, train_cfg)

@@ -2,7 +2,6 @@
 
 import dataclasses
 import os
-import sys
 
 import keras
 import numpy as np
@@ -72,16 +71,10 @@ def train_one(context, cfg, data, arch, out, vocab=None):
     # Workers must agree on the schedule, and each would time its own steps: several
     # workers keep the planned epochs (the time limit still stops them).
     if cfg.epochs is None and cfg.max_minutes and context.worker()[1] == 1:
+        # A schedule cut off by the time limit would stop with the learning rate still
+        # high; planning fewer epochs lets the decay finish inside the budget.
         fitted = _epochs_within_budget(context, model, encoded, train_cfg)
-        if fitted < epochs:
-            # A schedule cut off by the time limit would stop with the learning rate
-            # still high; planning fewer epochs lets the decay finish inside the budget.
-            print(
-                f"{arch}: {epochs} epochs do not fit in --max-minutes {cfg.max_minutes:g}; "
-                f"planning {fitted}",
-                file=sys.stderr,
-            )
-            train_cfg.update(epochs=fitted, planned_epochs=epochs)
+        if engine.plan_within_budget(train_cfg, fitted, f"{arch}: "):
             _compile(context, model, encoded, train_cfg)
             atomic.write_json(os.path.join(out, "config.json"), run_config)
     return _fit_and_finish(context, model, data, encoded, out, train_cfg)
