@@ -182,65 +182,21 @@ def averaged_weights(model):
         yield
 
 
-def seconds_per_step(step, batches, warmup=1):
-    """Mean wall time of one training step over `batches` (a list of global batches;
-    the first `warmup` are run untimed, tracing included): the mean, not the median, as
-    an epoch lasts the sum of its steps and length-bucketed steps are skewed. Every
-    variable of the step (dropout seed states too) is put back afterwards."""
-    step.build(batches[0])
-    times = []
-    try:
-        with _restoring([v for group in step.variables().values() for v in group]):
-            for i, batch in enumerate(batches):
-                if i >= warmup and getattr(step, "compiles_per_shape", False):
-                    step.train(batch, At(i, 0.0))  # JAX: a new shape compiles; time the run only
-                start = time.perf_counter()
-                step.train(batch, At(i, 0.0))
-                if i >= warmup:
-                    times.append(time.perf_counter() - start)
-    finally:
-        step.reset_metrics()
-    return float(np.mean(times)) if times else 0.0
+def warmup_cosine(peak, warmup_steps, total_steps, alpha=0.0):
+    """The learning rate at `At` (a `Step`'s `rate`): a linear warm-up from 0 to `peak`
+    over `warmup_steps`, then half a cosine down to `alpha * peak` at progress 1 (Keras's
+    `CosineDecay` with its step replaced by `At.progress` of `total_steps`). Progress is
+    the budget's: under --max-minutes the decay ends where the clock stops training, on
+    the clock every worker agrees on; without one, this is `CosineDecay` to the step."""
 
+    def rate(at):
+        if at.step < warmup_steps:
+            return peak * at.step / warmup_steps
+        done = (at.progress * total_steps - warmup_steps) / max(1, total_steps - warmup_steps)
+        cosine = 0.5 * (1.0 + math.cos(math.pi * min(1.0, max(0.0, done))))
+        return peak * ((1.0 - alpha) * cosine + alpha)
 
-def epochs_within_budget(step, batches, sizes, epochs, max_minutes, seed, overhead=0.0, steps=None):
-    """How many of `epochs` epochs fit in `max_minutes` of training steps, from the timed
-    steps of a random dozen of `batches` (a pass over the training data, indexable;
-    `sizes[i]`: batch i's padded token slots), weights left untouched. `overhead`: each
-    epoch's evaluation as a fraction of its training time; `steps`: an epoch's steps
-    (default: one pass)."""
-    picked = np.random.default_rng(seed).choice(
-        len(batches), size=min(len(batches), 13), replace=False
-    )
-    warmup = 1  # the first probe step traces the function and is not timed
-    seconds = seconds_per_step(step, [batches[int(i)] for i in picked], warmup=warmup)
-    # A step's time grows with its padded size, and a dozen random batches are not the
-    # epoch's average: scale the timed steps' mean to the epoch's mean padded size.
-    timed = [sizes[int(i)] for i in picked[warmup:]]
-    if timed:
-        seconds *= np.mean(sizes) / np.mean(timed)
-    epoch_seconds = seconds * (steps or len(batches)) * (1.0 + overhead)
-    # The real run traces its step function again (a fresh optimizer): ~30 s on 2 cores.
-    budget = 0.9 * (max_minutes * 60.0 - 30.0)
-    if epoch_seconds <= 0:
-        return epochs
-    return int(max(1, min(epochs, budget // epoch_seconds)))
-
-
-def plan_within_budget(train_cfg, fitted, label=""):
-    """Records in a run's options `train_cfg` that only `fitted` of its epochs fit its
-    --max-minutes (epochs, and the epochs asked for as planned_epochs) and says so in one
-    line, `label` first; returns whether the plan changed (the caller then compiles the
-    schedule anew and rewrites config.json)."""
-    if fitted >= train_cfg["epochs"]:
-        return False
-    print(
-        f"{label}{train_cfg['epochs']} epochs do not fit in --max-minutes "
-        f"{train_cfg['max_minutes']:g}; planning {fitted}",
-        file=sys.stderr,
-    )
-    train_cfg.update(epochs=fitted, planned_epochs=train_cfg["epochs"])
-    return True
+    return rate
 
 
 def _numbers(logs):

@@ -50,9 +50,6 @@ def assign(variables, new_values):
 
 
 class JaxModelStep(ModelStep):
-    # Each new batch shape compiles the step (seconds_per_step times the second call).
-    compiles_per_shape = True
-
     def _metric_variables(self):
         return [v for m, _ in self.metrics for v in m.variables]
 

@@ -100,10 +100,13 @@ class ModelStep(Step):
     batch accounting, evaluation, and the variables a checkpoint holds. Subclasses
     define `_make_train_fn`, `_make_eval_fn` and `_run(mode, x, y, w, count)` -> loss,
     mode "train" or "eval". `context`: the command's train.strategy.RunContext (its
-    strategy, and XLA unless `jit_compile` says); None: one device."""
+    strategy, and XLA unless `jit_compile` says); None: one device. `rate`: the learning
+    rate at each step's `At`, set into the optimizer's learning-rate variable (compiled
+    with a number) before the step, or None: the compiled rate or schedule."""
 
-    def __init__(self, model, loss_terms=None, jit_compile=None, context=None):
+    def __init__(self, model, loss_terms=None, jit_compile=None, context=None, rate=None):
         self.model = model
+        self.rate, self._rate = rate, None
         self.models = (model,)
         self.optimizer = model.optimizer
         self.terms = loss_terms or weighted_terms(model.loss)
@@ -166,6 +169,10 @@ class ModelStep(Step):
         return self._run(mode, x, y, w, count), count
 
     def train(self, batch, at=None):
+        if self.rate is not None and at is not None and (lr := self.rate(at)) != self._rate:
+            # A variable of the optimizer: both backends' steps read it, checkpoints keep it.
+            getattr(self.optimizer, "inner_optimizer", self.optimizer).learning_rate.assign(lr)
+            self._rate = lr
         loss, count = self._batch("train", batch)
         return {} if loss is None else {"loss": (loss, count)}
 

@@ -4,15 +4,16 @@ that the TensorFlow and the JAX step modules never import each other."""
 import keras
 
 
-def make_step(model, loss_terms=None, context=None):
+def make_step(model, loss_terms=None, context=None, rate=None):
     """The step for a compiled `model` in the run `context` (train.strategy.RunContext;
     None: one device): `train.model_step.TfModelStep` under TensorFlow,
-    `train.jax_step.JaxModelStep` under JAX."""
+    `train.jax_step.JaxModelStep` under JAX. `rate`: the learning rate at each step's
+    `train.engine.At` (e.g. `engine.warmup_cosine`), or None for the compiled one."""
     if keras.backend.backend() == "jax":
         from train.jax_step import JaxModelStep as Step
     else:
         from train.model_step import TfModelStep as Step
-    return Step(model, loss_terms, context=context)
+    return Step(model, loss_terms, context=context, rate=rate)
 
 
 def make_sagan_step(models, recipe, context=None, jit_compile=False):

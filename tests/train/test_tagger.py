@@ -13,7 +13,6 @@ import pytest
 import zoo.models  # noqa: F401  (registers every class zoo model files name)
 from tests.support import paths, tiny
 from train import checkpoint
-from train.steps import make_step
 from train.strategy import RunContext
 from train.tagger import embedded
 from train.tagger.training import resume_run, train_one
@@ -83,68 +82,25 @@ def test_resume_continues_epochs_and_optimizer_state(tmp_path, tiny_data):
         assert int(saved["optimizer/iteration"]) == 2 * steps
 
 
-def test_timing_probe_leaves_weights_and_optimizer_untouched(tiny_data, monkeypatch):
-    from train import engine
-    from train.tagger.data import Batches, Encoded, build_vocab
-    from train.tagger.fit import compile_tagger
-    from train.tagger.training import _epochs_within_budget
+@pytest.mark.parametrize("warmup", [0, 30])
+def test_warmup_cosine_is_kerass_cosine_decay_along_the_steps(warmup):
+    from train.engine import At, warmup_cosine
 
-    words, chars, tags = build_vocab(tiny_data)
-    model = zoo.build("tagger", words=words, chars=chars, tags=tags, max_chars=16, **TINY)
-    encoded = {
-        name: Encoded(model.encoder, getattr(tiny_data, name), model.tags)
-        for name in ("train", "dev")
-    }
-    compile_tagger(model, 1e-3, total_steps=100, warmup_steps=10, weight_decay=1e-4)
-    batches = Batches(encoded["train"], 16)
-    seconds = engine.seconds_per_step(make_step(model), [batches[i] for i in range(4)])
-    before = [v.numpy().copy() for v in model.variables]
-    assert seconds > 0
-    engine.seconds_per_step(make_step(model), [batches[i] for i in range(4)])
-    for a, v in zip(before, model.variables):
-        np.testing.assert_array_equal(a, v.numpy())
-    assert int(model.optimizer.iterations.numpy()) == 0
-    cfg = {"batch_size": 16, "seed": 0, "epochs": 40}
-    # With real timings: a huge budget plans all 40 epochs, one below the 30 s trace
-    # allowance the floor of 1.
-    assert _epochs_within_budget(RunContext(), model, encoded, dict(cfg, max_minutes=1e4)) == 40
-    assert _epochs_within_budget(RunContext(), model, encoded, dict(cfg, max_minutes=0.1)) == 1
-    # With a step time proportional to the padded batch size the plan is exact, whichever
-    # batches the probe times: an epoch is 1 ms per padded token slot of all its batches,
-    # plus dev evaluation at a third of a training token's cost; a budget (after the 30 s
-    # allowance and the 0.9 margin) of 3.01 epochs plans 3, of 6.99 plans 6.
-    monkeypatch.setattr(
-        engine,
-        "seconds_per_step",
-        lambda step, probe, warmup: (
-            1e-3 * float(np.mean([b[0]["word_ids"].size for b in probe[warmup:]]))
-        ),
+    peak, total, alpha = 2e-3, 300, 0.05
+    want = keras.optimizers.schedules.CosineDecay(
+        0.0 if warmup else peak,
+        total - warmup,
+        alpha=alpha,
+        warmup_target=peak if warmup else None,
+        warmup_steps=warmup,
     )
-    epoch_batches = Batches(encoded["train"], 16, shuffle=True, seed=[0, 10_000])
-    slots = sum(epoch_batches[i][0]["word_ids"].size for i in range(len(epoch_batches)))
-    # sizes differ, so timing any subset without the scaling would misplan the budgets
-    # below, which sit within 0.3% of a whole number of epochs
-    assert len({epoch_batches.padded_size(i) for i in range(len(epoch_batches))}) > 1
-    train_tokens = float(encoded["train"].lengths.sum())
-    dev_tokens = float(encoded["dev"].lengths.sum())
-    epoch = 1e-3 * slots * (1.0 + dev_tokens / (3.0 * train_tokens))
-    minutes = (30.0 + 3.01 * epoch / 0.9) / 60.0
-    assert _epochs_within_budget(RunContext(), model, encoded, dict(cfg, max_minutes=minutes)) == 3
-    assert (
-        _epochs_within_budget(
-            RunContext(), model, encoded, dict(cfg, max_minutes=(30.0 + 6.99 * epoch / 0.9) / 60.0)
-        )
-        == 6
-    )
-
-
-def test_default_epochs_shrink_to_fit_the_time_budget(tmp_path, tiny_data):
-    out = tmp_path / "budget"
-    train_one(RunContext(), make_args(epochs=None, max_minutes=0.01), tiny_data, "fc", str(out))
-    config = read_json(out / "config.json")
-    assert config["train"]["planned_epochs"] == 5  # the embedded data's default
-    assert config["train"]["epochs"] == 1
-    assert read_json(out / "metrics.json")["epochs"] == 1
+    rate = warmup_cosine(peak, warmup, total, alpha)
+    for step in (0, 1, 15, 29, 30, 31, 100, 299, 300, 400):
+        got = rate(At(step, step / total))
+        np.testing.assert_allclose(got, float(want(step)), rtol=1e-5, atol=1e-10)
+    # A time budget further along than the steps decays further: its end is the floor.
+    assert rate(At(100, 0.9)) < rate(At(100, 100 / total))
+    assert rate(At(100, 1.0)) == pytest.approx(alpha * peak)
 
 
 def run_cli(*args, module="train", timeout=300):

@@ -153,7 +153,6 @@ class Seq2SeqConfig:
     max_minutes: float = option(
         30.0, "training time budget (default 30; 0 = none)", check=at_least(0), group="training"
     )
-    planned_epochs: int = option(None)  # the epochs asked for, when the budget cut them
     batch_size: int = option(64, "pairs per batch (default 64)", check=above(0), group="training")
     steps_per_epoch: int = option(
         None,
@@ -179,7 +178,7 @@ class Seq2SeqConfig:
     schedule: str = option(
         "auto",
         "learning rate after the warm-up: inverse_sqrt, or cosine (down to zero at the "
-        "last planned step; without --epochs, the epochs that fit in --max-minutes); auto "
+        "last epoch's end or the end of --max-minutes, whichever comes first); auto "
         "(default): cosine for embedded tasks, inverse_sqrt for text",
         check=one_of("auto", "inverse_sqrt", "cosine"),
         group="training",

@@ -7,7 +7,7 @@ vocabulary with tied embeddings, Adam(0.9, 0.98), warm-up 800 steps to 1e-3 then
 inverse-sqrt decay, label smoothing 0.1, batches of 64 length-bucketed pairs,
 best-on-dev-accuracy weights (ties: the lower dev loss), beam 4 (alpha 0.6)
 for the test set. The generated tasks: 2e-3 after 200 warm-up steps, then a cosine
-down to zero at the last planned step (benchmarks/length_generalisation.md), greedy.
+down to zero at the end of the budget (benchmarks/length_generalisation.md), greedy.
 """
 
 import os
@@ -72,10 +72,10 @@ def _encode_all(tokenizer, data, sizes, truncate):
 
 
 def _compile(context, model, train_cfg, train):
-    # The cosine schedule ends at the last planned step (a time budget may stop sooner).
+    # The cosine schedule ends at the last planned step, or where the time budget does.
     steps = train_cfg["steps_per_epoch"] or len(Batches(train, train_cfg["batch_size"]))
     with context.scope():
-        compile_seq2seq(
+        return compile_seq2seq(
             model,
             train_cfg["learning_rate"],
             train_cfg["warmup_steps"],
@@ -93,7 +93,6 @@ def train_new(context, cfg, data):
     from train.seq2seq.config import model_config
 
     text = data.task == "text"
-    epochs_given = cfg.epochs is not None
     _defaults(cfg, text)
     keras.utils.set_random_seed(cfg.seed)
     vocab = cfg.vocab_size if text else 64
@@ -127,33 +126,7 @@ def train_new(context, cfg, data):
         "runtime": context.runtime(),
     }
     atomic.write_json(os.path.join(out, "config.json"), run_config)
-    _compile(context, model, train_cfg, encoded["train"])
-    # A cosine schedule cut off by the time limit would stop with the learning rate still
-    # high: plan the epochs that fit, as the tagger does (several workers would each time
-    # their own steps and keep the planned epochs; the time limit still stops them).
-    budgeted = train_cfg["schedule"] == "cosine" and train_cfg["max_minutes"]
-    if budgeted and not epochs_given and context.worker()[1] == 1:
-        fitted = _epochs_within_budget(context, model, encoded, train_cfg)
-        if engine.plan_within_budget(train_cfg, fitted):
-            _compile(context, model, train_cfg, encoded["train"])
-            atomic.write_json(os.path.join(out, "config.json"), run_config)
     return _fit_and_finish(context, model, data, encoded, out, train_cfg)
-
-
-def _epochs_within_budget(context, model, encoded, train_cfg):
-    """How many of the planned epochs fit in `max_minutes` (the run's own batches timed)."""
-    batches = list(Batches(encoded["train"], train_cfg["batch_size"], shuffle=True))
-    return engine.epochs_within_budget(
-        make_step(model, loss_terms.masked_mean_terms(model.loss, PAD_ID), context),
-        batches,
-        [x["source_ids"].size + x["target_ids"].size for x, _ in batches],
-        train_cfg["epochs"],
-        train_cfg["max_minutes"],
-        seed=train_cfg["seed"],
-        # Evaluating a token costs about a third of training on it (no backward pass).
-        overhead=encoded["dev"].target_tokens() / (3.0 * encoded["train"].target_tokens()),
-        steps=train_cfg["steps_per_epoch"],
-    )
 
 
 def _rebuild(context, out, config):
@@ -172,7 +145,6 @@ def resume_run(context, cfg):
     train_cfg = config.record(recorded)
     model = _rebuild(context, out, run_config)
     encoded = _encode_all(model.tokenizer, data, run_config["model"], train_cfg["truncate"])
-    _compile(context, model, train_cfg, encoded["train"])
     rundir.save_resumed(out, run_config, train_cfg, context)
     return _fit_and_finish(context, model, data, encoded, out, train_cfg, name=out)
 
@@ -195,6 +167,7 @@ def _dev_scorer(model, data, encoded, train_cfg):
 
 
 def _fit_and_finish(context, model, data, encoded, out, train_cfg, name=None):
+    rate = _compile(context, model, train_cfg, encoded["train"])
     dev_score = _dev_scorer(model, data, encoded, train_cfg)
 
     def train_batches(epoch):  # the batch order of an epoch depends on (seed, epoch) only
@@ -216,7 +189,7 @@ def _fit_and_finish(context, model, data, encoded, out, train_cfg, name=None):
         best=engine.highest("val_acc", ties="val_loss"),
         hooks=() if dev_score is None else (dev_score,),
     )
-    step = make_step(model, loss_terms.masked_mean_terms(model.loss, PAD_ID), context)
+    step = make_step(model, loss_terms.masked_mean_terms(model.loss, PAD_ID), context, rate)
     state = engine.fit(step, train_batches, plan, name=name)
     metrics, greedy = evaluate(model, data, encoded, train_cfg)
     best = state.get("best") or {}

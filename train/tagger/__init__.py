@@ -60,7 +60,6 @@ class TaggerConfig:
         action="append",
         metavar="KEY=VALUE",
     )
-    planned_epochs: int = option(None)  # the epochs asked for, when the budget cut them
 
     def check(self):
         if self.compare and self.resume:

@@ -67,43 +67,14 @@ def train_one(context, cfg, data, arch, out, vocab=None):
     }
     atomic.write_json(os.path.join(out, "config.json"), run_config)
     encoded = _encode(model, data)
-    _compile(context, model, encoded, train_cfg)
-    # Workers must agree on the schedule, and each would time its own steps: several
-    # workers keep the planned epochs (the time limit still stops them).
-    if cfg.epochs is None and cfg.max_minutes and context.worker()[1] == 1:
-        # A schedule cut off by the time limit would stop with the learning rate still
-        # high; planning fewer epochs lets the decay finish inside the budget.
-        fitted = _epochs_within_budget(context, model, encoded, train_cfg)
-        if engine.plan_within_budget(train_cfg, fitted, f"{arch}: "):
-            _compile(context, model, encoded, train_cfg)
-            atomic.write_json(os.path.join(out, "config.json"), run_config)
     return _fit_and_finish(context, model, data, encoded, out, train_cfg)
-
-
-def _epochs_within_budget(context, model, encoded, train_cfg):
-    """How many of the planned epochs fit in `max_minutes` (the run's own batches timed)."""
-    batches = Batches(
-        encoded["train"], train_cfg["batch_size"], shuffle=True, seed=[train_cfg["seed"], 10_000]
-    )
-    train_tokens = float(encoded["train"].lengths.sum())
-    dev_tokens = float(encoded["dev"].lengths.sum())
-    return engine.epochs_within_budget(
-        make_step(model, context=context),
-        batches,
-        [batches.padded_size(i) for i in range(len(batches))],
-        train_cfg["epochs"],
-        train_cfg["max_minutes"],
-        seed=train_cfg["seed"],
-        # Evaluating a token costs about a third of training on it (no backward pass).
-        overhead=dev_tokens / (3.0 * max(train_tokens, 1.0)),
-    )
 
 
 def _compile(context, model, encoded, train_cfg):
     epochs = train_cfg["epochs"]
     steps = len(Batches(encoded["train"], train_cfg["batch_size"]))
     with context.scope():
-        compile_tagger(
+        return compile_tagger(
             model,
             train_cfg["learning_rate"],
             total_steps=max(1, epochs * steps),
@@ -136,7 +107,6 @@ def resume_run(context, cfg):
     keras.utils.set_random_seed(train_cfg["seed"] + 1)
     model = _rebuild(context, out, run_config)
     encoded = _encode(model, data)
-    _compile(context, model, encoded, train_cfg)
     rundir.save_resumed(out, run_config, train_cfg, context)
     return _fit_and_finish(context, model, data, encoded, out, train_cfg, name=out)
 
@@ -149,6 +119,8 @@ def _encode(model, data):
 
 
 def _fit_and_finish(context, model, data, encoded, out, train_cfg, name=None):
+    rate = _compile(context, model, encoded, train_cfg)
+
     def train_batches(epoch):  # the batch order of an epoch depends on (seed, epoch) only
         return Batches(
             encoded["train"], train_cfg["batch_size"], shuffle=True, seed=[train_cfg["seed"], epoch]
@@ -161,7 +133,7 @@ def _fit_and_finish(context, model, data, encoded, out, train_cfg, name=None):
         validation=Batches(encoded["dev"], 64),
         best=engine.highest("val_acc"),
     )
-    state = engine.fit(make_step(model, context=context), train_batches, plan, name=name)
+    state = engine.fit(make_step(model, context=context, rate=rate), train_batches, plan, name=name)
     metrics = _evaluate(model, data, encoded, state)
     metrics["runtime"] = context.runtime()
     atomic.save_model(model, os.path.join(out, "model.keras"))
