@@ -8,8 +8,8 @@ What those pages leave out:
   log sums, so a resumed epoch ends with the uninterrupted run's logs.
 - The time budget (`--max-minutes`) counts the training steps, not the epoch-end
   evaluation, on one clock: the budget fraction the chief has used, agreed by every
-  worker after every step (train.preemption), which also gives SAGAN's learning-rate
-  decay its progress.
+  worker after every step (train.preemption), which also gives the learning-rate decays
+  their progress (`At.progress`: SAGAN's, and `warmup_cosine`).
 - The best epoch's weights (by `Plan.best`, evaluated on the averaged weights) are a
   `best` checkpoint, restored into the model when training ends.
 """
