@@ -199,6 +199,13 @@ def warmup_cosine(peak, warmup_steps, total_steps, alpha=0.0):
     return rate
 
 
+def set_learning_rates(optimizers, factor):
+    """Sets `factor` times each base rate ((optimizer, base) pairs) into its optimizer's
+    learning-rate variable: both backends' compiled steps read it, checkpoints keep it."""
+    for optimizer, base in optimizers:
+        getattr(optimizer, "inner_optimizer", optimizer).learning_rate.assign(base * factor)
+
+
 def _numbers(logs):
     return {
         k: float(v)

@@ -13,7 +13,7 @@ host's, train.loss_terms). `--mixed-precision` with float16 scales the loss
 import keras
 import numpy as np
 
-from train.engine import Step, averaged_weights
+from train.engine import Step, averaged_weights, set_learning_rates
 from train.loss_terms import host_count, unpack, weighted_terms
 from train.strategy import RunContext
 
@@ -106,7 +106,7 @@ class ModelStep(Step):
 
     def __init__(self, model, loss_terms=None, jit_compile=None, context=None, rate=None):
         self.model = model
-        self.rate, self._rate = rate, None
+        self.rate = rate
         self.models = (model,)
         self.optimizer = model.optimizer
         self.terms = loss_terms or weighted_terms(model.loss)
@@ -169,10 +169,8 @@ class ModelStep(Step):
         return self._run(mode, x, y, w, count), count
 
     def train(self, batch, at=None):
-        if self.rate is not None and at is not None and (lr := self.rate(at)) != self._rate:
-            # A variable of the optimizer: both backends' steps read it, checkpoints keep it.
-            getattr(self.optimizer, "inner_optimizer", self.optimizer).learning_rate.assign(lr)
-            self._rate = lr
+        if self.rate is not None and at is not None:
+            set_learning_rates([(self.optimizer, 1.0)], self.rate(at))
         loss, count = self._batch("train", batch)
         return {} if loss is None else {"loss": (loss, count)}
 

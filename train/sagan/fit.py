@@ -24,7 +24,7 @@ try:
 except ImportError:  # a JAX-only install: train/sagan/jax_fit.py builds its own steps
     tf = None
 
-from train.engine import Step
+from train.engine import Step, set_learning_rates
 from train.model_step import apply_global, split
 from train.sagan import losses
 from train.strategy import RunContext
@@ -78,7 +78,6 @@ class SaganStep(Step):
             self._class_scores = self.d.get_layer("logits").class_scores
         self.lr_g, self.lr_d = float(recipe.lr_g), float(recipe.lr_d)
         self.decay_from = float(recipe.lr_decay_from)
-        self._lr_scale = None  # unknown until set (a restored checkpoint carries its own)
         self.n_dis, self.ema_decay, self.seed = recipe.n_dis, recipe.ema, int(recipe.seed)
         self.replicas = self.strategy.num_replicas_in_sync
         with self.strategy.scope():
@@ -113,12 +112,9 @@ class SaganStep(Step):
     def train(self, batch, at):
         """One D step on the global batch (real images, labels: NumPy, all rows) at D
         step `at.step`, and a G step (+ EMA) when it is G's turn."""
-        scale = float(lr_scale(at.progress, self.decay_from))
-        if self.decay_from < 1.0 and scale != self._lr_scale:
-            # The rates are optimizer variables, so a checkpoint carries the current ones.
-            for optimizer, base in ((self.g_opt, self.lr_g), (self.d_opt, self.lr_d)):
-                _inner(optimizer).learning_rate.assign(base * scale)
-            self._lr_scale = scale
+        if self.decay_from < 1.0:
+            rates = ((self.g_opt, self.lr_g), (self.d_opt, self.lr_d))
+            set_learning_rates(rates, lr_scale(at.progress, self.decay_from))
         real, labels = (np.asarray(batch[0], np.float32), np.asarray(batch[1], np.int32))
         rows, step = len(real), at.step
         noise, fake_labels = self.latents(step, _D_NOISE, rows)
