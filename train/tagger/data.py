@@ -75,12 +75,9 @@ class Encoded:
     def __len__(self):
         return len(self.sentences)
 
-    def width(self, indices, multiple=8):
-        """The padded length of a batch of these rows."""
-        return int(math.ceil(max(self.lengths[i] for i in indices) / multiple) * multiple)
-
     def batch(self, indices, multiple=8):
-        width = self.width(indices, multiple)
+        # Padded to a multiple of 8: fewer distinct shapes to trace.
+        width = int(math.ceil(max(self.lengths[i] for i in indices) / multiple) * multiple)
         b, c = len(indices), self.char_ids[indices[0]].shape[-1]
         word_ids = np.zeros((b, width), "int32")
         char_ids = np.zeros((b, width, c), "int32")
@@ -105,11 +102,6 @@ class Batches:
 
     def __len__(self):
         return len(self.batches)
-
-    def padded_size(self, index):
-        """Token slots (rows x padded length) of batch `index`, without building it."""
-        rows = self.batches[index]
-        return len(rows) * self.encoded.width(rows)
 
     def __getitem__(self, index):
         return self.encoded.batch(self.batches[index])
