@@ -110,8 +110,25 @@ def import_keras_quietly():
     its Python exception."""
     if "keras" in sys.modules:
         return
-    with quiet_stderr(not _FILTER):
+    with quiet_stderr(not _FILTER), _tensorflow_without_jax():
         import keras  # noqa: F401
+
+
+@contextlib.contextmanager
+def _tensorflow_without_jax():
+    """Under the TensorFlow backend, `jax` reads as not installed while Keras imports
+    TensorFlow, and imports as usual afterwards: tf.lite's util imports jax (when it is
+    installed, as with the `jax` extra) only for its converter from JAX functions, which
+    nothing here uses; skipped, a command starts ~0.5 CPU s sooner (benchmarks/results.md)."""
+    if os.environ.get("KERAS_BACKEND") != "tensorflow" or {"jax", "tensorflow"} & set(sys.modules):
+        yield
+        return
+    sys.modules["jax"] = None  # `import jax` raises ImportError, which tf.lite expects
+    try:
+        yield
+    finally:
+        if "jax" in sys.modules and sys.modules["jax"] is None:
+            del sys.modules["jax"]
 
 
 # ---------------------------------------------------------------- runtime logs

@@ -131,3 +131,33 @@ def test_tensorflow_retracing_advice_is_dropped_below_verbose_2(caplog):
         messages = [r.getMessage() for r in caplog.records]
         assert "a real warning" in messages and (advice in messages) == shown, messages
     assert log.filters == []  # the filter ends with the command
+
+
+_IMPORT_KERAS = """
+import sys
+from zoo.cli import import_keras_quietly
+import_keras_quietly()
+print(sorted(m for m in ("jax", "keras", "tensorflow") if sys.modules.get(m) is not None))
+import jax.numpy
+print(float(jax.numpy.ones(2).sum()))
+"""
+
+
+@pytest.mark.slow  # imports TensorFlow in a fresh process
+@pytest.mark.parametrize("backend", ["tensorflow", "jax"])
+def test_commands_import_tensorflow_without_jax_and_jax_still_imports(backend):
+    """The commands' Keras import (zoo.cli.import_keras_quietly) leaves out the jax import
+    tf.lite makes for its JAX converter under the TensorFlow backend; jax imports as usual
+    afterwards, and under the JAX backend Keras imports jax as its backend."""
+    env = {**os.environ, "KERAS_BACKEND": backend}
+    done = subprocess.run(
+        [sys.executable, "-c", _IMPORT_KERAS],
+        cwd=ROOT,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert done.returncode == 0, done.stderr[-3000:]
+    imported = {"tensorflow": "['keras', 'tensorflow']", "jax": "['jax', 'keras']"}[backend]
+    assert done.stdout.split("\n")[:2] == [imported, "2.0"], done.stdout
