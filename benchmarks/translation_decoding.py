@@ -10,7 +10,6 @@ width, length penalty alpha, BLEU, seconds).
 """
 
 import argparse
-import gzip
 import json
 import os
 import time
@@ -19,11 +18,6 @@ os.environ.setdefault("KERAS_BACKEND", "tensorflow")
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "3")
 
 SETTINGS = "1:0.6,4:0.6,4:1.0,8:0.6,8:1.0,4:0.3"
-
-
-def read_lines(path):
-    with (gzip.open if path.endswith(".gz") else open)(path, "rt", encoding="utf-8") as f:
-        return [line.rstrip("\n") for line in f]
 
 
 def settings(text):
@@ -60,6 +54,7 @@ def main(argv=None):
     args = parser.parse_args(argv)
     import zoo
     import zoo.models  # noqa: F401  (registers the translator for zoo.load)
+    from train.seq2seq.parallel import read_lines
 
     task = zoo.load(args.run)
     with open(os.path.join(args.run, "config.json")) as f:
