@@ -120,7 +120,8 @@ def _tensorflow_without_jax():
     TensorFlow, and imports as usual afterwards: tf.lite's util imports jax (when it is
     installed, as with the `jax` extra) only for its converter from JAX functions, which
     nothing here uses; skipped, a command starts ~0.5 CPU s sooner (benchmarks/results.md)."""
-    if os.environ.get("KERAS_BACKEND") != "tensorflow" or {"jax", "tensorflow"} & set(sys.modules):
+    backend = os.environ.get("KERAS_BACKEND")
+    if backend != "tensorflow" or "jax" in sys.modules or "tensorflow" in sys.modules:
         yield
         return
     sys.modules["jax"] = None  # `import jax` raises ImportError, which tf.lite expects
