@@ -14,6 +14,7 @@ import keras
 import numpy as np
 import pytest
 
+import zoo
 import zoo.models  # noqa: F401  (registers every class zoo model files name)
 from tests.support import paths, tiny
 from tests.support.runs import training_env
@@ -283,7 +284,7 @@ def test_sigkill_mid_epoch_then_resume_equals_an_uninterrupted_run(
 
 
 @pytest.mark.slow
-def test_mixed_precision_tagger_and_seq2seq_train_without_nans(tmp_path):
+def test_mixed_precision_runs_train_without_nans_and_save_float32_models(tmp_path):
     from train.cli import main
     from train.tagger import TaggerConfig
     from train.tagger.training import train_one
@@ -300,9 +301,8 @@ def test_mixed_precision_tagger_and_seq2seq_train_without_nans(tmp_path):
     train_one(RunContext(), args, data, "attention", str(tmp_path / "tagger"))
     history = _state(tmp_path / "tagger" / "checkpoints")["history"]
     assert np.isfinite(history[0]["loss"]) and np.isfinite(history[0]["val_loss"])
-    model = keras.models.load_model(tmp_path / "tagger" / "model.keras")
-    assert any(layer.dtype_policy.name == "mixed_bfloat16" for layer in model.core.layers)
     keras.config.set_dtype_policy("float32")
+    _assert_float32(keras.models.load_model(tmp_path / "tagger" / "model.keras"))
     out = tmp_path / "seq2seq"
     assert (
         main(
@@ -341,6 +341,72 @@ def test_mixed_precision_tagger_and_seq2seq_train_without_nans(tmp_path):
         assert json.load(f)["runtime"]["dtype_policy"] == "mixed_bfloat16"
     history = _state(out / "checkpoints")["history"]
     assert np.isfinite(history[0]["loss"]) and np.isfinite(history[0]["val_loss"])
+    model = keras.models.load_model(out / "model.keras")
+    _assert_float32(model)
+    # What the SavedModel export traces first (it failed on a mixed model.keras: a
+    # bfloat16 model whose layers took the loader's float32 policy).
+    encoded, _ = model.encode(np.array([[5, 6, 7]], "int32"))
+    assert encoded.dtype == "float32"
+
+
+def _mixed_models():
+    """(model, inputs) of each model kind, built under the mixed_bfloat16 policy."""
+    from tests.support.runs import SENTENCES, make_tagger
+    from zoo.sagan.model import build_discriminator, build_generator
+    from zoo.tagger.model import pad_tokens
+
+    keras.config.set_dtype_policy("mixed_bfloat16")
+    try:
+        tagger = make_tagger()
+        seq2seq = zoo.build(
+            "universal_transformer",
+            vocabulary_size=20,
+            hidden_dim=16,
+            num_heads=2,
+            intermediate_dim=32,
+            num_steps=2,
+            act=True,
+        )
+        sagan = dict(image_size=32, channels=3, num_classes=4, width=8)
+        generator = build_generator(latent_dim=16, **sagan)
+        discriminator = build_discriminator(**sagan)
+    finally:
+        keras.config.set_dtype_policy("float32")
+    rng = np.random.default_rng(0)
+    ids = rng.integers(4, 20, (2, 5)).astype("int32")
+    labels = np.array([0, 3], "int32")
+    return [
+        (tagger, tagger.encode_tf(pad_tokens(SENTENCES))),
+        (seq2seq, {"source_ids": ids, "target_ids": ids}),
+        (generator, {"noise": rng.standard_normal((2, 16)).astype("float32"), "label": labels}),
+        (discriminator, {"image": rng.uniform(-1, 1, (2, 32, 32, 3)), "label": labels}),
+    ]
+
+
+def test_float32_model_copies_a_mixed_model_into_float32_with_its_weights():
+    """train.steps.float32_model, what a mixed-precision run evaluates and saves: every
+    layer float32, the same weights, and the mixed model's outputs to bfloat16's
+    precision (a float32 model comes back as it is)."""
+    from train.steps import float32_model
+
+    for model, inputs in _mixed_models():
+        copy = float32_model(model)
+        _assert_float32(copy)
+        for a, b in zip(model.get_weights(), copy.get_weights(), strict=True):
+            np.testing.assert_array_equal(a, b)
+        want = np.asarray(model(inputs, training=False), "float32")
+        got = np.asarray(copy(inputs, training=False))
+        assert got.dtype == np.float32 and want.shape == got.shape
+        np.testing.assert_allclose(got, want, atol=0.03 * np.abs(want).max() + 1e-3)
+        assert float32_model(copy) is copy
+
+
+def _assert_float32(model):
+    """A run's model.keras computes in float32 whatever precision trained it."""
+    layers = [model, *model._flatten_layers()]
+    assert {layer.dtype_policy.name for layer in layers} == {"float32"}, [
+        (layer.name, layer.dtype_policy.name) for layer in layers
+    ]
 
 
 # ---------------------------------------------------------------------------

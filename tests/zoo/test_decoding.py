@@ -150,6 +150,28 @@ def test_cached_step_logits_match_full_decoder(name):
         np.testing.assert_allclose(np.asarray(logits), want[:, i], atol=2e-4, rtol=1e-4)
 
 
+@pytest.mark.parametrize("name", list(CONFIGS))
+def test_a_mixed_precision_model_computes_in_its_policy_and_keeps_it_when_loaded(name, tmp_path):
+    """`dtype="mixed_bfloat16"` reaches every layer (the global policy stays float32),
+    survives a save and load, and gives the float32 model's logits to bfloat16's
+    precision."""
+    model = _model(name, dtype="mixed_bfloat16")
+    reference = _model(name)
+    reference.set_weights(model.get_weights())
+    path = str(tmp_path / "model.keras")
+    model.save(path)
+    loaded = keras.models.load_model(path)
+    src = _source()
+    prefix = np.concatenate([np.full((3, 1), BOS_ID), src[:, :4]], 1)
+    want = full_logits(reference, src, prefix)
+    for m in (model, loaded):
+        policies = {layer.dtype_policy.name for layer in [m, *m._flatten_layers()]}
+        assert policies == {"mixed_bfloat16"}, policies
+        got = full_logits(m, src, prefix)
+        np.testing.assert_allclose(got, want, atol=0.03 * np.abs(want).max())
+        assert np.abs(got - want).max() > 0, "computed in float32, not bfloat16"
+
+
 @pytest.mark.parametrize("name", ["preln-sinusoidal-shared", "universal-act"])
 def test_cached_greedy_gives_reference_tokens(name):
     model = _trained(name)

@@ -295,6 +295,7 @@ class _Batches:
 
 def _fit_and_finish(run, resuming):
     from train import engine
+    from train.steps import float32_model
     from train.sagan.evaluation import Evaluator
     from train.sagan.figures import save_progress_figure, save_sample_grid
 
@@ -344,7 +345,7 @@ def _fit_and_finish(run, resuming):
         return _Batches(run.data, batch, order, conditional)
 
     engine.fit(step, source, plan, state, name=run.out)
-    sampler = sampling()
+    sampler = float32_model(sampling())
     best = state.get("best")
     if best is not None:
         worst = best["logs"].get("class_min_quick")
@@ -364,6 +365,7 @@ def _fit_and_finish(run, resuming):
 
 
 def _finish(run, sampler, state, distribution, fixed):
+    from train.steps import float32_model
     from train.sagan.evaluation import Evaluator
     from train.sagan.figures import save_attention_figure, save_sample_grid
     from zoo.sagan.model import attention_scores
@@ -400,7 +402,7 @@ def _finish(run, sampler, state, distribution, fixed):
         ema=train_cfg["ema"],
     )
     atomic.save_model(sampler, os.path.join(out, "model.keras"))
-    atomic.save_model(d, os.path.join(out, "discriminator.keras"))
+    atomic.save_model(float32_model(d), os.path.join(out, "discriminator.keras"))
     atomic.write_json(os.path.join(out, "metrics.json"), metrics)
     rng = np.random.default_rng(train_cfg["seed"] + 99)
     calibration = {"noise": rng.standard_normal((200, model_cfg["latent_dim"])).astype(np.float32)}

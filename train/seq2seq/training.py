@@ -23,7 +23,7 @@ from train.progress import markdown_table
 from train.seq2seq.data import Batches, Encoded, load_data, train_tokenizer
 from train.seq2seq.figures import plot_cross_attention
 from train.seq2seq.fit import compile_seq2seq
-from train.steps import make_step
+from train.steps import float32_model, make_step
 from zoo import atomic
 from zoo.cli import UsageError
 from zoo.seq2seq import decoding
@@ -191,6 +191,7 @@ def _fit_and_finish(context, model, data, encoded, out, train_cfg, name=None):
     )
     step = make_step(model, loss_terms.masked_mean_terms(model.loss, PAD_ID), context, rate)
     state = engine.fit(step, train_batches, plan, name=name)
+    model = float32_model(model)
     metrics, greedy = evaluate(model, data, encoded, train_cfg)
     best = state.get("best") or {}
     metrics.update(

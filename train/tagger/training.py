@@ -9,7 +9,7 @@ import numpy as np
 import zoo.models  # noqa: F401  (registers every class zoo model files name)
 from train import config, engine, rundir
 from train.progress import markdown_table
-from train.steps import make_step
+from train.steps import float32_model, make_step
 from train.tagger.data import Batches, Encoded, build_vocab, word_tag_stats
 from train.tagger.fit import compile_tagger
 from train.tagger.metrics import accuracies
@@ -134,6 +134,7 @@ def _fit_and_finish(context, model, data, encoded, out, train_cfg, name=None):
         best=engine.highest("val_acc"),
     )
     state = engine.fit(make_step(model, context=context, rate=rate), train_batches, plan, name=name)
+    model = float32_model(model)
     metrics = _evaluate(model, data, encoded, state)
     metrics["runtime"] = context.runtime()
     atomic.save_model(model, os.path.join(out, "model.keras"))

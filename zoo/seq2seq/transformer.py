@@ -151,28 +151,38 @@ class Seq2SeqTransformer(keras.Model):
         self._tokenizer = None
         self.head_dim = hidden_dim // num_heads
 
-        self.source_embedding = TokenEmbedding(vocabulary_size, hidden_dim, name="source_embedding")
+        self.source_embedding = TokenEmbedding(
+            vocabulary_size, hidden_dim, name="source_embedding", dtype=self.dtype_policy
+        )
         if self.share_embeddings:
             self.target_embedding = self.source_embedding
         else:
             self.target_embedding = TokenEmbedding(
-                vocabulary_size, hidden_dim, name="target_embedding"
+                vocabulary_size, hidden_dim, name="target_embedding", dtype=self.dtype_policy
             )
         if position == "learned":
-            self.source_position = PositionEmbedding(max_source_length, name="source_position")
-            self.target_position = PositionEmbedding(max_target_length, name="target_position")
+            self.source_position = PositionEmbedding(
+                max_source_length, name="source_position", dtype=self.dtype_policy
+            )
+            self.target_position = PositionEmbedding(
+                max_target_length, name="target_position", dtype=self.dtype_policy
+            )
         else:
-            self.source_position = SinusoidalPositionEncoding(name="source_position")
+            self.source_position = SinusoidalPositionEncoding(
+                name="source_position", dtype=self.dtype_policy
+            )
             self.target_position = self.source_position
-        self.embedding_dropout = keras.layers.Dropout(self.dropout)
+        self.embedding_dropout = keras.layers.Dropout(self.dropout, dtype=self.dtype_policy)
         if self.random_positions:
             self.position_seed = keras.random.SeedGenerator(0, name="position_seed")
         self._make_blocks()
         if self.norm_first:
-            self.encoder_norm = LayerNorm(name="encoder_norm")
-            self.decoder_norm = LayerNorm(name="decoder_norm")
+            self.encoder_norm = LayerNorm(name="encoder_norm", dtype=self.dtype_policy)
+            self.decoder_norm = LayerNorm(name="decoder_norm", dtype=self.dtype_policy)
         if not self.share_embeddings:
-            self.output_projection = keras.layers.Dense(vocabulary_size, name="output_projection")
+            self.output_projection = keras.layers.Dense(
+                vocabulary_size, name="output_projection", dtype=self.dtype_policy
+            )
 
     # ------------------------------------------------------------ structure
     def _block_kwargs(self):
@@ -182,6 +192,7 @@ class Seq2SeqTransformer(keras.Model):
             dropout=self.dropout,
             norm_first=self.norm_first,
             activation=self.activation,
+            dtype=self.dtype_policy,
         )
 
     def _make_blocks(self):

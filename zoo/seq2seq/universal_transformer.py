@@ -90,6 +90,7 @@ class UniversalTransformer(Seq2SeqTransformer):
                 "sigmoid",
                 name=f"{part}_halting",
                 bias_initializer=keras.initializers.Constant(1.0),
+                dtype=self.dtype_policy,
             )
             for part in ("encoder", "decoder")
         )
