@@ -113,6 +113,7 @@ def verify(run_dir, savedmodel=None, tflite=None, samples=64):
     if savedmodel is not None:
         saved_dir = resolve_version_dir(savedmodel)
         got = run_savedmodel_clean(saved_dir, inputs, kind.id_signature)
+        got = {kind.id_outputs.get(name, name): value for name, value in got.items()}
         entry = {
             "path": saved_dir,
             "signature": kind.id_signature,

@@ -158,8 +158,10 @@ class ExportKind:
     name = "keras"
     # Output (by name) whose last axis holds class scores, for argmax agreement.
     class_output = None
-    # SavedModel signature that takes the core inputs (what verify compares).
+    # SavedModel signature that takes the core inputs (what verify compares), and the
+    # core output each of its outputs names differently ({signature's: core's}).
     id_signature = "serving_default"
+    id_outputs = {}
 
     # The class of the kind's models as (module, name), imported when asked.
     model_class = None

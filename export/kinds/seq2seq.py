@@ -53,6 +53,8 @@ ALIASES = ("universal_transformer",)
 class Seq2SeqKind(ExportKind):
     name = "seq2seq"
     id_signature = "translate_ids"
+    # The served name of the tokens; the .tflite's greedy loop (zoo.lite) says "tokens".
+    id_outputs = {"token_ids": "tokens"}
     expected = "a zoo seq2seq model"
     model_class = ("zoo.seq2seq.transformer", "Seq2SeqTransformer")
 

@@ -200,6 +200,12 @@ def test_savedmodel_translate_from_a_fresh_process(copy_run, tmp_path):
     )
     assert result.returncode == 0, result.stderr[-2000:]
     assert json.loads(result.stdout.strip().splitlines()[-1]) == want
+    # export verify: the served translate_ids gives the Keras greedy tokens.
+    from export import verify
+
+    report = verify.verify(copy_run, savedmodel=os.path.dirname(version), samples=8)
+    assert report["savedmodel"]["ok"], report["savedmodel"]
+    assert report["savedmodel"]["equal_fraction"] == {"tokens": 1.0}
     translator = zoo.load(os.path.dirname(version))  # the TF Serving base: highest version
     assert (translator.kind, translator.format) == ("seq2seq", "savedmodel")
     assert translator.generate(texts) == want and translator.translate(texts[0]) == want[0]
