@@ -295,9 +295,9 @@ class _Batches:
 
 def _fit_and_finish(run, resuming):
     from train import engine
-    from train.steps import float32_model
     from train.sagan.evaluation import Evaluator
     from train.sagan.figures import save_progress_figure, save_sample_grid
+    from train.steps import float32_model
 
     g, d, ema = run.models
     model_cfg, train_cfg = run.config["model"], run.config["train"]
@@ -365,9 +365,9 @@ def _fit_and_finish(run, resuming):
 
 
 def _finish(run, sampler, state, distribution, fixed):
-    from train.steps import float32_model
     from train.sagan.evaluation import Evaluator
     from train.sagan.figures import save_attention_figure, save_sample_grid
+    from train.steps import float32_model
     from zoo.sagan.model import attention_scores
 
     out, data = run.out, run.data
