@@ -14,7 +14,7 @@ import numpy as np
 import pytest
 
 import zoo.models  # noqa: F401  (registers every class zoo model files name)
-from tests.support import tiny
+from tests.support import clock, tiny
 from tests.support.paths import ROOT
 from train import checkpoint
 from train.cli import main as train_main
@@ -469,9 +469,10 @@ def test_learning_rate_follows_the_schedule_formula(schedule):
     np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-9)
 
 
-def test_a_cosine_schedule_ends_where_the_time_budget_stops_training(tmp_path):
-    # The default 30 epochs do not fit in 6 s: the clock stops the run, and the
-    # cosine's learning rate has followed the clock down to zero by the last step.
+def test_a_cosine_schedule_ends_where_the_time_budget_stops_training(tmp_path, monkeypatch):
+    # The default 30 epochs of 50-ms steps do not fit in 6 s: the clock stops the run,
+    # and the cosine's learning rate has followed the clock down to zero by the last step.
+    clock.fixed_step_clock(monkeypatch, 0.05)
     out = str(tmp_path / "cosine")
     flags = TINY[: TINY.index("--epochs")] + TINY[TINY.index("--epochs") + 2 : -2]
     args = ["--task", "copy", "--schedule", "cosine", "--max-minutes", "0.1", "--out", out]
