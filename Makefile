@@ -36,9 +36,10 @@ demo: $(STAMP)
 		"she will book a book about the watch" "we watch the old man run the race"
 
 # Files stay whole on one worker (--dist loadfile) so module fixtures (a trained
-# run, an export) are built once.
+# run, an export) are built once. The 40 slowest tests are listed at the end: where
+# the suite's time goes (LONGEST_FIRST in tests/conftest.py orders files by it).
 test: lint
-	$(PY) -m pytest -q -p no:cacheprovider -n 2 --dist loadfile tests
+	$(PY) -m pytest -q -p no:cacheprovider -n 2 --dist loadfile --durations=40 tests
 
 # Everything not marked slow (no training, export or process start-up): the
 # everyday loop.
