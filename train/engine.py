@@ -11,7 +11,9 @@ What those pages leave out:
   worker after every step (train.preemption), which also gives the learning-rate decays
   their progress (`At.progress`: SAGAN's, and `warmup_cosine`).
 - The best epoch's weights (by `Plan.best`, evaluated on the averaged weights) are a
-  `best` checkpoint, restored into the model when training ends.
+  `best` checkpoint, restored into the model when training ends; with
+  `Plan.average_last` K, each epoch end's are an `epoch` checkpoint (the last K kept),
+  and the mean of the last K replaces the best epoch's where `Plan.best` ranks it as high.
 """
 
 import collections
@@ -102,6 +104,9 @@ class Plan:
     validation: object = None  # batches evaluated at each epoch end (as val_*)
     best: typing.Optional[typing.Callable] = None  # logs -> sort key (lower wins) or None
     hooks: tuple = ()  # hook(epoch, logs) at each epoch end, before best and checkpoint
+    # K > 1: the models end with the mean of the last K epoch ends' weights where it
+    # scores at least as `best` keeps the best epoch (needs validation, best, checkpoints).
+    average_last: int = 1
     # The command's train.strategy.RunContext (workers, signals); library use: one device.
     context: RunContext = dataclasses.field(default_factory=RunContext)
 
@@ -355,6 +360,16 @@ class _Training:
                     keep=2,
                     models=self.step.models,
                 )
+        if key is not None and plan.average_last > 1:  # the weights a final average takes
+            with self.step.averaged():
+                checkpoint.save(
+                    plan.checkpoint_dir,
+                    self.step.best_variables(),
+                    {"epoch": epoch + 1, "step": state["step"]},
+                    name="epoch",
+                    keep=plan.average_last,
+                    models=self.step.models,
+                )
         self.bar.on_epoch_end(epoch, {k: v for k, v in logs.items() if v is not None})
         if plan.log_dir:  # TensorBoard: every epoch's numeric logs as scalars
             import tensorflow as tf
@@ -468,7 +483,42 @@ def fit(step, source, plan, state=None, name=None):
                 f"the best checkpoint of step {best['step']} cannot be read"
             )
         checkpoint.restore(path, step.best_variables(), models=step.models)
+        if plan.average_last > 1:
+            state["averaged"] = _average_last(step, plan, best)
     return state
+
+
+def _average_last(step, plan, best):
+    """Puts the mean of the last `plan.average_last` epoch ends' weights (`epoch`
+    checkpoints; damaged ones are left out, saying so) into the models, which hold the
+    best epoch's, and evaluates it: kept where `plan.best` ranks it at least as high as
+    the best epoch, else the best epoch's weights go back. Returns {"epochs", "logs",
+    "kept"}, or None with fewer than two epochs to average."""
+    groups = step.best_variables()
+    variables = [v for group in groups.values() for v in group]
+    readable, total = [], None
+    best_weights = [np.array(keras.ops.convert_to_numpy(v)) for v in variables]
+    for path in checkpoint.list_checkpoints(plan.checkpoint_dir, "epoch")[-plan.average_last :]:
+        try:
+            record = checkpoint.restore(path, groups, models=step.models)
+        except checkpoint.DamagedCheckpoint as e:
+            print(f"{e}; the average leaves it out", file=sys.stderr)
+            continue
+        readable.append(record["epoch"])
+        values = [keras.ops.convert_to_numpy(v).astype("float64") for v in variables]
+        total = values if total is None else [t + v for t, v in zip(total, values)]
+    if len(readable) < 2:
+        for v, value in zip(variables, best_weights):
+            v.assign(value)
+        return None
+    for v, t in zip(variables, total):
+        v.assign((t / len(readable)).astype(v.dtype))
+    logs = {f"val_{k}": v for k, v in step.evaluate(plan.validation).items()}
+    kept = list(plan.best(logs)) <= best["key"]
+    if not kept:
+        for v, value in zip(variables, best_weights):
+            v.assign(value)
+    return {"epochs": readable, "logs": _numbers(logs), "kept": kept}
 
 
 def run_plan(context, out, train_cfg, **kwargs):

@@ -658,6 +658,59 @@ def test_the_best_epoch_is_kept_with_its_predecessor_and_restored_at_the_end(tmp
     assert not all(np.array_equal(a, b) for a, b in zip(kept[2], kept[3]))
 
 
+def _averaged_fit(tmp_path, keys, average_last, epochs=None):
+    """Training to `epochs` (default len(keys) - 1) whose epochs this call trains get the
+    `Plan.best` keys keys[:-1] in turn; the last key is the average's. Returns (model,
+    state, the weights of each epoch end this call trained)."""
+    model, kept, order = _tiny_classifier(), {}, iter(keys)
+
+    def record(epoch, logs):
+        kept[epoch + 1] = [v.numpy().copy() for v in model.trainable_variables]
+
+    state = _fit(
+        model,
+        _batches(4),
+        epochs=epochs or len(keys) - 1,
+        checkpoint_dir=tmp_path,
+        validation=_batches(2, seed=1),
+        best=lambda logs: [next(order)],
+        hooks=(record,),
+        average_last=average_last,
+    )
+    return model, state, kept
+
+
+def test_the_mean_of_the_last_epochs_is_kept_where_it_ranks_at_least_as_the_best(tmp_path):
+    # Four epochs, the second the best (0.3); the mean of epochs 2-4 ranks 0.2: kept.
+    model, state, kept = _averaged_fit(tmp_path, [0.5, 0.3, 0.4, 0.6, 0.2], 3)
+    assert state["best"]["epoch"] == 2
+    assert state["averaged"]["epochs"] == [2, 3, 4] and state["averaged"]["kept"]
+    assert "val_acc" in state["averaged"]["logs"]
+    assert len(checkpoint.list_checkpoints(tmp_path, "epoch")) == 3
+    for i, got in enumerate(model.trainable_variables):
+        want = np.mean([kept[e][i] for e in (2, 3, 4)], axis=0)
+        np.testing.assert_allclose(got.numpy(), want, rtol=1e-6, atol=1e-7)
+
+
+def test_a_mean_that_ranks_below_the_best_epoch_gives_the_best_epoch_back(tmp_path):
+    model, state, kept = _averaged_fit(tmp_path, [0.5, 0.3, 0.4, 0.6, 0.35], 3)
+    assert state["averaged"]["epochs"] == [2, 3, 4] and not state["averaged"]["kept"]
+    for got, want in zip(model.trainable_variables, kept[2]):
+        np.testing.assert_array_equal(got.numpy(), want)
+
+
+def test_a_damaged_epoch_is_left_out_of_the_mean_saying_so(tmp_path, capsys):
+    _averaged_fit(tmp_path, [0.5, 0.3, 0.4, 0.2], 3)
+    _damage(checkpoint.list_checkpoints(tmp_path, "epoch")[-1], "corrupted")  # epoch 3's
+    # Resumed for epochs 4 and 5: the mean of the last three leaves epoch 3 out.
+    model, state, kept = _averaged_fit(tmp_path, [0.7, 0.8, 0.1], 3, epochs=5)
+    assert state["averaged"]["epochs"] == [4, 5] and state["averaged"]["kept"]
+    assert "the average leaves it out" in capsys.readouterr().err
+    for i, got in enumerate(model.trainable_variables):
+        want = np.mean([kept[e][i] for e in (4, 5)], axis=0)
+        np.testing.assert_allclose(got.numpy(), want, rtol=1e-6, atol=1e-7)
+
+
 @pytest.mark.parametrize("how", ["truncated", "corrupted"])
 def test_a_damaged_best_falls_back_to_the_previous_one_and_the_state_follows(tmp_path, capsys, how):
     model, kept = _tiny_classifier(), {}

@@ -504,6 +504,27 @@ def test_ema_run_saves_the_moving_average_and_checkpoints_the_raw_weights(tmp_pa
     np.testing.assert_array_equal(saved, average)
 
 
+def test_average_last_saves_the_mean_of_the_last_epochs_or_the_best_epoch(tmp_path):
+    out = str(tmp_path / "averaged")
+    args = ["seq2seq", "--task", "copy", *tiny.SEQ2SEQ, "--epochs", "3", "--out", out]
+    assert train_main([*args, "--average-last", "2"]) == 0
+    with open(os.path.join(out, "config.json")) as f:
+        assert json.load(f)["train"]["average_last"] == 2
+    metrics = _metrics(out)
+    key = "model/seq2_seq_transformer/source_embedding/embeddings"
+    model = keras.models.load_model(os.path.join(out, "model.keras"), compile=False)
+    saved = model.source_embedding.embeddings.numpy()
+    epochs = checkpoint.list_checkpoints(os.path.join(out, "checkpoints"), "epoch")
+    assert len(epochs) == 2
+    if metrics["averaged_epochs"] is not None:  # the mean ranked at least as the best
+        assert metrics["averaged_epochs"] == [2, 3]
+        want = np.mean([np.load(p)[key] for p in epochs], axis=0)
+        np.testing.assert_allclose(saved, want, rtol=1e-6, atol=1e-7)
+    else:
+        best = checkpoint.list_checkpoints(os.path.join(out, "checkpoints"), "best")[-1]
+        np.testing.assert_array_equal(saved, np.load(best)[key])
+
+
 def test_best_epoch_is_the_most_accurate_then_the_lowest_dev_loss():
     from train import engine
 

@@ -15,7 +15,16 @@ import os
 
 # Not `config`: the submodule train.seq2seq.config takes that name in this package.
 from train import config as options
-from train.config import VERBOSE, above, at_least, ema_option, fraction, one_of, option
+from train.config import (
+    VERBOSE,
+    above,
+    at_least,
+    average_option,
+    ema_option,
+    fraction,
+    one_of,
+    option,
+)
 from train.seq2seq import length
 from zoo.cli import UsageError
 
@@ -187,6 +196,7 @@ class Seq2SeqConfig:
         0.1, "label smoothing (default 0.1)", check=fraction, group="training"
     )
     ema_momentum: float = ema_option(group="training")
+    average_last: int = average_option(1, group="training")
     beam_width: int = option(
         None,
         "beam width for the test set (default 4 text, 1 tasks)",

@@ -188,18 +188,22 @@ def _fit_and_finish(context, model, data, encoded, out, train_cfg, name=None):
         # last epoch's, as the cosine schedule settles.
         best=engine.highest("val_acc", ties="val_loss"),
         hooks=() if dev_score is None else (dev_score,),
+        average_last=train_cfg["average_last"],
     )
     step = make_step(model, loss_terms.masked_mean_terms(model.loss, PAD_ID), context, rate)
     state = engine.fit(step, train_batches, plan, name=name)
     model = float32_model(model)
     metrics, greedy = evaluate(model, data, encoded, train_cfg)
     best = state.get("best") or {}
+    averaged = state.get("averaged") or {}
+    dev_logs = averaged["logs"] if averaged.get("kept") else best.get("logs") or {}
     metrics.update(
         arch=train_cfg["arch"],
         params=int(model.count_params()),
         epochs=state["epoch"],
         best_epoch=best.get("epoch"),
-        dev_acc=(best.get("logs") or {}).get("val_acc"),
+        averaged_epochs=averaged["epochs"] if averaged.get("kept") else None,
+        dev_acc=dev_logs.get("val_acc"),
         train_seconds=round(state["train_seconds"], 1),
         stopped_by_time_limit=state["stopped_by_time_limit"],
         train_pairs=len(data.train),
