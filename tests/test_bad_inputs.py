@@ -260,6 +260,7 @@ FAST = [
     (["train", "tagger", "--compare", "--resume"], "--compare cannot be combined with --resume"),
     (["train", "seq2seq", "--label-smoothing", "1"], "--label-smoothing must be in [0, 1)"),
     (["train", "seq2seq", "--alpha", "-1"], "--alpha must be >= 0"),
+    (["train", "seq2seq", "--average-last", "0"], "--average-last must be >= 1, got 0"),
     (["train", "seq2seq", "--ema", "1"], "--ema must be in [0, 1), got 1.0"),
     (["train", "seq2seq", "--verbose", "7"], "'7'"),
     (["train", "seq2seq", "--train-source", "{R}/src.txt"], "must be given together"),
