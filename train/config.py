@@ -67,18 +67,6 @@ def ema_option(group=None):
     )
 
 
-def average_option(default, group=None):
-    """--average-last, of the commands that keep their best epoch by a dev score."""
-    return option(
-        default,
-        f"end with the mean of the last K epochs' weights where it scores on the dev set at "
-        f"least as the best epoch (default {default}; 1: the best epoch's)",
-        check=at_least(1),
-        metavar="K",
-        group=group,
-    )
-
-
 def flag(field):
     return field.metadata["name"] or "--" + field.name.replace("_", "-")
 

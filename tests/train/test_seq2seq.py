@@ -65,6 +65,7 @@ def test_tiny_run_learns_copy_and_writes_the_contract(copy_run):
         config = json.load(f)
     assert config["kind"] == "seq2seq" and config["model"]["hidden_dim"] == 64
     assert config["train"]["schedule"] == "cosine"  # auto, for an embedded task
+    assert config["train"]["average_last"] == 1  # auto, for an embedded task
     for name in (
         "model.keras",
         "vocab/spm.model",
@@ -414,6 +415,7 @@ def test_summarisation_run_with_local_window_reports_rouge(tmp_path):
         config = json.load(f)
     assert config["model"]["window"] == 4
     assert config["train"]["schedule"] == "inverse_sqrt"  # auto, for text
+    assert config["train"]["average_last"] == 3  # auto, for text
     model = keras.models.load_model(os.path.join(out, "model.keras"), compile=False)
     encoder_attention = model.encoder_blocks[0].self_attention
     assert encoder_attention.window == 4

@@ -19,7 +19,6 @@ from train.config import (
     VERBOSE,
     above,
     at_least,
-    average_option,
     ema_option,
     fraction,
     one_of,
@@ -196,7 +195,15 @@ class Seq2SeqConfig:
         0.1, "label smoothing (default 0.1)", check=fraction, group="training"
     )
     ema_momentum: float = ema_option(group="training")
-    average_last: int = average_option(1, group="training")
+    average_last: int = option(
+        None,
+        "end with the mean of the last K epochs' weights where its dev token accuracy is at "
+        "least the best epoch's (default 3 text, 1 tasks; 1: the best epoch's weights)",
+        kind=int,
+        check=at_least(1),
+        metavar="K",
+        group="training",
+    )
     beam_width: int = option(
         None,
         "beam width for the test set (default 4 text, 1 tasks)",
