@@ -513,8 +513,11 @@ def _average_last(step, plan, best):
         return None
     for v, t in zip(variables, total):
         v.assign((t / len(readable)).astype(v.dtype))
-    logs = {f"val_{k}": v for k, v in step.evaluate(plan.validation).items()}
-    kept = list(plan.best(logs)) <= best["key"]
+    logs = {}
+    if plan.validation is not None:
+        logs = {f"val_{k}": v for k, v in step.evaluate(plan.validation).items()}
+    key = plan.best(logs)  # None where the key is a hook's log: the mean is not ranked
+    kept = key is not None and list(key) <= best["key"]
     if not kept:
         for v, value in zip(variables, best_weights):
             v.assign(value)

@@ -699,6 +699,29 @@ def test_a_mean_that_ranks_below_the_best_epoch_gives_the_best_epoch_back(tmp_pa
         np.testing.assert_array_equal(got.numpy(), want)
 
 
+def test_a_mean_that_cannot_be_ranked_gives_the_best_epoch_back(tmp_path):
+    # The epochs are ranked by a hook's log (no validation), which the mean has not: the
+    # mean is not kept, the best epoch's weights are.
+    model, kept = _tiny_classifier(), {}
+
+    def score(epoch, logs):
+        logs["score"] = [0.5, 0.9, 0.7][epoch]
+        kept[epoch + 1] = [v.numpy().copy() for v in model.trainable_variables]
+
+    state = _fit(
+        model,
+        _batches(4),
+        epochs=3,
+        checkpoint_dir=tmp_path,
+        best=engine.highest("score"),
+        hooks=(score,),
+        average_last=3,
+    )
+    assert state["averaged"]["epochs"] == [1, 2, 3] and not state["averaged"]["kept"]
+    for got, want in zip(model.trainable_variables, kept[2]):
+        np.testing.assert_array_equal(got.numpy(), want)
+
+
 def test_a_damaged_epoch_is_left_out_of_the_mean_saying_so(tmp_path, capsys):
     _averaged_fit(tmp_path, [0.5, 0.3, 0.4, 0.2], 3)
     _damage(checkpoint.list_checkpoints(tmp_path, "epoch")[-1], "corrupted")  # epoch 3's

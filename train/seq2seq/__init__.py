@@ -15,15 +15,7 @@ import os
 
 # Not `config`: the submodule train.seq2seq.config takes that name in this package.
 from train import config as options
-from train.config import (
-    VERBOSE,
-    above,
-    at_least,
-    ema_option,
-    fraction,
-    one_of,
-    option,
-)
+from train.config import VERBOSE, above, at_least, ema_option, fraction, one_of, option
 from train.seq2seq import length
 from zoo.cli import UsageError
 
