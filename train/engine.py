@@ -496,30 +496,31 @@ def _average_last(step, plan, best):
     "kept"}, or None with fewer than two epochs to average."""
     groups = step.best_variables()
     variables = [v for group in groups.values() for v in group]
-    readable, total = [], None
-    best_weights = [np.array(keras.ops.convert_to_numpy(v)) for v in variables]
-    for path in checkpoint.list_checkpoints(plan.checkpoint_dir, "epoch")[-plan.average_last :]:
-        try:
-            record = checkpoint.restore(path, groups, models=step.models)
-        except checkpoint.DamagedCheckpoint as e:
-            print(f"{e}; the average leaves it out", file=sys.stderr)
-            continue
-        readable.append(record["epoch"])
-        values = [keras.ops.convert_to_numpy(v).astype("float64") for v in variables]
-        total = values if total is None else [t + v for t, v in zip(total, values)]
-    if len(readable) < 2:
-        for v, value in zip(variables, best_weights):
-            v.assign(value)
+    paths = checkpoint.list_checkpoints(plan.checkpoint_dir, "epoch")[-plan.average_last :]
+    if len(paths) < 2:
         return None
-    for v, t in zip(variables, total):
-        v.assign((t / len(readable)).astype(v.dtype))
-    logs = {}
-    if plan.validation is not None:
-        logs = {f"val_{k}": v for k, v in step.evaluate(plan.validation).items()}
+    readable, total, logs = [], None, {}
+    with _restoring(variables):  # the best epoch's weights, unless the mean is kept
+        for path in paths:
+            try:
+                record = checkpoint.restore(path, groups, models=step.models)
+            except checkpoint.DamagedCheckpoint as e:
+                print(f"{e}; the average leaves it out", file=sys.stderr)
+                continue
+            readable.append(record["epoch"])
+            values = [keras.ops.convert_to_numpy(v).astype("float64") for v in variables]
+            total = values if total is None else [t + v for t, v in zip(total, values)]
+        if len(readable) < 2:
+            return None
+        mean = [(t / len(readable)).astype(v.dtype) for v, t in zip(variables, total)]
+        for v, value in zip(variables, mean):
+            v.assign(value)
+        if plan.validation is not None:
+            logs = {f"val_{k}": v for k, v in step.evaluate(plan.validation).items()}
     key = plan.best(logs)  # None where the key is a hook's log: the mean is not ranked
     kept = key is not None and list(key) <= best["key"]
-    if not kept:
-        for v, value in zip(variables, best_weights):
+    if kept:
+        for v, value in zip(variables, mean):
             v.assign(value)
     return {"epochs": readable, "logs": _numbers(logs), "kept": kept}
 
