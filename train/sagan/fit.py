@@ -32,15 +32,6 @@ from train.strategy import RunContext
 _D_NOISE, _G_NOISE = 0, 1
 
 
-def lr_scale(progress, decay_from):
-    """The learning rates' factor at `progress` (the budget's fraction done: steps of
-    --epochs or minutes of --max-minutes, whichever is further): 1 until `decay_from`,
-    then linear to 0 at the end, so a run that swings late in the budget settles."""
-    if decay_from >= 1.0 or progress <= decay_from:
-        return 1.0
-    return max(0.0, (1.0 - progress) / (1.0 - decay_from))
-
-
 def _adam(lr, beta_1, beta_2):
     optimizer = keras.optimizers.Adam(lr, beta_1=beta_1, beta_2=beta_2)
     if keras.mixed_precision.global_policy().name == "mixed_float16":
@@ -113,8 +104,11 @@ class SaganStep(Step):
         """One D step on the global batch (real images, labels: NumPy, all rows) at D
         step `at.step`, and a G step (+ EMA) when it is G's turn."""
         if self.decay_from < 1.0:
+            # 1 until decay_from, then linear to 0 at the budget's end (at.progress), so
+            # a run that swings late in the budget settles.
+            scale = min(1.0, max(0.0, (1.0 - at.progress) / (1.0 - self.decay_from)))
             rates = ((self.g_opt, self.lr_g), (self.d_opt, self.lr_d))
-            set_learning_rates(rates, lr_scale(at.progress, self.decay_from))
+            set_learning_rates(rates, scale)
         real, labels = (np.asarray(batch[0], np.float32), np.asarray(batch[1], np.int32))
         rows, step = len(real), at.step
         noise, fake_labels = self.latents(step, _D_NOISE, rows)
