@@ -202,13 +202,12 @@ def build_trainer(image_size=32, channels=3, num_classes=4, argv=(), context=Non
     the benchmarks time the recipe the command trains (not a copy that drifts).
     Under the backend Keras was imported with, in `context` (train.strategy.RunContext;
     None: one device); the step's batch is `config["batch_size"]`."""
-    import argparse
     import types
 
-    parser = argparse.ArgumentParser(prog="train sagan")
-    config.add_arguments(parser, SaganConfig)
-    cfg = config.from_args(SaganConfig, parser.parse_args(list(argv)))
+    from train.cli import build_parser
     from train.sagan.training import _build, _configs, _step
+
+    cfg = config.from_args(SaganConfig, build_parser("sagan").parse_args(list(argv)))
     from train.strategy import RunContext
 
     data = types.SimpleNamespace(image_size=image_size, channels=channels, num_classes=num_classes)
