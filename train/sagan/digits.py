@@ -17,7 +17,7 @@ import sys
 
 import numpy as np
 
-from zoo.cli import EXIT_USAGE, UsageError
+from zoo.cli import OneLineParser, UsageError, cli_boundary
 
 
 def write_digits(out_dir, size=32):
@@ -52,8 +52,6 @@ def write_digits(out_dir, size=32):
 
 
 def main(argv=None):
-    from zoo.cli import OneLineParser
-
     parser = OneLineParser(
         prog="python -m train.sagan.digits",
         description="write scikit-learn's handwritten digits as a --image-dir folder",
@@ -62,14 +60,14 @@ def main(argv=None):
     parser.add_argument(
         "--size", type=int, default=32, help="image side (power of two >= 32; default 32)"
     )
-    try:
+
+    def body():
         args = parser.parse_args(argv)
         n = write_digits(args.out_dir, args.size)
-    except UsageError as e:
-        print(f"error: {e}", file=sys.stderr)
-        return EXIT_USAGE
-    print(f"wrote {n} digit images ({args.size}x{args.size}) to {args.out_dir}")
-    return 0
+        print(f"wrote {n} digit images ({args.size}x{args.size}) to {args.out_dir}")
+        return 0
+
+    return cli_boundary(body, argv)
 
 
 if __name__ == "__main__":
