@@ -861,7 +861,6 @@ def test_data_seed_reproduces_one_compare_run(tmp_path, monkeypatch):
     monkeypatch.setattr(sagan_run, "_fit_and_finish", fake_fit)
     monkeypatch.setattr(fid_classifier, "train_classifier", fake_classifier)
     monkeypatch.setattr(fid_classifier, "save_cached", lambda *a, **k: None)
-    monkeypatch.setattr(fid_classifier, "evaluate_real", lambda *a, **k: {})
     small = [*_SMALL, "--max-minutes", "1"]
 
     def run(out, *flags):

@@ -126,22 +126,21 @@ def check_replicas(context, batch_size):
 
 
 def get_classifier(out, data, train_cfg, classifier=None):
-    """The run's frozen classifier: given (compare), already in the run, or trained now."""
+    """The run's frozen classifier and its test report: given (compare's pair), already in
+    the run, or trained now."""
     from train.sagan import fid_classifier
 
     seed, epochs = train_cfg["data_seed"], train_cfg["classifier_epochs"]
-    if classifier is not None:
-        report = fid_classifier.evaluate_real(classifier, data)
-    else:
+    if classifier is None:
         cached = fid_classifier.load_cached(out, data, seed)
         if cached is not None:
             return cached
         print(
             f"training the evaluation classifier ({epochs} epochs)...", file=sys.stderr, flush=True
         )
-        classifier, report = fid_classifier.train_classifier(data, epochs=epochs, seed=seed)
-    fid_classifier.save_cached(classifier, report, out)
-    return classifier, report
+        classifier = fid_classifier.train_classifier(data, epochs=epochs, seed=seed)
+    fid_classifier.save_cached(*classifier, out)
+    return classifier
 
 
 def default_budget(elapsed_minutes):
@@ -305,7 +304,7 @@ def _fit_and_finish(run, resuming):
     # What the steps really run with: SAGAN's are not XLA-compiled on several replicas
     # even when --jit-compile (or a GPU's default) asks for it.
     step.runtime = {**run.context.runtime(), "jit_compile": step.jit_compile}
-    if run.config.get("runtime") != step.runtime:
+    if run.config["runtime"] != step.runtime:
         run.config["runtime"] = step.runtime
         atomic.write_json(os.path.join(run.out, "config.json"), run.config)
     sampling = _sampler(run.context, ema if ema is not None else g, model_cfg)
@@ -473,7 +472,7 @@ def train_compare(context, cfg, data):
         max_minutes=DEFAULT_MAX_MINUTES if cfg.max_minutes is None else cfg.max_minutes,
         data_seed=cfg.resolved_data_seed(),
     )
-    classifier, _ = get_classifier(cfg.out, data, config.record(cfg))
+    classifier = get_classifier(cfg.out, data, config.record(cfg))
     # The attention arm at --attention-resolution, or auto where that says none.
     with_attention = cfg.attention_resolution if cfg.attention() else "auto"
     rows = []
