@@ -78,8 +78,10 @@ def _dataset(images, labels, batch_size, seed):
 
 
 def train_classifier(data, epochs, seed):
-    """Trains the classifier on `data.train`; returns (model, test metrics dict)."""
+    """Trains the classifier on `data.train`; returns (model, its report: the accuracy of
+    both heads on the real test images and spliced versions)."""
     import keras
+    import tensorflow as tf
 
     model = build_classifier(data.image_size, data.channels, data.num_classes, seed)
     model.compile(
@@ -90,20 +92,13 @@ def train_classifier(data, epochs, seed):
     batch = min(64, max(2, len(data.train) // 2))
     model.fit(_dataset(data.train, data.train_labels, batch, seed), epochs=epochs, verbose=0)
     model.trainable = False
-    return model, evaluate_real(model, data)
-
-
-def evaluate_real(model, data):
-    """Accuracy of both heads on the real test images (and spliced versions)."""
-    import tensorflow as tf
-
     x = to_float(data.test)
     out = model.predict(x, batch_size=256, verbose=0)
     class_acc = float(np.mean(np.argmax(out["class"], -1) == data.test_labels))
     spliced = model.predict(np.asarray(splice(tf.constant(x))), batch_size=256, verbose=0)
     consistent = float(np.mean(out["consistent"][:, 0] > 0.5))
     rejected = float(np.mean(spliced["consistent"][:, 0] <= 0.5))
-    return {
+    return model, {
         "classifier_test_accuracy": round(class_acc, 4),
         "classifier_test_consistent": round(consistent, 4),
         "classifier_test_spliced_rejected": round(rejected, 4),
@@ -142,18 +137,25 @@ def save_cached(model, report, out):
     atomic.write_json(os.path.join(out, "classifier.json"), report)
 
 
-def load_cached(out, data, seed):
-    """(classifier, report) cached in the run, or None: none cached, or the cached one is
-    damaged (truncated, corrupted: one line on stderr, and the caller trains it again
-    from the same data and seed)."""
+def get_classifier(out, data, train_cfg, classifier=None):
+    """The run's frozen classifier and its report: given (compare's pair), the run's
+    `classifier` checkpoint, or trained now. A damaged checkpoint (truncated, corrupted)
+    is one line on stderr, and the classifier is trained again from the same data and seed."""
     from train import checkpoint
 
-    path, record, damaged = checkpoint.latest(os.path.join(out, "checkpoints"), CHECKPOINT)
-    if path is None:
+    seed, epochs = train_cfg["data_seed"], train_cfg["classifier_epochs"]
+    if classifier is None:
+        path, record, damaged = checkpoint.latest(os.path.join(out, "checkpoints"), CHECKPOINT)
+        if path is not None:
+            model = build_classifier(data.image_size, data.channels, data.num_classes, seed)
+            checkpoint.restore(path, {"model": model.variables}, models=(model,))
+            model.trainable = False
+            return model, record["report"]
         if damaged:
             print(f"{damaged[0][1]}; training the evaluation classifier again", file=sys.stderr)
-        return None
-    model = build_classifier(data.image_size, data.channels, data.num_classes, seed)
-    checkpoint.restore(path, {"model": model.variables}, models=(model,))
-    model.trainable = False
-    return model, record["report"]
+        print(
+            f"training the evaluation classifier ({epochs} epochs)...", file=sys.stderr, flush=True
+        )
+        classifier = train_classifier(data, epochs=epochs, seed=seed)
+    save_cached(*classifier, out)
+    return classifier

@@ -22,6 +22,7 @@ import numpy as np
 
 from train import config, rundir
 from train.progress import markdown_table
+from train.sagan.fid_classifier import get_classifier
 from zoo import atomic
 from zoo.cli import UsageError
 
@@ -123,24 +124,6 @@ def check_replicas(context, batch_size):
         raise UsageError(
             f"--batch-size must be >= the number of replicas ({replicas}), got {batch_size}"
         )
-
-
-def get_classifier(out, data, train_cfg, classifier=None):
-    """The run's frozen classifier and its test report: given (compare's pair), already in
-    the run, or trained now."""
-    from train.sagan import fid_classifier
-
-    seed, epochs = train_cfg["data_seed"], train_cfg["classifier_epochs"]
-    if classifier is None:
-        cached = fid_classifier.load_cached(out, data, seed)
-        if cached is not None:
-            return cached
-        print(
-            f"training the evaluation classifier ({epochs} epochs)...", file=sys.stderr, flush=True
-        )
-        classifier = fid_classifier.train_classifier(data, epochs=epochs, seed=seed)
-    fid_classifier.save_cached(*classifier, out)
-    return classifier
 
 
 def default_budget(elapsed_minutes):
