@@ -72,15 +72,6 @@ def _spec_json(spec):
     return {"dtype": spec.dtype.name, "shape": [None if d is None else int(d) for d in spec.shape]}
 
 
-def _jsonable(value):
-    array = np.asarray(value)
-    if array.dtype.kind in "SO":
-        return np.vectorize(lambda b: b.decode() if isinstance(b, bytes) else b, otypes=[object])(
-            array
-        ).tolist()
-    return array.tolist()
-
-
 # Example bodies with more values than this (seq2seq's decode_step: KV caches)
 # are left out of signature.json; the signature's inputs and outputs stay.
 MAX_EXAMPLE_VALUES = 4096
@@ -93,7 +84,7 @@ def rest_bodies(endpoint):
     arrays = [np.asarray(v) for v in endpoint.example.values()]
     if sum(a.size for a in arrays) > MAX_EXAMPLE_VALUES:
         return None, None
-    columns = {k: _jsonable(v) for k, v in endpoint.example.items()}
+    columns = {k: a.tolist() for k, a in zip(endpoint.example, arrays)}
     instances = None
     if all(a.ndim for a in arrays) and len({len(a) for a in arrays}) == 1:
         instances = {
@@ -170,15 +161,16 @@ def export_savedmodel(source, out, version=None):
         with atomic.building(target, directory=True) as tmp:
             write(tmp, {e.name: (_shape_checked(e), e.specs) for e in endpoints}, tracked)
             warmup.write(tmp, model_name, [(e.name, e.example) for e in endpoints])
-            extras = kind.extra_files(src)
-            for name, content in extras.items():
-                # Files for clients, beside the graph (the graph never reads them).
-                os.makedirs(os.path.join(tmp, "assets.extra"), exist_ok=True)
-                with open(os.path.join(tmp, "assets.extra", name), "wb") as f:
+            refs = {}
+            if "tokenizer" in (extra := kind.bundle_extra_files(src)):
+                # The tokenizer file for clients, beside the graph (the graph never reads
+                # it; warmup.write made assets.extra/), where the bundle points to it.
+                name, content = extra["tokenizer"]
+                refs["tokenizer"] = f"assets.extra/{name}"
+                with open(os.path.join(tmp, refs["tokenizer"]), "wb") as f:
                     f.write(content)
             # The app bundle (export/bundle.py), inside the version directory that is
             # renamed into place as a whole.
-            refs = {"tokenizer": "assets.extra/spm.model"} if "spm.model" in extras else {}
             shipped = ["saved_model.pb", "variables/", SIGNATURE_JSON, "assets.extra/"]
             for name, content in bundle.files(src, kind, "savedmodel", shipped, refs=refs).items():
                 with open(os.path.join(tmp, name), "wb") as f:

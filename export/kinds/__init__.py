@@ -13,8 +13,7 @@ The exporters talk to a kind through these methods:
 - `serving_endpoints(source)`: the SavedModel signatures (`Endpoint`s), e.g.
   raw text in, tags out for the tagger; each with example inputs used for the
   warm-up requests and the REST examples in signature.json.
-- `resources(source)`: extra trackables the endpoints use (lookup tables);
-  `extra_files(source)`: files for clients in the SavedModel's `assets.extra/`.
+- `resources(source)`: extra trackables the endpoints use (lookup tables).
 - `sample_inputs(source, n, specs)`: id-level inputs for calibration and checks.
 - `valid_mask(inputs)`: which output positions count in comparisons.
 - `metric(source, inputs, outputs)`: the task metric for `verify`.
@@ -252,10 +251,6 @@ class ExportKind:
     def resources(self, source):
         return []
 
-    def extra_files(self, source):
-        """{file name: bytes} the SavedModel ships in `assets.extra/` for clients."""
-        return {}
-
     # ---------------------------------------------------------- data
     def sample_inputs(self, source, n, specs):
         """n rows of id-level inputs for `specs`: calibration.npz rows, else synthetic."""
@@ -297,7 +292,8 @@ class ExportKind:
 
     def bundle_extra_files(self, source):
         """{role: (file name, bytes)} an app needs that the bundle writes unless the
-        export already ships it (e.g. seq2seq's "tokenizer": spm.model)."""
+        export already ships it (e.g. seq2seq's "tokenizer": spm.model, which a
+        SavedModel ships in `assets.extra/` for clients)."""
         return {}
 
     def preprocessing(self, source, refs):

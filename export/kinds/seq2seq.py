@@ -181,9 +181,6 @@ class Seq2SeqKind(ExportKind):
         # The core-op tokenizer's lookup tables.
         return [self.model(source).tokenizer.graph_tokenizer()]
 
-    def extra_files(self, source):
-        return {"spm.model": bytes(self.model(source).tokenizer.proto)}
-
     def _example_texts(self, source, n=3):
         examples = source.metrics().get("test_examples") or []
         texts = [e["source"] for e in examples[:n] if e.get("source")]
