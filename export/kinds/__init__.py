@@ -166,14 +166,11 @@ class ExportKind:
     model_class = None
 
     def matches(self, model):
-        """Whether `model` is a `model_class`; False where its module does not import."""
+        """Whether `model` is a `model_class`."""
         if self.model_class is None:
             return False
         module, name = self.model_class
-        try:
-            return isinstance(model, getattr(importlib.import_module(module), name))
-        except ImportError:
-            return False
+        return isinstance(model, getattr(importlib.import_module(module), name))
 
     # What the kind's models are ("a zoo Tagger"): `model` refuses any other; None: any.
     expected = None
@@ -365,10 +362,6 @@ def get(kind):
 def detect(model):
     """The kind of a live model: the first plugin that claims it, else "keras"."""
     for name in available():
-        try:
-            module = importlib.import_module(f"{__name__}.{name}")
-        except ImportError:
-            continue
-        if module.KIND.matches(model):
-            return module.KIND.name
+        if get(name).matches(model):
+            return name
     return "keras"
