@@ -16,7 +16,7 @@ import argparse
 import os
 import sys
 
-from zoo.cli import OneLineParser, import_keras_quietly, quiet_stderr, runtime_logs
+from zoo.cli import OneLineParser, UsageError, import_keras_quietly, quiet_stderr, runtime_logs
 
 
 def _number(text, ok, rule, cast=float):
@@ -165,8 +165,6 @@ def _run(args):
     from export import bench, verify
 
     if args.command == "verify" and args.accelerator:
-        from zoo.cli import UsageError
-
         if args.savedmodel:
             raise UsageError("--accelerator runs a .tflite file; --savedmodel does not apply")
         report = verify.verify_accelerator(
@@ -190,7 +188,7 @@ def main(argv=None):
     os.environ.setdefault("KERAS_BACKEND", "tensorflow")
     os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
     from export.errors import ExportError
-    from zoo.cli import UsageError, unexpected
+    from zoo.cli import unexpected
 
     try:
         args = build_parser().parse_args(argv)
@@ -205,10 +203,7 @@ def main(argv=None):
                 # TensorFlow/Keras and LiteRT first, so a bad input found later still
                 # gets its one line after their start-up lines (which runtime_logs filters).
                 import_keras_quietly()
-                try:
-                    import ai_edge_litert.interpreter  # noqa: F401
-                except ImportError:
-                    pass
+                import ai_edge_litert.interpreter  # noqa: F401
             with quiet_stderr(args.verbose == 0):
                 return _run(args)
         except UsageError as e:
