@@ -125,10 +125,9 @@ def verify(run_dir, savedmodel=None, tflite=None, samples=64):
         if not os.path.isfile(tflite):
             raise UsageError(f"no such .tflite file: {tflite}")
         runner, _ = runtime.signature_runner(runtime.interpreter(tflite))
-        details = runner.get_input_details()
         # A static-shape model sees the inputs padded / cut to its length;
         # Keras gets the same fitted inputs so both answer the same question.
-        tspecs = tflite_specs(details)
+        tspecs = tflite_specs(runner.get_input_details())
         t_inputs = {s.name: kinds.fit_to_spec(inputs[s.name], s) for s in tspecs}
         t_want = kinds.run_core(fn, specs, t_inputs)
         got = runtime.run(tflite, t_inputs)
@@ -204,23 +203,13 @@ def _accelerator_target(target, tflite):
     return path, run
 
 
-def _input_details(interp):
-    """{signature: {input: {"shape", "dtype"}}} of a LiteRT Interpreter."""
-    return {
-        sig: {
-            k: {"shape": [int(x) for x in d["shape"]], "dtype": np.dtype(d["dtype"])}
-            for k, d in interp.get_signature_runner(sig).get_input_details().items()
-        }
-        for sig in interp.get_signature_list()
-    }
-
-
 def _rows(details, src, kind, n):
-    """n batch-1 rows for one signature: the run's calibration / test rows when
-    there is a run, synthetic ones otherwise (ExportKind.sample_inputs)."""
+    """n batch-1 rows for one signature (its LiteRT input details): the run's
+    calibration / test rows when there is a run, synthetic ones otherwise
+    (ExportKind.sample_inputs)."""
     import tensorflow as tf
 
-    specs = [tf.TensorSpec([None] + d["shape"][1:], d["dtype"], name=k) for k, d in details.items()]
+    specs = [tf.TensorSpec([None, *d["shape"][1:]], d["dtype"], name=k) for k, d in details.items()]
     inputs = (kind or kinds.get("keras")).sample_inputs(src or rundir.Source("", "keras"), n, specs)
     inputs = {s.name: kinds.fit_to_spec(inputs[s.name], s) for s in specs}
     count = min(len(v) for v in inputs.values())
@@ -271,9 +260,8 @@ def verify_accelerator(target, tflite=None, samples=8, runs=20):
     src = rundir.resolve(run).held_out() if run else None
     kind = kinds.get(src.kind) if src else None
     interp = runtime.interpreter(path)
-    details = _input_details(interp)
     greedy = None
-    if {"encode", "decode_step"} <= set(details):
+    if {"encode", "decode_step"} <= set(interp.get_signature_list()):
         from export.kinds.seq2seq import first_step
 
         steps = runtime.StepModel.from_interpreter(interp)
@@ -285,7 +273,10 @@ def verify_accelerator(target, tflite=None, samples=8, runs=20):
         }
         greedy = {"rows": [r[None] for r in rows], "length": steps.max_target_length}
     else:
-        feeds = {sig: _rows(d, src, kind, samples) for sig, d in details.items()}
+        feeds = {
+            sig: _rows(interp.get_signature_runner(sig).get_input_details(), src, kind, samples)
+            for sig in interp.get_signature_list()
+        }
     result = accelerator.run_many_in_child([(path, feeds, greedy, runs)], f32=True)[0]
     if not result["crashed"] and not result["cpu"].get("compiled"):
         raise ExportError(f"LiteRT's CPU runtime cannot run {path}: {result['cpu'].get('error')}")
