@@ -23,6 +23,7 @@ int8: every op computes in integers: no float tensor enters or leaves any op
 The flatbuffer is read with ai_edge_litert's schema_py_generated.
 """
 
+import collections
 import dataclasses
 import math
 import os
@@ -312,9 +313,5 @@ def check_file(path, target="gpu"):
 def op_counts(content):
     """{op name: count} over all subgraphs (for reports and tests)."""
     model = read_model(content)
-    counts = {}
-    for sg in model.subgraphs or []:
-        for op in sg.operators if sg.operators is not None else []:
-            n = op_name(model, op)
-            counts[n] = counts.get(n, 0) + 1
-    return counts
+    ops = [op_name(model, op) for sg in model.subgraphs or [] for op in sg.operators or []]
+    return dict(collections.Counter(ops))
