@@ -135,13 +135,6 @@ class Problem:
         return f"{where}op #{self.index} {self.op}: {self.reason}\n    {self.tensors}"
 
 
-def _broadcastable(a, b):
-    for x, y in zip(reversed(a), reversed(b)):
-        if x != y and x != 1 and y != 1:
-            return False
-    return True
-
-
 def _gpu_op_rules(g, op, name):
     """Per-op constraints of the GPU delegate (gpu_compatibility.cc)."""
     ins = [i for i in op.inputs if i >= 0]
@@ -175,7 +168,8 @@ def _gpu_op_rules(g, op, name):
                 out.append(f"STRIDED_SLICE with {mask}={getattr(opts, mask)}")
     if name in ("ADD", "MUL") and len(ins) == 2:
         a, b = g.dims(ins[0]), g.dims(ins[1])
-        if len(a) > 1 and len(b) > 1 and len(a) != len(b) and not _broadcastable(a, b):
+        broadcastable = all(x == y or 1 in (x, y) for x, y in zip(a[::-1], b[::-1]))
+        if len(a) > 1 and len(b) > 1 and len(a) != len(b) and not broadcastable:
             out.append(f"{name} cannot broadcast {a} with {b}")
     for slot in gpu_rewrite.low_rank_operands(g, op, name):
         i = op.inputs[slot]
