@@ -85,7 +85,9 @@ def model_card(source, kind, fmt, file_names, quantize, parity):
     model = kind.model(source)
     config = source.config
     metrics = source.metrics()
-    metrics = {k: metrics[k] for k in kind.card_metric_keys(metrics)}  # the kind's choice
+    keys = kind.card_keys or [k for k in metrics if k.startswith("test_")]
+    # Numbers only, by type: a JSON true is an int to isinstance.
+    metrics = {k: metrics[k] for k in keys if type(metrics.get(k)) in (int, float)}
     card = {
         "model": {
             "kind": kind.name,

@@ -19,7 +19,7 @@ The exporters talk to a kind through these methods:
 - `metric(source, inputs, outputs)`: the task metric for `verify`.
 - `sidecar(source)`: what an app needs beside the .tflite (labels, vocab).
 - `preprocessing(source, refs)`, `labels(source)`, `bundle_extra_files(source)`,
-  `card_metric_keys(metrics)`, `intended_use`, `limitations`: the app bundle
+  `card_keys`, `intended_use`, `limitations`: the app bundle
   every export writes (export/bundle.py).
 """
 
@@ -307,14 +307,6 @@ class ExportKind:
 
     # metrics.json keys the model card reports, where numbers; None: the test split's.
     card_keys = None
-
-    def card_metric_keys(self, metrics):
-        keys = self.card_keys or [k for k in metrics if k.startswith("test_")]
-        return [
-            k
-            for k in keys
-            if isinstance(metrics.get(k), (int, float)) and not isinstance(metrics.get(k), bool)
-        ]
 
 
 def _input_name(t):
