@@ -119,12 +119,7 @@ def _rest_handler(signatures, seen):
                     outputs = signatures.run(found[1], signature, inputs)
                     reply = {
                         "predictions": [
-                            {
-                                k: _jsonable(v[i])
-                                if isinstance(v[i], np.ndarray)
-                                else _jsonable(np.asarray(v[i]))
-                                for k, v in outputs.items()
-                            }
+                            {k: _jsonable(np.asarray(v[i])) for k, v in outputs.items()}
                             for i in range(len(rows))
                         ]
                     }
