@@ -197,10 +197,7 @@ class ExportKind:
         for t in self.core(source).inputs:
             shape = list(t.shape)
             if static_length is not None:
-                shape[0] = 1
-                for i in range(1, len(shape)):
-                    if shape[i] is None:
-                        shape[i] = int(static_length)
+                shape = [1] + [int(static_length) if d is None else d for d in shape[1:]]
             specs.append(tf.TensorSpec(shape, tf.as_dtype(t.dtype), name=_input_name(t)))
         return specs
 
