@@ -88,8 +88,8 @@ def test_sagan_generator_static_export_passes_on_the_gpu(gpu, tmp_path):
 
 
 def test_seq2seq_greedy_loop_on_the_gpu_gives_cpu_tokens(gpu, tmp_path):
-    """Before the export change, encode's cross_cache was off by 3.4 on the GPU
-    (a batch-broadcast BATCH_MATMUL and a low-rank ADD, both computed wrong)."""
+    """encode's cross_cache is off by 3.4 on the GPU where its graph holds a
+    batch-broadcast BATCH_MATMUL or a low-rank ADD (both computed wrong)."""
     from export import rundir
     from export.kinds import seq2seq
     from train.cli import main as train_main
