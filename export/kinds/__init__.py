@@ -51,13 +51,6 @@ def run_core(fn, specs, inputs):
     return {k: np.asarray(v) for k, v in fn(*[tf.constant(inputs[s.name]) for s in specs]).items()}
 
 
-def assert_at_most(tensor, size, limit, message):
-    """`tensor` gated on a check, at run time, that `size` <= `limit`."""
-    import tensorflow as tf
-
-    return checked(tensor, tf.debugging.assert_less_equal(size, limit, message=message))
-
-
 def assert_ids_in_range(ids, size, name, limit="the size of the embedding table", padding=True):
     """Serving-time check that `ids` index a table of `size` rows; returns `ids`
     gated on it (use the returned tensor).

@@ -40,8 +40,8 @@ from export.errors import ExportError
 from export.kinds import (
     Endpoint,
     ExportKind,
-    assert_at_most,
     assert_ids_in_range,
+    checked,
     cut_to,
     pad_empty,
 )
@@ -97,24 +97,21 @@ class Seq2SeqKind(ExportKind):
         length = int(m.max_target_length)
         vocabulary = int(m.vocabulary_size)
 
+        def at_most_limit(size, what):
+            return tf.debugging.assert_less_equal(
+                size, limit, message=f"{what} than max_source_length ({limit})"
+            )
+
         def translate(text):
             # An empty batch runs as one "" row and is cut back (pad_empty says why).
             ids, counts = tok.encode_tf(pad_empty(text), limit)
-            ids = assert_at_most(
-                ids,
-                counts,
-                limit,
-                f"an input has more tokens than max_source_length ({limit})",
-            )
+            ids = checked(ids, at_most_limit(counts, "an input has more tokens"))
             out = decoding.greedy(m, ids)
             return cut_to({"translation": tok.decode_tf(out), "token_ids": out}, tf.size(text))
 
         def translate_ids(source_ids):
-            source_ids = assert_at_most(
-                source_ids,
-                tf.shape(source_ids)[1],
-                limit,
-                f"source_ids has more positions than max_source_length ({limit})",
+            source_ids = checked(
+                source_ids, at_most_limit(tf.shape(source_ids)[1], "source_ids has more positions")
             )
             source_ids = assert_ids_in_range(source_ids, vocabulary, "source_ids")
             out = decoding.greedy(m, pad_empty(source_ids, axes=(0, 1)))
