@@ -29,18 +29,6 @@ def next_version(base):
     return max(versions, default=0) + 1
 
 
-def _check_out(out, version):
-    if os.path.exists(out) and not os.path.isdir(out):
-        raise UsageError(f"--out exists and is not a directory: {out}")
-    runlock.check_writable_ancestor(os.path.join(out, "1"), "--out")
-    if version is not None:
-        if isinstance(version, bool) or not isinstance(version, int) or version < 1:
-            raise UsageError(f"--version must be a positive integer, got {version!r}")
-        target = os.path.join(out, str(version))
-        if os.path.exists(target):
-            raise UsageError(f"version {version} already exists: {target} (versions are immutable)")
-
-
 def write(path, functions, tracked=()):
     """Writes `functions` ({signature name: (fn, input specs)}) as a SavedModel at `path`
     with `keras.export.ExportArchive`, tracking `tracked` (the Keras model or layers whose
@@ -143,7 +131,15 @@ def export_savedmodel(source, out, version=None):
         The path of the version directory written.
     """
     out = os.path.abspath(os.fspath(out))
-    _check_out(out, version)
+    if os.path.exists(out) and not os.path.isdir(out):
+        raise UsageError(f"--out exists and is not a directory: {out}")
+    runlock.check_writable_ancestor(os.path.join(out, "1"), "--out")
+    if version is not None:
+        if isinstance(version, bool) or not isinstance(version, int) or version < 1:
+            raise UsageError(f"--version must be a positive integer, got {version!r}")
+        target = os.path.join(out, str(version))
+        if os.path.exists(target):
+            raise UsageError(f"version {version} already exists: {target} (versions are immutable)")
     runlock.refuse_if_held(out)
     src = rundir.resolve(source)
     kind = kinds.get(src.kind)
