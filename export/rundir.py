@@ -17,7 +17,7 @@ class Source:
         kind: the model kind ("tagger", "seq2seq", ... or "keras" for a bare model).
         run_dir: the run directory, or None for a bare model file / live model.
         config: config.json contents ({} for a bare model).
-        model: the loaded Keras model (loaded lazily by `load`).
+        model: the loaded Keras model (loaded on first use by `ensure_model`).
         sample_file: the run's file of example rows that `calibration()` reads:
             calibration.npz (training data, for quantization) unless `held_out()`
             chose the test-split rows training saved as evaluation.npz.
