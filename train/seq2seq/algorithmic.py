@@ -12,27 +12,13 @@ Universal Transformer paper's claim). Characters are the tokens (a SentencePiece
 `char` model), and the metric is exact match of the whole output.
 """
 
+import calendar
 import datetime
 
 import numpy as np
 
 TASKS = ("copy", "reverse", "sort", "addition", "date")
 ALPHABET = "abcdefghij"
-_MONTHS = [
-    "January",
-    "February",
-    "March",
-    "April",
-    "May",
-    "June",
-    "July",
-    "August",
-    "September",
-    "October",
-    "November",
-    "December",
-]
-_DAYS = ["Monday", "Tuesday", "Wednesday", "Thursday", "Friday", "Saturday", "Sunday"]
 
 
 def _string(rng, length):
@@ -46,12 +32,12 @@ def _number(rng, digits, leading):
 
 
 def _date_text(rng, date):
-    month, day, year = _MONTHS[date.month - 1], date.day, date.year
+    month, day, year = calendar.month_name[date.month], date.day, date.year
     formats = [
         f"{month} {day}, {year}",
         f"{day} {month[:3]} {year}",
         f"{day:02d} {month} {year}",
-        f"{_DAYS[date.weekday()]} {day} {month} {year}",
+        f"{calendar.day_name[date.weekday()]} {day} {month} {year}",
         f"{month[:3]}. {day} {year}",
         f"{year} {month} {day}",
     ]
