@@ -26,20 +26,14 @@ class ParallelData:
     extra: dict = dataclasses.field(default_factory=dict)  # more test sets, e.g. "long"
 
 
-def _open(path):
-    with open(path, "rb") as f:
-        magic = f.read(2)
-    if magic == b"\x1f\x8b":
-        return gzip.open(path, "rt", encoding="utf-8", newline="\n")
-    return open(path, encoding="utf-8", newline="\n")
-
-
 def read_lines(path):
     """Lines of a plain or gzip text file (UTF-8), without line ends."""
     if not os.path.isfile(path):
         raise DataError(f"data file not found: {path}")
     try:
-        with _open(path) as f:
+        with open(path, "rb") as f:
+            gzipped = f.read(2) == b"\x1f\x8b"
+        with (gzip.open if gzipped else open)(path, "rt", encoding="utf-8", newline="\n") as f:
             lines = [line.rstrip("\r\n") for line in f]
     except UnicodeDecodeError as e:
         raise DataError(f"{path} is not UTF-8 text (byte {e.start})") from None
