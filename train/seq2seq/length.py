@@ -14,6 +14,7 @@ import os
 import re
 
 from zoo.cli import UsageError
+from zoo.litert import bucket
 
 # Each arm's --arch and --act.
 _ARM_OPTIONS = {
@@ -41,7 +42,7 @@ def parse_range(text, flag):
 
 
 def train_range(args):
-    if getattr(args, "train_lengths", None):
+    if args.train_lengths:
         return parse_range(args.train_lengths, "--train-lengths")
     return TRAIN_LENGTHS
 
@@ -49,22 +50,11 @@ def train_range(args):
 def test_ranges(args):
     """The test buckets: the trained range first, then --test-lengths (or 2x, 5x, 10x)."""
     lo, hi = train_range(args)
-    if getattr(args, "test_lengths", None):
+    if args.test_lengths:
         extra = [parse_range(part, "--test-lengths") for part in args.test_lengths.split(",")]
     else:
         extra = [(k * hi, k * hi) for k in (2, 5, 10)]
     return [(lo, hi)] + extra
-
-
-def validate(args):
-    test_ranges(args)  # --train-lengths first
-    arms = [a.strip() for a in args.arms.split(",") if a.strip()]
-    for arm in arms:
-        if arm not in ARMS:
-            raise UsageError(f"unknown arm {arm!r} in --arms; choose from: {', '.join(ARMS)}")
-    if not arms:
-        raise UsageError(f"--arms names no arm, got {args.arms!r}")
-    args.arms = ",".join(arms)
 
 
 def bucket_name(lo, hi, trained_hi):
@@ -153,11 +143,7 @@ def model_lengths(buckets):
     (characters are the tokens), rounded up to multiples of 8."""
     source = max(len(s) for _, _, _, pairs in buckets for s, _ in pairs)
     target = max(len(t) for _, _, _, pairs in buckets for _, t in pairs)
-    return _round8(source), _round8(target + 1)
-
-
-def _round8(n):
-    return -(-n // 8) * 8
+    return bucket(source), bucket(target + 1)
 
 
 def summarize(rows, arms, buckets):
@@ -233,7 +219,14 @@ def plot(summary, arms, path, title):
 
 def run_compare(context, args):
     """`--compare`: every arm and seed in `context`, then the per-length table and plot."""
-    validate(args)
+    test_ranges(args)  # --train-lengths first
+    arms = [a.strip() for a in args.arms.split(",") if a.strip()]
+    for arm in arms:
+        if arm not in ARMS:
+            raise UsageError(f"unknown arm {arm!r} in --arms; choose from: {', '.join(ARMS)}")
+    if not arms:
+        raise UsageError(f"--arms names no arm, got {args.arms!r}")
+    args.arms = ",".join(arms)
     from train import rundir
 
     if args.resume:
