@@ -5,7 +5,7 @@ import pathlib
 import pytest
 
 from tests.support import paths
-from train.tagger import embedded
+from train.tagger import TaggerConfig, embedded
 from train.tagger.conllu import read_conllu
 from train.tagger.select import load_data
 from zoo.cli import DataError, UsageError
@@ -56,13 +56,13 @@ def test_missing_and_empty_files(tmp_path):
 
 
 def test_load_data_holds_out_missing_splits():
-    data = load_data(train_file=str(FIXTURES / "small.conllu"))
+    data = load_data(TaggerConfig(train_file=str(FIXTURES / "small.conllu")))
     assert len(data.train) + len(data.dev) + len(data.test) == 3
     assert data.dev and data.test
     with pytest.raises(UsageError, match="need --train-file"):
-        load_data(dev_file=str(FIXTURES / "small.conllu"))
+        load_data(TaggerConfig(dev_file=str(FIXTURES / "small.conllu")))
     with pytest.raises(UsageError, match="tfds:NAME"):
-        load_data(dataset="universal_dependencies/en_ewt")
+        load_data(TaggerConfig(dataset="universal_dependencies/en_ewt"))
 
 
 def test_embedded_data_is_deterministic_and_ambiguous():

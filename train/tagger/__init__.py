@@ -98,11 +98,7 @@ def run(args, context):
     from train import rundir
     from train.tagger import select
 
-    data = rundir.prepare(
-        cfg,
-        ("tagger",),
-        lambda c: select.load_data(c.train_file, c.dev_file, c.test_file, c.dataset, c.seed),
-    )
+    data = rundir.prepare(cfg, ("tagger",), select.load_data)
     from train.tagger.training import resume_run, train_compare, train_one
 
     if cfg.resume:

@@ -9,15 +9,15 @@ from train.tfds import load_tfds, parse_dataset_flag
 from zoo.cli import UsageError
 
 
-def load_data(train_file=None, dev_file=None, test_file=None, dataset=None, seed=0):
-    """Reads the data the flags name (default: the embedded grammar) into `TaggingData`."""
-    files = {"train": train_file, "dev": dev_file, "test": test_file}
-    if dataset and any(files.values()):
+def load_data(cfg):
+    """Reads the data the flags in `cfg` name (default: the embedded grammar) into `TaggingData`."""
+    files = {"train": cfg.train_file, "dev": cfg.dev_file, "test": cfg.test_file}
+    if cfg.dataset and any(files.values()):
         raise UsageError("--dataset cannot be combined with --train-file/--dev-file/--test-file")
-    if dataset:
-        data = load_tfds(parse_dataset_flag(dataset))
+    if cfg.dataset:
+        data = load_tfds(parse_dataset_flag(cfg.dataset))
     elif any(files.values()):
-        if not train_file:
+        if not cfg.train_file:
             raise UsageError("--dev-file/--test-file need --train-file")
         # Read every file before complaining about any split, so errors name files in order.
         splits = {name: read_conllu(path) if path else None for name, path in files.items()}
@@ -25,8 +25,8 @@ def load_data(train_file=None, dev_file=None, test_file=None, dataset=None, seed
             **splits, source={"name": "conllu", **{k: v for k, v in files.items() if v}}
         )
     else:
-        data = embedded.generate(seed=seed)
-    _carve_missing(data, seed)
+        data = embedded.generate(seed=cfg.seed)
+    _carve_missing(data, cfg.seed)
     data.check_not_empty()
     return data
 
