@@ -70,42 +70,21 @@ def train_one(context, cfg, data, arch, out, vocab=None):
     return _fit_and_finish(context, model, data, encoded, out, train_cfg)
 
 
-def _compile(context, model, encoded, train_cfg):
-    epochs = train_cfg["epochs"]
-    steps = len(Batches(encoded["train"], train_cfg["batch_size"]))
-    with context.scope():
-        return compile_tagger(
-            model,
-            train_cfg["learning_rate"],
-            total_steps=max(1, epochs * steps),
-            warmup_steps=min(400, epochs * steps // 10),
-            weight_decay=1e-4,
-            ema_momentum=train_cfg.get("ema_momentum"),
-        )
-
-
-def _rebuild(context, out, config):
-    """The run's untrained model from config.json and vocab/ (--resume: the step
-    checkpoint then restores the weights and the optimizer)."""
-    model_cfg = {k: v for k, v in config["model"].items() if k != "vocab"}
+def resume_run(context, cfg):
+    out = cfg.out
+    run_config, recorded = rundir.resumed(cfg, ("tagger",))
+    train_cfg = config.record(recorded)
+    data = load_data(recorded)
+    keras.utils.set_random_seed(train_cfg["seed"] + 1)
+    # The untrained model: the step checkpoint then restores the weights and the optimizer.
     vocab = []
     for name in VOCAB:
         with open(os.path.join(out, "vocab", f"{name}.txt"), encoding="utf-8", newline="") as f:
             # split("\n"), not splitlines(): a token may hold U+2028 or U+0085.
             vocab.append(f.read().split("\n")[:-1])
+    model_cfg = {k: v for k, v in run_config["model"].items() if k != "vocab"}
     with context.scope():
-        return zoo.build("tagger", words=vocab[0], chars=vocab[1], tags=vocab[2], **model_cfg)
-
-
-def resume_run(context, cfg):
-    out = cfg.out
-    run_config, recorded = rundir.resumed(cfg, ("tagger",))
-    train_cfg = config.record(recorded)
-    data = load_data(
-        recorded.train_file, recorded.dev_file, recorded.test_file, recorded.dataset, recorded.seed
-    )
-    keras.utils.set_random_seed(train_cfg["seed"] + 1)
-    model = _rebuild(context, out, run_config)
+        model = zoo.build("tagger", words=vocab[0], chars=vocab[1], tags=vocab[2], **model_cfg)
     encoded = _encode(model, data)
     rundir.save_resumed(out, run_config, train_cfg, context)
     return _fit_and_finish(context, model, data, encoded, out, train_cfg, name=out)
@@ -119,7 +98,16 @@ def _encode(model, data):
 
 
 def _fit_and_finish(context, model, data, encoded, out, train_cfg, name=None):
-    rate = _compile(context, model, encoded, train_cfg)
+    steps = train_cfg["epochs"] * len(Batches(encoded["train"], train_cfg["batch_size"]))
+    with context.scope():
+        rate = compile_tagger(
+            model,
+            train_cfg["learning_rate"],
+            total_steps=max(1, steps),
+            warmup_steps=min(400, steps // 10),
+            weight_decay=1e-4,
+            ema_momentum=train_cfg.get("ema_momentum"),
+        )
 
     def train_batches(epoch):  # the batch order of an epoch depends on (seed, epoch) only
         return Batches(
