@@ -10,34 +10,25 @@ import tensorflow as tf
 from train.tagger.data import Batches, normalised_keys
 
 
-def predict_split(model, encoded, batch_size=64):
-    """Predicted tag ids per sentence (lists of int arrays), in the split's order."""
-    batches = Batches(encoded, batch_size, shuffle=False)
-    preds = [None] * len(encoded)
-    for k in range(len(batches)):
-        x, _, _ = batches[k]
-        probs = model.core(x, training=False)
-        ids = tf.argmax(probs, axis=-1, output_type=tf.int32).numpy()
-        for row, i in enumerate(batches.batches[k]):
-            preds[i] = ids[row, : encoded.lengths[i]]
-    return preds
-
-
 def accuracies(model, encoded, word_tags):
-    preds = predict_split(model, encoded)
+    batches = Batches(encoded, 64, shuffle=False)
     keys = normalised_keys(encoded.sentences)
     total = {"all": [0, 0], "ambiguous": [0, 0], "unseen": [0, 0]}
-    for pred, gold, sent_keys in zip(preds, encoded.tag_ids, keys):
-        for p, g, k in zip(pred, gold, sent_keys):
-            hit = int(p == g)
-            groups = ["all"]
-            if k not in word_tags:
-                groups.append("unseen")
-            elif len(word_tags[k]) > 1:
-                groups.append("ambiguous")
-            for group in groups:
-                total[group][0] += hit
-                total[group][1] += 1
+    for k, index in enumerate(batches.batches):
+        x, gold, _ = batches[k]
+        probs = model.core(x, training=False)
+        predicted = tf.argmax(probs, axis=-1, output_type=tf.int32).numpy()
+        for row, i in enumerate(index):  # keys[i]: the sentence's words, not its padding
+            for p, g, key in zip(predicted[row], gold[row], keys[i]):
+                hit = int(p == g)
+                groups = ["all"]
+                if key not in word_tags:
+                    groups.append("unseen")
+                elif len(word_tags[key]) > 1:
+                    groups.append("ambiguous")
+                for group in groups:
+                    total[group][0] += hit
+                    total[group][1] += 1
     out = {}
     for group, (hits, count) in total.items():
         out[f"{group}_accuracy"] = hits / count if count else None
