@@ -14,26 +14,22 @@ from zoo.seq2seq import decoding  # noqa: E402
 from zoo.seq2seq.tokenization import BOS_ID, EOS_ID  # noqa: E402
 
 
-class _Recorder:
-    """Stands in for a decoder block's cross-attention layer and keeps its weights."""
-
-    def __init__(self, layer):
-        self.layer, self.scores = layer, None
-
-    def __call__(self, *args, **kwargs):
-        out, self.scores = self.layer(*args, return_attention_scores=True, **kwargs)
-        return out
-
-
 @contextlib.contextmanager
 def _recording(block):
+    """Stands in for `block`'s cross-attention layer and keeps the weights of each call."""
+    layer, scores = block.cross_attention_layer, []
+
+    def record(*args, **kwargs):
+        out, weights = layer(*args, return_attention_scores=True, **kwargs)
+        scores.append(weights)
+        return out
+
     # object.__setattr__ keeps Keras's layer tracking out of it: the model is only read.
-    recorder = _Recorder(block.cross_attention_layer)
-    object.__setattr__(block, "cross_attention_layer", recorder)
+    object.__setattr__(block, "cross_attention_layer", record)
     try:
-        yield recorder
+        yield scores
     finally:
-        object.__setattr__(block, "cross_attention_layer", recorder.layer)
+        object.__setattr__(block, "cross_attention_layer", layer)
 
 
 def cross_attention(model, text):
@@ -44,9 +40,9 @@ def cross_attention(model, text):
     source = tokenizer.encode([text])
     out = list(decoding.decode_ids(model, source)[0]) or [EOS_ID]
     encoded, mask = model.encode(np.asarray(source, "int32"))
-    with _recording(model.decoder_blocks[-1]) as recorder:
+    with _recording(model.decoder_blocks[-1]) as scores:
         model.decode(np.asarray([[BOS_ID] + out[:-1]], "int32"), encoded, mask)
-    weights = ops.convert_to_numpy(ops.cast(recorder.scores, "float32"))[0]
+    weights = ops.convert_to_numpy(ops.cast(scores[-1], "float32"))[0]
     pieces = tokenizer.pieces()
 
     def words(ids):
