@@ -74,22 +74,6 @@ def _encode_all(tokenizer, data, sizes, truncate):
     }
 
 
-def _compile(context, model, train_cfg, train):
-    # The cosine schedule ends at the last planned step, or where the time budget does.
-    steps = train_cfg["steps_per_epoch"] or len(Batches(train, train_cfg["batch_size"]))
-    with context.scope():
-        return compile_seq2seq(
-            model,
-            train_cfg["learning_rate"],
-            train_cfg["warmup_steps"],
-            train_cfg["label_smoothing"],
-            jit_compile=context.jit_compile,
-            schedule=train_cfg["schedule"],
-            total_steps=train_cfg["epochs"] * steps,
-            ema_momentum=train_cfg["ema_momentum"],
-        )
-
-
 def train_new(context, cfg, data):
     """A new run of `cfg` (train.seq2seq.Seq2SeqConfig) on `data` into `cfg.out` in
     `context`; returns the trained model and its greedy outputs for the test set."""
@@ -132,21 +116,17 @@ def train_new(context, cfg, data):
     return _fit_and_finish(context, model, data, encoded, out, train_cfg)
 
 
-def _rebuild(context, out, config):
-    """The run's untrained model from config.json and vocab/spm.model (--resume: the
-    step checkpoint then restores the weights and the optimizer, and checks they fit)."""
-    with open(os.path.join(out, config["tokenizer"]), "rb") as f:
-        proto = f.read()
-    with context.scope():
-        return zoo.build(config["kind"], tokenizer=encode_proto(proto), **config["model"])
-
-
 def resume_run(context, cfg):
     out = cfg.out
     run_config, recorded = rundir.resumed(cfg, ("seq2seq", "universal_transformer"))
     data = load_data(recorded)
     train_cfg = config.record(recorded)
-    model = _rebuild(context, out, run_config)
+    # The untrained model: the step checkpoint then restores the weights and the
+    # optimizer, and checks they fit.
+    with open(os.path.join(out, run_config["tokenizer"]), "rb") as f:
+        proto = encode_proto(f.read())
+    with context.scope():
+        model = zoo.build(run_config["kind"], tokenizer=proto, **run_config["model"])
     encoded = _encode_all(model.tokenizer, data, run_config["model"], train_cfg["truncate"])
     rundir.save_resumed(out, run_config, train_cfg, context)
     return _fit_and_finish(context, model, data, encoded, out, train_cfg, name=out)
@@ -170,7 +150,19 @@ def _dev_scorer(model, data, encoded, train_cfg):
 
 
 def _fit_and_finish(context, model, data, encoded, out, train_cfg, name=None):
-    rate = _compile(context, model, train_cfg, encoded["train"])
+    # The cosine schedule ends at the last planned step, or where the time budget does.
+    steps = train_cfg["steps_per_epoch"] or len(Batches(encoded["train"], train_cfg["batch_size"]))
+    with context.scope():
+        rate = compile_seq2seq(
+            model,
+            train_cfg["learning_rate"],
+            train_cfg["warmup_steps"],
+            train_cfg["label_smoothing"],
+            jit_compile=context.jit_compile,
+            schedule=train_cfg["schedule"],
+            total_steps=train_cfg["epochs"] * steps,
+            ema_momentum=train_cfg["ema_momentum"],
+        )
     dev_score = _dev_scorer(model, data, encoded, train_cfg)
 
     def train_batches(epoch):  # the batch order of an epoch depends on (seed, epoch) only
