@@ -254,10 +254,11 @@ def _rouge(hyps, refs):
     return {f"test_{k}": round(100.0 * v / max(1, len(refs)), 2) for k, v in totals.items()}
 
 
-def _timed_decode(model, ids, beam_width, alpha, sample=256):
+def _timed_decode(model, ids, beam_width, alpha, prefix, sample=256):
     """Decodes every input, then times a second pass over (at most) `sample` of them:
     the first pass compiles one XLA program per batch shape, which a speed figure should
-    not include (beam's programs take longer to compile than greedy's)."""
+    not include (beam's programs take longer to compile than greedy's). Returns the
+    outputs and the speeds as PREFIXtokens_per_second and PREFIXsentences_per_second."""
     out = decoding.decode_ids(model, ids, beam_width=beam_width, alpha=alpha)
     timed = ids[:sample]
     started = time.perf_counter()
@@ -265,8 +266,8 @@ def _timed_decode(model, ids, beam_width, alpha, sample=256):
     seconds = time.perf_counter() - started
     tokens = sum(len(o) + 1 for o in again)
     return out, {
-        "tokens_per_second": round(tokens / seconds, 1),
-        "sentences_per_second": round(len(timed) / seconds, 1),
+        f"{prefix}tokens_per_second": round(tokens / seconds, 1),
+        f"{prefix}sentences_per_second": round(len(timed) / seconds, 1),
     }
 
 
@@ -280,29 +281,20 @@ def evaluate(model, data, encoded, train_cfg):
     beam, alpha = train_cfg["beam_width"], train_cfg["alpha"]
     test = encoded["test"]
     refs = [t for _, t in data.test]
-    greedy_ids, speed = _timed_decode(model, test.sources, 1, alpha)
+    greedy_ids, speed = _timed_decode(model, test.sources, 1, alpha, "decode_")
     greedy = model.tokenizer.decode(greedy_ids)
-    metrics.update(
-        decode_tokens_per_second=speed["tokens_per_second"],
-        decode_sentences_per_second=speed["sentences_per_second"],
-    )
+    metrics.update(speed)
     hyps = greedy
     if beam > 1:
-        beam_ids, beam_speed = _timed_decode(model, test.sources, beam, alpha)
+        beam_ids, speed = _timed_decode(model, test.sources, beam, alpha, "beam_decode_")
         hyps = model.tokenizer.decode(beam_ids)
-        metrics.update(
-            beam_width=beam,
-            alpha=alpha,
-            beam_decode_tokens_per_second=beam_speed["tokens_per_second"],
-            beam_decode_sentences_per_second=beam_speed["sentences_per_second"],
-        )
+        metrics.update(beam_width=beam, alpha=alpha, **speed)
     if data.task == "text":
-        metrics["test_bleu"] = round(_bleu(hyps, refs), 2)
+        bleu = sacrebleu.BLEU()
+        metrics["test_bleu"] = round(bleu.corpus_score(hyps, [refs]).score, 2)
         metrics["test_bleu_greedy"] = round(_bleu(greedy, refs), 2)
         metrics["test_chrf"] = round(float(sacrebleu.corpus_chrf(hyps, [refs]).score), 2)
         metrics.update(_rouge(hyps, refs))
-        bleu = sacrebleu.BLEU()
-        bleu.corpus_score(hyps, [refs])
         metrics["bleu_signature"] = str(bleu.get_signature())
     else:
         metrics["test_exact_match"] = round(_exact(hyps, refs), 4)
