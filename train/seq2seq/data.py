@@ -5,6 +5,7 @@ import numpy as np
 from train import buckets, tfds
 from train.seq2seq import algorithmic, parallel
 from zoo.cli import DataError, UsageError
+from zoo.litert import bucket
 from zoo.seq2seq.tokenization import BOS_ID, EOS_ID, train_sentencepiece
 
 SPLITS = ("train", "dev", "test")
@@ -98,20 +99,18 @@ class Encoded:
         self.sources = tokenizer.encode([s for s, _ in pairs])
         targets = tokenizer.encode([t for _, t in pairs])
         for i, (s, t) in enumerate(zip(self.sources, targets)):
-            if len(s) > max_source_length or len(t) + 1 > max_target_length:
-                if not truncate:
-                    which, n, limit = (
-                        ("source", len(s), max_source_length)
-                        if len(s) > max_source_length
-                        else ("target", len(t) + 1, max_target_length)
-                    )
-                    text = pairs[i][0 if which == "source" else 1]
+            sides = (
+                (0, "source", len(s), max_source_length),
+                (1, "target", len(t) + 1, max_target_length),
+            )
+            for side, which, n, limit in sides:
+                if n > limit and not truncate:
                     raise DataError(
                         f"{name} pair {i + 1} has a {which} of {n} tokens, over the limit {limit} "
-                        f"(raise --max-{which}-length or pass --truncate): {text[:60]!r}"
+                        f"(raise --max-{which}-length or pass --truncate): {pairs[i][side][:60]!r}"
                     )
-                self.sources[i] = s[:max_source_length]
-                targets[i] = t[: max_target_length - 1]
+            self.sources[i] = s[:max_source_length]
+            targets[i] = t[: max_target_length - 1]
         self.targets = targets
 
     def __len__(self):
@@ -126,10 +125,6 @@ def _pad(rows, width):
     for i, r in enumerate(rows):
         out[i, : len(r)] = r
     return out
-
-
-def _bucket(n, step=8):
-    return max(step, -(-n // step) * step)
 
 
 class Batches:
@@ -153,11 +148,15 @@ class Batches:
     def __len__(self):
         return -(-len(self.encoded) // self.batch_size)
 
-    def batch(self, index):
+    def batch(self, index, widths=None):
+        """(inputs, labels) of rows `index`, padded to `widths` (source, target), by
+        default the longest of each rounded up to 8."""
         sources = [self.encoded.sources[i] for i in index]
         targets = [self.encoded.targets[i] for i in index]
-        width_s = _bucket(max(len(s) for s in sources))
-        width_t = _bucket(max(len(t) for t in targets) + 1)
+        width_s, width_t = widths or (
+            bucket(max(len(s) for s in sources)),
+            bucket(max(len(t) for t in targets) + 1),
+        )
         x = {
             "source_ids": _pad(sources, width_s),
             "target_ids": _pad([[BOS_ID] + t for t in targets], width_t),

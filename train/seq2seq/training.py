@@ -314,10 +314,6 @@ def evaluate(model, data, encoded, train_cfg):
 def _write_calibration(out, encoded, model, seed, rows=200):
     rng = np.random.default_rng(seed)
     picked = rng.choice(len(encoded), size=min(rows, len(encoded)), replace=False)
-    sources = np.zeros((len(picked), model.max_source_length), "int32")
-    targets = np.zeros((len(picked), model.max_target_length), "int32")
-    for r, i in enumerate(picked):
-        s, t = encoded.sources[i], [2] + encoded.targets[i]
-        sources[r, : len(s)] = s
-        targets[r, : len(t)] = t[: model.max_target_length]
-    atomic.save_npz(os.path.join(out, "calibration.npz"), source_ids=sources, target_ids=targets)
+    widths = (model.max_source_length, model.max_target_length)
+    x, _ = Batches(encoded, rows).batch(picked, widths)
+    atomic.save_npz(os.path.join(out, "calibration.npz"), **x)
