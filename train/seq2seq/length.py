@@ -240,7 +240,6 @@ def run_compare(context, args):
 
     max_source, max_target = model_lengths(buckets)
     rundir.create_run_dir(args.out, "seq2seq-compare")
-    arms = args.arms.split(",")
     rows = []
     for k in range(args.seeds):
         for arm in arms:
@@ -253,22 +252,19 @@ def run_compare(context, args):
             if args.epochs is None and args.steps_per_epoch is None:
                 arm_args.epochs, arm_args.steps_per_epoch = EPOCHS, STEPS_PER_EPOCH
             # Every tested string must fit the model (characters are the tokens).
-            if arm_args.max_source_length is None:
-                arm_args.max_source_length = max_source
-            if arm_args.max_target_length is None:
-                arm_args.max_target_length = max_target
+            arm_args.max_source_length = args.max_source_length or max_source
+            arm_args.max_target_length = args.max_target_length or max_target
             name = f"{arm}_seed{arm_args.seed}"
             arm_args.out = os.path.join(args.out, name)
             print(f"\n=== {name} ===", flush=True)
             # The test set is the first bucket: its outputs are decoded once.
             model, greedy = training.train_new(context, arm_args, data)
             results = evaluate_buckets(model, buckets, first=greedy)
-            run = arm_args.out
-            metrics = rundir.load_json(os.path.join(run, "metrics.json"))
+            metrics = rundir.load_json(os.path.join(arm_args.out, "metrics.json"))
             metrics["length"] = results
-            atomic.write_json(os.path.join(run, "metrics.json"), metrics)
+            atomic.write_json(os.path.join(arm_args.out, "metrics.json"), metrics)
             row = {"name": name, "arm": arm, "seed": arm_args.seed, "length": results}
-            rows.append({**row, "train_seconds": metrics.get("train_seconds")})
+            rows.append({**row, "train_seconds": metrics["train_seconds"]})
             columns = [("bucket", "length"), ("char_accuracy", "char"), ("seq_accuracy", "seq")]
             print(markdown_table(results, columns), flush=True)
     summary = summarize(rows, arms, buckets)
