@@ -26,19 +26,18 @@ def normalised_keys(sentences):
     return out
 
 
+def _by_count(items, skip=()):
+    """The distinct `items` but `skip`, the most frequent first (ties in sorted order)."""
+    counts = collections.Counter(items)
+    return sorted((k for k in counts if k not in skip), key=lambda k: (-counts[k], k))
+
+
 def build_vocab(data):
     """words/chars from training data only; tags from all splits (train ones first)."""
-    train_keys = normalised_keys(data.train)
-    counts = collections.Counter(k for keys in train_keys for k in keys)
-    words = [PAD, UNK] + sorted(
-        (k for k in counts if k not in (PAD, UNK, "")), key=lambda k: (-counts[k], k)
-    )
-    char_counts = collections.Counter(ch for s in data.train for t in s.tokens for ch in t)
-    chars = [PAD, UNK] + sorted(
-        (c for c in char_counts if c not in (PAD, UNK)), key=lambda c: (-char_counts[c], c)
-    )
-    tag_counts = collections.Counter(t for s in data.train for t in s.tags)
-    tags = sorted(tag_counts, key=lambda t: (-tag_counts[t], t))
+    keys = (k for sentence_keys in normalised_keys(data.train) for k in sentence_keys)
+    words = [PAD, UNK] + _by_count(keys, (PAD, UNK, ""))
+    chars = [PAD, UNK] + _by_count((c for s in data.train for t in s.tokens for c in t), (PAD, UNK))
+    tags = _by_count(t for s in data.train for t in s.tags)
     extra = sorted(
         {t for split in (data.dev, data.test) for s in split for t in s.tags} - set(tags)
     )
