@@ -59,6 +59,9 @@ def model_config(args, text, longest_source=None):
     for key in base:  # the flags of the same names override the sizes
         if getattr(args, key) is not None:
             base[key] = getattr(args, key)
+    scale = args.cross_length_scale
+    if scale == "auto":  # the longest training source, within the model's limit, at least 2
+        scale = max(2, min(longest_source or base["max_source_length"], base["max_source_length"]))
     base.update(
         position=args.position,
         norm_first=not args.post_ln,
@@ -66,9 +69,7 @@ def model_config(args, text, longest_source=None):
         window=args.window,
         label_smoothing=args.label_smoothing,
         **positions,
-        cross_length_scale=cross_length_scale(
-            args.cross_length_scale, longest_source, base["max_source_length"]
-        ),
+        cross_length_scale=None if scale == "off" else int(scale),
     )
     if args.arch == "universal_transformer":
         base.pop("num_layers")
@@ -78,13 +79,3 @@ def model_config(args, text, longest_source=None):
             f"--num-heads {base['num_heads']} must divide --hidden-dim {base['hidden_dim']}"
         )
     return base
-
-
-def cross_length_scale(flag, longest_source, max_source_length):
-    """--cross-length-scale as the model's `cross_length_scale`: None for "off"; for
-    "auto" the longest training source (within the model's limit, at least 2)."""
-    if flag == "off":
-        return None
-    if flag == "auto":
-        return max(2, min(longest_source or max_source_length, max_source_length))
-    return int(flag)
