@@ -116,9 +116,6 @@ class Encoded:
     def __len__(self):
         return len(self.sources)
 
-    def target_tokens(self):
-        return sum(len(t) + 1 for t in self.targets)
-
 
 def _pad(rows, width):
     out = np.zeros((len(rows), width), "int32")
@@ -136,14 +133,6 @@ class Batches:
         self.shuffle = shuffle
         self.seed = seed
         self.epoch = 0
-
-    def _order(self):
-        lengths = np.array(
-            [len(s) + len(t) for s, t in zip(self.encoded.sources, self.encoded.targets)]
-        )
-        seed = self.seed + self.epoch if self.shuffle else None
-        self.epoch += 1  # a repeated dataset reshuffles
-        return buckets.bucketed(lengths, self.batch_size, seed)
 
     def __len__(self):
         return -(-len(self.encoded) // self.batch_size)
@@ -165,7 +154,12 @@ class Batches:
         return x, y
 
     def __iter__(self):
-        for index in self._order():
+        lengths = np.array(
+            [len(s) + len(t) for s, t in zip(self.encoded.sources, self.encoded.targets)]
+        )
+        seed = self.seed + self.epoch if self.shuffle else None
+        self.epoch += 1  # a repeated dataset reshuffles
+        for index in buckets.bucketed(lengths, self.batch_size, seed):
             yield self.batch(index)
 
     def as_dataset(self):

@@ -230,7 +230,8 @@ def _train_speed(encoded, train_cfg, state):
         passes *= min(
             1.0, train_cfg["steps_per_epoch"] * train_cfg["batch_size"] / max(1, len(encoded))
         )
-    return round(encoded.target_tokens() * passes / state["train_seconds"], 1)
+    tokens = sum(len(t) + 1 for t in encoded.targets)  # with each EOS
+    return round(tokens * passes / state["train_seconds"], 1)
 
 
 def _bleu(hyps, refs):
