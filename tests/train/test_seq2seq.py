@@ -75,8 +75,6 @@ def test_tiny_run_learns_copy_and_writes_the_contract(copy_run):
         "attention.png",
     ):
         assert os.path.exists(os.path.join(copy_run, name)), name
-    from train import checkpoint
-
     state = checkpoint.latest(os.path.join(copy_run, "checkpoints"))[1]["state"]
     assert state["epoch"] == 8 and state["best"]["epoch"] == metrics["best_epoch"]
     with np.load(os.path.join(copy_run, "calibration.npz")) as calib:

@@ -58,7 +58,7 @@ def test_attention_learns_context_that_fc_cannot(tmp_path, tiny_data, capsys):
     assert "test acc" in capsys.readouterr().out  # the summary table
 
 
-def test_resume_continues_epochs_and_optimizer_state(tmp_path, tiny_data):
+def test_resume_continues_epochs_and_optimizer_state(tmp_path, tiny_data, monkeypatch):
     out = tmp_path / "run"
     train_one(RunContext(), make_args(epochs=1), tiny_data, "fc", str(out))
     steps = _state(out)["step"]
@@ -66,14 +66,8 @@ def test_resume_continues_epochs_and_optimizer_state(tmp_path, tiny_data):
     # resume_run re-reads the data from config.json; give it the same small data there.
     config = read_json(out / "config.json")
     assert config["kind"] == "tagger" and config["train"]["epochs"] == 1
-    import train.tagger.training as run_module
-
-    original = run_module.load_data
-    run_module.load_data = lambda *a, **k: tiny_data
-    try:
-        resume_run(RunContext(), make_args(epochs=2, out=str(out), resume=True))
-    finally:
-        run_module.load_data = original
+    monkeypatch.setattr("train.tagger.training.load_data", lambda cfg: tiny_data)
+    resume_run(RunContext(), make_args(epochs=2, out=str(out), resume=True))
     path, record, _ = checkpoint.latest(out / "checkpoints")
     state = record["state"]
     assert state["epoch"] == 2 and [h["epoch"] for h in state["history"]] == [1, 2]
