@@ -46,13 +46,3 @@ def host_count(y, w, terms):
     if getattr(terms, "kind", None) == "masked":
         return float(np.sum(np.asarray(y) != terms.pad_id))
     return float(np.prod(np.shape(y)))
-
-
-def unpack(batch):
-    """(x, y, sample weights or None) of a batch given as (x, y, w), (x, y) or x."""
-    if isinstance(batch, (list, tuple)):
-        if len(batch) == 3:
-            return batch
-        if len(batch) == 2:
-            return batch[0], batch[1], None
-    return batch, None, None

@@ -14,7 +14,7 @@ import keras
 import numpy as np
 
 from train.engine import Step, averaged_weights, set_learning_rates
-from train.loss_terms import host_count, unpack, weighted_terms
+from train.loss_terms import host_count, weighted_terms
 from train.strategy import RunContext
 
 
@@ -125,7 +125,7 @@ class ModelStep(Step):
     def build(self, batch):
         """Creates every variable (model, optimizer slots) under the strategy's scope,
         before any step runs in a replica context."""
-        x, _, _ = unpack(host_numpy(batch))
+        x, _, _ = keras.utils.unpack_x_y_sample_weight(host_numpy(batch))
         with self.strategy.scope():
             self.model(keras.tree.map_structure(lambda a: a[:1], x), training=False)
             if not self.optimizer.built:
@@ -162,7 +162,7 @@ class ModelStep(Step):
         return self._fns[mode]
 
     def _batch(self, mode, batch):
-        x, y, w = unpack(host_numpy(batch))
+        x, y, w = keras.utils.unpack_x_y_sample_weight(host_numpy(batch))
         count = host_count(y, w, self.terms)
         if count <= 0:
             return None, 0.0
