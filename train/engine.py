@@ -348,27 +348,18 @@ class _Training:
         state["history"].append({k: round(v, 5) for k, v in entry.items()})
         state["epoch"] = epoch + 1
         key = plan.best(logs) if plan.best and plan.checkpoint_dir else None
+        kept = []  # (name, record, keep) of the weights `averaged()` holds
         if key is not None and (state.get("best") is None or list(key) < state["best"]["key"]):
             best = {"epoch": epoch + 1, "step": state["step"], "key": list(key), "logs": entry}
             state["best"] = best
-            with self.step.averaged():
-                checkpoint.save(
-                    plan.checkpoint_dir,
-                    self.step.best_variables(),
-                    best,
-                    name="best",
-                    keep=2,
-                    models=self.step.models,
-                )
+            kept.append(("best", best, 2))
         if key is not None and plan.average_last > 1:  # the weights a final average takes
+            kept.append(("epoch", {"epoch": epoch + 1, "step": state["step"]}, plan.average_last))
+        for name, record, keep in kept:
             with self.step.averaged():
+                variables, models = self.step.best_variables(), self.step.models
                 checkpoint.save(
-                    plan.checkpoint_dir,
-                    self.step.best_variables(),
-                    {"epoch": epoch + 1, "step": state["step"]},
-                    name="epoch",
-                    keep=plan.average_last,
-                    models=self.step.models,
+                    plan.checkpoint_dir, variables, record, name=name, keep=keep, models=models
                 )
         self.bar.on_epoch_end(epoch, {k: v for k, v in logs.items() if v is not None})
         if plan.log_dir:  # TensorBoard: every epoch's numeric logs as scalars
