@@ -45,13 +45,6 @@ class Stopped(BaseException):
         self.code = 128 + int(signum)
 
 
-def _name(signum):
-    try:
-        return signal.Signals(signum).name
-    except ValueError:
-        return f"signal {signum}"
-
-
 class Signals:
     """One command's signal state, written by the handlers `handlers()` installs: the
     signal received while a loop listens (`requested`, None until then), whether it was
@@ -66,7 +59,7 @@ class Signals:
         if self.loops and self.requested is None:
             self.requested = signum
             return
-        raise Stopped(signum, f"stopped by {_name(signum)}")
+        raise Stopped(signum, f"stopped by {signal.Signals(signum).name}")
 
     @contextlib.contextmanager
     def listening(self):
@@ -92,7 +85,7 @@ class Signals:
     def stop(self, saved):
         """Raises `Stopped` for the signal received; `saved` says what was written."""
         signum = self.requested or signal.SIGTERM
-        how = f"{_name(signum)} on another worker" if self.peer else _name(signum)
+        how = signal.Signals(signum).name + (" on another worker" if self.peer else "")
         raise Stopped(signum, f"stopped by {how}: {saved}; continue with --resume")
 
 
