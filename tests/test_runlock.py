@@ -2,6 +2,7 @@
 with one line naming the holder's PID (exit 2); a lock left by a dead process is taken
 over; the lock file goes away with its holder's command."""
 
+import functools
 import os
 import signal
 import subprocess
@@ -140,7 +141,8 @@ def test_one_writable_ancestor_check_keeps_each_cli_s_message(tmp_path, monkeypa
 
     (tmp_path / "file").write_text("x")
     target = str(tmp_path / "file" / "out")
-    for check in (rundir.check_creatable, lambda p: run_lock.check_writable_ancestor(p, "--out")):
+    train_out = functools.partial(rundir.check_out_dir, resume=False, kinds=())  # --out
+    for check in (train_out, lambda p: run_lock.check_writable_ancestor(p, "--out")):
         with pytest.raises(
             UsageError, match=f"^--out {target}: {tmp_path / 'file'} is not a directory$"
         ):
@@ -150,6 +152,6 @@ def test_one_writable_ancestor_check_keeps_each_cli_s_message(tmp_path, monkeypa
     with pytest.raises(
         UsageError, match=f"^--out {target}: cannot create it, {tmp_path} is not writable$"
     ):
-        rundir.check_creatable(target)
+        train_out(target)
     with pytest.raises(UsageError, match=f"^--out {target}: {tmp_path} is not writable$"):
         run_lock.check_writable_ancestor(target, "--out")

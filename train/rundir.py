@@ -24,7 +24,7 @@ def check_out_dir(path, resume, kinds):
     if not os.path.exists(path):
         if resume:
             raise UsageError(f"--resume: run directory not found: {path}")
-        check_creatable(path)
+        runlock.check_writable_ancestor(path, "--out", creating=True)
         return
     if not os.access(path, os.W_OK | os.X_OK):
         raise UsageError(f"--out is not writable: {path}")
@@ -70,12 +70,6 @@ def lock(path):
         raise UsageError(str(e)) from None
     except OSError as e:
         raise UsageError(f"cannot write into {path}: {e.strerror}") from None
-
-
-def check_creatable(path, flag="--out"):
-    """`path` does not exist yet: its nearest existing ancestor must be a directory this
-    process can write into (zoo/run_lock.py's check_writable_ancestor)."""
-    runlock.check_writable_ancestor(path, flag, creating=True)
 
 
 def create_run_dir(path, kind):
