@@ -31,6 +31,7 @@ from zoo.cli import (
     unexpected,
     verbose_flag,
 )
+from zoo.rundir import load_json
 
 COMMANDS = {
     "tagger": ("train.tagger", "part-of-speech tagger (attention / fc / window / bilstm)"),
@@ -46,9 +47,36 @@ COMMANDS = {
 }
 
 
+# The run kinds whose config.json each command replays (--config).
+REPLAYS = {
+    "seq2seq": ("seq2seq", "universal_transformer"),
+    "universal_transformer": ("universal_transformer", "seq2seq"),
+}
+
+
+def read_config(path, command):
+    """The config.json that `--config PATH` names (a run directory names its own), checked
+    to be a run that `command` can replay. Its options ("train", train.config's `record`)
+    become flags (`config_argv`) that go through the same parsing and checks as typed
+    ones, and flags after --config override them; paths are used as recorded (relative to
+    the directory the run started from); out, resume and compare are never recorded."""
+    if not path:
+        raise UsageError("--config needs a FILE (a run's config.json)")
+    if os.path.isdir(path):
+        path = os.path.join(path, "config.json")
+    if not os.path.exists(path):
+        raise UsageError(f"--config: file not found: {path}")
+    config = load_json(path, "--config file ")
+    if not isinstance(config, dict):
+        raise UsageError(f"--config: {path} does not hold a JSON object")
+    kind = config.get("kind")
+    if kind not in REPLAYS.get(command, (command,)):
+        raise UsageError(f"--config: {path} is a {kind!r} run, not {command!r}")
+    return config
+
+
 def config_argv(config):
-    """The flags of config["kind"]'s command that reproduce a run's recorded options
-    (train.replay's module doc)."""
+    """The flags of config["kind"]'s command that reproduce a run's recorded options."""
     from train import config as configs
 
     module = importlib.import_module(COMMANDS[config["kind"]][0])
@@ -182,11 +210,11 @@ def _run(name, rest, signals):
         prefer_onednn()
     module = importlib.import_module(COMMANDS[name][0])
     parser = build_parser(name)
-    from train import replay, strategy
+    from train import strategy
 
     config_path, rest = _split_flag(rest, "--config")
     if config_path is not None:
-        rest = config_argv(replay.read_config(config_path, name)) + rest
+        rest = config_argv(read_config(config_path, name)) + rest
     args = parser.parse_args(rest)
     # --device cpu: the GPUs hidden as the backend starts (once started: train.strategy).
     jax = os.environ["KERAS_BACKEND"] == "jax"

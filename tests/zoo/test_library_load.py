@@ -233,9 +233,9 @@ def _parser(kind):
 @pytest.mark.slow
 @pytest.mark.parametrize("kind", list(KINDS))
 def test_config_flags_parse_back_to_the_recorded_options(runs, kind):
-    from train import cli, replay
+    from train import cli
 
-    config = replay.read_config(runs[kind], kind)
+    config = cli.read_config(runs[kind], kind)
     parser = _parser(kind)
     args = vars(parser.parse_args(cli.config_argv(config)))
     recorded = {
