@@ -180,8 +180,7 @@ def main(argv=None):
 
 
 def build_parser(name):
-    """The parser of `python -m train NAME`: its command's CONFIG fields (and the
-    module's DEFAULTS, if any), the distribution flags, --debug, --backend, --config."""
+    """The parser of `python -m train NAME` (tests parse through it too)."""
     from train import config, strategy
 
     module = importlib.import_module(COMMANDS[name][0])

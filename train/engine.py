@@ -517,9 +517,7 @@ def _average_last(step, plan, best):
 
 
 def run_plan(context, out, train_cfg, **kwargs):
-    """The `Plan` of a command's run directory `out`: the epochs, --max-minutes and
-    --verbose of its options `train_cfg` (config.json's "train"), checkpoints/ and logs/
-    in it, checkpoints every --checkpoint-every steps too (the `context`'s)."""
+    """The `Plan` of the run directory `out`, from its options (config.json's "train")."""
     return Plan(
         epochs=train_cfg["epochs"],
         max_minutes=train_cfg["max_minutes"] or 0.0,

@@ -6,10 +6,8 @@ import keras
 
 
 def make_step(model, loss_terms=None, context=None, rate=None):
-    """The step for a compiled `model` in the run `context` (train.strategy.RunContext;
-    None: one device): `train.model_step.TfModelStep` under TensorFlow,
-    `train.jax_step.JaxModelStep` under JAX. `rate`: the learning rate at each step's
-    `train.engine.At` (e.g. `engine.warmup_cosine`), or None for the compiled one."""
+    """The backend's step for a compiled `model` (context None: one device). `rate`: the
+    learning rate at each `train.engine.At` (`engine.warmup_cosine`); None: the compiled one."""
     if keras.backend.backend() == "jax":
         from train.jax_step import JaxModelStep as Step
     else:
@@ -18,9 +16,7 @@ def make_step(model, loss_terms=None, context=None, rate=None):
 
 
 def make_sagan_step(models, recipe, context=None, jit_compile=False):
-    """SAGAN's step for (generator, discriminator, EMA generator or None) in the run
-    `context`: `train.sagan.fit.TfSaganStep` under TensorFlow,
-    `train.sagan.jax_fit.JaxSaganStep` under JAX."""
+    """The backend's SAGAN step for (generator, discriminator, EMA generator or None)."""
     if keras.backend.backend() == "jax":
         from train.sagan.jax_fit import JaxSaganStep as Step
     else:
