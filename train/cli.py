@@ -47,7 +47,7 @@ COMMANDS = {
 }
 
 
-# The run kinds whose config.json each command replays (--config).
+# The run kinds whose config.json a command replays (--config), where not its own alone.
 REPLAYS = {
     "seq2seq": ("seq2seq", "universal_transformer"),
     "universal_transformer": ("universal_transformer", "seq2seq"),
