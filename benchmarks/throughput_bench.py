@@ -131,11 +131,10 @@ def _seq2seq(quick):
 
 
 def _measure(build, batches, tokens, pad_id, jit, passes):
-    from train import loss_terms
-    from train.model_step import TfModelStep
+    from train.model_step import TfModelStep, masked_mean_terms
 
     model = build()
-    terms = loss_terms.masked_mean_terms(model.loss, pad_id) if pad_id is not None else None
+    terms = masked_mean_terms(model.loss, pad_id) if pad_id is not None else None
     step = TfModelStep(model, loss_terms=terms, jit_compile=jit)
     step.build(batches[0])
     started = time.perf_counter()

@@ -100,7 +100,7 @@ def bench_seq2seq(cfg, steps, warmup, rng, context):
     import keras
 
     from train.jax_step import JaxModelStep
-    from train.loss_terms import masked_mean_terms
+    from train.model_step import masked_mean_terms
     from train.seq2seq.config import TEXT_MODEL
     from train.seq2seq.fit import compile_seq2seq
     from zoo.seq2seq.transformer import build_seq2seq

@@ -4,17 +4,17 @@ mirrored GPUs, several workers, TPU) and `train.jax_step.JaxModelStep` (a jitted
 stateless step) under Keras's JAX backend; `train.steps.make_step` picks the one of the backend.
 
 The model's compile config gives the optimizer, the loss and the metrics. The loss
-over the global batch and the batch's split across replicas and workers are
-docs/distributed.md's ("What the loop guarantees"; the count of real examples is the
-host's, train.loss_terms). `--mixed-precision` with float16 scales the loss
+over the global batch (a (sum, count) pair, the count the host's: `host_count`) and the
+batch's split across replicas and workers are docs/distributed.md's ("What the loop
+guarantees"). `--mixed-precision` with float16 scales the loss
 (`keras.optimizers.LossScaleOptimizer`, which `compile` installs).
 """
 
 import keras
 import numpy as np
+from keras import ops
 
 from train.engine import Step, averaged_weights, set_learning_rates
-from train.loss_terms import host_count, weighted_terms
 from train.strategy import RunContext
 
 
@@ -93,6 +93,46 @@ def apply_global(optimizer, grads, variables, replicas):
             finite = tf.reduce_all([tf.math.is_finite(q) for q in squares])
             grads = [_values(g, lambda v: v * tf.where(finite, 1.0, float("nan"))) for g in grads]
     optimizer.apply(grads, variables)
+
+
+def weighted_terms(loss):
+    """(sum, count) from a Keras loss applied per element, weighted by sample weights
+    (padding weight 0). Without weights every element counts."""
+    if not isinstance(loss, keras.losses.Loss):
+        loss = keras.losses.get(loss)
+    per_element = loss.__class__.from_config({**loss.get_config(), "reduction": None})
+
+    def terms(y, y_pred, sample_weight):
+        values = ops.cast(per_element(y, y_pred), "float32")
+        if sample_weight is None:
+            return ops.sum(values), ops.cast(ops.size(values), "float32")
+        w = ops.cast(sample_weight, "float32")
+        return ops.sum(values * w), ops.sum(w)
+
+    return terms
+
+
+def masked_mean_terms(loss, pad_id=0):
+    """(sum, count) for a loss that already averages over non-padding targets
+    (e.g. seq2seq's MaskedSmoothedCrossEntropy): mean times the local count."""
+
+    def terms(y, y_pred, sample_weight):
+        count = ops.sum(ops.cast(ops.not_equal(y, pad_id), "float32"))
+        return ops.cast(loss(y, y_pred), "float32") * count, count
+
+    terms.kind = "masked"
+    terms.pad_id = pad_id
+    return terms
+
+
+def host_count(y, w, terms):
+    """The global normaliser of `terms`, computed on the host from the whole global batch
+    (each worker holds it), so no collective is needed inside the compiled step."""
+    if w is not None:
+        return float(np.sum(np.asarray(w, np.float64)))
+    if getattr(terms, "kind", None) == "masked":
+        return float(np.sum(np.asarray(y) != terms.pad_id))
+    return float(np.prod(np.shape(y)))
 
 
 class ModelStep(Step):

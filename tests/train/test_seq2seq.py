@@ -545,8 +545,7 @@ def test_xla_training_steps_equal_the_plain_steps():
     """`--jit-compile` compiles the same training step: without dropout (whose
     random masks XLA draws differently) five steps under XLA end where five steps
     without it do, and the loss of every step agrees."""
-    from train import loss_terms
-    from train.model_step import TfModelStep
+    from train.model_step import TfModelStep, masked_mean_terms
     from train.seq2seq.fit import compile_seq2seq
 
     rng = np.random.default_rng(0)
@@ -567,9 +566,7 @@ def test_xla_training_steps_equal_the_plain_steps():
             dropout=0.0,
         )
         compile_seq2seq(model, 1e-3, 10, 0.1, jit_compile=jit)
-        runner = TfModelStep(
-            model, loss_terms=loss_terms.masked_mean_terms(model.loss, 0), jit_compile=jit
-        )
+        runner = TfModelStep(model, loss_terms=masked_mean_terms(model.loss, 0), jit_compile=jit)
         assert runner.jit_compile is jit
         runner.build(batch)
         initial = [v.numpy() for v in model.trainable_variables]

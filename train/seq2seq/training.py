@@ -19,7 +19,8 @@ import keras
 import numpy as np
 
 import zoo.models  # noqa: F401  (registers every class zoo model files name)
-from train import config, engine, loss_terms, rundir
+from train import config, engine, rundir
+from train.model_step import masked_mean_terms
 from train.progress import markdown_table
 from train.seq2seq.data import Batches, Encoded, load_data, train_tokenizer
 from train.seq2seq.figures import plot_cross_attention
@@ -185,7 +186,7 @@ def _fit_and_finish(context, model, data, encoded, out, train_cfg, name=None):
         hooks=() if dev_score is None else (dev_score,),
         average_last=train_cfg["average_last"],
     )
-    step = make_step(model, loss_terms.masked_mean_terms(model.loss, PAD_ID), context, rate)
+    step = make_step(model, masked_mean_terms(model.loss, PAD_ID), context, rate)
     state = engine.fit(step, train_batches, plan, name=name)
     model = float32_model(model)
     metrics, greedy = evaluate(model, data, encoded, train_cfg)
