@@ -179,8 +179,9 @@ def test_cached_greedy_gives_reference_tokens(name):
     want = reference_greedy(model, src, LENGTH)
     assert len({int(t) for t in want.ravel()}) > 3, "degenerate model: tokens would match trivially"
     np.testing.assert_array_equal(np.asarray(decoding.greedy(model, src, LENGTH)), want)
-    ids, _ = decoding.beam(model, src, width=1, alpha=0.6, max_length=LENGTH)
-    np.testing.assert_array_equal(np.asarray(ids), want)
+    rows = [[int(t) for t in r if t] for r in src]
+    beam = decoding.generate_ids(model, rows, samplers.Beam(width=1), max_length=LENGTH)
+    assert [c[0][0] for c in beam] == [[int(t) for t in _cut(r) if t != EOS_ID] for r in want]
 
 
 def test_xla_compiled_decoders_match_eager():
@@ -189,29 +190,31 @@ def test_xla_compiled_decoders_match_eager():
     np.testing.assert_array_equal(
         np.asarray(decoding.compiled(model, "greedy")(src)), reference_greedy(model, src, LENGTH)
     )
-    eager, _ = decoding.beam(model, src, width=3, alpha=0.6)
-    np.testing.assert_array_equal(
-        np.asarray(decoding.compiled(model, "beam", width=3)(src)), np.asarray(eager)
-    )
+    eager = decoding.beam_candidates(model, src, width=3, alpha=0.6)
+    xla = decoding.compiled(model, "beam_candidates", width=3)(src)
+    for a, b in zip(eager, xla):
+        np.testing.assert_allclose(np.asarray(b), np.asarray(a), rtol=1e-5)
 
 
 @pytest.mark.parametrize("name,alpha", [("preln-sinusoidal-shared", 0.6)])
 def test_beam_matches_reference_search(name, alpha):
     model = _trained(name)
     src = _source(4)
-    ids, scores = decoding.beam(model, src, width=3, alpha=alpha, max_length=LENGTH)
-    for row, got in zip(src, np.asarray(ids)):
+    rows = [[int(t) for t in r if t] for r in src]
+    ids = decoding.decode_ids(model, rows, beam_width=3, alpha=alpha, max_length=LENGTH)
+    for row, got in zip(src, ids):
         want = reference_beam(model, row, 3, alpha, LENGTH)
-        assert _cut(got) == want
+        assert got == [t for t in want if t != EOS_ID]
 
 
 def test_beam_one_equals_greedy_for_any_length_penalty():
     model = _trained("preln-sinusoidal-shared")
     src = _source(6)
-    greedy = np.asarray(decoding.greedy(model, src))
+    rows = [[int(t) for t in r if t] for r in src]
+    greedy = decoding.decode_ids(model, rows)
     for alpha in (0.0, 2.0):
-        ids, _ = decoding.beam(model, src, width=1, alpha=alpha)
-        np.testing.assert_array_equal(np.asarray(ids), greedy)
+        beam = decoding.generate_ids(model, rows, samplers.Beam(1, alpha))
+        assert [c[0][0] for c in beam] == greedy
 
 
 def test_decode_ids_batches_and_cuts_at_eos():
@@ -239,11 +242,13 @@ def test_bad_arguments():
     model = _model("preln-sinusoidal-shared")
     src = _source()
     with pytest.raises(ValueError, match="width"):
-        decoding.beam(model, src, width=0)
+        decoding.beam_candidates(model, src, width=0)
     with pytest.raises(ValueError, match="width"):
-        decoding.beam(model, src, width=VOCAB)
+        decoding.beam_candidates(model, src, width=VOCAB)
     with pytest.raises(ValueError, match="alpha"):
-        decoding.beam(model, src, alpha=-1.0)
+        decoding.beam_candidates(model, src, alpha=-1.0)
+    with pytest.raises(ValueError, match="`alpha`"):
+        decoding.decode_ids(model, [[5, 6]], beam_width=2, alpha=-1.0)
     with pytest.raises(ValueError, match="max_length"):
         decoding.greedy(model, src, max_length=0)
     learned = _model("postln-learned-separate-window")

@@ -100,18 +100,6 @@ def _gather_beams(x, index, batch, width, grouped=False):
     return ops.take(x, flat, axis=0)
 
 
-def beam(model, source_ids, width=4, alpha=0.6, max_length=None):
-    """Beam search. source ids int32 `[B, S]` -> (ids `[B, max_length]`,
-    normalised scores `[B]`)."""
-    finished_seq, finished_score, alive_seq, alive_score = beam_candidates(
-        model, source_ids, width, alpha, max_length
-    )
-    has_finished = finished_score[:, 0] > _NEG / 2
-    best_seq = ops.where(ops.reshape(has_finished, (-1, 1)), finished_seq[:, 0], alive_seq[:, 0])
-    best_score = ops.where(has_finished, finished_score[:, 0], alive_score[:, 0])
-    return best_seq, best_score
-
-
 def beam_candidates(model, source_ids, width=4, alpha=0.6, max_length=None):
     """Beam search's final hypotheses: (finished ids `[B, width, L]`, their
     normalised scores `[B, width]` (best first; `-1e9` marks an empty slot),
@@ -280,11 +268,10 @@ def sequence_log_probability(model, source_ids, output_ids):
 def compiled(
     model, kind="greedy", width=4, alpha=0.6, max_length=None, jit_compile=True, sampling=None
 ):
-    """A cached `tf.function` (XLA by default; `jax.jit` under the JAX backend; the plain
-    function for a model whose `eager_decoding` is true) of one
-    decoder for `model`: "greedy" and "beam" (ids), "beam_candidates" (`beam_candidates`'s
-    four tensors), "sample" (called with the source ids and an int32 seed; `sampling`,
-    a `zoo.seq2seq.samplers.Sampling`, gives its temperature, top-k and top-p)."""
+    """A cached `tf.function` (XLA by default; `jax.jit` under the JAX backend) of one
+    decoder for `model`: "greedy" (ids), "beam_candidates" (`beam_candidates`'s four
+    tensors), "sample" (called with the source ids and an int32 seed; `sampling`, a
+    `zoo.seq2seq.samplers.Sampling`, gives its temperature, top-k and top-p)."""
     max_length = _max_length(model, max_length)
     sampling = sampling or samplers.Sampling()
     temperature, top_k, top_p = sampling.temperature, sampling.top_k, sampling.top_p
@@ -293,8 +280,6 @@ def compiled(
     if key not in cache:
         if kind == "greedy":
             fn = lambda src: greedy(model, src, max_length)  # noqa: E731
-        elif kind == "beam":
-            fn = lambda src: beam(model, src, width, alpha, max_length)[0]  # noqa: E731
         elif kind == "beam_candidates":
             fn = lambda src: beam_candidates(model, src, width, alpha, max_length)  # noqa: E731
         elif kind == "sample":
@@ -303,12 +288,9 @@ def compiled(
             )
         else:
             raise ValueError(
-                "`kind` must be 'greedy', 'beam', 'beam_candidates' or 'sample'. "
-                f"Received: kind={kind!r}"
+                f"`kind` must be 'greedy', 'beam_candidates' or 'sample'. Received: kind={kind!r}"
             )
-        if getattr(model, "eager_decoding", False):
-            cache[key] = fn
-        elif keras.backend.backend() == "jax":
+        if keras.backend.backend() == "jax":
             import jax
 
             cache[key] = jax.jit(fn) if jit_compile else fn
@@ -344,12 +326,15 @@ def decode_ids(model, ids, beam_width=1, alpha=0.6, max_length=None, batch_size=
     greedy or the best of a beam search, in `zoo.litert.plan`'s batches: without
     `max_length`, caches and the attention over them scale with the inputs, not
     with the longest output the model allows, which matters most for beam search
-    (it reorders every cache each step)."""
-    kind = "greedy" if beam_width == 1 else "beam"
+    (it reorders every cache each step). A beam search's best is `generate_ids`'s first."""
+    if beam_width != 1:
+        beam = samplers.Beam(beam_width, samplers.check_number("alpha", alpha, 0.0, low_open=False))
+        found = generate_ids(model, ids, beam, max_length=max_length, batch_size=batch_size)
+        return [candidates[0][0] for candidates in found]
 
     def decode(array, limit):
-        fn = compiled(model, kind, width=beam_width, alpha=alpha, max_length=limit)
-        return [_cut(row) for row in np.asarray(fn(array)).tolist()]
+        out = compiled(model, "greedy", max_length=limit)(array)
+        return [_cut(row) for row in np.asarray(out).tolist()]
 
     return _each_batch(model, ids, batch_size, max_length, decode)
 
@@ -377,7 +362,7 @@ def generate_ids(
             )
             fin_seq, fin_score, live_seq, live_score = (np.asarray(t) for t in fn(array))
             for r in range(len(array)):
-                # Finished hypotheses first (as `beam` picks its best), then live ones.
+                # Finished hypotheses first, then live ones.
                 found = [
                     (fin_seq[r, j], fin_score[r, j])
                     for j in range(sampler.width)
