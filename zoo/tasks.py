@@ -92,11 +92,12 @@ def _from_keras(path, config):
     if isinstance(model, Seq2SeqTransformer):
         from zoo.seq2seq import decoding
 
+        universal = type(model).__name__ == "UniversalTransformer"
         return Translator(
             functools.partial(decoding.generate_ids, model),
             model.tokenizer,
             model.max_source_length,
-            kind=config.get("kind") or _seq2seq_kind(model),
+            kind=config.get("kind") or ("universal_transformer" if universal else "seq2seq"),
             model=model,
         )
     inputs = model.input if isinstance(model.input, dict) else {}
@@ -123,10 +124,6 @@ def _from_keras(path, config):
         f"{path} holds a {type(model).__name__}, which is not a zoo task model "
         f"(one of {', '.join(KINDS)})"
     )
-
-
-def _seq2seq_kind(model):
-    return "universal_transformer" if type(model).__name__ == "UniversalTransformer" else "seq2seq"
 
 
 # ---------------------------------------------------------------- savedmodel

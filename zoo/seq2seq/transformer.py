@@ -7,6 +7,7 @@ cache lives in `zoo.seq2seq.decoding`, and the SentencePiece tokenizer (optional
 stored in the model's config so a loaded model translates raw strings.
 """
 
+import functools
 import math
 
 import keras
@@ -23,7 +24,8 @@ from layers import (
 from layers.attention_ops import without_keras_mask
 from layers.sinusoidal_position_encoding import position_range
 from layers.validation import check_bool, check_choice, check_int, check_rate
-from zoo.seq2seq import objectives  # noqa: F401  (registers what trained models' compile configs name)
+from zoo.lite import Translator
+from zoo.seq2seq import decoding, objectives  # noqa: F401  (objectives registers loss, metric)
 from zoo.seq2seq.tokenization import BOS_ID, EOS_ID, PAD_ID, Tokenizer, decode_proto
 
 POSITIONS = ("sinusoidal", "learned")
@@ -428,9 +430,8 @@ class Seq2SeqTransformer(keras.Model):
 
     def translate(self, texts, beam_width=1, alpha=0.6, max_length=None, batch_size=64):
         """Raw strings in, strings out (greedy, or beam search if `beam_width > 1`)."""
-        from zoo.seq2seq import decoding
-
-        single, ids = self._encode(texts)
+        single = isinstance(texts, str)
+        ids = self._source_ids([texts] if single else list(texts))
         out_ids = decoding.decode_ids(
             self,
             ids,
@@ -442,7 +443,7 @@ class Seq2SeqTransformer(keras.Model):
         outputs = self.tokenizer.decode(out_ids)
         return outputs[0] if single else outputs
 
-    # KerasHub's generate convention (a mirror of Keras); zoo.lite.Translator.generate repeats it.
+    # KerasHub's generate convention (a mirror of Keras), run by zoo.load's `Translator`.
     def generate(
         self,
         texts,
@@ -470,31 +471,14 @@ class Seq2SeqTransformer(keras.Model):
         Returns:
             With one sequence and no scores, a str per input (as `translate`);
             otherwise, per input, a list of `num_return_sequences` (text, score)
-            pairs. A single str input returns its entry alone.
+            pairs. A single str input returns its entry alone; a text of no
+            tokens gives "" (score 0.0), as `zoo.load` gives.
         """
-        from zoo.seq2seq import decoding, samplers
-
-        single, ids = self._encode(texts)
-        found = decoding.generate_ids(
-            self,
-            ids,
-            samplers.get(sampler),
-            num_return_sequences,
-            max_length=max_length,
-            batch_size=batch_size,
-            seed=seed,
+        generate_ids = functools.partial(decoding.generate_ids, self, batch_size=batch_size)
+        translator = Translator(generate_ids, self.tokenizer, self.max_source_length, model=self)
+        return translator.generate(
+            texts, sampler, num_return_sequences, return_scores, max_length, seed
         )
-        outputs = []
-        for candidates in found:
-            decoded = self.tokenizer.decode([c[0] for c in candidates])
-            pairs = [(text, score) for text, (_, score) in zip(decoded, candidates)]
-            outputs.append(pairs if return_scores or num_return_sequences != 1 else pairs[0][0])
-        return outputs[0] if single else outputs
-
-    def _encode(self, texts):
-        """(whether one str came, the source ids of `texts`)."""
-        single = isinstance(texts, str)
-        return single, self._source_ids([texts] if single else list(texts))
 
     def _source_ids(self, texts):
         return self.tokenizer.encode_within(texts, self.max_source_length)
