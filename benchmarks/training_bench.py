@@ -70,12 +70,12 @@ def keras_blocks():
 
 
 def _tagger(jit):
-    from zoo.tagger.model import build_tagger
+    from zoo.tagger.model import Tagger
 
     words = ["<pad>", "<unk>"] + [f"w{i}" for i in range(2000)]
     chars = ["<pad>", "<unk>"] + list("abcdefghijklmnopqrstuvwxyz")
     tags = [f"T{i}" for i in range(17)]
-    model = build_tagger(words, chars, tags, arch="attention", rotary=False)
+    model = Tagger(words, chars, tags, arch="attention", rotary=False)
     core = model.core
     core.compile(optimizer="adam", loss="sparse_categorical_crossentropy", jit_compile=jit)
     return core

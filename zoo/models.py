@@ -6,10 +6,10 @@ import layers  # noqa: F401  (registers the layers that saved models refer to)
 from zoo.sagan.model import build_discriminator, build_generator
 from zoo.seq2seq.transformer import build_seq2seq
 from zoo.seq2seq.universal_transformer import build_universal_transformer
-from zoo.tagger.model import build_tagger
+from zoo.tagger.model import Tagger
 
 BUILDERS = {
-    "tagger": build_tagger,
+    "tagger": Tagger,
     "seq2seq": build_seq2seq,
     "universal_transformer": build_universal_transformer,
     "sagan_generator": build_generator,

@@ -1,2 +1,2 @@
-"""The part-of-speech tagger: `model` (the `Tagger` and its builder, registered as
-"tagger"), `archs` (attention / fc / window / bilstm cores), `layers`, `encoding`."""
+"""The part-of-speech tagger: `model` (the `Tagger`, registered as "tagger"), `archs`
+(attention / fc / window / bilstm cores), `layers`, `encoding`."""

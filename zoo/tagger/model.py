@@ -161,9 +161,4 @@ def pad_tokens(token_lists):
     return tf.constant(rows, dtype=tf.string)
 
 
-def build_tagger(words, chars, tags, arch="attention", **kwargs):
-    """`zoo.build("tagger", ...)`: see `Tagger`."""
-    return Tagger(words=words, chars=chars, tags=tags, arch=arch, **kwargs)
-
-
-__all__ = ["Tagger", "build_tagger", "DEFAULTS", "ARCH_DEFAULTS", "PAD", "UNK"]
+__all__ = ["Tagger", "DEFAULTS", "ARCH_DEFAULTS", "PAD", "UNK"]
