@@ -204,13 +204,6 @@ class LiteTagger:
         ids = [self._chars.get(c, TAGGER_UNK_ID) for c in token][: self.max_chars]
         return ids + [TAGGER_PAD_ID] * (self.max_chars - len(ids))
 
-    def encode(self, tokens, width):
-        """One sentence -> (word_ids int32 [1, width], char_ids int32 [1, width, max_chars])."""
-        padded = list(tokens) + [""] * (width - len(tokens))
-        words = np.array([[self.word_id(t) for t in padded]], np.int32)
-        chars = np.array([[self.char_ids(t) for t in padded]], np.int32)
-        return words, chars
-
     def __call__(self, token_lists):
         limit = self.static_length or self.max_len
         for tokens in token_lists:
@@ -220,8 +213,11 @@ class LiteTagger:
                 )
         results = []
         for tokens in token_lists:  # one at a time: a static export has batch 1
-            words, chars = self.encode(tokens, self.static_length or len(tokens))
-            out = self._runner(word_ids=words, char_ids=chars)
+            padded = list(tokens) + [""] * ((self.static_length or len(tokens)) - len(tokens))
+            out = self._runner(
+                word_ids=np.array([[self.word_id(t) for t in padded]], np.int32),
+                char_ids=np.array([[self.char_ids(t) for t in padded]], np.int32),
+            )
             tag_ids = (
                 out["tag_ids"][0] if "tag_ids" in out else np.argmax(out["probabilities"][0], -1)
             )
@@ -300,19 +296,11 @@ def _translator(path, meta):
     one-file WHILE model (`source_ids` -> `tokens`; greedy only)."""
     from zoo.seq2seq.tokenization import Tokenizer
 
-    beside = os.path.join(
-        os.path.dirname(os.path.abspath(path)), meta.get("tokenizer_file") or "spm.model"
-    )
-    if meta.get("tokenizer_file") and os.path.isfile(beside):
-        with open(beside, "rb") as f:
-            proto = f.read()
-    elif meta.get("tokenizer"):
-        proto = base64.b64decode(meta["tokenizer"])
-    else:
-        raise UsageError(
-            f"{path}: no tokenizer in its sidecar (and no spm.model beside it); re-export"
-        )
-    tokenizer = Tokenizer(proto)
+    # Every export writes the SentencePiece model into the sidecar (base64); the
+    # spm.model beside it holds the same bytes, for an app's tokenizer library.
+    if not meta.get("tokenizer"):
+        raise UsageError(f"{path}: no tokenizer in its sidecar; re-export")
+    tokenizer = Tokenizer(base64.b64decode(meta["tokenizer"]))
     interpreter = litert.interpreter(path)
     kind = meta.get("kind", "seq2seq")
     signatures = interpreter.get_signature_list()
