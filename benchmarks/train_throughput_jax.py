@@ -103,13 +103,13 @@ def bench_seq2seq(cfg, steps, warmup, rng, context):
     from train.model_step import masked_mean_terms
     from train.seq2seq.config import TEXT_MODEL
     from train.seq2seq.fit import compile_seq2seq
-    from zoo.seq2seq.transformer import build_seq2seq
+    from zoo.seq2seq.transformer import Seq2SeqTransformer, build_model
 
     sizes = dict(TEXT_MODEL)
     if "hidden_dim" in cfg:
         sizes.update(hidden_dim=cfg["hidden_dim"], intermediate_dim=2 * cfg["hidden_dim"])
         sizes.update(num_layers=cfg["layers"], num_heads=2)
-    model = build_seq2seq(vocabulary_size=cfg["vocab"], **sizes)
+    model = build_model(Seq2SeqTransformer, vocabulary_size=cfg["vocab"], **sizes)
     compile_seq2seq(model, 1e-3, 100, 0.1, jit_compile=True)
     total = steps + warmup
     b = cfg["batch"]

@@ -519,7 +519,7 @@ class Seq2SeqTransformer(keras.Model):
 def build_model(model_class, vocabulary_size=None, tokenizer=None, **kwargs):
     """`model_class(vocabulary_size, tokenizer=tokenizer, **kwargs)`, built; with
     a tokenizer (base64 SentencePiece model) the vocabulary size defaults to its
-    size."""
+    size. `zoo.build("seq2seq", ...)` and `zoo.build("universal_transformer", ...)`."""
     if vocabulary_size is None:
         if tokenizer is None:
             raise ValueError(
@@ -531,9 +531,4 @@ def build_model(model_class, vocabulary_size=None, tokenizer=None, **kwargs):
     return model
 
 
-def build_seq2seq(vocabulary_size=None, tokenizer=None, **kwargs):
-    """`zoo.build("seq2seq", vocabulary_size=..., **kwargs)` (see `build_model`)."""
-    return build_model(Seq2SeqTransformer, vocabulary_size, tokenizer, **kwargs)
-
-
-__all__ = ["Seq2SeqTransformer", "build_seq2seq", "BOS_ID", "EOS_ID", "PAD_ID"]
+__all__ = ["Seq2SeqTransformer", "build_model", "BOS_ID", "EOS_ID", "PAD_ID"]

@@ -21,7 +21,7 @@ from keras import ops
 from layers import SinusoidalPositionEncoding, TransformerDecoderBlock, TransformerEncoderBlock
 from layers.validation import check_int
 from zoo.seq2seq.samplers import check_number
-from zoo.seq2seq.transformer import Seq2SeqTransformer, build_model
+from zoo.seq2seq.transformer import Seq2SeqTransformer
 
 
 @keras.saving.register_keras_serializable(package="zoo")
@@ -152,8 +152,3 @@ class UniversalTransformer(Seq2SeqTransformer):
             ponder_weight=self.ponder_weight,
         )
         return config
-
-
-def build_universal_transformer(vocabulary_size=None, tokenizer=None, **kwargs):
-    """`zoo.build("universal_transformer", vocabulary_size=..., num_steps=4, act=False, ...)`."""
-    return build_model(UniversalTransformer, vocabulary_size, tokenizer, **kwargs)
