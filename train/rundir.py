@@ -64,12 +64,7 @@ def prepare(cfg, kinds, load):
 def lock(path):
     """Locks the run directory `path` for this process (zoo.run_lock); another live
     process holding it is a UsageError naming its PID. Released when the CLI ends."""
-    try:
-        runlock.acquire(path)
-    except runlock.LockedError as e:
-        raise UsageError(str(e)) from None
-    except OSError as e:
-        raise UsageError(f"cannot write into {path}: {e.strerror}") from None
+    runlock.acquire(path)
 
 
 def create_run_dir(path, kind):

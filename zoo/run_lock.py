@@ -28,16 +28,12 @@ LOCK_NAME = ".zoo-lock"
 _held = {}  # realpath of the directory -> file descriptor
 
 
-class LockedError(Exception):
-    """The directory is locked by another live process."""
-
-    def __init__(self, directory, pid):
-        holder = f"process {pid}" if pid else "another process"
-        super().__init__(
-            f"{directory} is in use by {holder} (lock file {os.path.join(directory, LOCK_NAME)}); "
-            f"wait for it to finish or stop it, or use another --out"
-        )
-        self.pid = pid
+def _in_use(directory, pid):
+    holder = f"process {pid}" if pid else "another process"
+    return UsageError(
+        f"{directory} is in use by {holder} (lock file {os.path.join(directory, LOCK_NAME)}); "
+        f"wait for it to finish or stop it, or use another --out"
+    )
 
 
 def _read_pid(fd):
@@ -72,8 +68,16 @@ def holder(directory):
 
 
 def acquire(directory):
-    """Locks `directory` (which must exist) for this process; re-entrant.
-    Raises LockedError naming the holder's PID."""
+    """Locks `directory` (which must exist) for this process; re-entrant. A lock held
+    by another process, or a directory that cannot take the lock file: UsageError
+    (one line, naming the holder's PID)."""
+    try:
+        _acquire(directory)
+    except OSError as e:
+        raise UsageError(f"cannot write into {directory}: {e.strerror}") from None
+
+
+def _acquire(directory):
     if fcntl is None:
         return
     key = os.path.realpath(directory)
@@ -87,7 +91,7 @@ def acquire(directory):
         except BlockingIOError:
             pid = _read_pid(fd)
             os.close(fd)
-            raise LockedError(directory, pid) from None
+            raise _in_use(directory, pid) from None
         # The holder before us may have removed the file between our open and our
         # flock: then we hold a lock on a file nobody else can see. Try again.
         try:
@@ -124,21 +128,15 @@ def refuse_if_held(directory):
     `directory`'s lock; checked before any work, the lock itself is taken later."""
     pid = holder(directory) if os.path.isdir(directory) else None
     if pid is not None and pid != os.getpid():
-        raise UsageError(str(LockedError(directory, pid)))
+        raise _in_use(directory, pid)
 
 
 @contextlib.contextmanager
 def locked(directory):
-    """Holds `directory`'s lock for the block (released after, unless held before).
-    A lock held by another process, or a directory that cannot take the lock file:
-    UsageError (one line)."""
+    """Holds `directory`'s lock for the block (released after, unless held before);
+    refusals as `acquire`'s."""
     held = os.path.realpath(directory) in _held
-    try:
-        acquire(directory)
-    except LockedError as e:
-        raise UsageError(str(e)) from None
-    except OSError as e:
-        raise UsageError(f"cannot write into {directory}: {e.strerror}") from None
+    acquire(directory)
     try:
         yield
     finally:
