@@ -24,7 +24,9 @@ from lookup tables, `tf.strings` and `tf.while_loop`:
 
 Unsupported (raises `NotImplementedError` at construction): `bpe` and `word`
 models, byte fallback, user-defined symbols, a denormalizer, whitespace as
-suffix, and character maps whose rules write two spaces in a row.
+suffix, whitespace kept as it is (`remove_extra_whitespaces` or
+`escape_whitespaces` off; `train_sentencepiece` leaves both on), and character
+maps whose rules write two spaces in a row.
 Malformed UTF-8 becomes one U+FFFD per byte, as in sentencepiece.
 """
 
@@ -106,10 +108,12 @@ def check_supported(proto):
         problems.append("unused pieces in a char model")
     if model.denormalizer_spec.precompiled_charsmap:
         problems.append("a denormalizer")
+    if not (norm.remove_extra_whitespaces and norm.escape_whitespaces):
+        problems.append("whitespace kept as it is")
     rules = charsmap_rules(norm.precompiled_charsmap)
     # Runs of spaces collapse by a regex over the joined text, which equals the
     # library's rule-by-rule stripping only if no rule writes two spaces.
-    if norm.remove_extra_whitespaces and any(b"  " in v for v in rules.values()):
+    if any(b"  " in v for v in rules.values()):
         problems.append("character-map rules that write two spaces")
     if problems:
         raise NotImplementedError(
@@ -138,7 +142,6 @@ def build(proto):
     unk_id = next(i for i, t in enumerate(types) if t == _UNKNOWN)
     min_score = min(np.float32(model.pieces[i].score) for i in normal) if normal else np.float32(0)
     unk_score = np.float32(min_score - np.float32(_UNK_PENALTY))
-    space = SPACE if norm.escape_whitespaces else " "
 
     class _Tokenizer(tf.Module):
         def __init__(self):
@@ -195,19 +198,12 @@ def build(proto):
                     value = tf.where(valid, written, value)
                 starts = _greedy_starts(tf.maximum(matched_len, 1), lengths)
                 texts = tf.strings.reduce_join(tf.where(starts, value, ""), axis=1)
-            if norm.remove_extra_whitespaces:
-                texts = tf.strings.regex_replace(texts, " +", " ")
-                texts = tf.strings.regex_replace(texts, "^ ", "")
-            texts = tf.strings.regex_replace(texts, " ", space) if space != " " else texts
+            texts = tf.strings.regex_replace(texts, " +", " ")
+            texts = tf.strings.regex_replace(texts, "^ ", "")
+            texts = tf.strings.regex_replace(texts, " ", SPACE)
             if norm.add_dummy_prefix:
-                prefixed = tf.strings.join([space, texts])
-                if norm.remove_extra_whitespaces:
-                    texts = prefixed
-                else:
-                    texts = tf.where(tf.strings.length(texts) > 0, prefixed, texts)
-            if norm.remove_extra_whitespaces:
-                texts = tf.strings.regex_replace(texts, f"({space})+$", "")
-            return texts
+                texts = tf.strings.join([SPACE, texts])
+            return tf.strings.regex_replace(texts, f"({SPACE})+$", "")
 
         @tf.autograph.experimental.do_not_convert
         def tokenize(self, texts):
@@ -293,12 +289,10 @@ def build(proto):
             text = tf.where(unknown, trainer.unk_surface, tf.gather(self._pieces, safe))
             visible = present & ~tf.equal(kind, _CONTROL)
             text = tf.where(visible, text, "")
-            if norm.add_dummy_prefix or norm.remove_extra_whitespaces:
-                first = tf.argmax(tf.cast(visible, tf.int32), axis=1, output_type=tf.int32)
-                is_first = tf.equal(tf.range(tf.shape(dense)[1])[None, :], first[:, None]) & visible
-                pattern = f"^({SPACE})+" if norm.remove_extra_whitespaces else f"^{SPACE}"
-                stripped = tf.strings.regex_replace(text, pattern, "")
-                text = tf.where(is_first & ~unknown, stripped, text)
+            first = tf.argmax(tf.cast(visible, tf.int32), axis=1, output_type=tf.int32)
+            is_first = tf.equal(tf.range(tf.shape(dense)[1])[None, :], first[:, None]) & visible
+            stripped = tf.strings.regex_replace(text, f"^({SPACE})+", "")
+            text = tf.where(is_first & ~unknown, stripped, text)
             joined = tf.strings.reduce_join(text, axis=1)
             return tf.strings.regex_replace(joined, SPACE, " ")
 
