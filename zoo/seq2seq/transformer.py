@@ -26,7 +26,7 @@ from layers.sinusoidal_position_encoding import position_range
 from layers.validation import check_bool, check_choice, check_int, check_rate
 from zoo.lite import Translator
 from zoo.seq2seq import decoding, objectives  # noqa: F401  (objectives registers loss, metric)
-from zoo.seq2seq.tokenization import BOS_ID, EOS_ID, PAD_ID, Tokenizer, decode_proto
+from zoo.seq2seq.tokenization import PAD_ID, Tokenizer, decode_proto
 
 POSITIONS = ("sinusoidal", "learned")
 SOURCE_POSITIONS = ("start", "both_ends")
@@ -529,6 +529,3 @@ def build_model(model_class, vocabulary_size=None, tokenizer=None, **kwargs):
     model = model_class(vocabulary_size, tokenizer=tokenizer, **kwargs)
     model.build()
     return model
-
-
-__all__ = ["Seq2SeqTransformer", "build_model", "BOS_ID", "EOS_ID", "PAD_ID"]

@@ -12,7 +12,7 @@ import tensorflow as tf
 from layers.validation import check_choice, check_int, check_rate
 from zoo.tagger.archs import build_core
 from zoo.tagger.config import ARCH_DEFAULTS, ARCHS, DEFAULTS
-from zoo.tagger.encoding import PAD, UNK, TokenEncoder
+from zoo.tagger.encoding import TokenEncoder
 
 
 @keras.saving.register_keras_serializable(package="zoo")
@@ -159,6 +159,3 @@ def pad_tokens(token_lists):
     width = max([len(t) for t in token_lists] + [1])
     rows = [list(t) + [""] * (width - len(t)) for t in token_lists]
     return tf.constant(rows, dtype=tf.string)
-
-
-__all__ = ["Tagger", "DEFAULTS", "ARCH_DEFAULTS", "PAD", "UNK"]
