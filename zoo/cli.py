@@ -224,7 +224,6 @@ def _filtered_fd2():
     except OSError:
         yield
         return
-    env = {k: v for k, v in os.environ.items() if not k.startswith("PYTHON")}
     no_driver = "0" if os.path.exists("/proc/driver/nvidia/version") else "1"
     try:
         child = subprocess.Popen(
@@ -232,7 +231,6 @@ def _filtered_fd2():
             stdin=read,
             stdout=saved,
             stderr=saved,
-            env=env,
         )
     except OSError:
         os.close(read)
