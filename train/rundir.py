@@ -32,7 +32,7 @@ def check_out_dir(path, resume, kinds):
     if not [name for name in os.listdir(path) if name != runlock.LOCK_NAME]:
         if resume:
             raise UsageError(f"--resume: nothing to resume in empty directory: {path}")
-        lock(path)
+        runlock.acquire(path)  # released when the CLI ends
         return
     if not is_run_dir(path):
         raise UsageError(
@@ -47,7 +47,7 @@ def check_out_dir(path, resume, kinds):
         raise UsageError(
             f"--resume: {path} is a {found!r} run, not {' or '.join(repr(k) for k in kinds)}"
         )
-    lock(path)
+    runlock.acquire(path)
 
 
 def prepare(cfg, kinds, load):
@@ -61,18 +61,12 @@ def prepare(cfg, kinds, load):
     return data
 
 
-def lock(path):
-    """Locks the run directory `path` for this process (zoo.run_lock); another live
-    process holding it is a UsageError naming its PID. Released when the CLI ends."""
-    runlock.acquire(path)
-
-
 def create_run_dir(path, kind):
     try:
         os.makedirs(path, exist_ok=True)
     except OSError as e:
         raise UsageError(f"cannot create the run directory {path}: {e.strerror}") from None
-    lock(path)
+    runlock.acquire(path)
     marker = os.path.join(path, MARKER)
     if not os.path.exists(marker):
         atomic.write_text(marker, kind + "\n")
