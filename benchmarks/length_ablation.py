@@ -12,6 +12,7 @@ Markdown table, so variants can be run one at a time.
 """
 
 import argparse
+import itertools
 import json
 import os
 import sys
@@ -37,11 +38,13 @@ VARIANTS = {
 
 def train_variant(name, data, buckets, args, seed):
     import keras
+    import tensorflow as tf
 
     import zoo
     import zoo.models  # noqa: F401
+    from train.buckets import Batches
     from train.seq2seq import length
-    from train.seq2seq.data import Batches, Encoded, train_tokenizer
+    from train.seq2seq.data import Encoded, train_tokenizer
     from train.seq2seq.fit import compile_seq2seq
     from train.seq2seq.parallel import ParallelData
     from zoo.seq2seq.tokenization import Tokenizer, encode_proto
@@ -64,7 +67,14 @@ def train_variant(name, data, buckets, args, seed):
     model = zoo.build(kind, tokenizer=encode_proto(proto), **config)
     compile_seq2seq(model, 2e-3, 200, 0.1, jit_compile=None)
     encoded = Encoded(tokenizer, data, max_source, max_target, "train")
-    batches = Batches(encoded, 64, shuffle=True, seed=seed).as_dataset().repeat()
+
+    def endless():  # a new shuffle every pass over the data
+        for epoch in itertools.count():
+            yield from Batches(encoded, 64, seed=seed + epoch)
+
+    spec = tf.TensorSpec([None, None], tf.int32)
+    signature = ({"source_ids": spec, "target_ids": spec}, spec)
+    batches = tf.data.Dataset.from_generator(endless, output_signature=signature).prefetch(2)
     started = time.perf_counter()
     model.fit(batches, epochs=1, steps_per_epoch=args.steps, verbose=0)
     seconds = time.perf_counter() - started

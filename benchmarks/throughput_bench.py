@@ -24,8 +24,9 @@ import numpy as np  # noqa: E402
 
 def _tagger(quick):
     import zoo
+    from train.buckets import Batches
     from train.tagger import embedded
-    from train.tagger.data import Batches, build_vocab
+    from train.tagger.data import build_vocab
     from train.tagger.fit import compile_tagger
     from train.tagger.training import MAX_CHARS, _encode
 
@@ -51,10 +52,7 @@ def _tagger(quick):
 
     encoded = _encode(build(), data)["train"]
     batch_size = 32
-    bucketed = [
-        Batches(encoded, batch_size, shuffle=True, seed=0)[i]
-        for i in range(len(Batches(encoded, batch_size)))
-    ]
+    bucketed = list(Batches(encoded, batch_size, seed=0))
     longest = int(encoded.lengths.max())
     order = np.random.default_rng(0).permutation(len(encoded))
     unbucketed = [
@@ -67,9 +65,10 @@ def _tagger(quick):
 
 def _seq2seq(quick):
     import zoo
+    from train.buckets import Batches
     from train.seq2seq import algorithmic, parallel
-    from train.seq2seq.data import Batches, Encoded, _pad, train_tokenizer
-    from zoo.seq2seq.tokenization import BOS_ID, EOS_ID, PAD_ID, Tokenizer, encode_proto
+    from train.seq2seq.data import Encoded, train_tokenizer
+    from zoo.seq2seq.tokenization import PAD_ID, Tokenizer, encode_proto
 
     generated = algorithmic.splits(
         "sort", train_size=256 if quick else 1024, min_length=1, max_length=32, seed=0
@@ -108,24 +107,14 @@ def _seq2seq(quick):
         tokenizer, data.train, model0.max_source_length, model0.max_target_length, "train"
     )
     batch_size = 64
-    bucketed = list(Batches(encoded, batch_size, shuffle=True, seed=0))
+    bucketed = list(Batches(encoded, batch_size, seed=0))
     s_max = max(len(s) for s in encoded.sources)
     t_max = max(len(t) for t in encoded.targets) + 1
     order = np.random.default_rng(0).permutation(len(encoded))
-    unbucketed = []
-    for i in range(0, len(order), batch_size):
-        idx = order[i : i + batch_size]
-        src = [encoded.sources[j] for j in idx]
-        tgt = [encoded.targets[j] for j in idx]
-        unbucketed.append(
-            (
-                {
-                    "source_ids": _pad(src, s_max),
-                    "target_ids": _pad([[BOS_ID] + t for t in tgt], t_max),
-                },
-                _pad([t + [EOS_ID] for t in tgt], t_max),
-            )
-        )
+    unbucketed = [
+        encoded.batch(order[i : i + batch_size], (s_max, t_max))
+        for i in range(0, len(order), batch_size)
+    ]
     tokens = int(sum(len(t) + 1 for t in encoded.targets))
     return build, {"bucketed": bucketed, "unbucketed": unbucketed}, tokens, PAD_ID
 

@@ -71,9 +71,10 @@ def run(signals):
 
     import zoo
     from train import engine
+    from train.buckets import Batches
     from train.steps import make_step
     from train.tagger import embedded
-    from train.tagger.data import Batches, build_vocab
+    from train.tagger.data import build_vocab
     from train.tagger.fit import compile_tagger
     from train.tagger.training import MAX_CHARS, _encode
 
@@ -126,7 +127,7 @@ def run(signals):
     )
     engine.fit(
         make_step(model, context=context),
-        lambda e: Batches(encoded["train"], GLOBAL_BATCH, shuffle=True, seed=[0, e]),
+        lambda e: Batches(encoded["train"], GLOBAL_BATCH, seed=[0, e]),
         plan,
     )
     print("replicas", context.strategy.num_replicas_in_sync, flush=True)

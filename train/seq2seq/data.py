@@ -1,8 +1,8 @@
-"""Data for `python -m train seq2seq`: loading, tokenization, length-bucketed batches."""
+"""Data for `python -m train seq2seq`: loading, tokenization, padded batches."""
 
 import numpy as np
 
-from train import buckets, tfds
+from train import tfds
 from train.seq2seq import algorithmic, parallel
 from zoo.cli import DataError, UsageError
 from zoo.litert import bucket
@@ -112,36 +112,16 @@ class Encoded:
             self.sources[i] = s[:max_source_length]
             targets[i] = t[: max_target_length - 1]
         self.targets = targets
+        self.lengths = np.array([len(s) + len(t) for s, t in zip(self.sources, targets)])
 
     def __len__(self):
         return len(self.sources)
 
-
-def _pad(rows, width):
-    out = np.zeros((len(rows), width), "int32")
-    for i, r in enumerate(rows):
-        out[i, : len(r)] = r
-    return out
-
-
-class Batches:
-    """Length-bucketed batches (lengths padded to multiples of 8, few distinct shapes)."""
-
-    def __init__(self, encoded, batch_size, shuffle=False, seed=0):
-        self.encoded = encoded
-        self.batch_size = batch_size
-        self.shuffle = shuffle
-        self.seed = seed
-        self.epoch = 0
-
-    def __len__(self):
-        return -(-len(self.encoded) // self.batch_size)
-
     def batch(self, index, widths=None):
         """(inputs, labels) of rows `index`, padded to `widths` (source, target), by
-        default the longest of each rounded up to 8."""
-        sources = [self.encoded.sources[i] for i in index]
-        targets = [self.encoded.targets[i] for i in index]
+        default the longest of each rounded up to 8 (few distinct shapes)."""
+        sources = [self.sources[i] for i in index]
+        targets = [self.targets[i] for i in index]
         width_s, width_t = widths or (
             bucket(max(len(s) for s in sources)),
             bucket(max(len(t) for t in targets) + 1),
@@ -153,19 +133,9 @@ class Batches:
         y = _pad([t + [EOS_ID] for t in targets], width_t)
         return x, y
 
-    def __iter__(self):
-        lengths = np.array(
-            [len(s) + len(t) for s, t in zip(self.encoded.sources, self.encoded.targets)]
-        )
-        seed = self.seed + self.epoch if self.shuffle else None
-        self.epoch += 1  # a repeated dataset reshuffles
-        for index in buckets.bucketed(lengths, self.batch_size, seed):
-            yield self.batch(index)
 
-    def as_dataset(self):
-        import tensorflow as tf
-
-        spec = tf.TensorSpec([None, None], tf.int32)
-        return tf.data.Dataset.from_generator(
-            lambda: iter(self), output_signature=({"source_ids": spec, "target_ids": spec}, spec)
-        ).prefetch(2)
+def _pad(rows, width):
+    out = np.zeros((len(rows), width), "int32")
+    for i, r in enumerate(rows):
+        out[i, : len(r)] = r
+    return out

@@ -19,10 +19,10 @@ import keras
 import numpy as np
 
 import zoo.models  # noqa: F401  (registers every class zoo model files name)
-from train import config, engine, rundir
+from train import buckets, config, engine, rundir
 from train.model_step import masked_mean_terms
 from train.progress import markdown_table
-from train.seq2seq.data import Batches, Encoded, load_data, train_tokenizer
+from train.seq2seq.data import Encoded, load_data, train_tokenizer
 from train.seq2seq.figures import plot_cross_attention
 from train.seq2seq.fit import compile_seq2seq
 from train.steps import float32_model, make_step
@@ -152,7 +152,9 @@ def _dev_scorer(model, data, encoded, train_cfg):
 
 def _fit_and_finish(context, model, data, encoded, out, train_cfg, name=None):
     # The cosine schedule ends at the last planned step, or where the time budget does.
-    steps = train_cfg["steps_per_epoch"] or len(Batches(encoded["train"], train_cfg["batch_size"]))
+    steps = train_cfg["steps_per_epoch"] or len(
+        buckets.Batches(encoded["train"], train_cfg["batch_size"])
+    )
     with context.scope():
         rate = compile_seq2seq(
             model,
@@ -167,11 +169,8 @@ def _fit_and_finish(context, model, data, encoded, out, train_cfg, name=None):
     dev_score = _dev_scorer(model, data, encoded, train_cfg)
 
     def train_batches(epoch):  # the batch order of an epoch depends on (seed, epoch) only
-        return Batches(
-            encoded["train"],
-            train_cfg["batch_size"],
-            shuffle=True,
-            seed=train_cfg["seed"] * 1000 + epoch,
+        return buckets.Batches(
+            encoded["train"], train_cfg["batch_size"], train_cfg["seed"] * 1000 + epoch
         )
 
     plan = engine.run_plan(
@@ -179,7 +178,7 @@ def _fit_and_finish(context, model, data, encoded, out, train_cfg, name=None):
         out,
         train_cfg,
         steps_per_epoch=train_cfg["steps_per_epoch"],
-        validation=Batches(encoded["dev"], 128),
+        validation=buckets.Batches(encoded["dev"], 128),
         # Among equal dev accuracies (a solved task's 1.0) the lowest dev loss: the
         # last epoch's, as the cosine schedule settles.
         best=engine.highest("val_acc", ties="val_loss"),
@@ -216,7 +215,9 @@ def _fit_and_finish(context, model, data, encoded, out, train_cfg, name=None):
     metrics["figure"] = "attention.png"
     atomic.save_model(model, os.path.join(out, "model.keras"))
     atomic.write_json(os.path.join(out, "metrics.json"), metrics)
-    _write_calibration(out, encoded["train"], model, train_cfg["seed"])
+    widths = (model.max_source_length, model.max_target_length)
+    x, _ = buckets.sample(encoded["train"], 200, train_cfg["seed"], widths=widths)
+    atomic.save_npz(os.path.join(out, "calibration.npz"), **x)
     print(f"\n{out}: {sample!r} -> {greedy[0]!r}")
     print(markdown_table([metrics], SUMMARY))
     return model, greedy
@@ -311,11 +312,3 @@ def evaluate(model, data, encoded, train_cfg):
         {"source": s, "reference": r, "output": h} for (s, r), h in list(zip(data.test, hyps))[:5]
     ]
     return metrics, greedy
-
-
-def _write_calibration(out, encoded, model, seed, rows=200):
-    rng = np.random.default_rng(seed)
-    picked = rng.choice(len(encoded), size=min(rows, len(encoded)), replace=False)
-    widths = (model.max_source_length, model.max_target_length)
-    x, _ = Batches(encoded, rows).batch(picked, widths)
-    atomic.save_npz(os.path.join(out, "calibration.npz"), **x)

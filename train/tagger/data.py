@@ -6,7 +6,6 @@ import math
 import numpy as np
 import tensorflow as tf
 
-from train import buckets
 from zoo.tagger.encoding import PAD, UNK, word_keys
 from zoo.tagger.model import pad_tokens
 
@@ -89,18 +88,3 @@ class Encoded:
             tag_ids[row, :n] = self.tag_ids[i]
             weights[row, :n] = 1.0
         return {"word_ids": word_ids, "char_ids": char_ids}, tag_ids, weights
-
-
-class Batches:
-    """Length-bucketed batches (little padding); with `shuffle`, in an order `seed` gives
-    (training makes one per epoch)."""
-
-    def __init__(self, encoded, batch_size, shuffle=False, seed=0):
-        self.encoded = encoded
-        self.batches = buckets.bucketed(encoded.lengths, batch_size, seed if shuffle else None)
-
-    def __len__(self):
-        return len(self.batches)
-
-    def __getitem__(self, index):
-        return self.encoded.batch(self.batches[index])

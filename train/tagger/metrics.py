@@ -7,15 +7,15 @@ data. "Ambiguous": the word (normalised key) had two or more tags in training.
 
 import tensorflow as tf
 
-from train.tagger.data import Batches, normalised_keys
+from train.buckets import Batches
+from train.tagger.data import normalised_keys
 
 
 def accuracies(model, encoded, word_tags):
-    batches = Batches(encoded, 64, shuffle=False)
+    batches = Batches(encoded, 64)
     keys = normalised_keys(encoded.sentences)
     total = {"all": [0, 0], "ambiguous": [0, 0], "unseen": [0, 0]}
-    for k, index in enumerate(batches.batches):
-        x, gold, _ = batches[k]
+    for index, (x, gold, _) in zip(batches.rows, batches):
         probs = model.core(x, training=False)
         predicted = tf.argmax(probs, axis=-1, output_type=tf.int32).numpy()
         for row, i in enumerate(index):  # keys[i]: the sentence's words, not its padding

@@ -7,10 +7,10 @@ import keras
 import numpy as np
 
 import zoo.models  # noqa: F401  (registers every class zoo model files name)
-from train import config, engine, rundir
+from train import buckets, config, engine, rundir
 from train.progress import markdown_table
 from train.steps import float32_model, make_step
-from train.tagger.data import Batches, Encoded, build_vocab, word_tag_stats
+from train.tagger.data import Encoded, build_vocab, word_tag_stats
 from train.tagger.fit import compile_tagger
 from train.tagger.metrics import accuracies
 from train.tagger.select import load_data
@@ -98,7 +98,7 @@ def _encode(model, data):
 
 
 def _fit_and_finish(context, model, data, encoded, out, train_cfg, name=None):
-    steps = train_cfg["epochs"] * len(Batches(encoded["train"], train_cfg["batch_size"]))
+    steps = train_cfg["epochs"] * len(buckets.Batches(encoded["train"], train_cfg["batch_size"]))
     with context.scope():
         rate = compile_tagger(
             model,
@@ -110,15 +110,15 @@ def _fit_and_finish(context, model, data, encoded, out, train_cfg, name=None):
         )
 
     def train_batches(epoch):  # the batch order of an epoch depends on (seed, epoch) only
-        return Batches(
-            encoded["train"], train_cfg["batch_size"], shuffle=True, seed=[train_cfg["seed"], epoch]
+        return buckets.Batches(
+            encoded["train"], train_cfg["batch_size"], [train_cfg["seed"], epoch]
         )
 
     plan = engine.run_plan(
         context,
         out,
         train_cfg,
-        validation=Batches(encoded["dev"], 64),
+        validation=buckets.Batches(encoded["dev"], 64),
         best=engine.highest("val_acc"),
     )
     state = engine.fit(make_step(model, context=context, rate=rate), train_batches, plan, name=name)
@@ -162,9 +162,7 @@ def _evaluate(model, data, encoded, state):
 
 
 def _write_rows(out, name, encoded, seed, rows):
-    rng = np.random.default_rng(seed)
-    picked = rng.choice(len(encoded), size=min(rows, len(encoded)), replace=False)
-    x, tags, weights = encoded.batch(list(picked))
+    x, tags, weights = buckets.sample(encoded, rows, seed)
     # Gold tags (-1 on padding) let export report quantized models' accuracy
     # next to float's; export feeds only the arrays named like model inputs.
     gold = np.where(weights > 0, tags, -1).astype("int32")
