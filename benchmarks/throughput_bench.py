@@ -70,17 +70,10 @@ def _seq2seq(quick):
     from train.seq2seq.data import Encoded, train_tokenizer
     from zoo.seq2seq.tokenization import PAD_ID, Tokenizer, encode_proto
 
-    generated = algorithmic.splits(
-        "sort", train_size=256 if quick else 1024, min_length=1, max_length=32, seed=0
+    train, dev, (test,) = algorithmic.splits(
+        "sort", 256 if quick else 1024, (1, 32), [(1, 32)], 300, seed=0
     )
-    data = parallel.ParallelData(
-        generated["train"],
-        generated["dev"],
-        generated["test"],
-        {"name": "embedded"},
-        task="sort",
-        extra={},
-    )
+    data = parallel.ParallelData(train, dev, test, {"name": "embedded"}, task="sort")
     proto = train_tokenizer(data, 64)
     tokenizer = Tokenizer(proto)
 

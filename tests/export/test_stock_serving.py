@@ -121,8 +121,8 @@ def test_char_and_small_unigram_models_of_the_embedded_tasks_equal_sentencepiece
 
     texts = []
     for task in ("copy", "reverse", "sort", "addition", "date"):
-        split = algorithmic.splits(task, train_size=200, min_length=1, max_length=8, seed=0)
-        texts += [s for pair in split["train"] + split["test"] for s in pair]
+        train, _, (test,) = algorithmic.splits(task, 200, (1, 8), [(1, 8)], 300, seed=0)
+        texts += [s for pair in train + test for s in pair]
     char = train_sentencepiece(
         texts, vocab_size=64, model_type="char", normalization="identity", add_dummy_prefix=False
     )

@@ -6,9 +6,9 @@ sort     "cabj"        -> "abcj"
 addition "482+39"      -> "521"
 date     "March 5, 2021" / "05 Mar 2021" / "Friday 5 March 2021" ... -> "2021-03-05"
 
-Training uses lengths `min_length..max_length`; the "long" test set uses lengths
-`max_length + 1 .. 2 * max_length` (generalisation to unseen lengths, the
-Universal Transformer paper's claim). Characters are the tokens (a SentencePiece
+Training uses lengths `1..N` (--task-length N); the "long" test set uses lengths
+`N + 1 .. 2 * N` (generalisation to unseen lengths, the Universal Transformer
+paper's claim). Characters are the tokens (a SentencePiece
 `char` model), and the metric is exact match of the whole output.
 """
 
@@ -67,14 +67,11 @@ def generate(task, n, min_length, max_length, seed):
     return [example(task, rng, int(rng.integers(min_length, max_length + 1))) for _ in range(n)]
 
 
-def splits(task, train_size=4000, min_length=1, max_length=8, seed=0, eval_size=300):
-    """train/dev/test (training lengths) and long (unseen, longer) pair lists; an unknown
-    task is `example`'s ValueError."""
-    out = {
-        "train": generate(task, train_size, min_length, max_length, seed),
-        "dev": generate(task, eval_size, min_length, max_length, seed + 1),
-        "test": generate(task, eval_size, min_length, max_length, seed + 2),
-    }
-    if task != "date":
-        out["long"] = generate(task, eval_size, max_length + 1, 2 * max_length, seed + 3)
-    return out
+def splits(task, train_size, lengths, ranges, eval_size, seed):
+    """Training and dev pairs of `lengths` (lo, hi) and a test set of `eval_size` pairs per
+    (lo, hi) of `ranges`, all from `seed`; an unknown task is `example`'s ValueError."""
+    lo, hi = lengths
+    train = generate(task, train_size, lo, hi, seed)
+    dev = generate(task, eval_size, lo, hi, seed + 1)
+    tests = [generate(task, eval_size, a, b, seed + 2 + k) for k, (a, b) in enumerate(ranges)]
+    return train, dev, tests

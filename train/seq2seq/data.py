@@ -40,18 +40,16 @@ def load_data(args):
                 "training data missing: give --train-source/--train-target or --train-tsv"
             )
         return _complete(splits, {"name": "files", **given}, args.seed)
-    generated = algorithmic.splits(
-        args.task,
-        train_size=args.train_size,
-        min_length=1,
-        max_length=args.task_length,
-        seed=args.seed,
+    # The test set has the trained lengths, "long" the next n (a date has no length).
+    n = args.task_length
+    ranges = [(1, n)] + ([] if args.task == "date" else [(n + 1, 2 * n)])
+    train, dev, (test, *long) = algorithmic.splits(
+        args.task, args.train_size, (1, n), ranges, 300, args.seed
     )
-    extra = {"long": generated["long"]} if "long" in generated else {}
     return parallel.ParallelData(
-        generated["train"],
-        generated["dev"],
-        generated["test"],
+        train,
+        dev,
+        test,
         {
             "name": "embedded",
             "task": args.task,
@@ -60,7 +58,7 @@ def load_data(args):
             "seed": args.seed,
         },
         task=args.task,
-        extra=extra,
+        extra={"long": long[0]} if long else {},
     )
 
 

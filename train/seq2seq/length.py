@@ -104,29 +104,18 @@ def evaluate_buckets(model, buckets, first=None):
     return results
 
 
-def make_data(task, train_size, train_lengths, ranges, eval_size, seed):
-    """Training pairs (lengths `train_lengths`), dev pairs and the test buckets
-    `[(name, lo, hi, pairs)]`, the first the trained range, all from `seed`."""
-    from train.seq2seq import algorithmic
-
-    lo, hi = train_lengths
-    train = algorithmic.generate(task, train_size, lo, hi, seed)
-    dev = algorithmic.generate(task, eval_size, lo, hi, seed + 1)
-    buckets = []
-    for k, (a, b) in enumerate(ranges):
-        pairs = algorithmic.generate(task, eval_size, a, b, seed + 2 + k)
-        buckets.append((bucket_name(a, b, hi), a, b, pairs))
-    return train, dev, buckets
-
-
 def compare_data(args):
-    """The shared training data and the test buckets (one data seed: --seed)."""
+    """The shared training data and the test buckets, the first the trained range (one
+    data seed: --seed)."""
+    from train.seq2seq import algorithmic
     from train.seq2seq.parallel import ParallelData
 
     lo, hi = train_range(args)
-    train, dev, buckets = make_data(
-        args.task, args.train_size, (lo, hi), test_ranges(args), args.eval_size, args.seed
+    ranges = test_ranges(args)
+    train, dev, tests = algorithmic.splits(
+        args.task, args.train_size, (lo, hi), ranges, args.eval_size, args.seed
     )
+    buckets = [(bucket_name(a, b, hi), a, b, pairs) for (a, b), pairs in zip(ranges, tests)]
     source = {
         "name": "embedded",
         "task": args.task,
