@@ -45,6 +45,17 @@ def prepare(builder, name):
         ) from None
 
 
+def read_splits(builder, name, read):
+    """Downloads the data and reads its train, validation and test splits (those there
+    are) with `read(split)`, as ours: train, dev, test; no train split is a DataError."""
+    prepare(builder, name)
+    available = set(builder.info.splits.keys())
+    if "train" not in available:
+        raise DataError(f"tfds data set {name!r} has no train split")
+    theirs = {"train": "train", "dev": "validation", "test": "test"}
+    return {ours: read(split) for ours, split in theirs.items() if split in available}
+
+
 def load_tfds(name):
     builder = open_builder(name)
     features = builder.info.features
@@ -54,16 +65,10 @@ def load_tfds(name):
     if tag_key is None:
         raise UsageError(f"tfds data set {name!r} has no tag feature ({'/'.join(TAG_FEATURES)})")
     names = features[tag_key].feature.names
-    prepare(builder, name)
-    available = set(builder.info.splits.keys())
-    splits = {"dev": None, "test": None}  # a missing one is held out from train
-    for ours, theirs in (("train", "train"), ("dev", "validation"), ("test", "test")):
-        if theirs in available:
-            splits[ours] = _read_split(builder, theirs, tag_key, names)
-    if "train" not in splits:
-        raise DataError(f"tfds data set {name!r} has no train split")
+    splits = read_splits(builder, name, lambda split: _read_split(builder, split, tag_key, names))
     source = {"name": f"tfds:{name}", "data_dir": os.environ.get("TFDS_DATA_DIR")}
-    return TaggingData(**splits, source=source)
+    # A missing dev or test split (None) is held out from train.
+    return TaggingData(**{"dev": None, "test": None, **splits}, source=source)
 
 
 def _read_split(builder, split, tag_key, names):

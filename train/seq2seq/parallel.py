@@ -109,20 +109,16 @@ def load_tfds(name):
     cnn_dailymail (article, highlights)."""
     import tensorflow_datasets as tfds
 
-    from train.tfds import open_builder, prepare
+    from train.tfds import open_builder, read_splits
 
     builder = open_builder(name)
     keys = builder.info.supervised_keys
     if not keys or len(keys) != 2:
         raise UsageError(f"tfds data set {name!r} has no (source, target) supervised keys")
-    prepare(builder, name)
-    splits = {}
-    available = set(builder.info.splits.keys())
-    for ours, theirs in (("train", "train"), ("dev", "validation"), ("test", "test")):
-        if theirs in available:
-            rows = tfds.as_numpy(builder.as_dataset(split=theirs, as_supervised=True))
-            splits[ours] = [(s.decode("utf-8").strip(), t.decode("utf-8").strip()) for s, t in rows]
-            splits[ours] = [(s, t) for s, t in splits[ours] if s and t]
-    if "train" not in splits:
-        raise DataError(f"tfds data set {name!r} has no train split")
-    return splits, {"name": f"tfds:{name}", "supervised_keys": list(keys)}
+
+    def read(split):
+        rows = tfds.as_numpy(builder.as_dataset(split=split, as_supervised=True))
+        pairs = [(s.decode("utf-8").strip(), t.decode("utf-8").strip()) for s, t in rows]
+        return [(s, t) for s, t in pairs if s and t]
+
+    return read_splits(builder, name, read), {"name": f"tfds:{name}", "supervised_keys": list(keys)}
