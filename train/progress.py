@@ -1,5 +1,14 @@
 """Tables for summaries and comparisons (Markdown, readable in a terminal too)."""
 
+import numpy as np
+
+
+def mean_and_std(key, values):
+    """{KEY_mean, KEY_std}: the mean and sample standard deviation (0.0 of one value) of
+    `values`, to 4 places, as the --compare summaries report them over seeds."""
+    std = round(float(np.std(values, ddof=1)), 4) if len(values) > 1 else 0.0
+    return {f"{key}_mean": round(float(np.mean(values)), 4), f"{key}_std": std}
+
 
 def format_value(value):
     if isinstance(value, float):

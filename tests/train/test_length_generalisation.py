@@ -59,6 +59,22 @@ def test_buckets_default_to_2_5_10_times_the_trained_length():
     assert length.bucket_name(1, 20, 20) == "1-20"
 
 
+def test_the_summary_gives_each_bucket_the_mean_and_sample_std_over_seeds():
+    runs = [
+        {"arm": "transformer", "length": [{"char_accuracy": c, "seq_accuracy": 0.5}]}
+        for c in (0.2, 0.4, 0.9)
+    ]
+    runs.append(
+        {"arm": "universal_transformer", "length": [{"char_accuracy": 1.0, "seq_accuracy": 1.0}]}
+    )
+    arms, buckets = ["transformer", "universal_transformer"], [("1-5", 1, 5, [])]
+    several, one = length.summarize(runs, arms, buckets)
+    assert (several["seeds"], several["char_accuracy"]) == (3, [0.2, 0.4, 0.9])
+    assert (several["char_accuracy_mean"], several["char_accuracy_std"]) == (0.5, 0.3606)  # ddof=1
+    assert (several["seq_accuracy_mean"], several["seq_accuracy_std"]) == (0.5, 0.0)
+    assert (one["seeds"], one["char_accuracy_mean"], one["char_accuracy_std"]) == (1, 1.0, 0.0)
+
+
 @pytest.mark.parametrize("digits", [1, 7, 19, 200])
 def test_addition_strings_of_any_length_add_up(digits):
     # 10x the trained length is far past int64: the numbers are drawn digit by digit.

@@ -21,7 +21,7 @@ import typing
 import numpy as np
 
 from train import config, rundir
-from train.progress import markdown_table
+from train.progress import markdown_table, mean_and_std
 from train.sagan.fid_classifier import get_classifier
 from zoo import atomic
 from zoo.cli import UsageError
@@ -422,10 +422,7 @@ def summarize_compare(rows):
         for key, _ in COMPARE_METRICS:
             values = [r[key] for r in runs if r.get(key) is not None]
             if values:
-                entry[f"{key}_mean"] = round(float(np.mean(values)), 4)
-                entry[f"{key}_std"] = (
-                    round(float(np.std(values, ddof=1)), 4) if len(values) > 1 else 0.0
-                )
+                entry.update(mean_and_std(key, values))
         entry["fid_floor"] = runs[0].get("fid_floor")
         entry["real_consistent"] = runs[0].get("real_consistent")
         summary.append(entry)

@@ -137,7 +137,7 @@ def model_lengths(buckets):
 
 def summarize(rows, arms, buckets):
     """Per arm and bucket: mean and sample standard deviation over seeds."""
-    import numpy as np
+    from train.progress import mean_and_std
 
     summary = []
     for arm in arms:
@@ -147,10 +147,7 @@ def summarize(rows, arms, buckets):
             for key in ("char_accuracy", "seq_accuracy"):
                 values = [r["length"][i][key] for r in runs]
                 entry[key] = values
-                entry[f"{key}_mean"] = round(float(np.mean(values)), 4)
-                entry[f"{key}_std"] = (
-                    round(float(np.std(values, ddof=1)), 4) if len(values) > 1 else 0.0
-                )
+                entry.update(mean_and_std(key, values))
             summary.append(entry)
     return summary
 
