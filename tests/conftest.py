@@ -111,6 +111,7 @@ LONGEST_FIRST = (
     "tests/export/test_serving_totality.py",
     "tests/train/test_sagan_checkpoint.py",
     "tests/test_docs.py",
+    "tests/train/test_length_generalisation.py",
     "tests/export/test_stock_serving.py",
     "tests/train/test_sagan_distributed.py",
     "tests/train/test_checkpoint.py",
