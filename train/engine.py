@@ -355,12 +355,13 @@ class _Training:
             kept.append(("best", best, 2))
         if key is not None and plan.average_last > 1:  # the weights a final average takes
             kept.append(("epoch", {"epoch": epoch + 1, "step": state["step"]}, plan.average_last))
-        for name, record, keep in kept:
+        if kept:  # one swap to the averaged weights for every file that holds them
             with self.step.averaged():
                 variables, models = self.step.best_variables(), self.step.models
-                checkpoint.save(
-                    plan.checkpoint_dir, variables, record, name=name, keep=keep, models=models
-                )
+                for name, record, keep in kept:
+                    checkpoint.save(
+                        plan.checkpoint_dir, variables, record, name=name, keep=keep, models=models
+                    )
         self.bar.on_epoch_end(epoch, {k: v for k, v in logs.items() if v is not None})
         if plan.log_dir:  # TensorBoard: every epoch's numeric logs as scalars
             import tensorflow as tf
