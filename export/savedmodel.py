@@ -159,10 +159,11 @@ def export_savedmodel(source, out, version=None):
             warmup.write(tmp, model_name, [(e.name, e.example) for e in endpoints])
             refs = {}
             if "tokenizer" in (extra := kind.bundle_extra_files(src)):
-                # The tokenizer file for clients, beside the graph (the graph never reads
-                # it; warmup.write made assets.extra/), where the bundle points to it.
+                # The tokenizer file for clients, beside the graph (the graph never
+                # reads it), where the bundle points to it.
                 name, content = extra["tokenizer"]
                 refs["tokenizer"] = f"assets.extra/{name}"
+                os.makedirs(os.path.join(tmp, "assets.extra"), exist_ok=True)
                 with open(os.path.join(tmp, refs["tokenizer"]), "wb") as f:
                     f.write(content)
             # The app bundle (export/bundle.py), inside the version directory that is
