@@ -33,9 +33,11 @@ settings.load_profile(os.environ.get("HYPOTHESIS_PROFILE", "default"))
 
 def pytest_collection_finish(session):
     """What collection imported (TensorFlow, Keras, JAX, the project, every test module)
-    lives until the end; frozen, it is left out of every later garbage collection (a
-    full one walked all of it: about a second on the 2-core VM). The collections still
-    free everything the tests create."""
+    lives until the end; frozen, it is left out of the garbage collections (a full one
+    walked all of it: about a second on the 2-core VM) until `clean_keras_state`'s
+    periodic full collection, which unfreezes, collects and freezes again. Frozen here,
+    not only at each test's start: the first file's module and session fixtures run
+    before that."""
     gc.collect()
     gc.freeze()
 
