@@ -57,6 +57,8 @@ def read_splits(builder, name, read):
 
 
 def load_tfds(name):
+    import tensorflow_datasets as tfds
+
     builder = open_builder(name)
     features = builder.info.features
     if "tokens" not in features:
@@ -65,24 +67,21 @@ def load_tfds(name):
     if tag_key is None:
         raise UsageError(f"tfds data set {name!r} has no tag feature ({'/'.join(TAG_FEATURES)})")
     names = features[tag_key].feature.names
-    splits = read_splits(builder, name, lambda split: _read_split(builder, split, tag_key, names))
+
+    def read(split):
+        sentences = []
+        for example in tfds.as_numpy(builder.as_dataset(split=split)):
+            tokens, tags = [], []
+            for token, tag in zip(example["tokens"], example[tag_key]):
+                if names[int(tag)] not in _NOT_A_WORD:
+                    tokens.append(token.decode("utf-8"))
+                    tags.append(names[int(tag)])
+            if tokens:
+                sentences.append(TaggedSentence(tuple(tokens), tuple(tags)))
+        return sentences
+
     source = {"name": f"tfds:{name}", "data_dir": os.environ.get("TFDS_DATA_DIR")}
     # A missing dev or test split (None) is held out from train.
-    return TaggingData(**{"dev": None, "test": None, **splits}, source=source)
-
-
-def _read_split(builder, split, tag_key, names):
-    import tensorflow_datasets as tfds
-
-    sentences = []
-    for example in tfds.as_numpy(builder.as_dataset(split=split)):
-        tokens, tags = [], []
-        for token, tag in zip(example["tokens"], example[tag_key]):
-            tag_name = names[int(tag)]
-            if tag_name in _NOT_A_WORD:
-                continue
-            tokens.append(token.decode("utf-8"))
-            tags.append(tag_name)
-        if tokens:
-            sentences.append(TaggedSentence(tuple(tokens), tuple(tags)))
-    return sentences
+    return TaggingData(
+        **{"dev": None, "test": None, **read_splits(builder, name, read)}, source=source
+    )
