@@ -34,9 +34,7 @@ def load_data(cfg):
 def _carve_missing(data, seed):
     """Missing dev/test splits are held out from train (10% each), deterministically."""
     missing = [name for name in ("dev", "test") if getattr(data, name) is None]
-    if not missing or not data.train:
-        for name in missing:
-            setattr(data, name, [])
+    if not missing:
         return
     rng = random.Random(seed)
     train = list(data.train)
