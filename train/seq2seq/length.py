@@ -27,6 +27,8 @@ ARMS = tuple(_ARM_OPTIONS)
 # (unless --epochs / --steps-per-epoch are given), about 12 minutes an arm on a 2-core CPU.
 TRAIN_LENGTHS = (1, 20)
 EPOCHS, STEPS_PER_EPOCH = 10, 300
+# What each bucket reports (`score`), and its name in the table and the plot.
+MEASURES = {"char_accuracy": "character accuracy", "seq_accuracy": "whole-sequence accuracy"}
 
 
 def parse_range(text, flag):
@@ -79,15 +81,12 @@ def evaluate_buckets(model, buckets, first=None):
     """Greedy outputs for every bucket: [{bucket, lo, hi, char_accuracy, seq_accuracy,
     examples}], each bucket a list of (source, target) pairs; `first`: the first
     bucket's outputs when they are decoded already (a run's test set)."""
-    from zoo.seq2seq import decoding
-
     results = []
     for k, (name, lo, hi, pairs) in enumerate(buckets):
         if k == 0 and first is not None:
             outputs = first
         else:
-            ids = model.tokenizer.encode([s for s, _ in pairs])
-            outputs = model.tokenizer.decode(decoding.decode_ids(model, ids))
+            outputs = model.translate([s for s, _ in pairs])
         refs = [t for _, t in pairs]
         right, total, exact = score(outputs, refs)
         results.append(
@@ -144,7 +143,7 @@ def summarize(rows, arms, buckets):
         runs = [r for r in rows if r["arm"] == arm]
         for i, (name, lo, hi, _) in enumerate(buckets):
             entry = {"arm": arm, "bucket": name, "lo": lo, "hi": hi, "seeds": len(runs)}
-            for key in ("char_accuracy", "seq_accuracy"):
+            for key in MEASURES:
                 values = [r["length"][i][key] for r in runs]
                 entry[key] = values
                 entry.update(mean_and_std(key, values))
@@ -175,10 +174,7 @@ def plot(summary, arms, path, title):
     import matplotlib.pyplot as plt
 
     figure, axes = plt.subplots(1, 2, figsize=(10, 3.8), sharey=True)
-    for axis, key, label in (
-        (axes[0], "char_accuracy", "character accuracy"),
-        (axes[1], "seq_accuracy", "whole-sequence accuracy"),
-    ):
+    for axis, (key, label) in zip(axes, MEASURES.items()):
         for arm in arms:
             entries = [e for e in summary if e["arm"] == arm]
             x = [(e["lo"] + e["hi"]) / 2 for e in entries]
