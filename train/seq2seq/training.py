@@ -101,7 +101,6 @@ def train_new(context, cfg, data):
     train_cfg = config.record(cfg)
     out = cfg.out
     rundir.create_run_dir(out, _kind(cfg.arch))
-    os.makedirs(os.path.join(out, "vocab"), exist_ok=True)
     atomic.write_bytes(os.path.join(out, "vocab", "spm.model"), proto)
     atomic.write_lines(os.path.join(out, "vocab", "pieces.txt"), tokenizer.pieces())
     run_config = {
