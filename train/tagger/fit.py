@@ -12,7 +12,6 @@ def compile_tagger(
     """Compiles `model`; returns its learning rate at each step's `train.engine.At` (the
     step's `rate`: a warm-up, then a cosine to 5% of `learning_rate` at the end of the
     budget, steps or clock). Without that rate the optimizer keeps `learning_rate`."""
-    warmup_steps = max(0, min(warmup_steps, total_steps - 1))
     # With ema_momentum, dev evaluation and the saved model use the moving average of
     # the weights (Polyak averaging), which smooths out the last steps' noise.
     averaging = {"use_ema": True, "ema_momentum": ema_momentum} if ema_momentum else {}
