@@ -79,10 +79,8 @@ class _Grammar:
         for _ in range(n):
             if self.rng.random() < 0.6:
                 out.append((self.rng.choice(AMBIGUOUS_MOD), tag))
-            elif tag == "ADJ":
-                out.append((self.pick(ADJECTIVES, "ADJ"), "ADJ"))
-            else:
-                out.append((self.pick(ADVERBS, "ADV"), "ADV"))
+            else:  # tag: ADJ or ADV
+                out.append((self.pick(ADJECTIVES if tag == "ADJ" else ADVERBS, tag), tag))
         return out
 
     def noun(self):
