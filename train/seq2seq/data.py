@@ -64,12 +64,10 @@ def load_data(args):
 
 def _complete(splits, source, seed):
     train = splits["train"]
-    if "test" not in splits:
-        train, splits["test"] = parallel.hold_out(train, 0.05, 100, 1000, seed)
-        source["test"] = "held out from train"
-    if "dev" not in splits:
-        train, splits["dev"] = parallel.hold_out(train, 0.05, 100, 1000, seed + 1)
-        source["dev"] = "held out from train"
+    for offset, name in enumerate(("test", "dev")):  # the test set first, from `seed`
+        if name not in splits:
+            train, splits[name] = parallel.hold_out(train, 0.05, 100, 1000, seed + offset)
+            source[name] = "held out from train"
     return parallel.ParallelData(train, splits["dev"], splits["test"], source, task="text")
 
 
