@@ -260,14 +260,14 @@ def _timed_decode(model, ids, beam_width, alpha, prefix, sample=256):
     """Decodes every input, then times a second pass over (at most) `sample` of them:
     the first pass compiles one XLA program per batch shape, which a speed figure should
     not include (beam's programs take longer to compile than greedy's). Returns the
-    outputs and the speeds as PREFIXtokens_per_second and PREFIXsentences_per_second."""
+    decoded texts and the speeds as PREFIXtokens_per_second and PREFIXsentences_per_second."""
     out = decoding.decode_ids(model, ids, beam_width=beam_width, alpha=alpha)
     timed = ids[:sample]
     started = time.perf_counter()
     again = decoding.decode_ids(model, timed, beam_width=beam_width, alpha=alpha)
     seconds = time.perf_counter() - started
     tokens = sum(len(o) + 1 for o in again)
-    return out, {
+    return model.tokenizer.decode(out), {
         f"{prefix}tokens_per_second": round(tokens / seconds, 1),
         f"{prefix}sentences_per_second": round(len(timed) / seconds, 1),
     }
@@ -283,13 +283,11 @@ def evaluate(model, data, encoded, train_cfg):
     beam, alpha = train_cfg["beam_width"], train_cfg["alpha"]
     test = encoded["test"]
     refs = [t for _, t in data.test]
-    greedy_ids, speed = _timed_decode(model, test.sources, 1, alpha, "decode_")
-    greedy = model.tokenizer.decode(greedy_ids)
+    greedy, speed = _timed_decode(model, test.sources, 1, alpha, "decode_")
     metrics.update(speed)
     hyps = greedy
     if beam > 1:
-        beam_ids, speed = _timed_decode(model, test.sources, beam, alpha, "beam_decode_")
-        hyps = model.tokenizer.decode(beam_ids)
+        hyps, speed = _timed_decode(model, test.sources, beam, alpha, "beam_decode_")
         metrics.update(beam_width=beam, alpha=alpha, **speed)
     if data.task == "text":
         bleu = sacrebleu.BLEU()
