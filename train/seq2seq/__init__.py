@@ -40,10 +40,7 @@ class Seq2SeqConfig:
 
     arch: str = option("transformer", "transformer (default) or universal_transformer")
     out: str = option(
-        None,
-        "run directory (default runs/seq2seq-TASK or runs/seq2seq-text)",
-        kind=str,
-        record=False,
+        None, "run directory (default runs/seq2seq-TASK or runs/seq2seq-text)", record=False
     )
     resume: bool = option(False, "continue the run in --out from its last checkpoint", record=False)
     seed: int = option(0, "random seed (default 0)")
@@ -56,20 +53,17 @@ class Seq2SeqConfig:
     train_size: int = option(
         4000, "generated training pairs (default 4000)", check=above(0), group="data"
     )
-    train_source: str = option(None, _file("train_source"), kind=str, group="data")
-    train_target: str = option(None, _file("train_target"), kind=str, group="data")
-    train_tsv: str = option(None, _file("train_tsv"), kind=str, group="data")
-    dev_source: str = option(None, _file("dev_source"), kind=str, group="data")
-    dev_target: str = option(None, _file("dev_target"), kind=str, group="data")
-    dev_tsv: str = option(None, _file("dev_tsv"), kind=str, group="data")
-    test_source: str = option(None, _file("test_source"), kind=str, group="data")
-    test_target: str = option(None, _file("test_target"), kind=str, group="data")
-    test_tsv: str = option(None, _file("test_tsv"), kind=str, group="data")
+    train_source: str = option(None, _file("train_source"), group="data")
+    train_target: str = option(None, _file("train_target"), group="data")
+    train_tsv: str = option(None, _file("train_tsv"), group="data")
+    dev_source: str = option(None, _file("dev_source"), group="data")
+    dev_target: str = option(None, _file("dev_target"), group="data")
+    dev_tsv: str = option(None, _file("dev_tsv"), group="data")
+    test_source: str = option(None, _file("test_source"), group="data")
+    test_target: str = option(None, _file("test_target"), group="data")
+    test_tsv: str = option(None, _file("test_tsv"), group="data")
     dataset: str = option(
-        None,
-        "tfds:NAME, e.g. tfds:ted_hrlr_translate/pt_to_en (downloads)",
-        kind=str,
-        group="data",
+        None, "tfds:NAME, e.g. tfds:ted_hrlr_translate/pt_to_en (downloads)", group="data"
     )
     vocab_size: int = option(
         6000, "SentencePiece pieces (text; default 6000)", check=above(0), group="data"
@@ -226,14 +220,12 @@ class Seq2SeqConfig:
     train_lengths: str = option(
         None,
         "--compare: trained lengths A-B (default 1-20; for addition, digits of the first number)",
-        kind=str,
         group="length generalisation",
     )
     test_lengths: str = option(
         None,
         "--compare: comma-separated test lengths or ranges A-B (default: 2x, 5x and "
         "10x the longest trained length); the trained range is always tested too",
-        kind=str,
         group="length generalisation",
     )
     seeds: int = option(
