@@ -43,15 +43,11 @@ def parse_range(text, flag):
     return lo, hi
 
 
-def train_range(args):
-    if args.train_lengths:
-        return parse_range(args.train_lengths, "--train-lengths")
-    return TRAIN_LENGTHS
-
-
 def test_ranges(args):
     """The test buckets: the trained range first, then --test-lengths (or 2x, 5x, 10x)."""
-    lo, hi = train_range(args)
+    lo, hi = TRAIN_LENGTHS
+    if args.train_lengths:
+        lo, hi = parse_range(args.train_lengths, "--train-lengths")
     if args.test_lengths:
         extra = [parse_range(part, "--test-lengths") for part in args.test_lengths.split(",")]
     else:
@@ -109,8 +105,8 @@ def compare_data(args):
     from train.seq2seq import algorithmic
     from train.seq2seq.parallel import ParallelData
 
-    lo, hi = train_range(args)
     ranges = test_ranges(args)
+    lo, hi = ranges[0]
     train, dev, tests = algorithmic.splits(
         args.task, args.train_size, (lo, hi), ranges, args.eval_size, args.seed
     )
@@ -250,7 +246,7 @@ def run_compare(context, args):
             columns = [("bucket", "length"), ("char_accuracy", "char"), ("seq_accuracy", "seq")]
             print(markdown_table(results, columns), flush=True)
     summary = summarize(rows, arms, buckets)
-    lo, hi = train_range(args)
+    _, lo, hi, _ = buckets[0]  # the trained range
     title = (
         f"{args.task}: trained on lengths {lo}-{hi}, {args.seeds} seed(s) per arm "
         "(mean ± standard deviation)"
