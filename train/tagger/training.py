@@ -106,7 +106,7 @@ def _fit_and_finish(context, model, data, encoded, out, train_cfg, name=None):
             total_steps=max(1, steps),
             warmup_steps=min(400, steps // 10),
             weight_decay=1e-4,
-            ema_momentum=train_cfg.get("ema_momentum"),
+            ema_momentum=train_cfg["ema_momentum"],
         )
 
     def train_batches(epoch):  # the batch order of an epoch depends on (seed, epoch) only
