@@ -43,23 +43,22 @@ def load_data(args):
     # The test set has the trained lengths, "long" the next n (a date has no length).
     n = args.task_length
     ranges = [(1, n)] + ([] if args.task == "date" else [(n + 1, 2 * n)])
-    train, dev, (test, *long) = algorithmic.splits(
-        args.task, args.train_size, (1, n), ranges, 300, args.seed
+    data, (_, *long) = embedded(args, ranges, 300, task_length=n)
+    data.extra = {"long": long[0]} if long else {}
+    return data
+
+
+def embedded(args, ranges, eval_size, **described):
+    """The generated pairs of --task (--train-size, --seed): training and dev pairs of the
+    lengths ranges[0] and `eval_size` test pairs per (lo, hi) of `ranges`, as the
+    `ParallelData` (its test set the first) and every test set; `described`: config.json's
+    data entries besides the task, the size and the seed."""
+    train, dev, tests = algorithmic.splits(
+        args.task, args.train_size, ranges[0], ranges, eval_size, args.seed
     )
-    return parallel.ParallelData(
-        train,
-        dev,
-        test,
-        {
-            "name": "embedded",
-            "task": args.task,
-            "train_size": args.train_size,
-            "task_length": args.task_length,
-            "seed": args.seed,
-        },
-        task=args.task,
-        extra={"long": long[0]} if long else {},
-    )
+    source = {"name": "embedded", "task": args.task, "train_size": args.train_size}
+    source.update(described, seed=args.seed)
+    return parallel.ParallelData(train, dev, tests[0], source, task=args.task), tests
 
 
 def _complete(splits, source, seed):

@@ -102,23 +102,12 @@ def evaluate_buckets(model, buckets, first=None):
 def compare_data(args):
     """The shared training data and the test buckets, the first the trained range (one
     data seed: --seed)."""
-    from train.seq2seq import algorithmic
-    from train.seq2seq.parallel import ParallelData
+    from train.seq2seq.data import embedded
 
     ranges = test_ranges(args)
-    lo, hi = ranges[0]
-    train, dev, tests = algorithmic.splits(
-        args.task, args.train_size, (lo, hi), ranges, args.eval_size, args.seed
-    )
+    data, tests = embedded(args, ranges, args.eval_size, train_lengths=list(ranges[0]))
+    hi = ranges[0][1]
     buckets = [(bucket_name(a, b, hi), a, b, pairs) for (a, b), pairs in zip(ranges, tests)]
-    source = {
-        "name": "embedded",
-        "task": args.task,
-        "train_size": args.train_size,
-        "train_lengths": [lo, hi],
-        "seed": args.seed,
-    }
-    data = ParallelData(train, dev, buckets[0][3], source, task=args.task)
     return data, buckets
 
 
