@@ -44,10 +44,6 @@ SUMMARY = [
 ]
 
 
-def _kind(arch):
-    return "universal_transformer" if arch == "universal_transformer" else "seq2seq"
-
-
 def _defaults(cfg, text):
     """The defaults that depend on the data: text or an embedded task."""
     if cfg.learning_rate is None:
@@ -81,6 +77,7 @@ def train_new(context, cfg, data):
     from train.seq2seq.config import model_config
 
     text = data.task == "text"
+    kind = "universal_transformer" if cfg.arch == "universal_transformer" else "seq2seq"
     _defaults(cfg, text)
     keras.utils.set_random_seed(cfg.seed)
     vocab = cfg.vocab_size if text else 64
@@ -93,18 +90,18 @@ def train_new(context, cfg, data):
     config_model = model_config(cfg, text, max(map(len, encoded["train"].sources)))
     try:
         with context.scope():
-            model = zoo.build(_kind(cfg.arch), tokenizer=encode_proto(proto), **config_model)
+            model = zoo.build(kind, tokenizer=encode_proto(proto), **config_model)
     except ValueError as e:
         raise UsageError(f"bad model option: {e}") from None
     # Printed only once the data passed every check: a bad input gets one line.
     print(f"tokenizer: {tokenizer.vocabulary_size} pieces ({seconds:.0f}s)", file=sys.stderr)
     train_cfg = config.record(cfg)
     out = cfg.out
-    rundir.create_run_dir(out, _kind(cfg.arch))
+    rundir.create_run_dir(out, kind)
     atomic.write_bytes(os.path.join(out, "vocab", "spm.model"), proto)
     atomic.write_lines(os.path.join(out, "vocab", "pieces.txt"), tokenizer.pieces())
     run_config = {
-        "kind": _kind(cfg.arch),
+        "kind": kind,
         "model": model.hparams(),
         "train": train_cfg,
         "data": data.source,
