@@ -21,10 +21,6 @@ TASKS = ("copy", "reverse", "sort", "addition", "date")
 ALPHABET = "abcdefghij"
 
 
-def _string(rng, length):
-    return "".join(rng.choice(list(ALPHABET), size=length))
-
-
 def _number(rng, digits, leading):
     """A uniform number of `digits` digits (without a leading zero when `leading`)."""
     first = int(rng.integers(1 if leading else 0, 10))
@@ -47,7 +43,7 @@ def _date_text(rng, date):
 def example(task, rng, length):
     """One (source, target) pair of the given length (digits for addition)."""
     if task in ("copy", "reverse", "sort"):
-        s = _string(rng, length)
+        s = "".join(rng.choice(list(ALPHABET), size=length))
         return s, {"copy": s, "reverse": s[::-1], "sort": "".join(sorted(s))}[task]
     if task == "addition":
         # Digit by digit: numbers of any length (10x the trained ones), past int64.
