@@ -138,7 +138,7 @@ def summarize(rows, arms, buckets):
 
 def summary_table(summary):
     lines = [
-        "| arm | length | seeds | character accuracy | whole-sequence accuracy |",
+        "| arm | length | seeds | " + " | ".join(MEASURES.values()) + " |",
         "|---|---|---|---|---|",
     ]
     for e in summary:
