@@ -888,29 +888,53 @@ def test_data_seed_reproduces_one_compare_run(tmp_path, monkeypatch):
     np.testing.assert_array_equal(other[2][0], arm[2][0])  # the models follow --seed alone
 
 
+# The first digit of scikit-learn's `load_digits()` as its tutorial prints it
+# ("An introduction to machine learning with scikit-learn": `digits.images[0]`, a 0).
+FIRST_DIGIT = [
+    [0, 0, 5, 13, 9, 1, 0, 0],
+    [0, 0, 13, 15, 10, 15, 5, 0],
+    [0, 3, 15, 2, 0, 11, 8, 0],
+    [0, 4, 12, 0, 0, 8, 8, 0],
+    [0, 5, 8, 0, 0, 9, 8, 0],
+    [0, 4, 11, 0, 1, 12, 7, 0],
+    [0, 2, 14, 5, 10, 12, 0, 0],
+    [0, 0, 6, 13, 10, 0, 0, 0],
+]
+
+
 @pytest.mark.slow
 def test_digits_converter_writes_an_image_dir_of_sklearn_digits(tmp_path, capsys):
-    """python -m train.sagan.digits: the digits that ship with scikit-learn as a --image-dir
-    folder (10 classes, 32x32); each image, block-averaged back to 8x8, is its digit."""
-    from sklearn.datasets import load_digits
+    """python -m train.sagan.digits: scikit-learn's digits (its file, which travels with the
+    package) as a --image-dir folder (10 classes, 32x32); the first image, block-averaged
+    back to 8x8, is the first digit as scikit-learn's tutorial prints it, and every image
+    sits in the folder of its line's digit."""
+    import csv
+    import gzip
+    import hashlib
 
-    from train.sagan.digits import main
+    from PIL import Image
+
+    from train.sagan.digits import DATA, main
     from train.sagan.images import load_image_dir
 
+    # scikit-learn 1.9.1's sklearn/datasets/data/digits.csv.gz, byte for byte.
+    with open(DATA, "rb") as f:
+        digest = hashlib.sha256(f.read()).hexdigest()
+    assert digest == "09f66e6debdee2cd2b5ae59e0d6abbb73fc2b0e0185d2e1957e9ebb51e23aa22"
+    with gzip.open(DATA, "rt") as f:
+        labels = [int(row[-1]) for row in csv.reader(f)]
     out = tmp_path / "digits"
     assert main([str(out)]) == 0
     data = load_image_dir(str(out), seed=0)
     assert data.class_names == [str(k) for k in range(10)] and data.image_size == 32
-    assert len(data.train) + len(data.test) == 1797
-    digits = load_digits()
-    from PIL import Image
-
-    for index in (0, 500, 1796):
-        label = int(digits.target[index])
-        image = np.asarray(Image.open(out / str(label) / f"{index:04d}.png"), np.float32)
-        assert image.shape == (32, 32, 3) and np.all(image[..., 0] == image[..., 2])
-        small = image[..., 0].reshape(8, 4, 8, 4).mean(axis=(1, 3))
-        assert np.corrcoef(small.ravel(), digits.images[index].ravel())[0, 1] > 0.95
+    assert len(data.train) + len(data.test) == len(labels) == 1797
+    for digit in range(10):
+        names = sorted(os.listdir(out / str(digit)))
+        assert names == [f"{i:04d}.png" for i, label in enumerate(labels) if label == digit]
+    image = np.asarray(Image.open(out / "0" / "0000.png"), np.float32)
+    assert image.shape == (32, 32, 3) and np.all(image[..., 0] == image[..., 2])
+    small = image[..., 0].reshape(8, 4, 8, 4).mean(axis=(1, 3))
+    assert np.corrcoef(small.ravel(), np.ravel(FIRST_DIGIT))[0, 1] > 0.95
     # An existing, non-empty OUT_DIR is refused and left as it was.
     before = sorted(os.listdir(out / "3"))
     assert main([str(out)]) == 2
