@@ -47,13 +47,12 @@ def check_size(size, flag="--image-size"):
 
 
 def load_images(cfg):
-    """The data the options `cfg` (train.sagan.SaganConfig) name (default: the embedded
-    shapes), split by the data seed (--data-seed, else --seed)."""
+    """The data the options `cfg` (train.sagan.SaganConfig, whose `check` checked
+    --image-size) name (default: the embedded shapes), split by the data seed (--data-seed,
+    else --seed)."""
     image_size, seed = cfg.image_size, cfg.resolved_data_seed()
     if cfg.dataset and cfg.image_dir:
         raise UsageError("--dataset and --image-dir cannot be combined")
-    if image_size is not None:
-        check_size(image_size)
     if cfg.image_dir:
         return load_image_dir(cfg.image_dir, image_size, cfg.max_images, seed)
     if cfg.dataset:
