@@ -16,15 +16,27 @@ import dataclasses
 import os
 import sys
 import time
+import types
 import typing
 
+import keras
 import numpy as np
 
-from train import config, rundir
+from train import config, engine, rundir
 from train.progress import markdown_table, mean_and_std
+from train.sagan.evaluation import Evaluator
 from train.sagan.fid_classifier import get_classifier
+from train.sagan.figures import save_attention_figure, save_progress_figure, save_sample_grid
+from train.sagan.images import load_images
+from train.steps import float32_model, make_sagan_step
 from zoo import atomic
 from zoo.cli import UsageError
+from zoo.sagan.model import (
+    attention_scores,
+    build_discriminator,
+    build_generator,
+    resolve_attention,
+)
 
 SUMMARY_COLUMNS = [
     ("name", "run"),
@@ -51,8 +63,6 @@ def _configs(cfg, data):
     the epochs, the data seed (--data-seed, else --seed: --compare trains several model
     seeds on one data set) and the run's attention resolved, so replaying it trains the
     same run."""
-    from zoo.sagan.model import resolve_attention
-
     conditional = data.num_classes > 1 and not cfg.unconditional
     attention = resolve_attention(data.image_size, cfg.attention())
     model_cfg = {
@@ -82,8 +92,6 @@ def _build(context, model_cfg, train_cfg):
     """G, D and EMA-G, built in the scope of the run's strategy (its `context`)."""
     # The builders themselves, not zoo.build: that imports every zoo model, TensorFlow
     # with the tagger's, and the JAX benchmark builds these where TensorFlow is absent.
-    from zoo.sagan.model import build_discriminator, build_generator
-
     with context.scope():
         try:
             g = build_generator(**model_cfg)
@@ -106,9 +114,7 @@ def _sampler(context, source, model_cfg):
     with context.scope():
         if not tf.distribute.has_strategy():
             return lambda: source
-    import zoo
-
-    model = zoo.build("sagan_generator", **model_cfg)
+    model = build_generator(**model_cfg)
 
     def refresh():
         model.set_weights(source.get_weights())
@@ -157,8 +163,6 @@ def _resolve_budget(context, started, train_cfg):
 
 def train_one(context, cfg, data, out, classifier=None, started=None):
     """One run of `cfg` (train.sagan.SaganConfig) in `context`; `started`: when it began."""
-    import keras
-
     keras.utils.set_random_seed(cfg.seed)
     model_cfg, train_cfg = _configs(cfg, data)
     models = _build(context, model_cfg, train_cfg)
@@ -187,11 +191,7 @@ def resume_run(context, cfg):
     run_config, recorded = rundir.resumed(cfg, ("sagan",))
     train_cfg = config.record(recorded)
     check_replicas(context, train_cfg["batch_size"])
-    from train.sagan.images import load_images
-
     data = load_images(recorded)
-    import keras
-
     keras.utils.set_random_seed(train_cfg["seed"])
     models = _build(context, run_config["model"], train_cfg)
     classifier, report = get_classifier(out, data, train_cfg)
@@ -201,12 +201,8 @@ def resume_run(context, cfg):
 
 
 def _step(context, models, model_cfg, train_cfg):
-    import types
-
     shape = {k: model_cfg[k] for k in ("num_classes", "latent_dim")}
     recipe = types.SimpleNamespace(**{**train_cfg, **shape})
-    from train.steps import make_sagan_step
-
     step = make_sagan_step(models, recipe, context, context.jit_compile)
     if context.jit_compile and not step.jit_compile:
         print(
@@ -276,11 +272,6 @@ class _Batches:
 
 
 def _fit_and_finish(run, resuming):
-    from train import engine
-    from train.sagan.evaluation import Evaluator
-    from train.sagan.figures import save_progress_figure, save_sample_grid
-    from train.steps import float32_model
-
     g, d, ema = run.models
     model_cfg, train_cfg = run.config["model"], run.config["train"]
     step = _step(run.context, run.models, model_cfg, train_cfg)
@@ -347,11 +338,6 @@ def _fit_and_finish(run, resuming):
 
 
 def _finish(run, sampler, state, distribution, fixed):
-    from train.sagan.evaluation import Evaluator
-    from train.sagan.figures import save_attention_figure, save_sample_grid
-    from train.steps import float32_model
-    from zoo.sagan.model import attention_scores
-
     out, data = run.out, run.data
     (g, d, _), model_cfg, train_cfg = run.models, run.config["model"], run.config["train"]
     samples, seed = train_cfg["eval_samples"], train_cfg["data_seed"]
