@@ -262,7 +262,6 @@ class _Training:
                 "epoch": epoch,
                 "batches_done": done,
                 "partial": self.sums,
-                "strategy": self.context.describe(),
                 "state": self.state,
             },
             refs=self.step.refs(),

@@ -296,15 +296,6 @@ class RunContext:
         """Only the chief writes the run directory and checkpoints (worker 0 without one)."""
         return self.worker()[0] == 0
 
-    def describe(self):
-        replicas = int(self.strategy.num_replicas_in_sync)
-        return {
-            "strategy": self.resolved,
-            "replicas": replicas,
-            "mixed_precision": self.policy,
-            "jit_compile": self.jit_compile,
-        }
-
     def runtime(self):
         """Where the run trains: backend, devices, strategy, dtype policy, XLA (recorded
         in config.json and metrics.json as "runtime")."""

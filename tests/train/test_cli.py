@@ -156,8 +156,8 @@ def test_two_run_contexts_do_not_interfere():
     assert a.signals.requested == signal.SIGTERM
     assert b.signals.requested is None and library.signals.requested is None
     with b:  # leaving one context takes back nothing of another's
-        assert b.describe()["jit_compile"] is False
-    assert a.describe()["jit_compile"] is True and a.describe()["strategy"] == "default"
+        assert b.runtime()["jit_compile"] is False
+    assert a.runtime()["jit_compile"] is True and a.runtime()["strategy"] == "default"
 
 
 def test_leaving_a_run_context_takes_back_its_dtype_policy():

@@ -333,17 +333,17 @@ def _fit_and_finish(run, resuming):
             file=sys.stderr,
             flush=True,
         )
-    distribution = {**run.context.describe(), "jit_compile": step.jit_compile}
-    return _finish(run, sampler, state, distribution, fixed)
+    return _finish(run, sampler, state, fixed)
 
 
-def _finish(run, sampler, state, distribution, fixed):
+def _finish(run, sampler, state, fixed):
     out, data = run.out, run.data
     (g, d, _), model_cfg, train_cfg = run.models, run.config["model"], run.config["train"]
     samples, seed = train_cfg["eval_samples"], train_cfg["data_seed"]
     evaluator = Evaluator(run.classifier, data, samples, seed, model_cfg)
     metrics = evaluator.evaluate(sampler, seed=train_cfg["seed"] + 1)
     seconds, history = state["train_seconds"], state["history"]
+    runtime = run.config["runtime"]  # set by _fit_and_finish: XLA as the steps ran
     metrics.update(
         run.report,
         initial_fid_quick=state.get("initial_fid"),
@@ -363,8 +363,13 @@ def _finish(run, sampler, state, distribution, fixed):
         keep=train_cfg["keep"],
         kept_epoch=(state.get("best") or {}).get("epoch", state["epoch"]),
         attention_resolution=model_cfg["attention_resolution"],
-        distribution=distribution,
-        runtime=run.config["runtime"],  # set by _fit_and_finish: XLA as the steps ran
+        distribution={
+            "strategy": runtime["strategy"],
+            "replicas": runtime["devices"],
+            "mixed_precision": run.context.policy,
+            "jit_compile": runtime["jit_compile"],
+        },
+        runtime=runtime,
         params_g=int(g.count_params()),
         params_d=int(d.count_params()),
         ema=train_cfg["ema"],
