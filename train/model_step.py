@@ -120,8 +120,7 @@ def masked_mean_terms(loss, pad_id=0):
         count = ops.sum(ops.cast(ops.not_equal(y, pad_id), "float32"))
         return ops.cast(loss(y, y_pred), "float32") * count, count
 
-    terms.kind = "masked"
-    terms.pad_id = pad_id
+    terms.pad_id = pad_id  # host_count counts the targets that are not padding
     return terms
 
 
@@ -130,7 +129,7 @@ def host_count(y, w, terms):
     (each worker holds it), so no collective is needed inside the compiled step."""
     if w is not None:
         return float(np.sum(np.asarray(w, np.float64)))
-    if getattr(terms, "kind", None) == "masked":
+    if getattr(terms, "pad_id", None) is not None:
         return float(np.sum(np.asarray(y) != terms.pad_id))
     return float(np.prod(np.shape(y)))
 
