@@ -42,16 +42,6 @@ class JaxSaganStep(SaganStep):
         self._ema_fn = wrap(functools.partial(losses.ema_update, decay=self.ema_decay))
 
     # ------------------------------------------------------------ pure steps
-    def _forward(self, g_vals, d_vals, fn):
-        """fn() run with G's and D's variables holding g_vals / d_vals; returns fn's
-        result and the variables' values after it (updated statistics)."""
-        mapping = list(zip(self.g.variables, g_vals)) + list(zip(self.d.variables, d_vals))
-        with keras.StatelessScope(state_mapping=mapping) as scope:
-            out = fn()
-        g_new = [scope.get_current_value(v) for v in self.g.variables]
-        d_new = [scope.get_current_value(v) for v in self.d.variables]
-        return out, g_new, d_new
-
     def _d_logits_and_real_grads(self, images, labels, batch, d_vals):
         """`_d_logits` with D holding `d_vals` and the gradient of the first `batch`
         rows' logit sum with respect to `images` (R1), from one forward pass. D's state
@@ -82,7 +72,12 @@ class JaxSaganStep(SaganStep):
         def loss_fn(trained):
             now = _with(own, index, trained)
             g_now, d_now = (now, d_vals) if is_g else (g_vals, now)
-            (total, logs), g_new, d_new = self._forward(g_now, d_now, lambda: run(d_now))
+            # The loss with G and D holding these values, and their values after it.
+            mapping = list(zip(self.g.variables, g_now)) + list(zip(self.d.variables, d_now))
+            with keras.StatelessScope(state_mapping=mapping) as scope:
+                total, logs = run(d_now)
+            g_new = [scope.get_current_value(v) for v in self.g.variables]
+            d_new = [scope.get_current_value(v) for v in self.d.variables]
             with keras.StatelessScope(state_mapping=list(zip(optimizer.variables, opt_vals))):
                 return optimizer.scale_loss(total), (logs, g_new, d_new)
 
