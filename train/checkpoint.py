@@ -199,13 +199,17 @@ def load(path):
         reason = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
         raise DamagedCheckpoint(f"checkpoint {path} cannot be read ({reason})") from None
     stored = arrays.pop(CHECKSUM, None)
+    other_format = DamagedCheckpoint(
+        f"checkpoint {path} is not of this version's format (written by an earlier "
+        f"version of the project?); start the run again"
+    )
     if stored is None or MANIFEST not in arrays or RECORD not in arrays:
-        raise DamagedCheckpoint(
-            f"checkpoint {path} is not of this version's format (written by an earlier "
-            f"version of the project?); start the run again"
-        )
+        raise other_format
     if bytes(stored).decode("ascii", "replace") != _digest(arrays):
         raise DamagedCheckpoint(f"checkpoint {path} fails its SHA-256 checksum (damaged)")
+    # The same members with another layout inside (keys, groups) is another format too.
+    if _member(arrays, MANIFEST).get("format") != FORMAT:
+        raise other_format
     return arrays
 
 

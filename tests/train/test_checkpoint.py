@@ -509,6 +509,25 @@ def test_a_checkpoint_of_another_format_is_refused_in_one_line(tmp_path):
     assert checkpoint.latest(tmp_path)[0] is None
 
 
+def test_a_checkpoint_recording_another_format_number_is_refused(tmp_path):
+    """The members of this format, checksummed, but a manifest of another format number
+    (as a later change of the layout inside would write): refused in one line."""
+    a = _two_layer()
+    path = _save(tmp_path, a)
+    with np.load(path) as saved:
+        arrays = {k: saved[k] for k in saved.files}
+    manifest = json.loads(bytes(arrays[checkpoint.MANIFEST]).decode("utf-8"))
+    assert manifest["format"] == checkpoint.FORMAT
+    manifest["format"] = checkpoint.FORMAT + 1
+    arrays[checkpoint.MANIFEST] = np.frombuffer(json.dumps(manifest).encode(), dtype=np.uint8)
+    del arrays[checkpoint.CHECKSUM]
+    digest = checkpoint._digest(arrays)  # re-checksummed: only the format number differs
+    arrays[checkpoint.CHECKSUM] = np.frombuffer(digest.encode("ascii"), dtype=np.uint8)
+    np.savez(path, **arrays)
+    with pytest.raises(checkpoint.DamagedCheckpoint, match="not of this version's format"):
+        _restore(path, _two_layer())
+
+
 def test_a_member_changed_behind_the_zip_crc_fails_the_checksum(tmp_path):
     """Re-zipped with one changed value (valid CRCs): only the SHA-256 can tell."""
     import zipfile
