@@ -61,7 +61,11 @@ def add_arguments(parser):
         "on CPU/TPU; or float32, mixed_bfloat16, mixed_float16",
     )
     g.add_argument(
-        "--no-mixed-precision", dest="mixed_precision", action="store_const", const="float32"
+        "--no-mixed-precision",
+        dest="mixed_precision",
+        action="store_const",
+        const="float32",
+        help="the same as --mixed-precision float32",
     )
     g.add_argument(
         "--jit-compile",
