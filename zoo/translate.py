@@ -50,10 +50,8 @@ def main(argv=None):
         texts = _texts(args)
         with quiet:
             task = load()
-            # A Keras model translates with its own loop (decode_ids: no scores).
-            model = task.model if task.format == "keras" else task
             try:
-                outputs = model.translate(texts, beam_width=args.beam_width, alpha=args.alpha)
+                outputs = task.translate(texts, beam_width=args.beam_width, alpha=args.alpha)
             except ValueError as e:  # e.g. an input longer than max_source_length
                 raise UsageError(str(e)) from None
         for line in outputs:

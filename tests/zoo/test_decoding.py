@@ -367,3 +367,31 @@ def test_generation_arguments_are_checked():
         samplers.get("nucleus")
     with pytest.raises(ValueError, match="top_k"):
         decoding.filter_logits(np.zeros((1, VOCAB), "float32"), top_k=0)
+
+
+def test_translate_gives_empty_text_for_a_text_without_ids():
+    """`Seq2SeqTransformer.translate` and `generate` are `zoo.lite.Translator`'s: a text
+    that tokenizes to no ids gives "" without running the model, as `zoo.load` and
+    `zoo.lite` give it; the other texts translate as they do alone."""
+    from zoo.seq2seq.tokenization import encode_proto, train_sentencepiece
+
+    texts = ["abc def", "cab fed", "bad face", "dead beef", "ace bed"] * 4
+    proto = train_sentencepiece(texts, vocab_size=24, normalization="identity")
+    keras.utils.set_random_seed(0)
+    model = zoo.build(
+        "seq2seq",
+        tokenizer=encode_proto(proto),
+        hidden_dim=16,
+        num_layers=1,
+        num_heads=2,
+        intermediate_dim=32,
+        max_source_length=16,
+        max_target_length=LENGTH,
+    )
+    assert model.tokenizer.encode_within(["", "   "], 16) == [[], []]
+    alone = model.translate("abc def")
+    for beam_width in (1, 3):
+        assert model.translate("", beam_width=beam_width) == ""
+        assert model.translate(["", "abc def", "   "], beam_width=beam_width)[::2] == ["", ""]
+    assert model.translate(["", "abc def", "   "])[1] == alone
+    assert model.generate(["", "abc def"], return_scores=True)[0] == [("", 0.0)]

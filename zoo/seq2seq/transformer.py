@@ -429,19 +429,10 @@ class Seq2SeqTransformer(keras.Model):
         return self._tokenizer
 
     def translate(self, texts, beam_width=1, alpha=0.6, max_length=None, batch_size=64):
-        """Raw strings in, strings out (greedy, or beam search if `beam_width > 1`)."""
-        single = isinstance(texts, str)
-        ids = self._source_ids([texts] if single else list(texts))
-        out_ids = decoding.decode_ids(
-            self,
-            ids,
-            beam_width=beam_width,
-            alpha=alpha,
-            max_length=max_length,
-            batch_size=batch_size,
-        )
-        outputs = self.tokenizer.decode(out_ids)
-        return outputs[0] if single else outputs
+        """Raw strings in, strings out (greedy, or beam search if `beam_width > 1`):
+        `zoo.lite.Translator.translate` on this model, as `zoo.load` runs it (a text
+        of no tokens gives "")."""
+        return self._translator(batch_size).translate(texts, beam_width, alpha, max_length)
 
     # KerasHub's generate convention (a mirror of Keras), run by zoo.load's `Translator`.
     def generate(
@@ -474,14 +465,13 @@ class Seq2SeqTransformer(keras.Model):
             pairs. A single str input returns its entry alone; a text of no
             tokens gives "" (score 0.0), as `zoo.load` gives.
         """
-        generate_ids = functools.partial(decoding.generate_ids, self, batch_size=batch_size)
-        translator = Translator(generate_ids, self.tokenizer, self.max_source_length, model=self)
-        return translator.generate(
+        return self._translator(batch_size).generate(
             texts, sampler, num_return_sequences, return_scores, max_length, seed
         )
 
-    def _source_ids(self, texts):
-        return self.tokenizer.encode_within(texts, self.max_source_length)
+    def _translator(self, batch_size):
+        generate_ids = functools.partial(decoding.generate_ids, self, batch_size=batch_size)
+        return Translator(generate_ids, self.tokenizer, self.max_source_length, model=self)
 
     # Keras's get_config: every constructor argument (a mirror of Keras).
     def get_config(self):
