@@ -42,12 +42,6 @@ def _non_negative(text):
     return _number(text, lambda v: v >= 0.0, ">= 0")
 
 
-def _verbosity(text):
-    if text not in ("auto", "0", "1", "2"):
-        raise argparse.ArgumentTypeError(f"must be auto, 0, 1 or 2, got {text!r}")
-    return 1 if text == "auto" else int(text)
-
-
 def build_parser():
     from export.check import TARGETS
     from export.tflite import QUANTIZE
@@ -108,7 +102,6 @@ def build_parser():
         )
         command.add_argument(
             "--verbose",
-            type=_verbosity,
             default="auto",
             help="auto (default, as 1), 0 (results and errors only), 1, 2",
         )
@@ -188,10 +181,11 @@ def main(argv=None):
     os.environ.setdefault("KERAS_BACKEND", "tensorflow")
     os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
     from export.errors import ExportError
-    from zoo.cli import unexpected
+    from zoo.cli import unexpected, verbosity
 
     try:
         args = build_parser().parse_args(argv)
+        args.verbose = verbosity(args.verbose)  # the train and zoo commands' check and message
     except SystemExit as e:  # --help
         return e.code
     except UsageError as e:
