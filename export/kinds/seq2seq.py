@@ -371,16 +371,6 @@ def convert_steps(model):
     return gpu_rewrite.legalize(tflite.from_functions(functions, [model]))
 
 
-def litert_greedy(tflite, source_ids, max_length):
-    """Greedy decoding of one source (int32 `[1, S]`) on the step model (path or
-    bytes), one `decode_step` call per token: `zoo.litert.StepModel.greedy`, the app
-    loop of docs/deploy.md. Returns the output ids, EOS included if produced."""
-    from zoo import litert
-
-    steps = litert.StepModel.from_interpreter(litert.interpreter(tflite))
-    return steps.greedy(np.asarray(source_ids).reshape(-1), max_length)[0]
-
-
 def export_all(run_dir, out_dir):
     """Writes OUT/steps.tflite, OUT/greedy.tflite, OUT/spm.model (the
     SentencePiece model), their sidecar OUT/seq2seq.tflite.json and the app bundle
@@ -404,10 +394,12 @@ def export_all(run_dir, out_dir):
     eager = np.asarray(decoding.greedy(model, rows[:1]))
     if not np.array_equal(np.asarray(keras_greedy(rows[:1])), eager):
         raise ExportError("Keras greedy decoding differs traced and eager on row 0")
+    # The app loop of docs/deploy.md, one decode_step call per token.
+    app_loop = litert.StepModel.from_interpreter(litert.interpreter(steps))
     for i, row in enumerate(rows):
-        # Tokens before EOS: the app loop (zoo.litert.StepModel) and the WHILE loop.
+        # Tokens before EOS: the app loop and the WHILE loop.
         want = litert.cut(np.asarray(keras_greedy(row[None]))[0])
-        got_steps = litert.cut(litert_greedy(steps, row[None], model.max_target_length))
+        got_steps = litert.cut(app_loop.greedy(row, model.max_target_length)[0])
         got_loop = litert.cut(litert.run(greedy_bytes, {"source_ids": row[None]})["tokens"][0])
         if got_steps != want or got_loop != want:
             raise ExportError(

@@ -240,13 +240,15 @@ def test_litert_step_decoding_equals_keras_greedy(copy_run, tmp_path):
     assert [str(p) for p in check_model(steps, "gpu")] == []
     assert result["steps_gpu_compatible"]
     s = model.max_source_length
+    # The app loop of docs/deploy.md, one decode_step call per token.
+    app_loop = zoo.litert.StepModel.from_interpreter(zoo.litert.interpreter(result["steps"]))
     for text in ["abcde", "ba", "jjjjj"]:
         ids = np.zeros((1, s), "int32")
         row = model.tokenizer.encode([text])[0]
         ids[0, : len(row)] = row
         want = np.asarray(decoding.greedy(model, ids))[0].tolist()
         want = want[: want.index(EOS_ID) + 1]
-        assert kind.litert_greedy(result["steps"], ids, model.max_target_length) == want
+        assert app_loop.greedy(ids, model.max_target_length)[0] == want
         assert model.tokenizer.decode([want]) == [text]
     # zoo.load runs either file on raw text (the sidecar carries the SentencePiece model).
     texts = ["abcde", "ba", "jjjjj"]
@@ -267,8 +269,13 @@ def test_export_refuses_litert_tokens_that_differ_and_keeps_the_earlier_export(
     out.mkdir()
     (out / "steps.tflite").write_bytes(b"an earlier export")
     # One token off the step loop's own answer, as a faulty conversion would give.
-    real = kind.litert_greedy
-    monkeypatch.setattr(kind, "litert_greedy", lambda *a: [t + 1 for t in real(*a)])
+    real = zoo.litert.StepModel.greedy
+
+    def off_by_one(self, *args, **kwargs):
+        ids, score = real(self, *args, **kwargs)
+        return [t + 1 for t in ids], score
+
+    monkeypatch.setattr(zoo.litert.StepModel, "greedy", off_by_one)
     assert kind.main([copy_run, "--out", str(out)]) == 1
     err = capsys.readouterr().err.strip().splitlines()
     assert err[-1].startswith("export failed: row 0: LiteRT tokens differ from Keras greedy")
