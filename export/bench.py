@@ -38,9 +38,7 @@ def bench(target, run_dir=None, threads=None, runs=50, warmup=5):
 
     if is_tflite:
         runner, _ = runtime.signature_runner(runtime.interpreter(target, threads))
-        details = runner.get_input_details()
-        specs = verify.tflite_specs(details)
-        static_one = all(int(d["shape_signature"][0]) == 1 for d in details.values())
+        specs = verify.tflite_specs(runner.get_input_details())
     else:
         saved = verify.resolve_version_dir(target)
         loaded = tf.saved_model.load(saved)
@@ -56,12 +54,8 @@ def bench(target, run_dir=None, threads=None, runs=50, warmup=5):
     report[key] = {}
     for b in BATCHES:
         x = _batch(base, b)
-        if is_tflite:
-            if static_one:
-                rows = [{k: v[i : i + 1] for k, v in x.items()} for i in range(b)]
-                call = lambda rows=rows: [runner(**r) for r in rows]  # noqa: E731
-            else:
-                call = lambda x=x: runner(**x)  # noqa: E731
+        if is_tflite:  # a static batch-1 model runs row by row (litert.call)
+            call = lambda x=x: runtime.call(runner, x)  # noqa: E731
         else:
             feed = {k: tf.constant(v) for k, v in x.items()}
             call = lambda feed=feed: signature(**feed)  # noqa: E731
