@@ -640,11 +640,12 @@ def test_damaged_model_files_raise_model_file_error(sandbox, run, needle):
 
 
 def test_model_file_of_the_wrong_class(sandbox):
-    from zoo import model_file
-    from zoo.seq2seq.transformer import Seq2SeqTransformer
+    from zoo.cli import UsageError
+    from zoo.tasks import load_for_command
 
-    with pytest.raises(model_file.ModelFileError, match="holds a Tagger, not a Seq2SeqTransformer"):
-        model_file.load(os.path.join(sandbox, "tagger_run", "model.keras"), Seq2SeqTransformer)
+    path = os.path.join(sandbox, "tagger_run", "model.keras")
+    with pytest.raises(UsageError, match="holds a tagger model, not a seq2seq one"):
+        load_for_command(path, "seq2seq")()
 
 
 # ---------------------------------------------------------------------------

@@ -14,7 +14,7 @@ import zlib
 
 class ModelFileError(ValueError):
     """A model file that cannot be loaded: missing, not a .keras archive, truncated,
-    corrupted, unsafe, or holding another kind of model."""
+    corrupted or unsafe."""
 
 
 def check_archive(path):
@@ -50,8 +50,8 @@ def check_archive(path):
     return path
 
 
-def load(path, expected=None, compile=False):
-    """Loads `path` with `safe_mode=True`; `expected` (a class) checks the type.
+def load(path, compile=False):
+    """Loads `path` with `safe_mode=True`.
 
     Raises:
         ModelFileError: for every reason the file cannot be loaded.
@@ -62,10 +62,7 @@ def load(path, expected=None, compile=False):
     import zoo.models  # noqa: F401  (registers the classes the file refers to)
 
     try:
-        model = keras.models.load_model(path, compile=compile, safe_mode=True)
+        return keras.models.load_model(path, compile=compile, safe_mode=True)
     except Exception as e:  # noqa: BLE001  (Keras raises many types for bad files)
         message = " ".join(str(e).split())[:300] or type(e).__name__
         raise ModelFileError(f"cannot load model {path}: {message}") from None
-    if expected is not None and not isinstance(model, expected):
-        raise ModelFileError(f"{path} holds a {type(model).__name__}, not a {expected.__name__}")
-    return model

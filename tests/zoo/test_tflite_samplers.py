@@ -109,7 +109,8 @@ def test_steps_tflite_samples_what_keras_samples_with_the_same_seed(exported, ke
 
     run, files = exported
     lite = zoo.load(files["steps"])
-    model = model_file.load(f"{run}/model.keras", Seq2SeqTransformer)
+    model = model_file.load(f"{run}/model.keras")
+    assert isinstance(model, Seq2SeqTransformer)
     ids = model.tokenizer.encode(TEXTS)
     compared = 0
     for sampler, seed in (
