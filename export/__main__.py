@@ -16,7 +16,7 @@ import argparse
 import os
 import sys
 
-from zoo.cli import OneLineParser, UsageError, import_keras_quietly, quiet_stderr, runtime_logs
+from zoo.cli import OneLineParser, UsageError, import_keras_quietly, quiet_stderr
 
 
 def _number(text, ok, rule, cast=float):
@@ -181,17 +181,11 @@ def main(argv=None):
     os.environ.setdefault("KERAS_BACKEND", "tensorflow")
     os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
     from export.errors import ExportError
-    from zoo.cli import unexpected, verbosity
+    from zoo.cli import cli_boundary, verbosity
 
-    try:
+    def body():
         args = build_parser().parse_args(argv)
         args.verbose = verbosity(args.verbose)  # the train and zoo commands' check and message
-    except SystemExit as e:  # --help
-        return e.code
-    except UsageError as e:
-        print(f"error: {e}", file=sys.stderr)
-        return 2
-    with runtime_logs(args.verbose):
         try:
             if args.command != "check":  # check reads the flatbuffer itself
                 # TensorFlow/Keras and LiteRT first, so a bad input found later still
@@ -200,9 +194,6 @@ def main(argv=None):
                 import ai_edge_litert.interpreter  # noqa: F401
             with quiet_stderr(args.verbose == 0):
                 return _run(args)
-        except UsageError as e:
-            print(f"error: {e}", file=sys.stderr)
-            return 2
         except ExportError as e:
             if args.debug:
                 raise
@@ -211,10 +202,11 @@ def main(argv=None):
         except KeyboardInterrupt:
             print("interrupted", file=sys.stderr)
             return 130
-        except Exception as e:  # noqa: BLE001 - the CLI's last line of defence
-            if args.debug:
-                raise
-            return unexpected(e)
+
+    try:  # the error contract of every command (zoo.cli.cli_boundary)
+        return cli_boundary(body, argv)
+    except SystemExit as e:  # --help
+        return e.code
 
 
 if __name__ == "__main__":
