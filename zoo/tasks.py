@@ -11,7 +11,6 @@ their methods do). Each object has `.kind`, `.format` ("keras", "savedmodel",
 `ValueError` naming the path.
 """
 
-import functools
 import os
 
 import numpy as np
@@ -90,16 +89,7 @@ def _from_keras(path, config):
     if isinstance(model, Tagger):
         return TaggerTask(model.tag, tags=model.tags, fmt="keras", model=model)
     if isinstance(model, Seq2SeqTransformer):
-        from zoo.seq2seq import decoding
-
-        universal = type(model).__name__ == "UniversalTransformer"
-        return Translator(
-            functools.partial(decoding.generate_ids, model),
-            model.tokenizer,
-            model.max_source_length,
-            kind=config.get("kind") or ("universal_transformer" if universal else "seq2seq"),
-            model=model,
-        )
+        return model._translator()
     inputs = model.input if isinstance(model.input, dict) else {}
     if "noise" in inputs:
         conditional = "label" in inputs

@@ -96,6 +96,8 @@ class Seq2SeqTransformer(keras.Model):
         - [Vaswani et al., 2017](https://arxiv.org/abs/1706.03762)
     """
 
+    kind = "seq2seq"  # the run kind (config.json's), as `zoo.load`'s Translator reports it
+
     # A Keras model's constructor: its arguments are get_config's keys (Keras's convention).
     def __init__(
         self,
@@ -469,9 +471,12 @@ class Seq2SeqTransformer(keras.Model):
             texts, sampler, num_return_sequences, return_scores, max_length, seed
         )
 
-    def _translator(self, batch_size):
+    def _translator(self, batch_size=64):
+        """This model as `zoo.load` gives its file: a `zoo.lite.Translator`."""
         generate_ids = functools.partial(decoding.generate_ids, self, batch_size=batch_size)
-        return Translator(generate_ids, self.tokenizer, self.max_source_length, model=self)
+        return Translator(
+            generate_ids, self.tokenizer, self.max_source_length, kind=self.kind, model=self
+        )
 
     # Keras's get_config: every constructor argument (a mirror of Keras).
     def get_config(self):

@@ -55,6 +55,8 @@ class UniversalTransformer(Seq2SeqTransformer):
         - [Graves, 2016](https://arxiv.org/abs/1603.08983) (ACT)
     """
 
+    kind = "universal_transformer"
+
     def __init__(
         self,
         vocabulary_size,
