@@ -12,7 +12,6 @@ import keras
 from keras import ops
 
 from layers import LayerNorm, TokenEmbedding, TransformerEncoderBlock
-from zoo.tagger.config import ARCHS
 from zoo.tagger.layers import Presence, WordDropout
 
 
@@ -30,7 +29,8 @@ def char_features(char_ids, num_chars, char_dim, char_filters, char_kernels):
 
 
 def build_core(arch, num_words, num_chars, num_tags, max_chars, cfg):
-    """Returns the functional id-level model. `cfg` holds the tagger's hyper-parameters."""
+    """Returns the functional id-level model of `arch` (one of config.ARCHS, checked by
+    the Tagger). `cfg` holds the tagger's hyper-parameters."""
     word_ids = keras.Input(shape=(None,), dtype="int32", name="word_ids")
     char_ids = keras.Input(shape=(None, max_chars), dtype="int32", name="char_ids")
     presence = Presence(num_words, name="word_presence")(word_ids)
@@ -61,12 +61,10 @@ def build_core(arch, num_words, num_chars, num_tags, max_chars, cfg):
                 keras.layers.LSTM(hidden // 2, return_sequences=True), name=f"bilstm_{i}"
             )(x, mask=mask)
             x = keras.layers.Dropout(cfg["dropout"], name=f"bilstm_dropout_{i}")(x)
-    elif arch == "attention":
+    else:  # "attention" (Tagger checks `arch` against config.ARCHS)
         # The 0/1 float presence, not the boolean mask: in an int8 model a
         # bool -> float cast would run outside the integer kernels.
         x = _attention_context(x, presence, fmask, cfg)
-    else:
-        raise ValueError(f"`arch` must be one of {ARCHS}. Received: arch={arch!r}")
 
     probs = keras.layers.Dense(num_tags, activation="softmax", dtype="float32", name="tags")(x)
     return keras.Model({"word_ids": word_ids, "char_ids": char_ids}, probs, name=f"{arch}_core")
