@@ -310,7 +310,7 @@ def _translator(path, meta):
     runner = interpreter.get_signature_runner(sorted(signatures)[0])
     length = int(runner.get_input_details()["source_ids"]["shape"][1])
 
-    def greedy(ids, sampler, n, max_length=None, seed=None):
+    def greedy(ids, sampler, n, max_length=None, seed=None, with_scores=True):
         outs = []
         for row in ids:
             source = np.zeros((1, length), np.int32)
@@ -349,8 +349,8 @@ class Translator(_Task):
     input gives.
 
     Args:
-        generate_ids: `(ids, sampler, n, max_length=, seed=)` -> per input, n
-            (ids, score) pairs (`zoo.seq2seq.decoding.generate_ids`'s contract).
+        generate_ids: `(ids, sampler, n, max_length=, seed=, with_scores=)` -> per
+            input, n (ids, score) pairs (`zoo.seq2seq.decoding.generate_ids`'s contract).
         tokenizer: a `zoo.seq2seq.tokenization.Tokenizer`.
         max_source_length: the most ids an input may have.
         greedy_only: for a graph that decodes greedily only, what the refusal
@@ -406,6 +406,7 @@ class Translator(_Task):
                 num_return_sequences,
                 max_length=max_length,
                 seed=seed,
+                with_scores=return_scores or num_return_sequences != 1,
             )
             for i, row in zip(todo, done):
                 decoded = self._tokenizer.decode([c[0] for c in row])

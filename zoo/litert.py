@@ -408,10 +408,13 @@ class StepModel:
         found += list(zip(alive_seq, alive_logp / length_penalty(limit, alpha)))
         return [(cut(s), float(v)) for s, v in found]
 
-    def generate_ids(self, ids, sampler, num_return_sequences=1, max_length=None, seed=None):
+    def generate_ids(
+        self, ids, sampler, num_return_sequences=1, max_length=None, seed=None, with_scores=True
+    ):
         """`zoo.seq2seq.decoding.generate_ids` on the exported steps: list of id lists
         -> per input, `num_return_sequences` (ids, score) pairs (ids cut at EOS); the
-        same batches, limits and seeds, so the Keras model's tokens."""
+        same batches, limits and seeds, so the Keras model's tokens. The scores come
+        with the loop, so `with_scores` changes nothing here."""
         n = samplers.check_request(sampler, num_return_sequences)
         if max_length is not None:
             max_length = samplers.positive_int("max_length", max_length)

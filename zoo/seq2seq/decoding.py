@@ -323,24 +323,30 @@ def _each_batch(model, ids, batch_size, max_length, decode):
 
 def decode_ids(model, ids, beam_width=1, alpha=0.6, max_length=None, batch_size=64):
     """list of id lists -> list of output id lists (cut at EOS, no BOS/EOS),
-    greedy or the best of a beam search, in `zoo.litert.plan`'s batches: without
-    `max_length`, caches and the attention over them scale with the inputs, not
-    with the longest output the model allows, which matters most for beam search
-    (it reorders every cache each step). A beam search's best is `generate_ids`'s first."""
+    greedy or the best of a beam search: `generate_ids`'s first, without scores. In
+    `zoo.litert.plan`'s batches: without `max_length`, caches and the attention over
+    them scale with the inputs, not with the longest output the model allows, which
+    matters most for beam search (it reorders every cache each step)."""
+    sampler = samplers.Greedy()
     if beam_width != 1:
-        beam = samplers.Beam(beam_width, samplers.check_number("alpha", alpha, 0.0, low_open=False))
-        found = generate_ids(model, ids, beam, max_length=max_length, batch_size=batch_size)
-        return [candidates[0][0] for candidates in found]
-
-    def decode(array, limit):
-        out = compiled(model, "greedy", max_length=limit)(array)
-        return [_cut(row) for row in np.asarray(out).tolist()]
-
-    return _each_batch(model, ids, batch_size, max_length, decode)
+        sampler = samplers.Beam(
+            beam_width, samplers.check_number("alpha", alpha, 0.0, low_open=False)
+        )
+    found = generate_ids(
+        model, ids, sampler, max_length=max_length, batch_size=batch_size, with_scores=False
+    )
+    return [candidates[0][0] for candidates in found]
 
 
 def generate_ids(
-    model, ids, sampler, num_return_sequences=1, max_length=None, batch_size=64, seed=None
+    model,
+    ids,
+    sampler,
+    num_return_sequences=1,
+    max_length=None,
+    batch_size=64,
+    seed=None,
+    with_scores=True,
 ):
     """list of id lists -> for each input, `num_return_sequences` (ids, score)
     pairs, best first for beam search (ids cut at EOS, no BOS/EOS).
@@ -348,7 +354,8 @@ def generate_ids(
     `sampler` is a `zoo.seq2seq.samplers` object. Scores: beam search's length-normalised
     log-probability (`log p / ((5 + length) / 6) ** alpha`); for greedy decoding
     and sampling, the sequence's log-probability under the model (EOS included,
-    temperature and top-k/top-p filtering not applied)."""
+    temperature and top-k/top-p filtering not applied), or 0.0 without
+    `with_scores` (a caller that drops them skips the teacher-forced pass)."""
     n = samplers.check_request(sampler, num_return_sequences)
     if isinstance(sampler, samplers.Beam):
 
@@ -381,7 +388,9 @@ def generate_ids(
             fn = compiled(model, "sample", max_length=limit, sampling=sampler)
             out = fn(array, np.int32(rng.integers(0, 2**31 - 1)))
         out = np.asarray(out)
-        scores = np.asarray(sequence_log_probability(model, array, out))
+        scores = np.zeros(len(out))
+        if with_scores:
+            scores = np.asarray(sequence_log_probability(model, array, out))
         return [(_cut(row), float(score)) for row, score in zip(out.tolist(), scores)]
 
     # Sampling decodes each input n times (n = 1 for greedy), as n rows.
