@@ -294,7 +294,7 @@ def _translator(path, meta):
     """A translator over a seq2seq .tflite file: the step model (`encode`,
     `decode_step`; every sampler, the loop run here as an app would) or the
     one-file WHILE model (`source_ids` -> `tokens`; greedy only)."""
-    from zoo.seq2seq.tokenization import Tokenizer
+    from zoo.seq2seq.tokenization import Tokenizer, cut
 
     # Every export writes the SentencePiece model into the sidecar (base64); the
     # spm.model beside it holds the same bytes, for an app's tokenizer library.
@@ -320,7 +320,7 @@ def _translator(path, meta):
         # The graph decodes to its max_target_length: cut at the batch's limit.
         for chunk, _, _, limit in litert.plan([len(row) for row in ids], len(outs[0])):
             for i in chunk:
-                found[i] = [(litert.cut(outs[i][:limit]), 0.0)]
+                found[i] = [(cut(outs[i][:limit]), 0.0)]
         return found
 
     return Translator(

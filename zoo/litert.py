@@ -13,7 +13,7 @@ import os
 import numpy as np
 
 from zoo.seq2seq import samplers
-from zoo.seq2seq.tokenization import BOS_ID, EOS_ID, PAD_ID
+from zoo.seq2seq.tokenization import BOS_ID, EOS_ID, PAD_ID, cut
 
 # Beside FILE.tflite: FILE.tflite.json (`sidecar_path`); beside the two files of
 # `python -m export.kinds.seq2seq`: one sidecar for both.
@@ -182,12 +182,6 @@ def gate(report, max_abs_diff, min_agreement, by_agreement=False):
 def bucket(length, step=8):
     """`length` rounded up to a multiple of `step` (at least `step`)."""
     return max(step, -(-length // step) * step)
-
-
-def cut(row):
-    """Output ids before the first EOS."""
-    row = [int(i) for i in row]
-    return row[: row.index(EOS_ID)] if EOS_ID in row else row
 
 
 def plan(lengths, max_target_length, max_length=None, batch_size=64):

@@ -380,6 +380,7 @@ def export_all(run_dir, out_dir):
     from export.check import check_model
     from zoo import atomic, litert
     from zoo.seq2seq import decoding
+    from zoo.seq2seq.tokenization import cut
 
     src = rundir.resolve(run_dir)
     model = KIND.model(src)
@@ -398,9 +399,9 @@ def export_all(run_dir, out_dir):
     app_loop = litert.StepModel.from_interpreter(litert.interpreter(steps))
     for i, row in enumerate(rows):
         # Tokens before EOS: the app loop and the WHILE loop.
-        want = litert.cut(np.asarray(keras_greedy(row[None]))[0])
-        got_steps = litert.cut(app_loop.greedy(row, model.max_target_length)[0])
-        got_loop = litert.cut(litert.run(greedy_bytes, {"source_ids": row[None]})["tokens"][0])
+        want = cut(np.asarray(keras_greedy(row[None]))[0])
+        got_steps = cut(app_loop.greedy(row, model.max_target_length)[0])
+        got_loop = cut(litert.run(greedy_bytes, {"source_ids": row[None]})["tokens"][0])
         if got_steps != want or got_loop != want:
             raise ExportError(
                 f"row {i}: LiteRT tokens differ from Keras greedy "

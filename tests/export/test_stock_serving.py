@@ -290,6 +290,7 @@ def test_every_kind_serves_without_tensorflow_text(tmp_path):
         row[: len(tags)] for row, tags in zip(got["tagger"], tagged)
     ]
     from zoo.seq2seq import decoding
+    from zoo.seq2seq.tokenization import cut
 
     for kind in ("seq2seq", "universal_transformer"):
         model = models[kind]
@@ -298,7 +299,7 @@ def test_every_kind_serves_without_tensorflow_text(tmp_path):
         want_ids = decoding.decode_ids(model, ids)
         want = model.tokenizer.decode(want_ids)
         assert got[kind + "/translate"] == want == got[kind + "/serving_default"], kind
-        assert [decoding._cut(row) for row in got[kind + "/translate/ids"]] == want_ids, kind
+        assert [cut(row) for row in got[kind + "/translate/ids"]] == want_ids, kind
         # The Keras model's translate: the same where a text has ids, "" (no model run) where not.
         assert model.translate(texts) == [w if row else "" for w, row in zip(want, ids)], kind
     model = models["sagan"]

@@ -21,10 +21,9 @@ import keras
 import numpy as np
 from keras import ops
 
-from zoo.litert import cut as _cut
 from zoo.litert import plan
 from zoo.seq2seq import samplers
-from zoo.seq2seq.tokenization import BOS_ID, EOS_ID, PAD_ID
+from zoo.seq2seq.tokenization import BOS_ID, EOS_ID, PAD_ID, cut
 
 _NEG = -1e9
 
@@ -376,7 +375,7 @@ def generate_ids(
                     if fin_score[r, j] > _NEG / 2
                 ]
                 found += [(live_seq[r, j], live_score[r, j]) for j in range(sampler.width)]
-                yield [(_cut(s.tolist()), float(v)) for s, v in found[:n]]
+                yield [(cut(s.tolist()), float(v)) for s, v in found[:n]]
 
         return _each_batch(model, ids, batch_size, max_length, beams)
     rng = np.random.default_rng(seed)
@@ -391,7 +390,7 @@ def generate_ids(
         scores = np.zeros(len(out))
         if with_scores:
             scores = np.asarray(sequence_log_probability(model, array, out))
-        return [(_cut(row), float(score)) for row, score in zip(out.tolist(), scores)]
+        return [(cut(row), float(score)) for row, score in zip(out.tolist(), scores)]
 
     # Sampling decodes each input n times (n = 1 for greedy), as n rows.
     rows = _each_batch(

@@ -76,6 +76,12 @@ def train_sentencepiece(
     return buffer.getvalue()
 
 
+def cut(row):
+    """Output ids before the first EOS."""
+    row = [int(i) for i in row]
+    return row[: row.index(EOS_ID)] if EOS_ID in row else row
+
+
 def encode_proto(proto):
     return base64.b64encode(proto).decode("ascii")
 
@@ -132,13 +138,7 @@ class Tokenizer:
 
     def decode(self, ids):
         """list of id lists -> list of str; stops at EOS, skips padding/BOS."""
-        out = []
-        for row in ids:
-            row = [int(i) for i in row]
-            if EOS_ID in row:
-                row = row[: row.index(EOS_ID)]
-            out.append(self._sp.decode([i for i in row if i > BOS_ID]))
-        return out
+        return [self._sp.decode([i for i in cut(row) if i > BOS_ID]) for row in ids]
 
     def graph_tokenizer(self):
         """The in-graph tokenizer (a trackable with `tokenize` / `detokenize`):
