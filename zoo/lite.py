@@ -278,11 +278,7 @@ class TaggerTask(_Task):
         if not any(token_lists):
             return [[] for _ in token_lists]
         filled = [tokens for tokens in token_lists if tokens]
-        try:
-            tagged = self._locked(self._tag_tokens, filled)
-        except UsageError as e:
-            raise ValueError(str(e)) from None
-        tagged = iter(tagged)
+        tagged = iter(self._locked(self._tag_tokens, filled))
         return [next(tagged) if tokens else [] for tokens in token_lists]
 
     def __repr__(self):
