@@ -391,6 +391,8 @@ class Translator(_Task):
                 f"format={self.format!r}, num_return_sequences={num_return_sequences}, "
                 f"return_scores={return_scores}, max_length={max_length}"
             )
+        # (text, score) pairs go back, else the best text alone: scores unseen are not computed.
+        scored = return_scores or num_return_sequences != 1
         ids = self._tokenizer.encode_within(texts, self.max_source_length)
         todo = [i for i, row in enumerate(ids) if row]
         found = [[("", 0.0)] * num_return_sequences for _ in ids]
@@ -402,12 +404,12 @@ class Translator(_Task):
                 num_return_sequences,
                 max_length=max_length,
                 seed=seed,
-                with_scores=return_scores or num_return_sequences != 1,
+                with_scores=scored,
             )
             for i, row in zip(todo, done):
                 decoded = self._tokenizer.decode([c[0] for c in row])
                 found[i] = [(text, score) for text, (_, score) in zip(decoded, row)]
-        out = [row if return_scores or num_return_sequences != 1 else row[0][0] for row in found]
+        out = [row if scored else row[0][0] for row in found]
         return out[0] if single else out
 
     def translate(self, texts, beam_width=1, alpha=0.6, max_length=None):
