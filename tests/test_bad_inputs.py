@@ -79,6 +79,14 @@ def sandbox(tmp_path_factory):
     _write(os.path.join(root, "other_run", "config.json"), json.dumps(other))
     _write(os.path.join(root, "other_run", ".zoo-run"), "tagger\n")
     _write(os.path.join(root, "other_run", "checkpoints", "step-00000001.npz"), b"")
+    # A run of this version's recorded options (the defaults), to resume with other flags.
+    from train.config import record
+    from train.tagger import TaggerConfig
+
+    resumable = {"kind": "tagger", "train": record(TaggerConfig())}
+    _write(os.path.join(root, "resumable_run", "config.json"), json.dumps(resumable))
+    _write(os.path.join(root, "resumable_run", ".zoo-run"), "tagger\n")
+    _write(os.path.join(root, "resumable_run", "checkpoints", "step-00000001.npz"), b"")
     # A run whose config.json records no options at all.
     _write(os.path.join(root, "bare_run", "config.json"), json.dumps({"kind": "tagger"}))
     _write(os.path.join(root, "bare_run", ".zoo-run"), "tagger\n")
@@ -345,6 +353,13 @@ SLOW = [
         "empty line 2 in {R}/blank_line.txt",
     ),
     (["train", "seq2seq", "--train-tsv", "{R}/pairs.tsv"], "line 2 of {R}/pairs.tsv"),
+    # --resume takes --epochs and --verbose; a flag that changes another recorded option
+    # (--batch-size; --seed 0 is the recorded seed) is refused, not dropped.
+    (
+        ["train", "tagger", "--resume", "--out", "{R}/resumable_run", "--batch-size", "16"]
+        + ["--seed", "0", "--epochs", "50"],
+        "continues {R}/resumable_run with its recorded options: --batch-size would change them",
+    ),
     (["train", "tagger", "--model-option", "bogus=1"], "'bogus=1'"),
     (
         ["export", "savedmodel", "{R}/truncated_run", "--out", "{R}/sm"],

@@ -125,6 +125,7 @@ def from_args(cls, args):
         if problem is not True:
             raise UsageError(f"{typed.get(field.name) or flag(field)} {problem}, got {value!r}")
     config.check()
+    config.typed_flags = typed  # {field: the flag typed for it} (train.rundir.resumed)
     return config
 
 

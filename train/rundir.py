@@ -76,7 +76,10 @@ def resumed(cfg, kinds):
     """(config.json, the options to continue with) of the run `cfg.out` to --resume, once
     it is known to hold step checkpoints; `kinds` are the run kinds the command
     continues (the first names them). --epochs and --verbose as given now, the rest as
-    recorded (config.from_record: a section of other fields is refused)."""
+    recorded (config.from_record: a section of other fields is refused); a flag typed to
+    change another recorded option is refused, not dropped without a word."""
+    import dataclasses
+
     from train import checkpoint, config
 
     out = cfg.out
@@ -94,6 +97,20 @@ def resumed(cfg, kinds):
     recorded = config.from_record(
         type(cfg), run_config.get("train"), config_path, verbose=cfg.verbose
     )
+    typed = getattr(cfg, "typed_flags", {})  # none for a config built in code
+    changed = [
+        typed[f.name]
+        for f in dataclasses.fields(cfg)
+        if f.name in typed
+        and f.metadata["record"]
+        and f.name not in ("epochs", "verbose")
+        and getattr(cfg, f.name) != getattr(recorded, f.name)
+    ]
+    if changed:
+        raise UsageError(
+            f"--resume continues {out} with its recorded options: {', '.join(changed)} would "
+            f"change them (only --epochs and --verbose can; or start a new run)"
+        )
     if cfg.epochs is not None:
         recorded.epochs = cfg.epochs
     return run_config, recorded
