@@ -363,12 +363,6 @@ def _finish(run, sampler, state, fixed):
         keep=train_cfg["keep"],
         kept_epoch=(state.get("best") or {}).get("epoch", state["epoch"]),
         attention_resolution=model_cfg["attention_resolution"],
-        distribution={
-            "strategy": runtime["strategy"],
-            "replicas": runtime["devices"],
-            "mixed_precision": run.context.policy,
-            "jit_compile": runtime["jit_compile"],
-        },
         runtime=runtime,
         params_g=int(g.count_params()),
         params_d=int(d.count_params()),
