@@ -89,7 +89,7 @@ def _from_keras(path, config):
     if isinstance(model, Tagger):
         return TaggerTask(model.tag, tags=model.tags, fmt="keras", model=model)
     if isinstance(model, Seq2SeqTransformer):
-        return model._translator()
+        return model.translator()
     inputs = model.input if isinstance(model.input, dict) else {}
     if "noise" in inputs:
         conditional = "label" in inputs

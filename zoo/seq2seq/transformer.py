@@ -434,7 +434,7 @@ class Seq2SeqTransformer(keras.Model):
         """Raw strings in, strings out (greedy, or beam search if `beam_width > 1`):
         `zoo.lite.Translator.translate` on this model, as `zoo.load` runs it (a text
         of no tokens gives "")."""
-        return self._translator(batch_size).translate(texts, beam_width, alpha, max_length)
+        return self.translator(batch_size).translate(texts, beam_width, alpha, max_length)
 
     # KerasHub's generate convention (a mirror of Keras), run by zoo.load's `Translator`.
     def generate(
@@ -467,11 +467,11 @@ class Seq2SeqTransformer(keras.Model):
             pairs. A single str input returns its entry alone; a text of no
             tokens gives "" (score 0.0), as `zoo.load` gives.
         """
-        return self._translator(batch_size).generate(
+        return self.translator(batch_size).generate(
             texts, sampler, num_return_sequences, return_scores, max_length, seed
         )
 
-    def _translator(self, batch_size=64):
+    def translator(self, batch_size=64):
         """This model as `zoo.load` gives its file: a `zoo.lite.Translator`."""
         generate_ids = functools.partial(decoding.generate_ids, self, batch_size=batch_size)
         return Translator(
