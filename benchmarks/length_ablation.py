@@ -116,18 +116,17 @@ def main(argv=None):
     p.add_argument("--eval-size", type=int, default=100)
     p.add_argument("--out", default="length_ablation.json")
     args = p.parse_args(argv)
-    from train.seq2seq import algorithmic, length
+    from train.seq2seq import length
 
     names = [n for n in args.only.split(",") if n]
     unknown = [n for n in names if n not in VARIANTS]
     if unknown:
         p.error(f"unknown variant(s) {unknown}; choose from {sorted(VARIANTS)}")
-    lo, hi = length.parse_range(args.train_lengths, "--train-lengths")
-    ranges = [(lo, hi)] + [(k * hi, k * hi) for k in (2, 10)]
-    data, _, tests = algorithmic.splits(
-        args.task, args.train_size, (lo, hi), ranges, args.eval_size, 0
-    )
-    buckets = [(length.bucket_name(a, b, hi), a, b, pairs) for (a, b), pairs in zip(ranges, tests)]
+    # The buckets of `python -m train seq2seq --compare` at 2x and 10x, data seed 0.
+    hi = length.parse_range(args.train_lengths, "--train-lengths")[1]
+    data_args = argparse.Namespace(**vars(args), seed=0, test_lengths=f"{2 * hi},{10 * hi}")
+    parallel, buckets = length.compare_data(data_args)
+    data = parallel.train
     found = []
     if os.path.exists(args.out):
         with open(args.out) as f:

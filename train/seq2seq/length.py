@@ -13,6 +13,7 @@ import copy
 import os
 import re
 
+from zoo import atomic
 from zoo.cli import UsageError
 from zoo.litert import bucket
 
@@ -180,7 +181,8 @@ def plot(summary, arms, path, title):
     axes[1].legend(loc="lower left", fontsize=8)
     figure.suptitle(title, fontsize=10)
     figure.tight_layout()
-    figure.savefig(path, dpi=110)
+    with atomic.building(path) as tmp:
+        figure.savefig(tmp, format="png", dpi=110)
     plt.close(figure)
 
 

@@ -40,7 +40,7 @@ def read_lines(path):
     except (OSError, EOFError, zlib.error) as e:  # zlib.error: a corrupted .gz body
         raise DataError(f"cannot read {path}: {e}") from None
     if lines and lines[-1] == "" and len(lines) > 1:
-        lines.pop()  # a final newline followed by nothing is not an empty line
+        lines.pop()  # one blank last line (a file ending in two line ends) is not a pair
     return lines
 
 
