@@ -78,8 +78,6 @@ def resumed(cfg, kinds):
     continues (the first names them). --epochs and --verbose as given now, the rest as
     recorded (config.from_record: a section of other fields is refused); a flag typed to
     change another recorded option is refused, not dropped without a word."""
-    import dataclasses
-
     from train import checkpoint, config
 
     out = cfg.out
@@ -99,12 +97,9 @@ def resumed(cfg, kinds):
     )
     typed = getattr(cfg, "typed_flags", {})  # none for a config built in code
     changed = [
-        typed[f.name]
-        for f in dataclasses.fields(cfg)
-        if f.name in typed
-        and f.metadata["record"]
-        and f.name not in ("epochs", "verbose")
-        and getattr(cfg, f.name) != getattr(recorded, f.name)
+        typed[name]
+        for name, value in config.record(cfg).items()
+        if name in typed and name not in ("epochs", "verbose") and value != getattr(recorded, name)
     ]
     if changed:
         raise UsageError(
