@@ -21,6 +21,7 @@ def option(
     check=None,
     kind=None,
     record=True,
+    resume=False,
     group=None,
     name=None,
     **argparse_kwargs,
@@ -28,9 +29,13 @@ def option(
     """A config field. help=None: recorded, but no flag (a value the run derives). `kind`:
     the flag's type when the default is None and it is not a str;
     `check(value)`: True, or what is wrong ("must be >= 0"); `record`: written to
-    config.json; `group`: the --help section; `name`: the flag, when not the field's.
+    config.json; `resume`: a value given (not None) on --resume replaces the recorded
+    one, where any other recorded option typed with another value is refused;
+    `group`: the --help section; `name`: the flag, when not the field's.
     Other keywords go to argparse (metavar; action="append")."""
-    meta = dict(help=help, check=check, kind=kind, record=record, group=group, name=name)
+    meta = dict(
+        help=help, check=check, kind=kind, record=record, resume=resume, group=group, name=name
+    )
     return dataclasses.field(default=default, metadata={**meta, "argparse": argparse_kwargs})
 
 

@@ -488,6 +488,8 @@ def _average_last(step, plan, best):
     groups = step.best_variables()
     variables = [v for group in groups.values() for v in group]
     paths = checkpoint.list_checkpoints(plan.checkpoint_dir, "epoch")[-plan.average_last :]
+    if len(paths) < plan.average_last:  # a shorter run, or a resumed one with a larger K
+        print(f"{len(paths)} epoch ends kept to average, not {plan.average_last}", file=sys.stderr)
     if len(paths) < 2:
         return None
     readable, total, logs = [], None, {}

@@ -5,6 +5,7 @@ refuse to write into a directory that holds something else, and never overwrite 
 finished run unless asked to continue it (--resume).
 """
 
+import dataclasses
 import os
 
 from zoo import atomic
@@ -75,9 +76,10 @@ def create_run_dir(path, kind):
 def resumed(cfg, kinds):
     """(config.json, the options to continue with) of the run `cfg.out` to --resume, once
     it is known to hold step checkpoints; `kinds` are the run kinds the command
-    continues (the first names them). --epochs and --verbose as given now, the rest as
-    recorded (config.from_record: a section of other fields is refused); a flag typed to
-    change another recorded option is refused, not dropped without a word."""
+    continues (the first names them). The options declared `resume` (--epochs, --verbose,
+    seq2seq's --average-last) as given now, the rest as recorded (config.from_record: a
+    section of other fields is refused); a flag typed to change another recorded option
+    is refused, not dropped without a word."""
     from train import checkpoint, config
 
     out = cfg.out
@@ -92,22 +94,24 @@ def resumed(cfg, kinds):
         raise UsageError(
             f"--resume: {out} is not a {kinds[0]} run (kind={run_config.get('kind')!r})"
         )
-    recorded = config.from_record(
-        type(cfg), run_config.get("train"), config_path, verbose=cfg.verbose
-    )
+    recorded = config.from_record(type(cfg), run_config.get("train"), config_path)
+    now = {f.name for f in dataclasses.fields(cfg) if f.metadata["resume"]}
     typed = getattr(cfg, "typed_flags", {})  # none for a config built in code
     changed = [
         typed[name]
         for name, value in config.record(cfg).items()
-        if name in typed and name not in ("epochs", "verbose") and value != getattr(recorded, name)
+        if name in typed and name not in now and value != getattr(recorded, name)
     ]
     if changed:
+        *others, last = [config.flag(f) for f in dataclasses.fields(cfg) if f.name in now]
+        allowed = f"{', '.join(others)} and {last}" if others else last
         raise UsageError(
             f"--resume continues {out} with its recorded options: {', '.join(changed)} would "
-            f"change them (only --epochs and --verbose can; or start a new run)"
+            f"change them (only {allowed} can; or start a new run)"
         )
-    if cfg.epochs is not None:
-        recorded.epochs = cfg.epochs
+    for name in now:
+        if getattr(cfg, name) is not None:
+            setattr(recorded, name, getattr(cfg, name))
     return run_config, recorded
 
 

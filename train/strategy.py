@@ -31,7 +31,7 @@ from zoo.cli import UsageError
 STRATEGIES = ("auto", "default", "mirrored", "multi_worker", "tpu")
 DEVICES = ("auto", "cpu", "gpu")
 POLICIES = ("auto", "float32", "mixed_bfloat16", "mixed_float16")
-# The bare --mixed-precision flag (its meaning before the policies could be named).
+# The bare --mixed-precision: mixed_float16 on GPU (loss scaling), else mixed_bfloat16.
 _BARE = "on"
 
 

@@ -530,6 +530,15 @@ def test_average_last_saves_the_mean_of_the_last_epochs_or_the_best_epoch(tmp_pa
     else:
         best = checkpoint.list_checkpoints(os.path.join(out, "checkpoints"), "best")[-1]
         np.testing.assert_array_equal(saved, np.load(best)[key])
+    # --resume of the finished run with --average-last 1: the best epoch's weights alone,
+    # re-evaluated and saved, and recorded as the run's option now.
+    assert train_main([*args, "--resume", "--average-last", "1"]) == 0
+    with open(os.path.join(out, "config.json")) as f:
+        assert json.load(f)["train"]["average_last"] == 1
+    assert _metrics(out)["averaged_epochs"] is None
+    model = keras.models.load_model(os.path.join(out, "model.keras"), compile=False)
+    best = checkpoint.list_checkpoints(os.path.join(out, "checkpoints"), "best")[-1]
+    np.testing.assert_array_equal(model.source_embedding.embeddings.numpy(), np.load(best)[key])
 
 
 def test_best_epoch_is_the_most_accurate_then_the_lowest_dev_loss():

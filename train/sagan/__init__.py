@@ -27,6 +27,7 @@ class SaganConfig:
         "passes over the training images (default 100; --max-minutes usually ends the run first)",
         kind=int,
         check=at_least(0),
+        resume=True,
     )
     batch_size: int = option(
         16,
@@ -139,6 +140,7 @@ class SaganConfig:
         "progress output: auto (a bar on a terminal, else one line per epoch), 0 (none), "
         "1 (bar), 2 (one line per epoch)",
         check=VERBOSE,
+        resume=True,
     )
     seed: int = option(
         0, "random seed of the models and noise, and of the data unless --data-seed is given"

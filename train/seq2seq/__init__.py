@@ -143,6 +143,7 @@ class Seq2SeqConfig:
         kind=int,
         check=above(0),
         group="training",
+        resume=True,
     )
     max_minutes: float = option(
         30.0, "training time budget (default 30; 0 = none)", check=at_least(0), group="training"
@@ -184,11 +185,13 @@ class Seq2SeqConfig:
     average_last: int = option(
         None,
         "end with the mean of the last K epochs' weights where its dev token accuracy is at "
-        "least the best epoch's (default 3 text, 1 tasks; 1: the best epoch's weights)",
+        "least the best epoch's (default 3 text, 1 tasks; 1: the best epoch's weights); "
+        "--resume of a finished run with another K re-evaluates it with the epochs kept",
         kind=int,
         check=at_least(1),
         metavar="K",
         group="training",
+        resume=True,
     )
     beam_width: int = option(
         None,
@@ -207,7 +210,11 @@ class Seq2SeqConfig:
         group="evaluation",
     )
     verbose: str = option(
-        "auto", "Keras progress output: auto, 0, 1, 2", check=VERBOSE, group="evaluation"
+        "auto",
+        "Keras progress output: auto, 0, 1, 2",
+        check=VERBOSE,
+        group="evaluation",
+        resume=True,
     )
     # Length generalisation (train/seq2seq/length.py).
     compare: bool = option(

@@ -24,6 +24,7 @@ class TaggerConfig:
         "total epochs (default 5 on the embedded data, 40 on files; see --max-minutes)",
         kind=int,
         check=at_least(0),
+        resume=True,
     )
     batch_size: int = option(32, "sentences per batch (default 32)", check=above(0))
     out: str = option(
@@ -53,6 +54,7 @@ class TaggerConfig:
         "auto",
         "Keras progress output: auto (bars on a terminal, a line per epoch otherwise), 0, 1, 2",
         check=VERBOSE,
+        resume=True,
     )
     model_option: list = option(
         None,
