@@ -141,7 +141,7 @@ def record(config):
     }
 
 
-def from_record(cls, train, where="config.json", **overrides):
+def from_record(cls, train, where="config.json"):
     """The config of a recorded "train" section (--resume; `where`: the file). It must
     hold exactly the fields `record` writes: a section with others, or without some, is
     refused in one line (a run of another version of the command; there is no older
@@ -159,7 +159,7 @@ def from_record(cls, train, where="config.json", **overrides):
         raise UsageError(
             f"{where}: the recorded options are not this version's ({differ}): start a new run"
         )
-    return cls(**{**train, **overrides})
+    return cls(**train)
 
 
 def replay_argv(cls, train):
