@@ -243,6 +243,14 @@ class RunContext:
             policy = "mixed_bfloat16" if kind == "tpu" or bfloat16 else None
         else:
             policy = None if asked == "float32" else asked
+        if policy == "mixed_bfloat16" and cpu_bfloat16() is False and self.device_kind() == "cpu":
+            print(
+                "mixed_bfloat16 on a CPU without bfloat16 instructions (no avx512_bf16 or "
+                "amx_bf16 in /proc/cpuinfo): a step costs 1.1-1.8x float32's "
+                "(benchmarks/translation.md); --mixed-precision float32 trains faster",
+                file=sys.stderr,
+                flush=True,
+            )
         if policy:
             self._policy_before = keras.mixed_precision.global_policy()
             keras.mixed_precision.set_global_policy(policy)
@@ -394,6 +402,19 @@ def _use_scratch_out(args, index):
         shutil.copytree(out, target)
     args.out = target
     atexit.register(shutil.rmtree, scratch, True)
+
+
+def cpu_bfloat16(cpuinfo="/proc/cpuinfo"):
+    """Whether the CPU has bfloat16 instructions (avx512_bf16 or amx_bf16 among the x86
+    flags of `cpuinfo`); None where the file or its flags cannot be read."""
+    try:
+        with open(cpuinfo) as f:
+            flags = next((line for line in f if line.startswith("flags")), None)
+    except OSError:
+        return None
+    if flags is None:
+        return None
+    return bool({"avx512_bf16", "amx_bf16"} & set(flags.split(":", 1)[-1].split()))
 
 
 def onednn():

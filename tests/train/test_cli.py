@@ -175,6 +175,39 @@ def test_leaving_a_run_context_takes_back_its_dtype_policy():
     assert keras.mixed_precision.global_policy().name == "float32"
 
 
+@pytest.mark.parametrize("has", [False, True, None])
+def test_bfloat16_on_a_cpu_without_its_instructions_is_warned_of(monkeypatch, capsys, has):
+    from train import strategy
+
+    monkeypatch.setattr(strategy, "cpu_bfloat16", lambda: has)
+    with strategy.RunContext(mixed_precision="mixed_bfloat16") as context:
+        assert context.policy == "mixed_bfloat16"  # warned of, not replaced
+    err = capsys.readouterr().err
+    assert ("without bfloat16 instructions" in err) is (has is False)
+    with strategy.RunContext(mixed_precision="float32") as context:
+        assert context.policy is None
+    assert capsys.readouterr().err == ""
+
+
+def test_cpu_bfloat16_reads_the_x86_flags(tmp_path):
+    from train.strategy import cpu_bfloat16
+
+    def cpuinfo(text):
+        path = tmp_path / "cpuinfo"
+        path.write_text(text)
+        return str(path)
+
+    zen4 = "processor\t: 0\nflags\t\t: fpu avx2 avx512f avx512_vnni avx512_bf16\n"
+    cascade_lake = "processor\t: 0\nflags\t\t: fpu avx2 avx512f avx512_vnni\n"
+    sapphire_rapids = "flags\t\t: avx512f amx_tile amx_bf16 amx_int8\n"
+    arm = "processor\t: 0\nFeatures\t: fp asimd bf16\n"
+    assert cpu_bfloat16(cpuinfo(zen4)) is True
+    assert cpu_bfloat16(cpuinfo(sapphire_rapids)) is True
+    assert cpu_bfloat16(cpuinfo(cascade_lake)) is False
+    assert cpu_bfloat16(cpuinfo(arm)) is None
+    assert cpu_bfloat16(str(tmp_path / "missing")) is None
+
+
 # --device cpu in a fresh interpreter: the entry point sets the variable the backend reads
 # as it starts, before anything imports it (a bad --strategy then stops the command).
 _DEVICE = """
