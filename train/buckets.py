@@ -8,10 +8,10 @@ class Batches:
     similar lengths (little padding). Without `seed`, sorted by length; with one
     (anything np.random.default_rng takes), random batches in the order the seed gives:
     rows shuffled, sorted by length within pools of 50 batches (training makes one per
-    epoch)."""
+    epoch). Each batch is padded to a multiple of `multiple` (`encoded.batch`'s)."""
 
-    def __init__(self, encoded, batch_size, seed=None):
-        self.encoded = encoded
+    def __init__(self, encoded, batch_size, seed=None, multiple=8):
+        self.encoded, self.multiple = encoded, multiple
         lengths = encoded.lengths
         if seed is None:
             order = np.argsort(lengths, kind="stable")
@@ -31,7 +31,7 @@ class Batches:
         return len(self.rows)
 
     def __iter__(self):
-        return (self.encoded.batch(rows) for rows in self.rows)
+        return (self.encoded.batch(rows, multiple=self.multiple) for rows in self.rows)
 
 
 def sample(encoded, rows, seed, **options):

@@ -112,14 +112,14 @@ class Encoded:
     def __len__(self):
         return len(self.sources)
 
-    def batch(self, index, widths=None):
+    def batch(self, index, widths=None, multiple=8):
         """(inputs, labels) of rows `index`, padded to `widths` (source, target), by
-        default the longest of each rounded up to 8 (few distinct shapes)."""
+        default the longest of each rounded up to a `multiple` (8: few distinct shapes)."""
         sources = [self.sources[i] for i in index]
         targets = [self.targets[i] for i in index]
         width_s, width_t = widths or (
-            bucket(max(len(s) for s in sources)),
-            bucket(max(len(t) for t in targets) + 1),
+            bucket(max(len(s) for s in sources), multiple),
+            bucket(max(len(t) for t in targets) + 1, multiple),
         )
         x = {
             "source_ids": _pad(sources, width_s),
