@@ -1,6 +1,6 @@
 """Length-bucketed batches (train.buckets) and the widths seq2seq training pads them to:
 the longest rows where one trace serves every shape, multiples of 8 where XLA compiles
-each shape (--jit-compile)."""
+each shape (--jit-compile) or random positions are drawn over the padded width."""
 
 import numpy as np
 import pytest
@@ -42,8 +42,12 @@ def test_every_row_is_batched_once_padded_to_the_longest_rounded_to_the_multiple
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("jit", [False, True])
-def test_seq2seq_training_pads_to_the_longest_rows_unless_xla_compiles(tmp_path, monkeypatch, jit):
+@pytest.mark.parametrize(
+    "flag", ["--no-jit-compile", "--jit-compile", "--random-positions"], ids=str
+)
+def test_seq2seq_training_pads_to_the_longest_rows_unless_xla_or_random_positions(
+    tmp_path, monkeypatch, flag
+):
     seen = []
 
     class Recording(buckets.Batches):
@@ -58,11 +62,11 @@ def test_seq2seq_training_pads_to_the_longest_rows_unless_xla_compiles(tmp_path,
             self.seeded = seed is not None  # training's batches; validation's are sorted
 
     monkeypatch.setattr(buckets, "Batches", Recording)
-    flags = [*tiny.SEQ2SEQ, "--jit-compile" if jit else "--no-jit-compile"]
+    flags = [*tiny.SEQ2SEQ, flag]
     assert train_main(["seq2seq", "--out", str(tmp_path / "run"), *flags]) == 0
     train = [(width, longest) for seeded, width, longest in seen if seeded]
     assert train and any(seeded is False for seeded, _, _ in seen)
-    if jit:
+    if flag != "--no-jit-compile":  # random positions are drawn over the padded width
         assert all(width == -(-longest // 8) * 8 for width, longest in train)
     else:
         assert all(width == longest for width, longest in train)

@@ -166,8 +166,10 @@ def _fit_and_finish(context, model, data, encoded, out, train_cfg, name=None):
 
     # Training batches padded to their longest rows: a step traced once for every shape
     # (graph, one replica) or relaxed after the first (several) costs ~0.8x a step padded
-    # to multiples of 8 (benchmarks/translation.md); XLA compiles each shape: 8 there.
-    multiple = 8 if context.jit_compile else 1
+    # to multiples of 8 (benchmarks/translation.md). Multiples of 8 where XLA compiles
+    # each shape, and for random positions: they are drawn over the padded width, and the
+    # length recipe was measured with these widths (benchmarks/length_generalisation.md).
+    multiple = 8 if context.jit_compile or model.random_positions else 1
 
     def train_batches(epoch):  # the batch order of an epoch depends on (seed, epoch) only
         return buckets.Batches(
